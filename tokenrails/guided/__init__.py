@@ -1,0 +1,1 @@
+"""Engine-agnostic core: spec, vocabulary, backend contract, backends, manager, batched step."""

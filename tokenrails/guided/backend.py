@@ -1,0 +1,112 @@
+"""The backend contract: compile a ``GuideSpec`` once, then hand out cheap per-sequence matchers.
+
+The manager and the batched step talk only to these three types; they never know which backend
+is behind them. A backend owns nothing but its grammar and its per-vocabulary tables.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Sequence
+
+import torch
+
+from .limits import GuideLimits
+from .spec import GuideSpec
+from .vocabulary import Vocabulary
+
+
+class Matcher(ABC):
+    """Grammar state of one sequence. Bitmask rows use xgrammar's layout (bit 1 = allowed)."""
+
+    vocab: Vocabulary
+
+    @abstractmethod
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
+        """Write row ``index`` of the int32 ``bitmask``; return False iff every token is allowed."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) when the grammar forbids it."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens exactly."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once EOS was accepted; a terminated matcher allows only EOS."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Back to the start state, history cleared."""
+
+    @abstractmethod
+    def find_jump_forward_string(self) -> str:
+        """The text every valid continuation starts with ('' when there is a choice)."""
+
+    def is_accepting(self) -> bool:
+        """Whether the output so far is a complete match (EOS would be accepted now)."""
+        eos = self.vocab.eos_ids[0]
+        if self.is_terminated():
+            return True
+        ok = self.accept_token(eos)
+        if ok:
+            self.rollback(1)
+        return ok
+
+    def validate_tokens(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` the grammar accepts, leaving the state unchanged."""
+        n = 0
+        for t in tokens:
+            if not self.accept_token(int(t)):
+                break
+            n += 1
+        if n:
+            self.rollback(n)
+        return n
+
+
+class CompiledGuide(ABC):
+    """Immutable result of compiling one spec for one vocabulary; shareable across threads."""
+
+    backend: ClassVar[str]
+
+    def __init__(self, spec: GuideSpec, vocab: Vocabulary, compile_s: float = 0.0):
+        self.spec = spec
+        self.vocab = vocab
+        self.compile_s = compile_s
+
+    @abstractmethod
+    def matcher(self) -> Matcher:
+        """A fresh matcher at the start state."""
+
+    @property
+    def memory_bytes(self) -> int:
+        """Approximate bytes held, for the byte-bounded compile cache."""
+        return 1024
+
+
+class GuideBackend(ABC):
+    """Compiles specs for one vocabulary. Instances are cached per (vocabulary, limits)."""
+
+    name: ClassVar[str]
+    kinds: ClassVar[frozenset[str]]
+
+    def __init__(self, vocab: Vocabulary, limits: GuideLimits):
+        self.vocab = vocab
+        self.limits = limits
+
+    def check(self, spec: GuideSpec) -> None:
+        """Cheap analysis before compiling: raise ``UnsupportedGuideError``/``GuideLimitError``."""
+        from .errors import UnsupportedGuideError
+
+        if spec.kind not in self.kinds:
+            raise UnsupportedGuideError(
+                f"backend {self.name!r} does not support {spec.kind} constraints",
+                feature=spec.kind,
+                backend=self.name,
+            )
+
+    @abstractmethod
+    def compile(self, spec: GuideSpec) -> CompiledGuide:
+        """Compile; raise a ``GuideError`` subclass for anything it cannot enforce exactly."""

@@ -1,0 +1,1 @@
+"""Backends behind the contract in ``guided/backend.py`` (one module each)."""

@@ -1,0 +1,184 @@
+"""xgrammar backend: every spec kind, one ``GrammarCompiler`` per vocabulary, byte-bounded cache."""
+from __future__ import annotations
+
+import json
+
+import torch
+import xgrammar as xgr
+
+from ..backend import CompiledGuide, GuideBackend, Matcher
+from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
+from ..limits import GuideLimits
+from ..schema_features import check_schema_limits, xgrammar_unenforced
+from ..spec import GuideSpec
+from ..vocabulary import Vocabulary
+
+
+def ebnf_string_literal(text: str) -> str:
+    """An EBNF double-quoted literal for ``text`` (escapes quotes, backslashes, controls)."""
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def choice_ebnf(options: list[str]) -> str:
+    if any(o == "" for o in options):
+        alts = [ebnf_string_literal(o) for o in options if o != ""]
+        body = " | ".join(alts) if alts else '""'
+        return f'root ::= ({body})?' if alts else 'root ::= ""'
+    return "root ::= " + " | ".join(ebnf_string_literal(o) for o in options)
+
+
+class XGrammarMatcher(Matcher):
+    __slots__ = ("_m", "vocab", "_eos_words")
+
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab: Vocabulary):
+        self.vocab = vocab
+        self._m = xgr.GrammarMatcher(compiled, override_stop_tokens=list(vocab.eos_ids))
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
+        if self._m.is_terminated():
+            row = bitmask[index]
+            row.zero_()
+            for e in self.vocab.eos_ids:
+                row[e // 32] |= _bit(e % 32)
+            return True
+        return bool(self._m.fill_next_token_bitmask(bitmask, index))
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._m.is_terminated():
+            return False
+        if not 0 <= token_id < self.vocab.vocab_size:
+            return False
+        return bool(self._m.accept_token(int(token_id)))
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._m.rollback(int(num_tokens))
+
+    def is_terminated(self) -> bool:
+        return bool(self._m.is_terminated())
+
+    def reset(self) -> None:
+        self._m.reset()
+
+    def find_jump_forward_string(self) -> str:
+        if self._m.is_terminated():
+            return ""
+        return self._m.find_jump_forward_string()
+
+    def is_accepting(self) -> bool:
+        return self._m.is_terminated() or bool(self._m.is_completed())
+
+
+def _bit(i: int) -> int:
+    """int32 value with only bit ``i`` set (bit 31 is the sign bit)."""
+    return -(1 << 31) if i == 31 else 1 << i
+
+
+class XGrammarGuide(CompiledGuide):
+    backend = "xgrammar"
+
+    def __init__(self, spec: GuideSpec, vocab: Vocabulary, grammar: xgr.CompiledGrammar):
+        super().__init__(spec, vocab)
+        self.grammar = grammar
+
+    def matcher(self) -> XGrammarMatcher:
+        return XGrammarMatcher(self.grammar, self.vocab)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.grammar.memory_size_bytes)
+
+
+class XGrammarBackend(GuideBackend):
+    name = "xgrammar"
+    kinds = frozenset({"json_schema", "json_object", "regex", "choice", "grammar", "structural_tag"})
+
+    def __init__(self, vocab: Vocabulary, limits: GuideLimits):
+        super().__init__(vocab, limits)
+        self.tokenizer_info = xgr.TokenizerInfo(
+            vocab.grammar_token_bytes(),
+            xgr.VocabType.RAW,
+            vocab_size=vocab.vocab_size,
+            stop_token_ids=list(vocab.eos_ids),
+        )
+        # xgrammar's own cache is a second level under the manager's LRU; bound it in bytes.
+        self.compiler = xgr.GrammarCompiler(
+            self.tokenizer_info, max_threads=1, cache_enabled=True,
+            cache_limit_bytes=min(limits.cache_max_bytes, 1 << 30),
+        )
+
+    def check(self, spec: GuideSpec) -> None:
+        super().check(spec)
+        if spec.kind == "json_schema":
+            schema = spec.schema
+            check_schema_limits(schema, self.limits)
+            findings = xgrammar_unenforced(schema)
+            if findings:
+                raise UnsupportedGuideError(
+                    "xgrammar cannot enforce: " + "; ".join(findings[:5]),
+                    feature=findings[0], backend=self.name,
+                )
+            if spec.option("whitespace_pattern") is not None:
+                raise UnsupportedGuideError(
+                    "xgrammar does not support a custom whitespace_pattern",
+                    feature="whitespace_pattern", backend=self.name,
+                )
+        elif spec.kind == "regex":
+            self.limits.check("max_regex_length", len(spec.pattern))
+        elif spec.kind == "choice":
+            self.limits.check("max_enum_values", len(spec.choices))
+        elif spec.kind == "grammar":
+            self.limits.check("max_grammar_bytes", len(spec.ebnf.encode()))
+
+    def compile(self, spec: GuideSpec) -> XGrammarGuide:
+        try:
+            grammar = self._compile(spec)
+        except GuideError:
+            raise
+        except (RuntimeError, ValueError, TypeError, xgr.InvalidJSONError,
+                xgr.InvalidStructuralTagError) as exc:
+            raise InvalidGuideError(f"xgrammar rejected the {spec.kind} constraint: {_first_line(exc)}") from exc
+        return XGrammarGuide(spec, self.vocab, grammar)
+
+    def _compile(self, spec: GuideSpec) -> xgr.CompiledGrammar:
+        c = self.compiler
+        if spec.kind == "json_schema":
+            return c.compile_json_schema(
+                spec.payload, any_whitespace=bool(spec.option("any_whitespace", True)), strict_mode=True
+            )
+        if spec.kind == "json_object":
+            return c.compile_builtin_json_grammar()
+        if spec.kind == "regex":
+            return c.compile_regex(spec.pattern)
+        if spec.kind == "choice":
+            return c.compile_grammar(choice_ebnf(spec.choices))
+        if spec.kind == "grammar":
+            return c.compile_grammar(spec.ebnf)
+        tag = spec.tag
+        if "structures" in tag:  # legacy OpenAI/LMDeploy shape: structures + triggers
+            items = [
+                xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
+                for s in tag["structures"]
+            ]
+            return c.compile_structural_tag(items, list(tag.get("triggers", [])))
+        return c.compile_structural_tag(json.dumps(tag))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    msg = text[-1] if text else type(exc).__name__
+    return msg[:500]

@@ -1,0 +1,36 @@
+"""Typed errors: every failure of a constraint is reported for that request only.
+
+Callers (engines, servers) catch ``GuideError`` to fail one row of a batch with a 4xx-style
+message; nothing ever falls back to unconstrained generation.
+"""
+from __future__ import annotations
+
+
+class GuideError(Exception):
+    """Base class of every error tokenrails raises about a constraint."""
+
+
+class InvalidGuideError(GuideError, ValueError):
+    """The request is malformed (bad schema, bad regex, conflicting fields)."""
+
+
+class UnsupportedGuideError(GuideError):
+    """The request is valid but the chosen backend cannot enforce it; the message names the feature."""
+
+    def __init__(self, message: str, *, feature: str | None = None, backend: str | None = None):
+        super().__init__(message)
+        self.feature = feature
+        self.backend = backend
+
+
+class GuideLimitError(GuideError):
+    """The request exceeds a configured limit (size, depth, states...); names the limit and value."""
+
+    def __init__(self, message: str, *, limit: str | None = None, value: object = None):
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+
+
+class GuideTimeoutError(GuideLimitError):
+    """Compiling the request took longer than the configured time limit."""

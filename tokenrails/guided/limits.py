@@ -1,0 +1,39 @@
+"""One place for every resource bound a client-supplied constraint is checked against."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .errors import GuideLimitError
+
+
+@dataclass(frozen=True)
+class GuideLimits:
+    """Explicit, configurable limits with safe defaults for client-supplied constraints."""
+
+    max_spec_bytes: int = 1 << 20          # serialized request size
+    max_json_depth: int = 64               # nesting depth of a JSON schema document
+    max_ref_depth: int = 32                # chained $ref resolutions
+    max_enum_values: int = 10_000          # values in one enum / choices list
+    max_any_of: int = 256                  # anyOf / oneOf fan-out
+    max_regex_length: int = 16_384         # characters in one pattern
+    max_repeat: int = 1_000                # upper bound of {m,n} repetition
+    max_dfa_states: int = 100_000          # FSM backend automaton size
+    max_grammar_bytes: int = 256 << 10     # EBNF grammar text
+    compile_timeout_s: float = 30.0        # wall time for one compile
+    cache_max_entries: int = 512           # compiled-guide LRU entries
+    cache_max_bytes: int = 2 << 30         # compiled-guide LRU bytes
+
+    def replace(self, **changes: object) -> "GuideLimits":
+        return dataclasses.replace(self, **changes)
+
+    def check(self, name: str, value: int | float) -> None:
+        """Raise ``GuideLimitError`` when ``value`` exceeds the limit called ``name``."""
+        bound = getattr(self, name)
+        if value > bound:
+            raise GuideLimitError(
+                f"limit {name}={bound} exceeded: got {value}", limit=name, value=value
+            )
+
+
+DEFAULT_LIMITS = GuideLimits()

@@ -1,0 +1,91 @@
+"""Backend registry and ``compile_guide``: the one entry point from a spec to a compiled guide."""
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Callable
+
+from .backend import CompiledGuide, GuideBackend
+from .errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
+from .limits import DEFAULT_LIMITS, GuideLimits
+from .spec import GuideSpec
+from .vocabulary import Vocabulary
+
+# name -> "module:Class", imported lazily so optional dependencies stay optional.
+_BACKENDS: dict[str, str] = {
+    "xgrammar": "tokenrails.guided.backends.xgrammar_backend:XGrammarBackend",
+    "fsm": "tokenrails.guided.fsm.backend:FSMBackend",
+    "llguidance": "tokenrails.guided.backends.llguidance_backend:LLGuidanceBackend",
+}
+
+
+def register_backend(name: str, target: str | type[GuideBackend]) -> None:
+    """Register a backend class (or a lazy "module:Class" path) under ``name``."""
+    _BACKENDS[name] = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+
+
+def available_backends() -> list[str]:
+    return [n for n in _BACKENDS if _load_class(n) is not None]
+
+
+def _load_class(name: str) -> type[GuideBackend] | None:
+    target = _BACKENDS.get(name)
+    if target is None:
+        return None
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ImportError:
+        return None
+
+
+def get_backend(name: str, vocab: Vocabulary, limits: GuideLimits = DEFAULT_LIMITS) -> GuideBackend:
+    """The backend instance for this vocabulary and limits (built once, then reused)."""
+    if name not in _BACKENDS:
+        raise InvalidGuideError(f"unknown backend {name!r}; known: {sorted(_BACKENDS)} or 'auto'")
+    cls = _load_class(name)
+    if cls is None:
+        raise UnsupportedGuideError(
+            f"backend {name!r} is not installed (pip install tokenrails[{name}])", backend=name
+        )
+    return vocab.cached(f"backend:{name}:{hash(limits)}", lambda: cls(vocab, limits))
+
+
+def compile_guide(
+    spec: GuideSpec,
+    vocab: Vocabulary,
+    backend: str = "auto",
+    *,
+    limits: GuideLimits | None = None,
+) -> CompiledGuide:
+    """Compile ``spec`` for ``vocab``. ``backend="auto"`` picks per request, at compile time."""
+    from .routing import auto_ladder
+
+    if not isinstance(spec, GuideSpec):
+        raise InvalidGuideError(f"expected a GuideSpec, got {type(spec).__name__}")
+    limits = limits or DEFAULT_LIMITS
+    limits.check("max_spec_bytes", len(spec.payload.encode()))
+    names = auto_ladder(spec, vocab, limits) if backend == "auto" else [backend]
+    reasons: list[str] = []
+    last: GuideError | None = None
+    for name in names:
+        try:
+            impl = get_backend(name, vocab, limits)
+            impl.check(spec)
+            start = time.perf_counter()
+            compiled = impl.compile(spec)
+            compiled.compile_s = time.perf_counter() - start
+            return compiled
+        except (UnsupportedGuideError, GuideLimitError) as exc:
+            if backend != "auto":
+                raise
+            reasons.append(f"{name}: {exc}")
+            last = exc
+    if last is not None and len(reasons) == 1:
+        raise last
+    raise UnsupportedGuideError(
+        "no backend can enforce this constraint exactly: " + "; ".join(reasons), feature=spec.kind
+    )
+
+
+Compiler = Callable[[GuideSpec], CompiledGuide]
