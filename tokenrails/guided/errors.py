@@ -34,3 +34,14 @@ class GuideLimitError(GuideError):
 
 class GuideTimeoutError(GuideLimitError):
     """Compiling the request took longer than the configured time limit."""
+
+
+class TokenRejectedError(GuideError):
+    """A sampled token was not allowed by the grammar: the sequence must end with an error.
+
+    Raised (or reported in a row status) instead of silently continuing unconstrained.
+    """
+
+    def __init__(self, message: str, *, token_id: int | None = None):
+        super().__init__(message)
+        self.token_id = token_id

@@ -1,0 +1,158 @@
+"""The xgrammar backend against oracles: jsonschema / re.fullmatch under an adversarial sampler."""
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from tokenrails import (
+    GuideSpec,
+    InvalidGuideError,
+    UnsupportedGuideError,
+    allocate_token_bitmask,
+    apply_token_bitmask_inplace,
+    compile_guide,
+)
+
+from .helpers import adversarial_decode, decode_text
+
+SCHEMAS = [
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "member": {"type": "boolean"},
+        },
+        "required": ["name", "age", "member"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
+        },
+        "required": ["color", "tags"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 99}, "ok": {"type": "boolean"}},
+            "required": ["id", "ok"],
+            "additionalProperties": False,
+        },
+        "minItems": 1,
+        "maxItems": 3,
+    },
+    {"anyOf": [{"type": "null"}, {"type": "string", "enum": ["a", "b\"c", "dé"]}]},
+]
+REGEXES = [r"\d{3}-\d{4}", r"[a-z]{1,8}@[a-z]{1,8}\.(com|org)", r"(\+1 )?\(\d{3}\) \d{3}-\d{4}", r"(yes|no|maybe)!?"]
+CHOICES = ["Paris", "London", "New York", "São Paulo", 'quote"d']
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_worst_token_json_output_validates(vocab, schema, seed):
+    m = compile_guide(GuideSpec.json_schema(schema, any_whitespace=False), vocab, backend="xgrammar").matcher()
+    ids, ended = adversarial_decode(m, vocab, seed=seed)
+    assert ended, "output did not end at EOS"
+    jsonschema.validate(json.loads(decode_text(vocab, ids)), schema)
+    assert m.is_terminated()
+
+
+@pytest.mark.parametrize("pattern", REGEXES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_worst_token_regex_output_fullmatches(vocab, pattern, seed):
+    m = compile_guide(GuideSpec.regex(pattern), vocab, backend="xgrammar").matcher()
+    ids, ended = adversarial_decode(m, vocab, seed=seed)
+    assert ended
+    assert re.fullmatch(pattern, decode_text(vocab, ids))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_worst_token_choice_is_one_of_the_options(vocab, seed):
+    m = compile_guide(GuideSpec.choice(CHOICES), vocab, backend="xgrammar").matcher()
+    ids, ended = adversarial_decode(m, vocab, seed=seed, worst=seed % 2 == 0)
+    assert ended and decode_text(vocab, ids) in CHOICES
+
+
+def test_renormalization_single_allowed_token_sampled_with_probability_one(vocab, smollm2_tokenizer):
+    m = compile_guide(GuideSpec.regex("x"), vocab, backend="xgrammar").matcher()
+    bm = allocate_token_bitmask(1, vocab.vocab_size)
+    m.fill_next_token_bitmask(bm)
+    logits = torch.randn(1, vocab.vocab_size) * 5
+    apply_token_bitmask_inplace(logits, bm)
+    probs = torch.softmax(logits, dim=-1)
+    x = smollm2_tokenizer.convert_tokens_to_ids("x")
+    assert probs[0, x].item() == 1.0
+    draws = torch.multinomial(probs.expand(64, -1), 50, replacement=True, generator=torch.Generator().manual_seed(0))
+    assert bool((draws == x).all())
+
+
+@pytest.mark.parametrize("spec", [GuideSpec.json_schema(SCHEMAS[0]), GuideSpec.regex(REGEXES[1]), GuideSpec.choice(CHOICES)])
+def test_rollback_restores_bit_identical_masks(vocab, spec):
+    m = compile_guide(spec, vocab, backend="xgrammar").matcher()
+    ids, _ = adversarial_decode(m, vocab, seed=7, worst=False)
+    m.reset()
+    bm = allocate_token_bitmask(2, vocab.vocab_size)
+    half = len(ids) // 2
+    for t in ids[:half]:
+        assert m.accept_token(t)
+    m.fill_next_token_bitmask(bm, 0)
+    for t in ids[half:]:
+        assert m.accept_token(t)
+    m.rollback(len(ids) - half)
+    m.fill_next_token_bitmask(bm, 1)
+    assert torch.equal(bm[0], bm[1])
+
+
+def test_terminated_matcher_allows_only_eos(vocab):
+    m = compile_guide(GuideSpec.choice(["a"]), vocab, backend="xgrammar").matcher()
+    assert m.accept_token(vocab.token_bytes.index(b"a"))
+    assert m.accept_token(vocab.eos_ids[0]) and m.is_terminated()
+    bm = allocate_token_bitmask(1, vocab.vocab_size)
+    m.fill_next_token_bitmask(bm)
+    logits = torch.zeros(1, vocab.vocab_size)
+    apply_token_bitmask_inplace(logits, bm)
+    assert torch.isfinite(logits[0]).nonzero().reshape(-1).tolist() == list(vocab.eos_ids)
+    assert not m.accept_token(5)
+
+
+def test_jump_forward_string_for_fixed_keys(vocab):
+    schema = {"type": "object", "properties": {"customer_name": {"type": "string"}}, "required": ["customer_name"]}
+    m = compile_guide(GuideSpec.json_schema(schema, any_whitespace=False), vocab, backend="xgrammar").matcher()
+    assert m.find_jump_forward_string().startswith('{"customer_name":')
+
+
+@pytest.mark.parametrize(
+    "spec, error",
+    [
+        (GuideSpec.regex("(abc"), InvalidGuideError),
+        (GuideSpec.grammar("root ::= undefined_rule"), InvalidGuideError),
+        (GuideSpec.json_schema({"type": "string", "pattern": "[a-z]+", "maxLength": 4}), UnsupportedGuideError),
+        (GuideSpec.json_schema({"type": "array", "uniqueItems": True}), UnsupportedGuideError),
+    ],
+)
+def test_bad_or_unenforceable_specs_raise_typed_errors(vocab, spec, error):
+    with pytest.raises(error) as info:
+        compile_guide(spec, vocab, backend="xgrammar")
+    assert str(info.value)
+    if error is UnsupportedGuideError:
+        assert "xgrammar" in str(info.value)
+
+
+def test_pattern_with_max_length_is_not_silently_dropped_under_auto(vocab):
+    """auto must enforce both bounds, or refuse — never accept an over-long string."""
+    schema = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}
+    try:
+        m = compile_guide(GuideSpec.json_schema(schema), vocab).matcher()
+    except UnsupportedGuideError:
+        return
+    # byte-level vocabulary: single-character tokens exist for ASCII letters and quotes
+    ids = [vocab.token_bytes.index(ch.encode()) for ch in '"abcdefgh"']
+    accepted = all(m.accept_token(t) for t in ids)
+    assert not accepted

@@ -1,0 +1,192 @@
+"""The batched guided step: one persistent bitmask, fill only guided rows, one kernel call.
+
+Per decoding step the engine calls ``fill_and_apply(logits, rows)`` before sampling and
+``accept_tokens(tokens, rows)`` after. Unguided rows are never touched. A row whose constraint
+failed or whose sampled token was rejected is failed closed: from then on it may only emit EOS,
+and its status carries the error for the engine to report.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Hashable, Sequence
+
+import torch
+
+from ..kernels import apply_token_bitmask_inplace
+from .errors import GuideError, TokenRejectedError
+from .spec import GuideSpec
+
+if TYPE_CHECKING:
+    from .manager import GuidedDecodingManager, SequenceState
+
+
+@dataclass(frozen=True)
+class GuidedRow:
+    """Identity and constraint of one logits row."""
+
+    session_id: Hashable
+    seq_id: Hashable
+    spec: GuideSpec
+
+
+class StepStatus(enum.Enum):
+    OK = "ok"
+    TERMINATED = "terminated"  # EOS accepted: the output is complete and valid
+    REJECTED = "rejected"      # a sampled token broke the grammar: finish with an error
+    ERROR = "error"            # the constraint failed (invalid, unsupported, limit, timeout)
+
+
+@dataclass
+class RowStatus:
+    state: StepStatus
+    error: GuideError | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.state in (StepStatus.REJECTED, StepStatus.ERROR)
+
+
+_OK = RowStatus(StepStatus.OK)
+
+
+def eos_only_row(row: torch.Tensor, eos_ids: Sequence[int]) -> None:
+    """Write a bitmask row that allows only the EOS ids."""
+    row.zero_()
+    for e in eos_ids:
+        word = row[e // 32].item()
+        bit = e % 32
+        value = (word | (1 << bit)) & 0xFFFFFFFF
+        row[e // 32] = value - (1 << 32) if value >= 1 << 31 else value
+
+
+class BatchedGuidedStep:
+    """Owns the reusable bitmask buffers and the fill thread pool of one manager."""
+
+    def __init__(
+        self,
+        manager: "GuidedDecodingManager",
+        *,
+        fill_threads: int = 2,
+        parallel_fill_threshold: int = 16,
+        device: str | torch.device | None = None,
+    ):
+        self.manager = manager
+        self.words = (manager.vocab.vocab_size + 31) // 32
+        self.parallel_fill_threshold = parallel_fill_threshold
+        self.fill_threads = max(1, fill_threads)
+        self._pool = ThreadPoolExecutor(self.fill_threads, thread_name_prefix="tokenrails-fill") if self.fill_threads > 1 else None
+        self._host = torch.empty((0, self.words), dtype=torch.int32)
+        self._dev: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._index_host = torch.empty(0, dtype=torch.int32)
+        if device is not None:
+            self._ensure(1, torch.device(device))
+
+    # ---- buffers ---------------------------------------------------------------------------
+    def _ensure(self, rows: int, device: torch.device) -> None:
+        """Grow buffers (doubling) so ``rows`` fit; steady state allocates nothing."""
+        if self._host.shape[0] < rows:
+            cap = max(rows, 2 * self._host.shape[0], 8)
+            pin = device.type == "cuda"
+            self._host = torch.empty((cap, self.words), dtype=torch.int32, pin_memory=pin)
+            self._index_host = torch.empty(cap, dtype=torch.int32, pin_memory=pin)
+        if device.type != "cpu":
+            cur = self._dev.get(device)
+            if cur is None or cur[0].shape[0] < self._host.shape[0]:
+                cap = self._host.shape[0]
+                self._dev[device] = (
+                    torch.empty((cap, self.words), dtype=torch.int32, device=device),
+                    torch.empty(cap, dtype=torch.int32, device=device),
+                )
+
+    # ---- step ------------------------------------------------------------------------------
+    def fill_and_apply(self, logits: torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
+        guided = [(i, r) for i, r in enumerate(rows) if r is not None]
+        statuses: list[RowStatus | None] = [None] * len(rows)
+        if not guided:
+            return statuses
+        k = len(guided)
+        self._ensure(k, logits.device)
+        mgr = self.manager
+        states = [mgr.state_for(r.session_id, r.seq_id, r.spec) for _, r in guided]
+        bitmask = self._host[:k]
+        if self._pool is not None and k >= self.parallel_fill_threshold:
+            chunk = (k + self.fill_threads - 1) // self.fill_threads
+            list(self._pool.map(lambda s: self._fill_range(states, bitmask, s, min(k, s + chunk)), range(0, k, chunk)))
+        else:
+            self._fill_range(states, bitmask, 0, k)
+        for j, (i, _) in enumerate(guided):
+            st = states[j]
+            statuses[i] = RowStatus(StepStatus.ERROR, st.error) if st.error is not None else _OK
+        index = self._index_host[:k]
+        index.numpy()[:] = [i for i, _ in guided]
+        if logits.device.type == "cpu":
+            dev_mask, dev_index = bitmask, index
+        else:
+            buf_mask, buf_index = self._dev[logits.device]
+            dev_mask, dev_index = buf_mask[:k], buf_index[:k]
+            dev_mask.copy_(bitmask, non_blocking=True)
+            dev_index.copy_(index, non_blocking=True)
+        identity = k == len(rows)
+        apply_token_bitmask_inplace(
+            logits, dev_mask, indices=None if identity else dev_index, vocab_size=mgr.vocab.vocab_size
+        )
+        return statuses
+
+    def _fill_range(self, states: "list[SequenceState]", bitmask: torch.Tensor, lo: int, hi: int) -> None:
+        eos = self.manager.vocab.eos_ids
+        for j in range(lo, hi):
+            st = states[j]
+            if st.matcher is None or st.error is not None:
+                eos_only_row(bitmask[j], eos)
+                continue
+            t0 = time.perf_counter()
+            st.matcher.fill_next_token_bitmask(bitmask, j)
+            st.guided_time_s += time.perf_counter() - t0
+
+    def accept_tokens(self, token_ids: Sequence[int] | torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:
+        if isinstance(token_ids, torch.Tensor):
+            token_ids = token_ids.reshape(-1).tolist()
+        if len(token_ids) != len(rows):
+            raise ValueError(f"{len(token_ids)} tokens for {len(rows)} rows")
+        mgr = self.manager
+        eos = set(mgr.vocab.eos_ids)
+        out: list[RowStatus | None] = [None] * len(rows)
+        for i, (tok, row) in enumerate(zip(token_ids, rows)):
+            if row is None:
+                continue
+            st = mgr.state_for(row.session_id, row.seq_id, row.spec)
+            out[i] = self.accept_one(st, int(tok), eos)
+        return out
+
+    def accept_one(self, st: "SequenceState", tok: int, eos: set[int]) -> RowStatus:
+        if st.error is not None:
+            # A failed row may only have emitted EOS (its mask allowed nothing else).
+            return RowStatus(StepStatus.ERROR, st.error)
+        assert st.matcher is not None
+        if st.matcher.is_terminated():
+            if tok in eos:
+                return RowStatus(StepStatus.TERMINATED)
+            return self._reject(st, tok, "after the constraint was complete")
+        t0 = time.perf_counter()
+        ok = st.matcher.accept_token(tok)
+        st.guided_time_s += time.perf_counter() - t0
+        st.tokens += 1
+        if not ok:
+            return self._reject(st, tok, "by the grammar")
+        if tok in eos:
+            return RowStatus(StepStatus.TERMINATED)
+        return _OK
+
+    def _reject(self, st: "SequenceState", tok: int, why: str) -> RowStatus:
+        self.manager.counters["rejections"] += 1
+        st.error = TokenRejectedError(f"sampled token {tok} is not allowed {why}", token_id=tok)
+        return RowStatus(StepStatus.REJECTED, st.error)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
