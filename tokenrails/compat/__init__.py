@@ -1,4 +1,7 @@
-"""Legacy request surfaces (OpenAI/LMDeploy ``response_format``, vLLM ``guided_*``, outlines)."""
-from .requests import normalize_request
+"""Legacy request surfaces (OpenAI/LMDeploy ``response_format``, vLLM ``guided_*``, outlines).
 
-__all__ = ["normalize_request"]
+``tokenrails.compat.outlines`` is imported on demand (it pulls in transformers).
+"""
+from .requests import NormalizedRequest, normalize_request, parse_request
+
+__all__ = ["NormalizedRequest", "normalize_request", "parse_request"]

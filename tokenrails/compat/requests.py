@@ -1,66 +1,279 @@
 """``normalize_request``: every accepted request shape → one ``GuideSpec`` (or None).
 
-A recognized field is never silently dropped: conflicting or unknown constraint fields raise
-``InvalidGuideError``.
+Accepted: OpenAI/LMDeploy ``response_format``; vLLM legacy ``guided_*`` fields and a
+``GuidedDecodingParams``-shaped dict; vLLM ``structured_outputs``; a whole request body holding
+any of those (non-constraint fields such as ``messages`` are ignored; ``extra_body`` is read).
+
+Rules (docs/migrating-from-outlines.md): exactly one constraint per request; an empty
+constraint, an unknown ``guided_*`` key or an unknown key inside a constraint object raises
+``InvalidGuideError``; every option is applied to the spec or, when it cannot apply, raises.
+Backend hints are validated and returned by ``parse_request`` (never part of the spec key).
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..guided.errors import InvalidGuideError
 from ..guided.spec import GuideSpec
+from .backend_hints import BackendHint, parse_backend_hint
+from .response_format import (
+    RawConstraint,
+    canonical_structural_tag,
+    is_pydantic_model_class,
+    parse_response_format,
+)
+from .schema_transforms import disable_additional_properties
+
+# vLLM GuidedDecodingParams / StructuredOutputsParams keys.
+PARAM_CONSTRAINTS = {
+    "json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
+    "json_object": "json_object", "structural_tag": "structural_tag",
+}
+PARAM_OPTIONS = frozenset({
+    "backend", "_backend", "whitespace_pattern", "disable_any_whitespace",
+    "disable_additional_properties", "disable_fallback", "backend_was_auto", "_backend_was_auto",
+})
+PARAM_KEYS = frozenset(PARAM_CONSTRAINTS) | PARAM_OPTIONS
+# vLLM legacy top-level request fields.
+GUIDED_CONSTRAINTS = {
+    "guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
+    "guided_grammar": "grammar", "guided_json_object": "json_object",
+}
+GUIDED_OPTIONS = frozenset({"guided_whitespace_pattern", "guided_decoding_backend"})
+BODY_CONTAINERS = ("response_format", "structured_outputs", "guided_decoding")
+
+
+@dataclass(frozen=True)
+class NormalizedRequest:
+    """The spec plus what else the request said: the backend hint (tokenrails name or None)."""
+
+    spec: GuideSpec | None
+    backend: str | None = None
+    engine: str | None = None
+    source: str | None = None
 
 
 def normalize_request(obj: Any) -> GuideSpec | None:
     """Map a request object (dict, JSON text, pydantic model, ``GuideSpec``) to a ``GuideSpec``."""
+    return parse_request(obj).spec
+
+
+def parse_request(obj: Any) -> NormalizedRequest:
+    """Like ``normalize_request`` but also returns the validated backend hint."""
     if obj is None:
-        return None
+        return NormalizedRequest(None)
     if isinstance(obj, GuideSpec):
-        return obj
+        return NormalizedRequest(obj)
+    if is_pydantic_model_class(obj):
+        raise InvalidGuideError(
+            "a pydantic model class is a schema, not a request: use GuideSpec.json_schema(Model) "
+            "or {'response_format': Model}"
+        )
     if isinstance(obj, (str, bytes)):
         try:
             obj = json.loads(obj)
         except json.JSONDecodeError as exc:
             raise InvalidGuideError(f"request is not valid JSON: {exc}") from exc
     if hasattr(obj, "model_dump") and not isinstance(obj, type):
-        obj = obj.model_dump(exclude_none=True)
+        obj = obj.model_dump(exclude_none=True, by_alias=True)
     if not isinstance(obj, Mapping):
         raise InvalidGuideError(f"unsupported request type {type(obj).__name__}")
-    return _from_response_format(dict(obj))
+    req = _Collector()
+    if "type" in obj and isinstance(obj["type"], str) and not _body_keys(obj):
+        req.add_raw("response_format", parse_response_format(obj))
+    elif not obj:
+        raise InvalidGuideError("empty constraint object")
+    elif set(obj) <= PARAM_KEYS:
+        req.add_params("structured_outputs", obj)
+    else:
+        req.add_body(obj)
+    return req.build()
 
 
-def _from_response_format(rf: dict) -> GuideSpec | None:
-    kind = rf.get("type")
-    if kind is None:
-        raise InvalidGuideError("response_format needs a 'type'")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return GuideSpec.json_object()
-    if kind == "json_schema":
-        body = rf.get("json_schema")
-        if body is None:
-            raise InvalidGuideError("response_format type 'json_schema' needs a 'json_schema' field")
-        if isinstance(body, Mapping) and "schema" in body:
-            schema = body["schema"]
-        elif isinstance(body, Mapping) and ("name" in body or "strict" in body):
-            raise InvalidGuideError("response_format.json_schema has no 'schema'")
-        else:
-            schema = body
-        return GuideSpec.json_schema(schema)
-    if kind in ("regex_schema", "regex"):
-        pattern = rf.get("regex_schema", rf.get("regex", rf.get("pattern")))
-        if pattern is None:
-            raise InvalidGuideError(f"response_format type {kind!r} needs a pattern")
-        return GuideSpec.regex(pattern)
-    if kind == "choice":
-        return GuideSpec.choice(rf.get("choice", rf.get("choices")) or [])
-    if kind in ("grammar", "ebnf"):
-        return GuideSpec.grammar(rf.get("grammar", rf.get("ebnf")) or "")
-    if kind == "structural_tag":
-        tag = {k: v for k, v in rf.items() if k != "type"} if "format" not in rf else rf
-        if "structures" in rf or "format" in rf:
-            return GuideSpec.structural_tag(rf if "format" in rf else tag)
-        raise InvalidGuideError("structural_tag needs 'structures' and 'triggers', or 'format'")
-    raise InvalidGuideError(f"unknown response_format type {kind!r}")
+def _body_keys(obj: Mapping) -> set[str]:
+    keys = {k for k in obj if isinstance(k, str)}
+    return {k for k in keys if k.startswith("guided_") or k in BODY_CONTAINERS or k == "extra_body"}
+
+
+def _present(value: Any) -> bool:
+    """None (and pydantic's dumped defaults) mean "not sent"."""
+    return value is not None
+
+
+class _Collector:
+    """Gathers constraints and options from every surface, then builds one spec."""
+
+    def __init__(self) -> None:
+        self.constraints: list[tuple[str, RawConstraint]] = []
+        self.any_whitespace: tuple[str, bool] | None = None
+        self.whitespace_pattern: tuple[str, str] | None = None
+        self.no_additional_properties: str | None = None
+        self.hint: tuple[str, BackendHint] | None = None
+
+    # ---- surfaces --------------------------------------------------------------------------
+    def add_raw(self, source: str, raw: RawConstraint | None) -> None:
+        if raw is not None:
+            self.constraints.append((source, raw))
+
+    def add_body(self, body: Mapping) -> None:
+        for key, value in body.items():
+            if not isinstance(key, str) or not _present(value):
+                continue
+            if key == "response_format":
+                self.add_raw("response_format", parse_response_format(value))
+            elif key in ("structured_outputs", "guided_decoding"):
+                if hasattr(value, "model_dump") and not isinstance(value, type):
+                    value = value.model_dump(exclude_none=True, by_alias=True)
+                if not isinstance(value, Mapping):
+                    raise InvalidGuideError(f"{key} must be an object, got {type(value).__name__}")
+                self.add_params(key, value)
+            elif key == "structural_tag":
+                self.add_raw(key, ("structural_tag", value))
+            elif key == "extra_body":
+                if not isinstance(value, Mapping):
+                    raise InvalidGuideError("extra_body must be an object")
+                self.add_body(value)
+            elif key in GUIDED_CONSTRAINTS:
+                if GUIDED_CONSTRAINTS[key] == "json_object" and value is False:
+                    continue
+                self.add_raw(key, (GUIDED_CONSTRAINTS[key], _not_empty(key, value)))
+            elif key == "guided_whitespace_pattern":
+                self.set_whitespace_pattern(key, value)
+            elif key == "guided_decoding_backend":
+                self.set_hint(key, value)
+            elif key.startswith("guided_"):
+                known = sorted(set(GUIDED_CONSTRAINTS) | GUIDED_OPTIONS)
+                raise InvalidGuideError(f"unknown guided decoding field {key!r}; known: {known}")
+
+    def add_params(self, where: str, params: Mapping) -> None:
+        unknown = set(params) - PARAM_KEYS
+        if unknown:
+            raise InvalidGuideError(
+                f"unknown key(s) {sorted(unknown)} in {where}; known: {sorted(PARAM_KEYS)}"
+            )
+        present = {k: v for k, v in params.items() if _present(v)}
+        if not any(k in PARAM_CONSTRAINTS and v is not False for k, v in present.items()):
+            if {"whitespace_pattern", "disable_additional_properties"} & set(present) or (
+                present.get("disable_any_whitespace") is True
+            ):
+                raise InvalidGuideError(f"{where} sets options but no constraint")
+            if not any(k in ("backend", "_backend") for k in present):
+                raise InvalidGuideError(f"{where} is empty: no json/regex/choice/grammar/json_object")
+        for key, value in present.items():
+            label = f"{where}.{key}"
+            if key in PARAM_CONSTRAINTS:
+                kind = PARAM_CONSTRAINTS[key]
+                if kind == "json_object":
+                    if not isinstance(value, bool):
+                        raise InvalidGuideError(f"{label} must be a boolean")
+                    if value:
+                        self.add_raw(label, ("json_object", None))
+                    continue
+                self.add_raw(label, (kind, _not_empty(label, value)))
+            elif key == "whitespace_pattern":
+                self.set_whitespace_pattern(label, value)
+            elif key == "disable_any_whitespace":
+                if _as_bool(label, value):
+                    self.set_any_whitespace(label, False)
+            elif key == "disable_additional_properties":
+                if _as_bool(label, value):
+                    self.no_additional_properties = label
+            elif key in ("backend", "_backend"):
+                self.set_hint(label, value)
+            else:  # disable_fallback, backend_was_auto: tokenrails never falls back silently
+                _as_bool(label, value)
+
+    # ---- options ---------------------------------------------------------------------------
+    def set_whitespace_pattern(self, source: str, value: Any) -> None:
+        if not isinstance(value, str):
+            raise InvalidGuideError(f"{source} must be a string")
+        if self.whitespace_pattern and self.whitespace_pattern[1] != value:
+            raise InvalidGuideError(f"{source} conflicts with {self.whitespace_pattern[0]}")
+        self.whitespace_pattern = (source, value)
+
+    def set_any_whitespace(self, source: str, value: bool) -> None:
+        self.any_whitespace = (source, value)
+
+    def set_hint(self, source: str, value: Any) -> None:
+        hint = parse_backend_hint(value)
+        if hint is None:
+            return
+        if self.hint and self.hint[1].backend != hint.backend:
+            raise InvalidGuideError(f"{source}={value!r} conflicts with {self.hint[0]}")
+        self.hint = (source, hint)
+        if "disable-any-whitespace" in hint.options:
+            self.set_any_whitespace(source, False)
+        if "no-additional-properties" in hint.options:
+            self.no_additional_properties = source
+
+    # ---- result ----------------------------------------------------------------------------
+    def build(self) -> NormalizedRequest:
+        hint = self.hint[1] if self.hint else None
+        if len(self.constraints) > 1:
+            names = [s for s, _ in self.constraints]
+            raise InvalidGuideError(f"request has more than one constraint: {names}")
+        if not self.constraints:
+            for what in (self.whitespace_pattern, self.any_whitespace):
+                if what is not None:
+                    raise InvalidGuideError(f"{what[0]} is set but the request has no constraint")
+            if self.no_additional_properties:
+                raise InvalidGuideError(
+                    f"{self.no_additional_properties} is set but the request has no constraint"
+                )
+            return NormalizedRequest(None, hint and hint.backend, hint and hint.engine)
+        source, (kind, value) = self.constraints[0]
+        spec = self._spec(source, kind, value)
+        return NormalizedRequest(spec, hint and hint.backend, hint and hint.engine, source)
+
+    def _spec(self, source: str, kind: str, value: Any) -> GuideSpec:
+        json_kinds = ("json_schema", "json_object")
+        for option in (self.whitespace_pattern, self.any_whitespace):
+            if option is not None and kind not in json_kinds:
+                raise InvalidGuideError(f"{option[0]} applies to JSON only, not to {source}")
+        if self.no_additional_properties and kind != "json_schema":
+            raise InvalidGuideError(
+                f"{self.no_additional_properties} applies to a JSON schema only, not to {source}"
+            )
+        if self.whitespace_pattern and self.any_whitespace:
+            raise InvalidGuideError(
+                f"{self.whitespace_pattern[0]} conflicts with {self.any_whitespace[0]}"
+            )
+        any_ws = self.any_whitespace[1] if self.any_whitespace else True
+        if kind == "json_schema":
+            if isinstance(value, str) and not value.strip() or value in ({}, []):
+                raise InvalidGuideError(f"{source}: empty JSON schema (use json_object for any JSON)")
+            schema = GuideSpec.json_schema(value).schema  # dict / text / pydantic → canonical dict
+            if self.no_additional_properties:
+                schema = disable_additional_properties(schema)
+            pattern = self.whitespace_pattern[1] if self.whitespace_pattern else None
+            return GuideSpec.json_schema(schema, any_whitespace=any_ws, whitespace_pattern=pattern)
+        if kind == "json_object":
+            if self.whitespace_pattern:
+                raise InvalidGuideError(
+                    f"{self.whitespace_pattern[0]} needs a JSON schema; send "
+                    "json={'type': 'object'} instead of json_object"
+                )
+            return GuideSpec.json_object(any_whitespace=any_ws)
+        if kind == "regex":
+            return GuideSpec.regex(value)
+        if kind == "choice":
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                raise InvalidGuideError(f"{source} must be a list of strings")
+            return GuideSpec.choice(value)
+        if kind == "grammar":
+            return GuideSpec.grammar(value)
+        return GuideSpec.structural_tag(canonical_structural_tag(value))
+
+
+def _not_empty(label: str, value: Any) -> Any:
+    if value == "" or value == [] or value == {}:
+        raise InvalidGuideError(f"{label} is empty")
+    return value
+
+
+def _as_bool(label: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidGuideError(f"{label} must be a boolean, got {value!r}")
+    return value
