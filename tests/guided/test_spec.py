@@ -59,3 +59,13 @@ def test_from_request_openai_and_lmdeploy_shapes():
         GuideSpec.from_request({"type": "json_schema"})
     with pytest.raises(InvalidGuideError):
         GuideSpec.from_request({"type": "yaml"})
+
+
+def test_property_order_is_kept_because_it_decides_output_order():
+    a = GuideSpec.json_schema({"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "string"}}})
+    b = GuideSpec.json_schema({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}})
+    assert list(a.schema["properties"]) == ["b", "a"]
+    assert a.key != b.key
+    # a property literally named "properties" keeps its own subschema canonical
+    c = GuideSpec.json_schema({"properties": {"properties": {"type": "object", "properties": {"y": {}, "x": {}}}}})
+    assert list(c.schema["properties"]["properties"]["properties"]) == ["y", "x"]

@@ -54,6 +54,13 @@ class Matcher(ABC):
             self.rollback(1)
         return ok
 
+    @classmethod
+    def batch_fill(cls, matchers: Sequence["Matcher"], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+        """Fill ``bitmask[rows[i]]`` from ``matchers[i]``. Backends override this with a native
+        multi-threaded fill; the batched step groups matchers by class and calls it once per group."""
+        for m, r in zip(matchers, rows):
+            m.fill_next_token_bitmask(bitmask, r)
+
     def validate_tokens(self, tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the grammar accepts, leaving the state unchanged."""
         n = 0

@@ -17,10 +17,24 @@ GuideKind = Literal["json_schema", "json_object", "regex", "choice", "grammar", 
 KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
+# Maps whose key order is part of the meaning: generated objects list properties in this order.
+_ORDERED_MAPS = frozenset({"properties"})
+
+
+def _canonical(value: Any, ordered: bool = False) -> Any:
+    """Sort object keys, except inside ``properties`` maps, whose order decides output order."""
+    if isinstance(value, Mapping):
+        items = list(value.items()) if ordered else sorted(value.items(), key=lambda kv: str(kv[0]))
+        return {str(k): _canonical(v, str(k) in _ORDERED_MAPS and not ordered) for k, v in items}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
 def _canonical_json(value: Any) -> str:
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
+        return json.dumps(_canonical(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidGuideError(f"value is not JSON-serializable: {exc}") from exc
 
 

@@ -57,6 +57,19 @@ class XGrammarMatcher(Matcher):
             return True
         return bool(self._m.fill_next_token_bitmask(bitmask, index))
 
+    @classmethod
+    def batch_fill(cls, matchers, bitmask: torch.Tensor, rows) -> None:
+        """xgrammar's C++ batch fill: its own threads, no GIL; terminated rows filled here."""
+        live, live_rows = [], []
+        for m, r in zip(matchers, rows):
+            if m._m.is_terminated():
+                m.fill_next_token_bitmask(bitmask, r)
+            else:
+                live.append(m._m)
+                live_rows.append(int(r))
+        if live:
+            _batch_matcher().batch_fill_next_token_bitmask(live, bitmask, live_rows)
+
     def accept_token(self, token_id: int) -> bool:
         if self._m.is_terminated():
             return False
@@ -81,6 +94,15 @@ class XGrammarMatcher(Matcher):
 
     def is_accepting(self) -> bool:
         return self._m.is_terminated() or bool(self._m.is_completed())
+
+
+_BATCH: list[xgr.BatchGrammarMatcher] = []
+
+
+def _batch_matcher() -> xgr.BatchGrammarMatcher:
+    if not _BATCH:
+        _BATCH.append(xgr.BatchGrammarMatcher(max_threads="auto"))
+    return _BATCH[0]
 
 
 def _bit(i: int) -> int:

