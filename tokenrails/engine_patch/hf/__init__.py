@@ -1,0 +1,1 @@
+"""transformers integration internals; the public surface is ``tokenrails.engine_patch.transformers``."""

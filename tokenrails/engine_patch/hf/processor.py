@@ -1,0 +1,188 @@
+"""``GuidedLogitsProcessor``: per-row constraints inside ``model.generate(...)``.
+
+Each call first accepts the token generated since the previous call (``input_ids[:, -1]``; the
+first call sees only the prompt), then fills the guided rows' bitmasks and applies them to the
+scores in place with one kernel call (unguided rows are left bit-identical).
+
+Unsupported: beam search and any other strategy that reorders rows between steps (each row's
+matcher follows one sequence). The processor checks that every row's history only grows and
+raises otherwise. ``num_return_sequences=k`` with sampling is supported: pass the same ``k``.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from ...guided.batch_step import GuidedRow, StepStatus
+from ...guided.errors import GuideError
+from ...guided.limits import GuideLimits
+from ...guided.spec import GuideSpec
+from ...guided.vocabulary import Vocabulary
+from .validate import validate_output
+from .vocab import manager_for, vocabulary_for
+
+try:  # the base class only matters to transformers' isinstance checks
+    from transformers import LogitsProcessor as _Base
+except ImportError:  # pragma: no cover
+    _Base = object
+
+_sessions = itertools.count()
+
+
+@dataclass
+class RowReport:
+    """One row's constraint outcome after ``finalize``.
+
+    ``status``: "unguided", "complete" (EOS accepted), "incomplete" (generation stopped before the
+    constraint was complete — e.g. max_new_tokens), "rejected" or "error" (with ``error``).
+    """
+
+    status: str
+    error: str | None = None
+    valid: bool | None = None
+    validation: str = ""
+    grammar_init_s: float = 0.0
+    grammar_per_token_s: float = 0.0
+    tokens: int = 0
+
+
+class GuidedLogitsProcessor(_Base):
+    """Constrain each row of a ``generate`` batch by its own ``GuideSpec`` (or None)."""
+
+    def __init__(
+        self,
+        specs: Sequence[GuideSpec | None],
+        tokenizer: Any = None,
+        *,
+        vocab: Vocabulary | None = None,
+        vocab_size: int | None = None,
+        manager: Any = None,
+        backend: str = "auto",
+        limits: GuideLimits | None = None,
+        num_return_sequences: int = 1,
+    ):
+        if vocab is None:
+            if manager is not None:
+                vocab = manager.vocab
+            elif tokenizer is not None:
+                vocab = vocabulary_for(tokenizer, vocab_size)
+            else:
+                raise ValueError("GuidedLogitsProcessor needs a tokenizer, a vocab or a manager")
+        self.vocab = vocab
+        self.tokenizer = tokenizer
+        self.manager = manager or manager_for(vocab, backend, limits)
+        if num_return_sequences < 1:
+            raise ValueError("num_return_sequences must be >= 1")
+        # generate() repeats each prompt num_return_sequences times, consecutively.
+        self.specs = [s for s in specs for _ in range(num_return_sequences)]
+        self.session = f"hf-processor-{next(_sessions)}"
+        self.rows = [GuidedRow(self.session, i, s) if s is not None else None for i, s in enumerate(self.specs)]
+        self._done: list[str | None] = [None] * len(self.rows)  # "complete" | "rejected" | "error"
+        self._errors: list[GuideError | None] = [None] * len(self.rows)
+        self._prev: torch.Tensor | None = None
+        self._prompt_len = 0
+        for s in specs:
+            self.manager.prefetch(s)  # compile while generate() runs the prefill
+
+    # ---- the transformers hook ----------------------------------------------------------
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[0] != len(self.rows):
+            raise ValueError(
+                f"GuidedLogitsProcessor got {input_ids.shape[0]} rows but has {len(self.rows)} specs: "
+                "beam search is not supported; for num_return_sequences=k pass num_return_sequences=k"
+            )
+        if scores.shape[-1] != self.vocab.vocab_size:
+            raise ValueError(
+                f"scores are {scores.shape[-1]} wide but the vocabulary has vocab_size={self.vocab.vocab_size}; "
+                "build it with the model's logits width (vocab_size=...)"
+            )
+        if self._prev is None:
+            self._prompt_len = input_ids.shape[1]
+        else:
+            self._check_history(input_ids)
+            self._accept(input_ids[:, -1].tolist())
+        self._prev = input_ids.detach().clone()
+        statuses = self.manager.fill_and_apply(scores, self.rows)
+        for i, st in enumerate(statuses):
+            if st is not None and st.state is StepStatus.ERROR and self._done[i] is None:
+                self._done[i], self._errors[i] = "error", st.error
+        return scores
+
+    def _check_history(self, input_ids: torch.Tensor) -> None:
+        prev = self._prev
+        assert prev is not None
+        if input_ids.shape[1] != prev.shape[1] + 1 or not torch.equal(input_ids[:, :-1], prev):
+            raise RuntimeError(
+                "GuidedLogitsProcessor: rows were reordered or rewritten between steps "
+                "(beam search, or the processor reused for a second generate call); "
+                "use one processor per generate call and no beam search"
+            )
+
+    def _accept(self, tokens: Sequence[int]) -> None:
+        step_rows = [r if self._done[i] is None else None for i, r in enumerate(self.rows)]
+        statuses = self.manager.accept_tokens(tokens, step_rows)
+        for i, st in enumerate(statuses):
+            if st is None:
+                continue
+            if st.state is StepStatus.TERMINATED:
+                self._done[i] = "complete"
+            elif st.state is StepStatus.REJECTED:
+                self._done[i], self._errors[i] = "rejected", st.error
+            elif st.state is StepStatus.ERROR:
+                self._done[i], self._errors[i] = "error", st.error
+
+    # ---- after generation ---------------------------------------------------------------
+    def finalize(self, sequences: torch.Tensor) -> list[RowReport]:
+        """Accept the tokens generate() produced after the last call, then report every row.
+
+        ``sequences`` is ``generate(...)``'s output (prompt included). Call once, after generate.
+        """
+        if sequences.shape[0] != len(self.rows):
+            raise ValueError(f"{sequences.shape[0]} sequences for {len(self.rows)} rows")
+        seen = self._prev.shape[1] if self._prev is not None else sequences.shape[1]
+        for pos in range(seen, sequences.shape[1]):
+            if all(d is not None or r is None for d, r in zip(self._done, self.rows)):
+                break
+            self._accept(sequences[:, pos].tolist())
+        reports = [self._report(i, sequences[i]) for i in range(len(self.rows))]
+        self.manager.end_session(self.session)
+        return reports
+
+    def generated_ids(self, sequence: torch.Tensor) -> list[int]:
+        """This row's new tokens up to (not including) its first EOS."""
+        ids = sequence[self._prompt_len:].tolist()
+        eos = set(self.vocab.eos_ids)
+        for k, t in enumerate(ids):
+            if t in eos:
+                return ids[:k]
+        return ids
+
+    def _report(self, i: int, sequence: torch.Tensor) -> RowReport:
+        row = self.rows[i]
+        if row is None:
+            return RowReport("unguided")
+        m = self.manager.request_metrics(self.session, i)
+        rep = RowReport(
+            self._done[i] or "incomplete",
+            grammar_init_s=float(m.get("grammar_init_s", 0.0)),
+            grammar_per_token_s=float(m.get("grammar_per_token_s", 0.0)),
+            tokens=int(m.get("tokens", 0)),
+        )
+        if self._errors[i] is not None:
+            rep.error = f"{type(self._errors[i]).__name__}: {self._errors[i]}"
+            rep.valid, rep.validation = False, "error"
+        elif rep.status != "complete":
+            rep.valid, rep.validation = False, "incomplete: generation stopped before the constraint was complete"
+        elif self.tokenizer is not None:
+            text = self.tokenizer.decode(
+                self.generated_ids(sequence), skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+            verdict = validate_output(row.spec, text, matcher_complete=True)
+            rep.valid = verdict.valid
+            rep.validation = verdict.method + (f": {verdict.reason}" if verdict.reason else "")
+        else:
+            rep.valid, rep.validation = True, "matcher"
+        return rep

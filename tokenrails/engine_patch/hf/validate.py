@@ -1,0 +1,52 @@
+"""Check a finished output against its spec with an oracle independent of the grammar engine.
+
+JSON schema → ``jsonschema``; regex → Python ``re.fullmatch`` (when Python can compile the
+pattern); choice → membership. Grammars and structural tags have no independent oracle here,
+so their verdict is the matcher's own completion state.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from ...guided.spec import GuideSpec
+
+
+@dataclass(frozen=True)
+class Verdict:
+    valid: bool
+    method: str          # "jsonschema" | "json" | "re.fullmatch" | "choice" | "matcher"
+    reason: str = ""
+
+
+def validate_output(spec: GuideSpec, text: str, matcher_complete: bool) -> Verdict:
+    """Whether ``text`` satisfies ``spec``; ``matcher_complete`` is used where no oracle exists."""
+    if spec.kind in ("json_schema", "json_object"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return Verdict(False, "json", f"not JSON: {exc}")
+        if spec.kind == "json_object":
+            ok = isinstance(value, dict)
+            return Verdict(ok, "json", "" if ok else "not a JSON object")
+        import jsonschema
+
+        try:
+            jsonschema.validate(value, spec.schema)
+        except jsonschema.ValidationError as exc:
+            return Verdict(False, "jsonschema", exc.message)
+        except jsonschema.SchemaError as exc:  # schema the oracle cannot read: trust the matcher
+            return Verdict(matcher_complete, "matcher", f"jsonschema cannot check it: {exc.message}")
+        return Verdict(True, "jsonschema")
+    if spec.kind == "regex":
+        try:
+            compiled = re.compile(spec.pattern)
+        except re.error as exc:
+            return Verdict(matcher_complete, "matcher", f"Python re cannot compile it: {exc}")
+        ok = compiled.fullmatch(text) is not None
+        return Verdict(ok, "re.fullmatch", "" if ok else "does not match the pattern")
+    if spec.kind == "choice":
+        ok = text in spec.choices
+        return Verdict(ok, "choice", "" if ok else "not one of the choices")
+    return Verdict(matcher_complete, "matcher", "" if matcher_complete else "grammar not complete")
