@@ -17,19 +17,26 @@ import torch
 
 from ..kernels import apply_token_bitmask_inplace
 from .errors import GuideError, TokenRejectedError
+from .reasoning import ReasoningConfig
 from .spec import GuideSpec
 
 if TYPE_CHECKING:
     from .manager import GuidedDecodingManager, SequenceState
+    from .reasoning import ThinkState
 
 
 @dataclass(frozen=True)
 class GuidedRow:
-    """Identity and constraint of one logits row."""
+    """Identity and constraint of one logits row.
+
+    ``reasoning``: the model thinks first; the constraint starts after the end marker
+    (see reasoning.py). Read when the sequence's state is created.
+    """
 
     session_id: Hashable
     seq_id: Hashable
     spec: GuideSpec
+    reasoning: ReasoningConfig | None = None
 
 
 class StepStatus(enum.Enum):
@@ -41,8 +48,13 @@ class StepStatus(enum.Enum):
 
 @dataclass
 class RowStatus:
+    """``valid_drafts`` (speculative fill): leading drafts the grammar accepts.
+    ``accepted`` (speculative accept): tokens consumed before a failure (all of them when OK)."""
+
     state: StepStatus
     error: GuideError | None = None
+    valid_drafts: int | None = None
+    accepted: int | None = None
 
     @property
     def failed(self) -> bool:
@@ -112,7 +124,7 @@ class BatchedGuidedStep:
         k = len(guided)
         self._ensure(k, logits.device)
         mgr = self.manager
-        states = [mgr.state_for(r.session_id, r.seq_id, r.spec) for _, r in guided]
+        states = [mgr.state_for(r.session_id, r.seq_id, r.spec, reasoning=r.reasoning) for _, r in guided]
         bitmask = self._host[:k]
         if self._pool is not None and k >= self.parallel_fill_threshold:
             chunk = (k + self.fill_threads - 1) // self.fill_threads
@@ -138,15 +150,26 @@ class BatchedGuidedStep:
         return statuses
 
     def _fill_range(self, states: "list[SequenceState]", bitmask: torch.Tensor, lo: int, hi: int) -> None:
-        eos = self.manager.vocab.eos_ids
         for j in range(lo, hi):
             st = states[j]
-            if st.matcher is None or st.error is not None:
-                eos_only_row(bitmask[j], eos)
-                continue
-            t0 = time.perf_counter()
-            st.matcher.fill_next_token_bitmask(bitmask, j)
-            st.guided_time_s += time.perf_counter() - t0
+            self.fill_row(st, st.think, bitmask, j)
+
+    def fill_row(self, st: "SequenceState", think: "ThinkState | None", bitmask: torch.Tensor, j: int) -> None:
+        """Row ``j`` for ``st`` in thinking state ``think`` (may differ from ``st.think`` when
+        looking ahead through drafts). Failed rows get EOS only."""
+        if st.error is None and think is not None and not think.done:
+            self.manager.poll_compile(st)  # fail early: a bad spec is reported while thinking
+            if st.error is None:
+                assert st.tracker is not None
+                st.tracker.fill(think, bitmask, j)
+                return
+        matcher = self.manager.resolve_matcher(st) if st.error is None else None
+        if matcher is None:
+            eos_only_row(bitmask[j], self.manager.vocab.eos_ids)
+            return
+        t0 = time.perf_counter()
+        matcher.fill_next_token_bitmask(bitmask, j)
+        st.guided_time_s += time.perf_counter() - t0
 
     def accept_tokens(self, token_ids: Sequence[int] | torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:
         if isinstance(token_ids, torch.Tensor):
@@ -159,13 +182,24 @@ class BatchedGuidedStep:
         for i, (tok, row) in enumerate(zip(token_ids, rows)):
             if row is None:
                 continue
-            st = mgr.state_for(row.session_id, row.seq_id, row.spec)
+            st = mgr.state_for(row.session_id, row.seq_id, row.spec, reasoning=row.reasoning)
             out[i] = self.accept_one(st, int(tok), eos)
         return out
 
     def accept_one(self, st: "SequenceState", tok: int, eos: set[int]) -> RowStatus:
         if st.error is not None:
             # A failed row may only have emitted EOS (its mask allowed nothing else).
+            return RowStatus(StepStatus.ERROR, st.error)
+        if st.think is not None and not st.think.done:
+            assert st.tracker is not None
+            nxt = st.tracker.advance(st.think, tok)
+            if nxt is None:
+                why = "while forcing the end of the thinking section" if st.tracker.forcing(st.think) else (
+                    "while thinking (EOS before the end marker, or bytes past the end marker in the same token)")
+                return self._reject(st, tok, why)
+            st.think = nxt
+            return _OK
+        if self.manager.resolve_matcher(st) is None:
             return RowStatus(StepStatus.ERROR, st.error)
         assert st.matcher is not None
         if st.matcher.is_terminated():
@@ -178,6 +212,7 @@ class BatchedGuidedStep:
         st.tokens += 1
         if not ok:
             return self._reject(st, tok, "by the grammar")
+        st.history.append(tok)
         if tok in eos:
             return RowStatus(StepStatus.TERMINATED)
         return _OK

@@ -24,17 +24,28 @@ from .backend import CompiledGuide, Matcher
 from .batch_step import BatchedGuidedStep, GuidedRow, RowStatus, StepStatus
 from .compile_cache import CompileCache
 from .errors import GuideError, GuideTimeoutError, InvalidGuideError
+from .jump_forward import JumpForward, compute_jump_forward
 from .limits import DEFAULT_LIMITS, GuideLimits
+from .reasoning import ReasoningConfig, ReasoningTracker, ThinkState, tracker_for
 from .registry import compile_guide
 from .spec import GuideSpec
+from .termination import Finalization, finalize_state
 from .vocabulary import Vocabulary
 
-__all__ = ["GuidedDecodingManager", "GuidedRow", "RowStatus", "StepStatus", "SequenceState"]
+__all__ = [
+    "Finalization", "GuidedDecodingManager", "GuidedRow", "JumpForward", "ReasoningConfig",
+    "RowStatus", "SequenceState", "StepStatus",
+]
 
 
 @dataclass
 class SequenceState:
-    """Everything the manager keeps for one (session, sequence)."""
+    """Everything the manager keeps for one (session, sequence).
+
+    ``matcher`` is None while a reasoning sequence is still thinking and its compile is not
+    needed yet (``spec`` is kept to finish it later), or when ``error`` is set.
+    ``history``: constrained tokens accepted so far (jump-forward rolls back through it).
+    """
 
     spec_key: str
     matcher: Matcher | None
@@ -43,6 +54,10 @@ class SequenceState:
     guided_time_s: float = 0.0
     tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    spec: GuideSpec | None = None
+    tracker: ReasoningTracker | None = None
+    think: ThinkState | None = None
+    history: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -146,27 +161,81 @@ class GuidedDecodingManager:
     def matcher_for(self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec) -> Matcher:
         """This sequence's matcher for ``spec`` (created on first use); raises its GuideError."""
         state = self.state_for(session_id, seq_id, spec)
+        self.resolve_matcher(state)
         if state.error is not None:
             raise _same_error(state.error)
         assert state.matcher is not None
         return state.matcher
 
-    def state_for(self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec) -> SequenceState:
-        """The sequence's state; a compile failure is stored in ``state.error``, not raised."""
-        key = (session_id, seq_id)
-        state = self._seqs.get(key)
+    def state_for(
+        self,
+        session_id: Hashable,
+        seq_id: Hashable,
+        spec: GuideSpec,
+        reasoning: ReasoningConfig | None = None,
+    ) -> SequenceState:
+        """The sequence's state; a compile failure is stored in ``state.error``, not raised.
+
+        ``reasoning`` is read only when the state is created (see ``begin_sequence``).
+        """
+        state = self._seqs.get((session_id, seq_id))
         if state is not None and state.spec_key == spec.key:
             return state
+        return self.begin_sequence(session_id, seq_id, spec, reasoning=reasoning)
+
+    def begin_sequence(
+        self,
+        session_id: Hashable,
+        seq_id: Hashable,
+        spec: GuideSpec,
+        *,
+        reasoning: ReasoningConfig | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
+        thinking_done: bool | None = None,
+    ) -> SequenceState:
+        """Create (or re-create) the sequence's state before its first decoding step.
+
+        Only needed for reasoning requests whose prompt matters: the prompt's token ids (or the
+        ``thinking_done`` flag) say whether the chat template already closed the thinking section.
+        Without this call a reasoning sequence starts inside the thinking section.
+        """
         start = time.perf_counter()
-        try:
-            matcher: Matcher | None = self.get_compiled(spec).matcher()
-            error = None
-        except GuideError as exc:
-            matcher, error = None, exc
-        state = SequenceState(spec.key, matcher, error, grammar_init_s=time.perf_counter() - start)
-        self._seqs[key] = state
+        state = SequenceState(spec.key, None, None, spec=spec)
+        if reasoning is not None:
+            try:
+                state.tracker = tracker_for(self.vocab, reasoning)
+                state.think = state.tracker.initial(prompt_token_ids, thinking_done)
+            except GuideError as exc:
+                state.error = exc
+        if state.error is None:
+            if state.think is not None and not state.think.done:
+                self.prefetch(spec)  # compile overlaps the thinking section; resolved on the marker
+            else:
+                self.resolve_matcher(state)
+        state.grammar_init_s = time.perf_counter() - start
+        self._seqs[(session_id, seq_id)] = state
         self._sessions.setdefault(session_id, set()).add(seq_id)
         return state
+
+    def resolve_matcher(self, state: SequenceState) -> Matcher | None:
+        """The state's matcher, finishing a deferred compile (waits up to its deadline)."""
+        if state.matcher is not None or state.error is not None:
+            return state.matcher
+        assert state.spec is not None
+        start = time.perf_counter()
+        try:
+            state.matcher = self.get_compiled(state.spec).matcher()
+        except GuideError as exc:
+            state.error = exc
+        state.grammar_init_s += time.perf_counter() - start
+        return state.matcher
+
+    def poll_compile(self, state: SequenceState) -> None:
+        """Without waiting: record a finished compile's failure in ``state.error``."""
+        if state.matcher is None and state.error is None and state.spec is not None:
+            hit = self._cache.get(state.spec.key)
+            if isinstance(hit, GuideError):
+                state.error = _same_error(hit)
 
     def release(self, session_id: Hashable, seq_id: Hashable) -> None:
         self._seqs.pop((session_id, seq_id), None)
@@ -187,6 +256,70 @@ class GuidedDecodingManager:
 
     def accept_tokens(self, token_ids: Sequence[int] | torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:
         return self.step.accept_tokens(token_ids, rows)
+
+    # ---- speculative decoding (see speculative.py) -----------------------------------------
+    def fill_and_apply_spec(
+        self, logits: torch.Tensor, rows: Sequence[GuidedRow | None], drafts: Sequence[Sequence[int]]
+    ) -> list[RowStatus | None]:
+        """Mask the verification logits of a speculative step.
+
+        Row ``i`` owns ``1 + len(drafts[i])`` consecutive logits rows (``B*(1+k)`` when every row
+        has ``k`` drafts); logits row ``j`` of that block gets the mask after drafts ``< j``.
+        Matchers are advanced tentatively and rolled back: the state is unchanged afterwards.
+        """
+        from .speculative import fill_and_apply_spec
+
+        return fill_and_apply_spec(self.step, logits, rows, drafts)
+
+    def accept_tokens_spec(
+        self, accepted: Sequence[Sequence[int]], rows: Sequence[GuidedRow | None]
+    ) -> list[RowStatus | None]:
+        """After verification: accept each row's tokens (accepted drafts + the bonus token)."""
+        from .speculative import accept_tokens_spec
+
+        return accept_tokens_spec(self.step, accepted, rows)
+
+    def validate_drafts(
+        self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec, tokens: Sequence[int],
+        *, reasoning: ReasoningConfig | None = None,
+    ) -> int:
+        """How many leading ``tokens`` are allowed from the sequence's state (state unchanged)."""
+        from .speculative import count_valid
+
+        return count_valid(self.step, self.state_for(session_id, seq_id, spec, reasoning=reasoning), tokens)
+
+    # ---- jump-forward and termination -------------------------------------------------------
+    def jump_forward(
+        self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec, tokenizer: Any = None,
+        *, max_rollback: int = 4,
+    ) -> JumpForward:
+        """The forced continuation of the sequence (see jump_forward.py for the retokenization rule)."""
+        state = self.state_for(session_id, seq_id, spec)
+        return compute_jump_forward(self, state, tokenizer, max_rollback=max_rollback)
+
+    def apply_jump_forward(
+        self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec, jump: JumpForward
+    ) -> RowStatus:
+        """Make the matcher follow a jump the engine applied: roll back, then accept its tokens."""
+        from .jump_forward import apply_jump_forward
+
+        return apply_jump_forward(self, self.state_for(session_id, seq_id, spec), jump)
+
+    def finalize(self, session_id: Hashable, seq_id: Hashable, reason: str = "length") -> Finalization:
+        """Why the sequence ended and whether its output is a complete match.
+
+        ``reason`` is the engine's own reason when it stopped the sequence without EOS
+        ("length", "abort", "stop_string"...): returned as is when the output is nevertheless a
+        complete match, as ``f"{reason}_incomplete"`` otherwise. "stop" means the grammar accepted
+        EOS; "error" means the constraint failed or a token was rejected.
+        """
+        state = self._seqs.get((session_id, seq_id))
+        if state is None:
+            raise KeyError(f"no guided sequence ({session_id!r}, {seq_id!r})")
+        return finalize_state(state, reason)
+
+    def finish_reason(self, session_id: Hashable, seq_id: Hashable, reason: str = "length") -> str:
+        return self.finalize(session_id, seq_id, reason).finish_reason
 
     # ---- observability ---------------------------------------------------------------------
     def stats(self) -> dict[str, int]:

@@ -1,0 +1,180 @@
+"""Speculative decoding: masks for every draft position from one matcher, then exact rollback.
+
+For a guided row with drafts ``d_0 … d_{k-1}`` the verifier scores ``k + 1`` positions. Mask row
+``j`` is the mask after tentatively accepting ``d_0 … d_{j-1}``; the matcher is advanced once per
+draft and rolled back by exactly what was advanced (no matcher copies). Thinking rows look ahead
+with the immutable ``ThinkState`` instead, so an end marker among the drafts switches the later
+positions to the grammar.
+
+Positions after the first draft the grammar forbids get an EOS-only row: verification rejects
+that draft (its target probability is 0 under the mask), so those positions are never sampled —
+EOS-only only keeps them finite and safe.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from ..kernels import apply_token_bitmask_inplace
+from .batch_step import GuidedRow, RowStatus, StepStatus, eos_only_row
+
+if TYPE_CHECKING:
+    from .batch_step import BatchedGuidedStep
+    from .manager import SequenceState
+
+__all__ = ["accept_tokens_spec", "count_valid", "fill_and_apply_spec"]
+
+
+def fill_and_apply_spec(
+    step: "BatchedGuidedStep",
+    logits: torch.Tensor,
+    rows: Sequence[GuidedRow | None],
+    drafts: Sequence[Sequence[int]],
+) -> list[RowStatus | None]:
+    """Fill ``1 + len(drafts[i])`` mask rows per guided row and apply them in one kernel call."""
+    if len(drafts) != len(rows):
+        raise ValueError(f"{len(drafts)} draft lists for {len(rows)} rows")
+    drafts = [[int(t) for t in (d.tolist() if isinstance(d, torch.Tensor) else d)] for d in drafts]
+    total = sum(1 + len(d) for d in drafts)
+    if logits.dim() != 2 or logits.shape[0] != total:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match {total} verification rows")
+    mgr = step.manager
+    statuses: list[RowStatus | None] = [None] * len(rows)
+    blocks = []  # (row index, first logits row, first mask row, state, drafts)
+    offset = mask_rows = 0
+    for i, (row, d) in enumerate(zip(rows, drafts)):
+        if row is not None:
+            st = mgr.state_for(row.session_id, row.seq_id, row.spec, reasoning=row.reasoning)
+            blocks.append((i, offset, mask_rows, st, d))
+            mask_rows += 1 + len(d)
+        offset += 1 + len(d)
+    if not blocks:
+        return statuses
+    step._ensure(mask_rows, logits.device)
+    bitmask = step._host[:mask_rows]
+    valid = [0] * len(blocks)
+
+    def run(lo: int, hi: int) -> None:
+        for b in range(lo, hi):
+            _, _, base, st, d = blocks[b]
+            valid[b] = _fill_block(step, st, d, bitmask, base)
+
+    nb = len(blocks)
+    if step._pool is not None and nb >= step.parallel_fill_threshold:
+        chunk = (nb + step.fill_threads - 1) // step.fill_threads
+        list(step._pool.map(lambda s: run(s, min(nb, s + chunk)), range(0, nb, chunk)))
+    else:
+        run(0, nb)
+    index = step._index_host[:mask_rows]
+    index.numpy()[:] = [lo + j for (_, lo, _, _, d) in blocks for j in range(1 + len(d))]
+    for b, (i, _, _, st, _) in enumerate(blocks):
+        state = StepStatus.ERROR if st.error is not None else StepStatus.OK
+        statuses[i] = RowStatus(state, st.error, valid_drafts=valid[b])
+    if logits.device.type == "cpu":
+        dev_mask, dev_index = bitmask, index
+    else:
+        buf_mask, buf_index = step._dev[logits.device]
+        dev_mask, dev_index = buf_mask[:mask_rows], buf_index[:mask_rows]
+        dev_mask.copy_(bitmask, non_blocking=True)
+        dev_index.copy_(index, non_blocking=True)
+    identity = mask_rows == total
+    apply_token_bitmask_inplace(
+        logits, dev_mask, indices=None if identity else dev_index, vocab_size=mgr.vocab.vocab_size
+    )
+    return statuses
+
+
+def _fill_block(step: "BatchedGuidedStep", st: "SequenceState", drafts: list[int], bitmask: torch.Tensor, base: int) -> int:
+    """Fill rows ``base … base+len(drafts)``; return how many leading drafts are allowed."""
+    think = st.think
+    advanced = 0
+    valid = 0
+    dead = False
+    eos = step.manager.vocab.eos_ids
+    try:
+        for j in range(len(drafts) + 1):
+            if dead:
+                eos_only_row(bitmask[base + j], eos)
+                continue
+            step.fill_row(st, think, bitmask, base + j)
+            if j == len(drafts) or st.error is not None:
+                dead = st.error is not None
+                continue
+            nxt = _tentative(step, st, think, drafts[j])
+            if nxt is False:
+                dead = True
+                continue
+            if nxt is True:
+                advanced += 1
+            else:
+                think = nxt
+            valid += 1
+    finally:
+        if advanced:
+            assert st.matcher is not None
+            st.matcher.rollback(advanced)
+    return valid
+
+
+def _tentative(step: "BatchedGuidedStep", st: "SequenceState", think, tok: int):
+    """Advance by one draft: a new ThinkState (thinking), True (matcher advanced), False (illegal)."""
+    if think is not None and not think.done:
+        assert st.tracker is not None
+        nxt = st.tracker.advance(think, tok)
+        return False if nxt is None else nxt
+    matcher = step.manager.resolve_matcher(st)
+    if matcher is None or matcher.is_terminated():
+        return False
+    return True if matcher.accept_token(tok) else False
+
+
+def count_valid(step: "BatchedGuidedStep", st: "SequenceState", tokens: Sequence[int]) -> int:
+    """Leading ``tokens`` allowed from ``st`` (thinking included); the state is left unchanged."""
+    if st.error is not None:
+        return 0
+    think = st.think
+    if think is None or think.done:
+        matcher = step.manager.resolve_matcher(st)
+        return 0 if matcher is None else matcher.validate_tokens([int(t) for t in tokens])
+    advanced = n = 0
+    try:
+        for tok in tokens:
+            nxt = _tentative(step, st, think, int(tok))
+            if nxt is False:
+                break
+            if nxt is True:
+                advanced += 1
+            else:
+                think = nxt
+            n += 1
+    finally:
+        if advanced:
+            assert st.matcher is not None
+            st.matcher.rollback(advanced)
+    return n
+
+
+def accept_tokens_spec(
+    step: "BatchedGuidedStep", accepted: Sequence[Sequence[int]], rows: Sequence[GuidedRow | None]
+) -> list[RowStatus | None]:
+    """Accept each row's verified tokens in order; stop at the first rejected one (fail closed)."""
+    if len(accepted) != len(rows):
+        raise ValueError(f"{len(accepted)} token lists for {len(rows)} rows")
+    mgr = step.manager
+    eos = set(mgr.vocab.eos_ids)
+    out: list[RowStatus | None] = [None] * len(rows)
+    for i, (toks, row) in enumerate(zip(accepted, rows)):
+        if row is None:
+            continue
+        st = mgr.state_for(row.session_id, row.seq_id, row.spec, reasoning=row.reasoning)
+        toks = toks.tolist() if isinstance(toks, torch.Tensor) else list(toks)
+        status = RowStatus(StepStatus.ERROR, st.error) if st.error is not None else RowStatus(StepStatus.OK)
+        n = 0
+        for tok in toks:
+            status = step.accept_one(st, int(tok), eos)
+            if status.failed:
+                break
+            n += 1
+        out[i] = RowStatus(status.state, status.error, accepted=n)
+    return out
