@@ -1,0 +1,144 @@
+"""Argument checking shared by every apply implementation, and the bitmask allocator.
+
+Bit layout (identical to xgrammar): token ``t`` of a row is allowed iff
+``(bitmask[row, t // 32] >> (t % 32)) & 1`` -- bit ``t % 32`` counted from the least
+significant bit of int32 word ``t // 32``.
+"""
+from __future__ import annotations
+
+import operator
+from typing import NamedTuple, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+Indices = Union[Sequence[int], torch.Tensor, None]
+
+LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Bit pattern of -inf for each logits dtype, as the signed integer of the same width.
+NEG_INF_BITS = {torch.float32: -0x00800000, torch.float16: -0x0400, torch.bfloat16: -0x0080}
+INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+class KernelArgumentError(ValueError, TypeError):
+    """An argument of the wrong type; a ``ValueError`` like every other argument error here."""
+
+
+class ApplyArgs(NamedTuple):
+    """Normalised arguments of one apply call.
+
+    ``logits`` is 2-D ``[B, V_logits]`` (a view of the caller's tensor), ``bitmask`` 2-D int32
+    ``[R, W]``; bitmask row ``i`` applies to logits row ``rows[i]`` (``rows is None``: row ``i``).
+    ``rows`` is a tuple of ints or an int64 numpy array (from a sequence), or a 1-D int32/int64
+    tensor (as given); tensors on
+    CPU are range-checked, tensors on an accelerator are not (that would need a device sync).
+    ``num_rows`` is ``R``, the number of masked rows.
+    """
+
+    logits: torch.Tensor
+    bitmask: torch.Tensor
+    rows: Union[tuple, np.ndarray, torch.Tensor, None]
+    vocab_size: int
+
+    num_rows: int
+
+
+def allocate_token_bitmask(
+    rows: int, vocab_size: int, device: Union[str, torch.device] = "cpu"
+) -> torch.Tensor:
+    """Return an int32 tensor ``[rows, ceil(vocab_size / 32)]`` filled with -1 (every token allowed)."""
+    rows, vocab_size = _as_int(rows, "rows"), _as_int(vocab_size, "vocab_size")
+    if rows < 0 or vocab_size < 0:
+        raise ValueError(f"rows and vocab_size must be >= 0, got {rows} and {vocab_size}")
+    return torch.full((rows, (vocab_size + 31) // 32), -1, dtype=torch.int32, device=device)
+
+
+def check_apply_args(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    indices: Indices = None,
+    vocab_size: Optional[int] = None,
+) -> ApplyArgs:
+    """Validate an apply call and normalise it to 2-D tensors; raise ``ValueError`` on misuse."""
+    if not isinstance(logits, torch.Tensor) or not isinstance(bitmask, torch.Tensor):
+        raise KernelArgumentError("logits and bitmask must be torch.Tensor")
+    if logits.dtype not in LOGITS_DTYPES:
+        raise ValueError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
+    if bitmask.dtype != torch.int32:
+        raise ValueError(f"bitmask must be int32, got {bitmask.dtype}")
+    if logits.dim() not in (1, 2) or bitmask.dim() not in (1, 2):
+        raise ValueError(
+            f"logits and bitmask must be 1-D or 2-D, got shapes {tuple(logits.shape)} "
+            f"and {tuple(bitmask.shape)}"
+        )
+    if logits.dim() == 1 and bitmask.dim() == 2 and bitmask.shape[0] != 1:
+        raise ValueError(f"1-D logits take a 1-D bitmask, got {tuple(bitmask.shape)}")
+    if bitmask.device != logits.device:
+        raise ValueError(f"bitmask is on {bitmask.device} but logits are on {logits.device}")
+    logits2d = logits.unsqueeze(0) if logits.dim() == 1 else logits
+    bitmask2d = bitmask.unsqueeze(0) if bitmask.dim() == 1 else bitmask
+    batch, width = logits2d.shape
+    limit = min(width, 32 * bitmask2d.shape[1])
+    if vocab_size is None:
+        vocab_size = limit
+    else:
+        vocab_size = _as_int(vocab_size, "vocab_size")
+        if not 0 <= vocab_size <= limit:
+            raise ValueError(
+                f"vocab_size={vocab_size} must be in [0, min(logits.shape[-1]={width}, "
+                f"32 * bitmask.shape[-1]={32 * bitmask2d.shape[1]})]"
+            )
+    rows = None if indices is None else _check_indices(indices, batch, logits.device)
+    expected = batch if rows is None else len(rows)
+    if bitmask2d.shape[0] != expected:
+        what = "logits rows" if rows is None else "len(indices)"
+        raise ValueError(f"bitmask has {bitmask2d.shape[0]} rows but {what} is {expected}")
+    return ApplyArgs(logits2d, bitmask2d, rows, vocab_size, bitmask2d.shape[0])
+
+
+def _check_indices(
+    indices: Union[Sequence[int], torch.Tensor], batch: int, device: torch.device
+) -> Union[tuple, np.ndarray, torch.Tensor]:
+    if isinstance(indices, torch.Tensor):
+        if indices.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"indices tensor must be int32 or int64, got {indices.dtype}")
+        if indices.dim() != 1:
+            raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
+        if indices.device.type == "cpu":
+            if indices.numel():
+                _check_range(int(indices.min()), int(indices.max()), batch)
+        elif indices.device != device:
+            raise ValueError(f"indices are on {indices.device} but logits are on {device}")
+        return indices
+    if not isinstance(indices, (list, tuple, range, np.ndarray)):
+        raise KernelArgumentError(
+            f"indices must be a list/tuple of ints or an int tensor, got {type(indices).__name__}"
+        )
+    if len(indices) <= 64 and all(type(i) is int for i in indices):  # fast path, small lists
+        if indices:
+            _check_range(min(indices), max(indices), batch)
+        return tuple(indices)
+    rows = np.asarray(indices)
+    if rows.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if rows.dtype.kind not in "iu" or rows.ndim != 1:
+        raise KernelArgumentError(f"indices must be a flat sequence of ints, got {indices!r:.80}")
+    rows = rows.astype(np.int64, copy=False)
+    _check_range(int(rows.min()), int(rows.max()), batch)
+    return rows
+
+
+def _check_range(low: int, high: int, batch: int) -> None:
+    if low < 0 or high >= batch:
+        bad = low if low < 0 else high
+        raise ValueError(f"index {bad} out of range for logits with {batch} rows")
+
+
+def _as_int(value: object, name: str) -> int:
+    if isinstance(value, bool):
+        raise KernelArgumentError(f"{name} must be an int, got bool")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise KernelArgumentError(f"{name} must be an int, got {type(value).__name__}") from None
