@@ -1,0 +1,108 @@
+"""Shared plumbing of the outlines shim: tokenizer → ``Vocabulary``, spec → compiled guide.
+
+Outlines objects take an outlines ``Tokenizer`` (or, in 1.x, a model); tokenrails needs a
+``Vocabulary``. Building one decodes the whole vocabulary, so it is memoized per tokenizer object.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+import weakref
+from typing import Any
+
+from ...guided.backend import CompiledGuide
+from ...guided.errors import InvalidGuideError
+from ...guided.registry import compile_guide
+from ...guided.spec import GuideSpec
+from ...guided.vocabulary import Vocabulary
+
+_LOCK = threading.Lock()
+_VOCABS: dict[int, tuple[Any, Vocabulary]] = {}
+
+
+def hf_tokenizer_of(tokenizer: Any, _depth: int = 0) -> Any:
+    """The ``transformers`` tokenizer behind an outlines tokenizer / model / raw tokenizer."""
+    if hasattr(tokenizer, "get_vocab") and hasattr(tokenizer, "convert_ids_to_tokens"):
+        return tokenizer
+    if _depth < 3:
+        for attr in ("hf_tokenizer", "tokenizer"):  # outlines 1.x model, TransformerTokenizer
+            inner = getattr(tokenizer, attr, None)
+            if inner is not None and inner is not tokenizer:
+                try:
+                    return hf_tokenizer_of(inner, _depth + 1)
+                except InvalidGuideError:
+                    continue
+    raise InvalidGuideError(
+        f"cannot use {type(tokenizer).__name__} as a tokenizer: pass a transformers tokenizer, "
+        "an outlines TransformerTokenizer/model, or a tokenrails Vocabulary"
+    )
+
+
+def vocabulary_for(tokenizer: Any) -> Vocabulary:
+    """The (memoized) ``Vocabulary`` of ``tokenizer``; a ``Vocabulary`` passes through."""
+    if isinstance(tokenizer, Vocabulary):
+        return tokenizer
+    vocab = getattr(tokenizer, "_tokenrails_vocabulary", None)
+    if isinstance(vocab, Vocabulary):
+        return vocab
+    hf = hf_tokenizer_of(tokenizer)
+    with _LOCK:
+        hit = _VOCABS.get(id(hf))
+        if hit is not None and hit[0]() is hf:
+            return hit[1]
+    vocab = Vocabulary.from_huggingface(hf)
+    with _LOCK:
+        try:
+            ref = weakref.ref(hf, lambda _r, k=id(hf): _VOCABS.pop(k, None))
+        except TypeError:  # not weak-referenceable: keep it alive with the entry
+            ref = (lambda obj=hf: obj)
+        _VOCABS[id(hf)] = (ref, vocab)
+    return vocab
+
+
+def fsm_available() -> bool:
+    """Whether the FSM backend (outlines' exact regex/JSON language) is installed."""
+    return importlib.util.find_spec("tokenrails.guided.fsm.backend") is not None
+
+
+def backend_for(spec: GuideSpec) -> str:
+    """Regex/choice/JSON → the FSM backend (outlines' language); CFG/EBNF → xgrammar."""
+    if spec.kind == "grammar":
+        return "xgrammar"
+    if spec.kind in ("regex", "choice", "json_schema"):
+        return "fsm" if fsm_available() else "xgrammar"
+    return "auto"
+
+
+def compile_for(spec: GuideSpec, tokenizer: Any) -> CompiledGuide:
+    return compile_guide(spec, vocabulary_for(tokenizer), backend=backend_for(spec))
+
+
+def schema_to_str(schema: Any) -> str:
+    """outlines' ``convert_json_schema_to_str``: dict / JSON text / pydantic model → JSON text."""
+    if isinstance(schema, dict):
+        return json.dumps(schema)
+    if isinstance(schema, str):
+        return schema
+    if isinstance(schema, type) and callable(getattr(schema, "model_json_schema", None)):
+        return json.dumps(schema.model_json_schema())
+    raise InvalidGuideError(
+        f"cannot parse schema {schema!r}: expected a dict, a JSON string or a pydantic model"
+    )
+
+
+def json_spec(schema: Any, whitespace_pattern: str | None = None) -> GuideSpec:
+    """outlines' JSON language: ``build_regex_from_schema(schema, whitespace_pattern)``.
+
+    The schema is compiled by outlines-core into the same regex outlines used, so the accepted
+    language is outlines' by construction on any regex backend.
+    """
+    from outlines_core.json_schema import build_regex_from_schema
+
+    text = schema_to_str(schema)
+    try:
+        regex = build_regex_from_schema(text, whitespace_pattern)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise InvalidGuideError(f"outlines-core rejected the JSON schema: {exc}") from exc
+    return GuideSpec.regex(regex)

@@ -1,0 +1,57 @@
+"""``outlines.fsm.json_schema``: schema → regex exactly as outlines-core builds it."""
+from __future__ import annotations
+
+import inspect
+import json
+from enum import Enum
+from typing import Any, Callable, Optional
+
+from outlines_core.json_schema import (  # noqa: F401  (re-exported regex building blocks)
+    BOOLEAN,
+    DATE,
+    DATE_TIME,
+    INTEGER,
+    NULL,
+    NUMBER,
+    STRING,
+    STRING_INNER,
+    TIME,
+    UUID,
+    WHITESPACE,
+)
+from outlines_core.json_schema import build_regex_from_schema as _core_build
+
+from .._runtime import schema_to_str as convert_json_schema_to_str  # noqa: F401  (outlines name)
+
+
+def build_regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None) -> str:
+    """outlines-core's regex for ``schema`` (JSON text; a dict or pydantic model is accepted too)."""
+    return _core_build(convert_json_schema_to_str(schema), whitespace_pattern)
+
+
+def get_schema_from_signature(fn: Callable) -> dict:
+    """JSON schema of a function's keyword arguments (what ``generate.json(model, fn)`` used)."""
+    from pydantic import create_model
+
+    fields: dict[str, Any] = {}
+    for name, param in inspect.signature(fn).parameters.items():
+        annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[name] = (annotation, default)
+    name = getattr(fn, "__name__", "Arguments")
+    return create_model(name, **fields).model_json_schema()
+
+
+def get_schema_from_enum(myenum: type[Enum]) -> dict:
+    """``{"title": ..., "oneOf": [{"const": v}, ...]}``: the schema outlines built for an Enum."""
+    if len(myenum) == 0:
+        raise ValueError(f"enum {myenum.__name__} has no members")
+    choices = [
+        get_schema_from_signature(m.value.func) if callable(m.value) else {"const": m.value}
+        for m in myenum
+    ]
+    return {"title": myenum.__name__, "oneOf": choices}
+
+
+def to_json_text(schema: Any) -> str:
+    return schema if isinstance(schema, str) else json.dumps(schema)

@@ -1,0 +1,117 @@
+"""Integer guide states on top of tokenrails matchers (outlines' functional ``Guide`` protocol).
+
+Outlines guides are pure functions of ``(state, token) -> state`` with int states, ``0`` the
+initial state and ``-1`` the final one. Matchers are mutable, so each state id names a token
+path; only a bounded number of states keep a live matcher (the most recently used — usually
+one per sequence being decoded). A state whose matcher was evicted is rebuilt by replaying its
+path, so any old state can still be walked from, exactly.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from ....guided.backend import CompiledGuide, Matcher
+from ....kernels import allocate_token_bitmask
+
+FINAL = -1
+
+
+def allowed_token_ids(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Ids whose bit is set in one int32 bitmask row (xgrammar layout), ascending, int64."""
+    shifts = torch.arange(32, dtype=torch.int32)
+    bits = (bitmask_row.to(torch.int32).unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(-1)[:vocab_size].nonzero().reshape(-1).to(torch.long)
+
+
+class StateSpace:
+    """State ids → token paths, with live matchers for the most recently used states."""
+
+    def __init__(self, compiled: CompiledGuide, max_live: int = 64):
+        self.compiled = compiled
+        self.vocab = compiled.vocab
+        self.max_live = max_live
+        self._parent: list[tuple[int, int]] = [(FINAL, FINAL)]  # state 0 = the start
+        self._children: dict[tuple[int, int], int] = {}
+        self._live: OrderedDict[int, Matcher] = OrderedDict()
+        self._accepting: dict[int, bool] = {}
+        self._row = allocate_token_bitmask(1, self.vocab.vocab_size)
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def path(self, state: int) -> list[int]:
+        out: list[int] = []
+        while state > 0:
+            state, token = self._parent[state]
+            out.append(token)
+        return out[::-1]
+
+    def matcher(self, state: int) -> Matcher:
+        """The live matcher positioned at ``state`` (rebuilt by replay if it was evicted)."""
+        m = self._live.get(state)
+        if m is not None:
+            self._live.move_to_end(state)
+            return m
+        m = self.compiled.matcher()
+        for token in self.path(state):
+            if not m.accept_token(token):  # pragma: no cover - paths only hold accepted tokens
+                raise RuntimeError(f"replay of guide state {state} failed at token {token}")
+        self._keep(state, m)
+        return m
+
+    def _keep(self, state: int, m: Matcher) -> None:
+        self._live[state] = m
+        self._live.move_to_end(state)
+        while len(self._live) > self.max_live:
+            self._live.popitem(last=False)
+
+    def advance(self, state: int, token: int) -> int:
+        """outlines' ``get_next_state``: EOS, a forbidden token or the final state give ``-1``."""
+        if state < 0 or state >= len(self._parent):
+            return FINAL
+        key = (state, token)
+        hit = self._children.get(key)
+        if hit is not None:
+            return hit
+        vocab = self.vocab
+        if token in vocab.eos_ids or token in vocab.special_ids or not 0 <= token < vocab.num_tokens:
+            nxt = FINAL
+        else:
+            m = self.matcher(state)
+            if m.accept_token(token):
+                nxt = len(self._parent)
+                self._parent.append((state, token))
+                self._live.pop(state, None)  # the matcher moves on with the path
+                self._keep(nxt, m)
+            else:
+                nxt = FINAL
+        self._children[key] = nxt
+        return nxt
+
+    def is_accepting(self, state: int) -> bool:
+        """Whether the text so far is complete (EOS allowed now); ``-1`` is always final."""
+        if state < 0:
+            return True
+        hit = self._accepting.get(state)
+        if hit is None:
+            hit = self._accepting[state] = bool(self.matcher(state).is_accepting())
+        return hit
+
+    def fill(self, state: int, bitmask: torch.Tensor, row: int) -> None:
+        """Allowed tokens of ``state`` into ``bitmask[row]``; the final state allows only EOS."""
+        if state < 0:
+            bitmask[row].zero_()
+            for e in self.vocab.eos_ids:
+                bitmask[row, e // 32] |= _bit(e % 32)
+            return
+        self.matcher(state).fill_next_token_bitmask(bitmask, row)
+
+    def allowed(self, state: int) -> torch.Tensor:
+        self.fill(state, self._row, 0)
+        return allowed_token_ids(self._row[0], self.vocab.vocab_size)
+
+
+def _bit(i: int) -> int:
+    return -(1 << 31) if i == 31 else 1 << i

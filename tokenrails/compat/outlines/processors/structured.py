@@ -1,0 +1,150 @@
+"""``outlines.processors``: guide-driven logits processors with outlines' constructor signatures.
+
+``GuideLogitsProcessor(tokenizer, guide)``, ``RegexLogitsProcessor(regex_string, tokenizer)``,
+``JSONLogitsProcessor(schema, tokenizer, whitespace_pattern=None)``,
+``CFGLogitsProcessor(cfg_str, tokenizer)``. Each call finds every row's guide state from the
+tokens generated since the first call, then masks the row with one bitmask fill + apply
+(tokenrails kernels); logits columns past the tokenizer's vocabulary are always masked.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from ....guided.spec import GuideSpec
+from ....kernels import allocate_token_bitmask, apply_token_bitmask_inplace
+from .._runtime import json_spec
+from ..fsm.guide import CFGGuide, Guide, RegexGuide, TokenrailsGuide
+from .base_logits_processor import OutlinesLogitsProcessor
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class GuideLogitsProcessor(OutlinesLogitsProcessor):
+    """Bias generation with any outlines-style ``Guide`` (fast path for tokenrails guides)."""
+
+    def __init__(self, tokenizer: Any, guide: Guide, tensor_library_name: str = "torch"):
+        super().__init__(tensor_library_name)
+        self.tokenizer = tokenizer
+        self.guide = guide
+        self._bitmask: Optional[torch.Tensor] = None
+        self.reset_state()
+
+    def reset_state(self) -> None:
+        self._seq_start_idx: Optional[int] = None
+        self._last_len: Optional[int] = None
+        self._guide_states: dict[tuple[int, ...], Any] = {(): self.guide.initial_state}
+
+    def reset(self) -> None:
+        """New generation: forget positions and states (the compiled guide is kept)."""
+        self.guide = self.guide.copy()
+        self.reset_state()
+
+    # ---- states ------------------------------------------------------------------------------
+    def _row_states(self, input_ids: torch.Tensor) -> list[Any]:
+        length = int(input_ids.shape[1])
+        if self._last_len is not None and length != self._last_len + 1:
+            self.reset()  # not the next step of the same generation: a new generate() call
+        self._last_len = length
+        if self._seq_start_idx is None:
+            self._seq_start_idx = length
+        previous, current = self._guide_states, {}
+        states = []
+        for row in input_ids:
+            gen = tuple(row[self._seq_start_idx:].tolist())
+            state = current.get(gen, previous.get(gen))
+            if state is None:
+                prev = previous.get(gen[:-1]) if gen else None
+                state = (self.guide.get_next_state(prev, gen[-1]) if prev is not None
+                         else self._replay(gen))
+            current[gen] = state
+            states.append(state)
+        self._guide_states = current  # only the last step is needed: O(batch * length) memory
+        return states
+
+    def _replay(self, gen: tuple[int, ...]) -> Any:
+        state = self.guide.initial_state
+        for token in gen:
+            state = self.guide.get_next_state(state, token)
+        return state
+
+    # ---- masking -----------------------------------------------------------------------------
+    def process_logits(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        states = self._row_states(input_ids)
+        if isinstance(self.guide, TokenrailsGuide):
+            return self._mask_with_bitmask(states, logits)
+        return self._mask_with_instructions(states, logits)
+
+    def _mask_with_bitmask(self, states: list[Any], logits: torch.Tensor) -> torch.Tensor:
+        guide: TokenrailsGuide = self.guide  # type: ignore[assignment]
+        vocab_size = guide.vocabulary_.vocab_size
+        rows, width = logits.shape
+        bitmask = self._bitmask
+        if bitmask is None or bitmask.shape[0] != rows:
+            bitmask = self._bitmask = allocate_token_bitmask(rows, vocab_size)
+        for i, state in enumerate(states):
+            guide._fill_bitmask(state, bitmask, i)
+        target = logits if logits.dtype in _KERNEL_DTYPES else logits.to(torch.float32)
+        apply_token_bitmask_inplace(target, bitmask.to(logits.device), vocab_size=min(width, vocab_size))
+        if target is not logits:
+            logits.copy_(target)
+        if width > vocab_size:
+            logits[:, vocab_size:] = float("-inf")
+        return logits
+
+    def _mask_with_instructions(self, states: list[Any], logits: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones_like(logits, dtype=torch.bool)
+        for i, state in enumerate(states):
+            tokens = self.guide.get_next_instruction(state).tokens
+            if tokens is None:
+                mask[i] = False
+                continue
+            ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+            mask[i, ids[ids < logits.shape[1]]] = False
+        return logits.masked_fill_(mask, float("-inf"))
+
+    # ---- copies ------------------------------------------------------------------------------
+    def copy(self) -> "GuideLogitsProcessor":
+        """An independent processor for a new generation (compiled guide shared, not rebuilt)."""
+        other = self.__class__.__new__(self.__class__)
+        other.__dict__.update(self.__dict__)
+        other.guide = self.guide.copy()
+        other._bitmask = None
+        other.reset_state()
+        return other
+
+    __copy__ = copy
+
+
+class RegexLogitsProcessor(GuideLogitsProcessor):
+    """Bias generation towards the language of ``regex_string``."""
+
+    def __init__(self, regex_string: str, tokenizer: Any, tensor_library_name: str = "torch"):
+        super().__init__(tokenizer, RegexGuide.from_regex(regex_string, tokenizer), tensor_library_name)
+
+
+class JSONLogitsProcessor(GuideLogitsProcessor):
+    """Bias generation towards JSON valid for ``schema`` (dict, JSON text or pydantic model)."""
+
+    def __init__(
+        self,
+        schema: Any,
+        tokenizer: Any,
+        whitespace_pattern: Optional[str] = None,
+        tensor_library_name: str = "torch",
+    ):
+        guide = TokenrailsGuide.from_spec(json_spec(schema, whitespace_pattern), tokenizer)
+        super().__init__(tokenizer, guide, tensor_library_name)
+
+
+class CFGLogitsProcessor(GuideLogitsProcessor):
+    """Bias generation towards the language of an EBNF grammar (xgrammar's dialect)."""
+
+    def __init__(self, cfg_str: str, tokenizer: Any, tensor_library_name: str = "torch"):
+        super().__init__(tokenizer, CFGGuide(cfg_str, tokenizer), tensor_library_name)
+
+
+def processor_for_spec(spec: GuideSpec, tokenizer: Any) -> GuideLogitsProcessor:
+    """A processor for any spec (used by ``generate.*`` and ``Generator``)."""
+    return GuideLogitsProcessor(tokenizer, TokenrailsGuide.from_spec(spec, tokenizer))

@@ -1,0 +1,93 @@
+"""Output type (Python type or DSL term) → ``GuideSpec``, with outlines 1.x's languages."""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import re
+import typing
+from typing import Any, Literal, get_args, get_origin
+
+from ....guided.errors import UnsupportedGuideError
+from ....guided.spec import GuideSpec
+from .._runtime import json_spec
+from ..grammars import check_ebnf
+from .dsl import CFG, Choice, JsonSchema, Regex, String, Term
+
+# outlines 1.x ``outlines.types`` patterns for Python types.
+INTEGER = r"[+-]?(0|[1-9][0-9]*)"
+NUMBER = rf"{INTEGER}(\.[0-9]+)?([eE][+-]?[0-9]+)?"
+BOOLEAN = "(True|False)"
+STRING = r'"[^"]*"'
+DATE = r"(\d{4})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+TIME = r"([0-1][0-9]|2[0-3]):([0-5][0-9]):([0-5][0-9])"
+DATETIME = rf"({DATE})(\s)({TIME})"
+_SCALARS: dict[Any, str] = {
+    int: INTEGER, float: NUMBER, bool: BOOLEAN, str: STRING,
+    datetime.datetime: DATETIME, datetime.date: DATE, datetime.time: TIME,
+}
+
+
+def _literal_strings(values: typing.Iterable[Any]) -> list[str]:
+    return [v if isinstance(v, str) else str(v) for v in values]
+
+
+def _is_structured(t: Any) -> bool:
+    if not isinstance(t, type):
+        return False
+    if callable(getattr(t, "model_json_schema", None)) or dataclasses.is_dataclass(t):
+        return True
+    return typing.is_typeddict(t)
+
+
+def spec_for_output_type(output_type: Any) -> GuideSpec | None:
+    """``None`` means unconstrained text. Unsupported types raise ``UnsupportedGuideError``."""
+    if output_type is None or isinstance(output_type, GuideSpec):
+        return output_type
+    if isinstance(output_type, Term):
+        return _spec_for_term(output_type)
+    if output_type in _SCALARS:
+        return GuideSpec.regex(_SCALARS[output_type])
+    if output_type is dict:
+        return GuideSpec.json_object()
+    if get_origin(output_type) is Literal:
+        return GuideSpec.choice(_literal_strings(get_args(output_type)))
+    if isinstance(output_type, type) and issubclass(output_type, enum.Enum):
+        return GuideSpec.choice(_literal_strings(m.value for m in output_type))
+    if _is_structured(output_type):
+        return json_spec(JsonSchema(output_type).schema)
+    if callable(output_type) and not isinstance(output_type, type):
+        from ..fsm.json_schema import get_schema_from_signature
+
+        return json_spec(get_schema_from_signature(output_type))
+    raise UnsupportedGuideError(
+        f"output type {output_type!r} is not supported by the outlines shim; use a pydantic "
+        "model, Literal, Enum, int/float/bool/str, or a Regex/JsonSchema/Choice/CFG term",
+        feature="output_type",
+    )
+
+
+def _spec_for_term(term: Term) -> GuideSpec:
+    if isinstance(term, Regex):
+        return GuideSpec.regex(term.pattern)
+    if isinstance(term, String):
+        return GuideSpec.regex(re.escape(term.value))
+    if isinstance(term, JsonSchema):
+        return json_spec(term.schema, term.whitespace_pattern)
+    if isinstance(term, Choice):
+        return GuideSpec.choice(_literal_strings(term.items))
+    if isinstance(term, CFG):
+        return GuideSpec.grammar(check_ebnf(term.definition))
+    raise UnsupportedGuideError(f"term {term!r} is not supported", feature="output_type")
+
+
+def regex_of(output_type: Any) -> str:
+    """The regex of a regex-expressible output type (for ``Term.matches``)."""
+    spec = spec_for_output_type(output_type)
+    if spec is None:
+        return r"(?s:.*)"
+    if spec.kind == "regex":
+        return spec.pattern
+    if spec.kind == "choice":
+        return "(" + "|".join(re.escape(c) for c in spec.choices) + ")"
+    raise UnsupportedGuideError(f"{spec.kind} output types have no regex", feature=spec.kind)
