@@ -205,7 +205,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"   output: {r.text}")
         print(f"   valid: {r.valid} ({r.validation}), finish: {r.finish_reason}, tokens: {len(r.token_ids)}, "
               f"forced by jump-forward: {r.forced_tokens}")
-        print(f"   grammar_init_s: {r.grammar_init_s:.4f}  grammar_per_token_s: {r.grammar_per_token_s:.6f}")
+        print(f"   grammar_init_s: {r.grammar_init_s:.4f} (compile {r.compile_s:.4f}, overlapped with prefill)  "
+              f"grammar_per_token_s: {r.grammar_per_token_s:.6f}")
         if r.error:
             print(f"   error: {r.error}")
         ok = ok and bool(r.valid)

@@ -39,6 +39,7 @@ class GuidedResult:
     error: str | None = None      # the GuideError message (error type first) for a failed row
     spec_kind: str | None = None
     grammar_init_s: float = 0.0   # compile wait + matcher creation seen by this row
+    compile_s: float = 0.0        # compile time of its guide (overlapped with prefill when prefetched)
     grammar_per_token_s: float = 0.0  # mask fill + accept time per sampled token
     jump_forward_s: float = 0.0
     forward_passes: int = 0       # decode forward passes this row took part in (prefill excluded)
@@ -239,6 +240,8 @@ def _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, for
             metrics = mgr.request_metrics(session, i)
             res.grammar_init_s = float(metrics.get("grammar_init_s", 0.0))
             res.grammar_per_token_s = float(metrics.get("grammar_per_token_s", 0.0))
+            if errors[i] is None:
+                res.compile_s = float(mgr.get_compiled(row.spec).compile_s)
             if errors[i] is not None:
                 res.error = f"{type(errors[i]).__name__}: {errors[i]}"
                 res.valid, res.validation = False, "error"

@@ -1,0 +1,216 @@
+"""GuidedLogitsProcessor and jump-forward without a model: random scores, adversarial choices.
+
+The "model" here is a random-logits generator; the sampler always picks the *lowest-scoring
+allowed* token, the worst case for a constraint. Outputs must still validate with independent
+oracles (jsonschema, re.fullmatch, membership), and every failure must fail closed.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from tokenrails import GuideSpec
+from tokenrails.engine_patch.transformers import (
+    GuidedLogitsProcessor,
+    plan_jump,
+    validate_output,
+)
+from tokenrails.engine_patch.hf.jump_forward import make_encoder
+from tokenrails.guided.registry import compile_guide
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "maxLength": 4},
+        "level": {"enum": ["low", "high"]},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["code", "level", "n"],
+    "additionalProperties": False,
+}
+
+
+def _specs():
+    return [
+        GuideSpec.json_schema(SCHEMA, any_whitespace=False),
+        GuideSpec.regex(r"[a-c]{2}-\d{3}"),
+        GuideSpec.choice(["alpha", "beta", "gamma delta"]),
+        None,
+    ]
+
+
+def _drive(proc, vocab, steps, rows, seed, pick="worst"):
+    """A fake generate(): random logits → processor → pick a token; returns sequences [rows, 1+steps]."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.zeros((rows, 1), dtype=torch.long)  # a 1-token "prompt"
+    done = [False] * rows
+    eos = vocab.eos_ids[0]
+    for _ in range(steps):
+        scores = torch.randn((rows, vocab.vocab_size), generator=gen)
+        before = scores.clone()
+        scores = proc(ids, scores)
+        nxt = []
+        for r in range(rows):
+            row = scores[r]
+            finite = torch.isfinite(row)
+            if done[r]:
+                nxt.append(eos)
+                continue
+            if pick == "worst":
+                tok = int(torch.where(finite, row, torch.tensor(float("inf"))).argmin())
+            else:
+                tok = int(row.argmax())
+            if proc.rows[r] is None:  # unguided rows are left bit-identical
+                assert torch.equal(row, before[r])
+            nxt.append(tok)
+            done[r] = done[r] or tok == eos
+        ids = torch.cat([ids, torch.tensor(nxt)[:, None]], dim=1)
+        if all(done):
+            break
+    return ids
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adversarial_rows_validate_and_unguided_row_untouched(smollm2_tokenizer, vocab, seed):
+    specs = _specs()
+    proc = GuidedLogitsProcessor(specs, smollm2_tokenizer, vocab=vocab)
+    seqs = _drive(proc, vocab, steps=60, rows=len(specs), seed=seed)
+    reports = proc.finalize(seqs)
+    for i, spec in enumerate(specs[:3]):
+        rep = reports[i]
+        text = smollm2_tokenizer.decode(proc.generated_ids(seqs[i]), clean_up_tokenization_spaces=False)
+        assert rep.status == "complete", (rep, text)
+        assert rep.valid is True, (rep, text)
+        if spec.kind == "json_schema":
+            import jsonschema
+
+            jsonschema.validate(json.loads(text), SCHEMA)
+        elif spec.kind == "regex":
+            assert re.fullmatch(spec.pattern, text), text
+        else:
+            assert text in spec.choices
+        assert rep.tokens >= 1 and rep.grammar_per_token_s >= 0
+    assert reports[3].status == "unguided" and reports[3].valid is None
+
+
+def test_rejected_token_fails_closed_with_eos_only_mask(smollm2_tokenizer, vocab):
+    spec = GuideSpec.regex(r"\d+")
+    proc = GuidedLogitsProcessor([spec], smollm2_tokenizer, vocab=vocab)
+    prompt = torch.tensor([[5]])
+    proc(prompt, torch.zeros((1, vocab.vocab_size)))
+    letter = smollm2_tokenizer.encode("x", add_special_tokens=False)[0]
+    scores = proc(torch.tensor([[5, letter]]), torch.zeros((1, vocab.vocab_size)))
+    allowed = torch.isfinite(scores[0]).nonzero().flatten().tolist()
+    assert allowed == list(vocab.eos_ids)  # never unconstrained after a rejection
+    rep = proc.finalize(torch.tensor([[5, letter, vocab.eos_ids[0]]]))[0]
+    assert rep.status == "rejected" and rep.valid is False
+    assert "TokenRejectedError" in rep.error
+
+
+def test_failed_spec_row_gets_eos_only_and_typed_error(smollm2_tokenizer, vocab):
+    bad = GuideSpec.regex("(unclosed")
+    proc = GuidedLogitsProcessor([bad, GuideSpec.regex("[ab]+")], smollm2_tokenizer, vocab=vocab)
+    scores = proc(torch.tensor([[5], [5]]), torch.zeros((2, vocab.vocab_size)))
+    assert torch.isfinite(scores[0]).nonzero().flatten().tolist() == list(vocab.eos_ids)
+    assert torch.isfinite(scores[1]).sum() > 1
+    reps = proc.finalize(torch.tensor([[5, vocab.eos_ids[0]], [5, vocab.eos_ids[0]]]))
+    assert reps[0].status == "error" and reps[0].valid is False
+    assert "InvalidGuideError" in reps[0].error or "UnsupportedGuideError" in reps[0].error
+    assert reps[1].status == "rejected"  # EOS before any [ab]: incomplete → rejected by the grammar
+
+
+def test_reordered_rows_raise_beam_search_unsupported(smollm2_tokenizer, vocab):
+    proc = GuidedLogitsProcessor([GuideSpec.regex("[ab]+"), None], smollm2_tokenizer, vocab=vocab)
+    a = smollm2_tokenizer.encode("a", add_special_tokens=False)[0]
+    proc(torch.tensor([[5], [6]]), torch.zeros((2, vocab.vocab_size)))
+    with pytest.raises(RuntimeError, match="beam search"):
+        proc(torch.tensor([[6, a], [5, a]]), torch.zeros((2, vocab.vocab_size)))
+    with pytest.raises(ValueError, match="beam search"):
+        GuidedLogitsProcessor([None], smollm2_tokenizer, vocab=vocab)(
+            torch.tensor([[5], [6]]), torch.zeros((2, vocab.vocab_size))
+        )
+
+
+def test_wrong_logits_width_is_refused(smollm2_tokenizer, vocab):
+    proc = GuidedLogitsProcessor([GuideSpec.regex("a")], smollm2_tokenizer, vocab=vocab)
+    with pytest.raises(ValueError, match="wide"):
+        proc(torch.tensor([[5]]), torch.zeros((1, vocab.vocab_size + 64)))
+
+
+def test_num_return_sequences_expands_rows(smollm2_tokenizer, vocab):
+    specs = [GuideSpec.choice(["yes", "no"]), None]
+    proc = GuidedLogitsProcessor(specs, smollm2_tokenizer, vocab=vocab, num_return_sequences=2)
+    assert [r is None for r in proc.rows] == [False, False, True, True]
+    seqs = _drive(proc, vocab, steps=8, rows=4, seed=3, pick="best")
+    reps = proc.finalize(seqs)
+    assert [r.status for r in reps] == ["complete", "complete", "unguided", "unguided"]
+
+
+# ---- jump-forward planning ------------------------------------------------------------
+LONG_KEYS = {
+    "type": "object",
+    "properties": {
+        "customer_identification_number": {"type": "integer"},
+        "preferred_contact_channel": {"enum": ["electronic_mail", "telephone_call"]},
+    },
+    "required": ["customer_identification_number", "preferred_contact_channel"],
+    "additionalProperties": False,
+}
+
+
+def _accepted_bytes(vocab, ids):
+    return b"".join(vocab.token_bytes[i] for i in ids)
+
+
+@pytest.mark.parametrize("first", ['{"', "{"])
+def test_plan_jump_feeds_only_accepted_retokenized_forced_text(smollm2_tokenizer, vocab, first):
+    guide = compile_guide(GuideSpec.json_schema(LONG_KEYS, any_whitespace=False), vocab, backend="xgrammar")
+    m = guide.matcher()
+    tok = smollm2_tokenizer.encode(first, add_special_tokens=False)
+    assert len(tok) == 1
+    assert m.accept_token(tok[0])
+    forced = m.find_jump_forward_string()
+    assert forced.startswith('"customer_identification_number": ' if first == "{" else "customer_identification")
+    plan = plan_jump(m, vocab, make_encoder(smollm2_tokenizer), tok[0], budget=100)
+    assert plan is not None and len(plan) >= 2
+    full = vocab.token_bytes[tok[0]] + forced.encode()
+    got = _accepted_bytes(vocab, plan)
+    assert full.startswith(got) and len(got) < len(full)  # the last token is held back
+    # the matcher accepted exactly the plan: the rest of the forced text is still forced
+    assert m.find_jump_forward_string().encode() == full[len(got):]
+    assert plan == smollm2_tokenizer.encode(full.decode(), add_special_tokens=False)[: len(plan)]
+
+
+def test_plan_jump_none_leaves_matcher_unchanged(smollm2_tokenizer, vocab):
+    guide = compile_guide(GuideSpec.json_schema(LONG_KEYS, any_whitespace=False), vocab, backend="xgrammar")
+    m = guide.matcher()
+    first = smollm2_tokenizer.encode('{"', add_special_tokens=False)[0]
+    assert m.accept_token(first)
+    before = m.find_jump_forward_string()
+    assert plan_jump(m, vocab, make_encoder(smollm2_tokenizer), first, budget=1) is None  # no budget
+    assert m.find_jump_forward_string() == before
+
+    def disagreeing_encoder(text):  # a tokenizer whose ids do not spell the text → must not jump
+        return [first] * 5
+
+    assert plan_jump(m, vocab, disagreeing_encoder, first, budget=100) is None
+    assert m.find_jump_forward_string() == before
+    choice = compile_guide(GuideSpec.choice(["yes", "no"]), vocab, backend="xgrammar").matcher()
+    y = smollm2_tokenizer.encode("y", add_special_tokens=False)[0]
+    if choice.accept_token(y):
+        assert plan_jump(choice, vocab, make_encoder(smollm2_tokenizer), y, budget=100) in (None, [])
+
+
+def test_validate_output_oracles():
+    s = GuideSpec.json_schema(SCHEMA)
+    assert validate_output(s, '{"code":"ab","level":"low","n":3}', True).valid
+    bad = validate_output(s, '{"code":"abcdef","level":"low","n":3}', True)
+    assert not bad.valid and bad.method == "jsonschema"
+    assert not validate_output(s, '{"code":', True).valid
+    assert validate_output(GuideSpec.regex(r"\d+"), "123", True).valid
+    assert not validate_output(GuideSpec.regex(r"\d+"), "12a", True).valid
+    assert not validate_output(GuideSpec.choice(["a", "b"]), "c", True).valid
+    assert validate_output(GuideSpec.grammar('root ::= "x"'), "x", True).method == "matcher"
