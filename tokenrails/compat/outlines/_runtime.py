@@ -6,6 +6,7 @@ Outlines objects take an outlines ``Tokenizer`` (or, in 1.x, a model); tokenrail
 from __future__ import annotations
 
 import importlib.util
+import os
 import json
 import threading
 import weakref
@@ -62,7 +63,10 @@ def vocabulary_for(tokenizer: Any) -> Vocabulary:
 
 
 def fsm_available() -> bool:
-    """Whether the FSM backend (outlines' exact regex/JSON language) is installed."""
+    """Whether the FSM backend (outlines' exact regex/JSON language) is installed and not
+    switched off with ``TOKENRAILS_OUTLINES_REGEX_BACKEND=xgrammar``."""
+    if os.environ.get("TOKENRAILS_OUTLINES_REGEX_BACKEND", "fsm") == "xgrammar":
+        return False
     return importlib.util.find_spec("tokenrails.guided.fsm.backend") is not None
 
 

@@ -34,6 +34,7 @@ class GuideLogitsProcessor(OutlinesLogitsProcessor):
     def reset_state(self) -> None:
         self._seq_start_idx: Optional[int] = None
         self._last_len: Optional[int] = None
+        self._prompts: frozenset[tuple[int, ...]] = frozenset()
         self._guide_states: dict[tuple[int, ...], Any] = {(): self.guide.initial_state}
 
     def reset(self) -> None:
@@ -44,11 +45,12 @@ class GuideLogitsProcessor(OutlinesLogitsProcessor):
     # ---- states ------------------------------------------------------------------------------
     def _row_states(self, input_ids: torch.Tensor) -> list[Any]:
         length = int(input_ids.shape[1])
-        if self._last_len is not None and length != self._last_len + 1:
+        if self._last_len is not None and not self._continues(input_ids, length):
             self.reset()  # not the next step of the same generation: a new generate() call
         self._last_len = length
         if self._seq_start_idx is None:
             self._seq_start_idx = length
+            self._prompts = frozenset(tuple(r) for r in input_ids.tolist())
         previous, current = self._guide_states, {}
         states = []
         for row in input_ids:
@@ -62,6 +64,13 @@ class GuideLogitsProcessor(OutlinesLogitsProcessor):
             states.append(state)
         self._guide_states = current  # only the last step is needed: O(batch * length) memory
         return states
+
+    def _continues(self, input_ids: torch.Tensor, length: int) -> bool:
+        """One more token on rows whose prompt part is one of the recorded prompts."""
+        if length != self._last_len + 1 or self._seq_start_idx is None:
+            return False
+        prompts = input_ids[:, : self._seq_start_idx].tolist()
+        return all(tuple(p) in self._prompts for p in prompts)
 
     def _replay(self, gen: tuple[int, ...]) -> Any:
         state = self.guide.initial_state
@@ -85,10 +94,12 @@ class GuideLogitsProcessor(OutlinesLogitsProcessor):
             bitmask = self._bitmask = allocate_token_bitmask(rows, vocab_size)
         for i, state in enumerate(states):
             guide._fill_bitmask(state, bitmask, i)
-        target = logits if logits.dtype in _KERNEL_DTYPES else logits.to(torch.float32)
-        apply_token_bitmask_inplace(target, bitmask.to(logits.device), vocab_size=min(width, vocab_size))
-        if target is not logits:
-            logits.copy_(target)
+        n = min(width, vocab_size)
+        if logits.dtype in _KERNEL_DTYPES:
+            apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=n)
+        else:  # e.g. float64 from numpy callers: mask without a lossy dtype round trip
+            allowed = _unpack(bitmask, n).to(logits.device)
+            logits[:, :n].masked_fill_(~allowed, float("-inf"))
         if width > vocab_size:
             logits[:, vocab_size:] = float("-inf")
         return logits
@@ -115,6 +126,13 @@ class GuideLogitsProcessor(OutlinesLogitsProcessor):
         return other
 
     __copy__ = copy
+
+
+def _unpack(bitmask: torch.Tensor, n: int) -> torch.Tensor:
+    """Bool ``[rows, n]`` view of an int32 bitmask (bit ``t % 32`` of word ``t // 32``)."""
+    shifts = torch.arange(32, dtype=torch.int32)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :n].bool()
 
 
 class RegexLogitsProcessor(GuideLogitsProcessor):

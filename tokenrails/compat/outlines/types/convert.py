@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import inspect
 import re
 import typing
 from typing import Any, Literal, get_args, get_origin
@@ -56,7 +57,7 @@ def spec_for_output_type(output_type: Any) -> GuideSpec | None:
         return GuideSpec.choice(_literal_strings(m.value for m in output_type))
     if _is_structured(output_type):
         return json_spec(JsonSchema(output_type).schema)
-    if callable(output_type) and not isinstance(output_type, type):
+    if inspect.isfunction(output_type) or inspect.ismethod(output_type):
         from ..fsm.json_schema import get_schema_from_signature
 
         return json_spec(get_schema_from_signature(output_type))
