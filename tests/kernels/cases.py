@@ -6,7 +6,9 @@ import torch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INT_OF = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
-MASK_KINDS = ("random", "all_allowed", "all_disallowed", "few_disallowed", "few_allowed", "dense_zeros")
+MASK_KINDS = (
+    "random", "all_allowed", "all_disallowed", "few_disallowed", "few_allowed", "dense_zeros", "in_string"
+)
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -38,6 +40,9 @@ def mask_row(rng: np.random.Generator, words: int, kind: str) -> np.ndarray:
     if kind == "few_disallowed":  # mostly all-ones words, a few words with a zero bit or two
         holes = np.int32(-1) ^ (np.int32(1) << rng.integers(0, 31, size=words).astype(np.int32))
         return np.where(few, holes, np.int32(-1)).astype(np.int32)
+    if kind == "in_string":  # half the words have one zero bit: a JSON string's mask
+        hole = np.int32(-1) ^ (np.int32(1) << rng.integers(0, 31, size=words).astype(np.int32))
+        return np.where(rng.random(words) < 0.5, hole, np.int32(-1)).astype(np.int32)
     if kind == "few_allowed":  # mostly zero words, a few random ones
         return np.where(few, rand, 0).astype(np.int32)
     if kind == "dense_zeros":  # ~20% mixed words, each almost all zeros (many minority bits)

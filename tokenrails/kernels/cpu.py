@@ -27,8 +27,10 @@ import torch
 
 from ._common import INT_VIEW, NEG_INF_BITS, ApplyArgs, Indices, check_apply_args
 
-_FEW_WORDS = 1 / 4  # rows with at most this fraction of mixed words take the sparse path
-_MANY_BITS = 1 / 12  # ...unless more than this fraction of their bits are the minority
+# Cost model of the three paths, ns: per mixed word scanned, per -inf store of a scattered
+# disallowed bit, per allowed logit saved and restored, per column filled, per column blended.
+_NS_PER_WORD, _NS_PER_STORE, _NS_PER_KEEP, _NS_PER_FILL, _NS_PER_BLEND = 12.0, 5.0, 8.0, 0.15, 0.45
+_BLEND, _SCATTER, _FILL = 0, 1, 2
 _MAX_SCRATCH_BYTES = 16 << 20  # larger temporaries are allocated per call, not kept
 _BOOL = np.dtype(np.bool_)
 _INTP = np.dtype(np.intp)
@@ -105,28 +107,55 @@ def _apply_rows(
         return
     if whole < words.shape[1]:
         words = words[:, :whole]
-    few = _FEW_WORDS * words.size
-    n_not_full = np.count_nonzero(not_full)
-    if n_not_full == 0:
+    if not np.count_nonzero(not_full):
         return
-    if n_not_full <= few:
-        _sparse_rows(ints, words, rows, ninf, not_full, mostly_allowed=True)
-        return
-    not_empty = _compare(words, 0, "not_empty")
-    if np.count_nonzero(not_empty) <= few:
-        _sparse_rows(ints, words, rows, ninf, not_empty, mostly_allowed=False)
-        return
-    few = _FEW_WORDS * whole
-    few_disallowed = not_full.sum(axis=1) <= few
-    few_allowed = ~few_disallowed & (not_empty.sum(axis=1) <= few)
-    if few_disallowed.any():
-        sub = words[few_disallowed]
-        _sparse_rows(ints, sub, rows[few_disallowed], ninf, sub != -1, mostly_allowed=True)
-    if few_allowed.any():
-        sub = words[few_allowed]
-        _sparse_rows(ints, sub, rows[few_allowed], ninf, sub != 0, mostly_allowed=False)
-    for i in np.flatnonzero(~(few_disallowed | few_allowed)):
+    choice, not_empty = _choose_paths(words, not_full)
+    for path, minority in ((_SCATTER, not_full), (_FILL, not_empty)):
+        group = choice == path
+        if not group.any():
+            continue
+        if not group.all():
+            words_g, rows_g, minority = words[group], rows[group], minority[group]
+        else:
+            words_g, rows_g = words, rows
+        _sparse_rows(ints, words_g, rows_g, ninf, minority, mostly_allowed=path == _SCATTER)
+    for i in np.flatnonzero(choice == _BLEND):
         _blend(ints[rows[i], : 32 * whole], words[i], ninf)
+
+
+def _choose_paths(words: np.ndarray, not_full: np.ndarray):
+    """Each row's cheapest path (``_BLEND``/``_SCATTER``/``_FILL``) by a cost model over its bit
+    and word counts; also ``words != 0`` when that had to be computed (else None)."""
+    n = 32 * words.shape[1]
+    blend = _NS_PER_BLEND * n
+    ones = _popcount_rows(words)  # allowed tokens per row
+    if len(words) == 1:  # Python numbers: much cheaper than array ops for one row
+        one = int(ones[0])
+        scatter = _NS_PER_WORD * int(np.count_nonzero(not_full)) + _NS_PER_STORE * (n - one)
+        fill = _NS_PER_FILL * n + _NS_PER_KEEP * one  # + scanning the non-zero words
+        not_empty = None
+        if fill < min(scatter, blend):
+            not_empty = _compare(words, 0, "not_empty")
+            fill += _NS_PER_WORD * int(np.count_nonzero(not_empty))
+        return np.array([min((blend, _BLEND), (scatter, _SCATTER), (fill, _FILL))[1]]), not_empty
+    scatter = _NS_PER_WORD * np.count_nonzero(not_full, axis=1) + _NS_PER_STORE * (n - ones)
+    fill = _NS_PER_FILL * n + _NS_PER_KEEP * ones
+    not_empty = None
+    if (fill < np.minimum(scatter, blend)).any():
+        not_empty = _compare(words, 0, "not_empty")
+        fill = fill + _NS_PER_WORD * np.count_nonzero(not_empty, axis=1)
+    choice = np.where(scatter < fill, _SCATTER, _FILL)
+    return np.where(np.minimum(scatter, fill) < blend, choice, _BLEND), not_empty
+
+
+def _popcount_rows(words: np.ndarray) -> np.ndarray:
+    """Number of set bits in each row of an int32 array (int64 ``[R]``)."""
+    if hasattr(np, "bitwise_count"):  # numpy >= 2; counts |x| for signed types, so view unsigned
+        if words.flags.c_contiguous and words.shape[1] % 2 == 0:
+            return np.bitwise_count(words.view(np.uint64)).sum(axis=1, dtype=np.int64)
+        return np.bitwise_count(words.view(np.uint32)).sum(axis=1, dtype=np.int64)
+    table = np.array([bin(b).count("1") for b in range(256)], dtype=np.int64)
+    return table[np.ascontiguousarray(words).view(np.uint8)].sum(axis=1)
 
 
 def _sparse_rows(
@@ -144,27 +173,9 @@ def _sparse_rows(
     * mostly allowed: store -inf at every 0 bit of the mixed words;
     * mostly disallowed: save the logits at every 1 bit, fill the rows with -inf, put them back.
 
-    Falls back to whole-row blends when the minority bits turn out to be many.
     """
     nw = words.shape[1]
-    flat = np.flatnonzero(mixed)
-    r = flat // nw
-    w = flat - r * nw
-    picked = words[r, w]
-    if mostly_allowed:
-        picked = ~picked
-    bits = np.unpackbits(picked.view(np.uint8), bitorder="little").view(np.bool_)
-    n = np.count_nonzero(bits)
-    if n > _MANY_BITS * rows.size * 32 * nw:
-        for i in range(rows.size):
-            _blend(ints[rows[i], : 32 * nw], words[i], ninf)
-        return
-    # offsets[j] = rows[r] * stride + 32 * w + bit for the j-th minority bit (bit j of `bits`)
-    pos = np.compress(bits, _arange(bits.size), out=_scratch("pos", _INTP, (n,)))
-    k = np.right_shift(pos, 5, out=_scratch("k", _INTP, (n,)))
-    base = rows[r] * (ints.strides[0] // ints.itemsize) + w * 32
-    offsets = np.take(base, k, out=_scratch("offsets", _INTP, (n,)))
-    offsets += np.bitwise_and(pos, 31, out=pos)
+    offsets = _minority_offsets(ints, words, rows, mixed, invert=mostly_allowed)
     flat_ints = _flat_view(ints)
     if mostly_allowed:
         flat_ints[offsets] = ninf
@@ -175,12 +186,35 @@ def _sparse_rows(
     flat_ints[offsets] = saved
 
 
-def _arange(n: int) -> np.ndarray:
-    """``np.arange(n)`` (intp), cached."""
-    cached = _SCRATCH.buffers.get("arange")
-    if cached is None or cached.size < n:
-        cached = _SCRATCH.buffers["arange"] = np.arange(max(n, 1 << 16), dtype=_INTP)
-    return cached[:n]
+def _minority_offsets(
+    ints: np.ndarray, words: np.ndarray, rows: np.ndarray, mixed: np.ndarray, *, invert: bool
+) -> np.ndarray:
+    """Offsets into ``ints`` (flattened) of every set bit of ``words`` (of ``~words`` if ``invert``)
+    in the words where ``mixed`` is True: column ``32 * j + bit`` of row ``rows[i]`` for word
+    ``words[i, j]``.
+    """
+    nw = words.shape[1]
+    flat = np.flatnonzero(mixed)  # i * nw + j of each mixed word
+    picked = words.reshape(-1)[flat] if words.flags.c_contiguous else words[np.divmod(flat, nw)]
+    if invert:
+        np.invert(picked, out=picked)
+    # Two levels, as minority bits are sparse: the bytes holding one, then those bytes' bits.
+    packed = picked.view(np.uint8)
+    hot = np.flatnonzero(packed != 0)
+    j = np.flatnonzero(np.unpackbits(packed[hot], bitorder="little").view(np.bool_))
+    pos = np.left_shift(hot[j >> 3], 3)
+    pos |= j & 7  # bit position in the concatenated picked words: 32 * k + bit
+    # column base of picked word k, minus 32 * k so that adding pos gives the column
+    if len(rows) == 1:
+        base = flat - _arange(flat.size)
+        base *= 32
+        base += rows[0] * (ints.strides[0] // ints.itemsize)
+    else:
+        r = flat // nw
+        base = rows[r] * (ints.strides[0] // ints.itemsize) + 32 * (flat - r * nw - _arange(flat.size))
+    offsets = base[pos >> 5]
+    offsets += pos
+    return offsets
 
 
 def _flat_view(ints: np.ndarray) -> np.ndarray:
@@ -246,3 +280,11 @@ def _scratch(name: str, dtype: np.dtype, shape: tuple) -> np.ndarray:
     if buf is None or buf.size < size:
         buf = _SCRATCH.buffers[key] = np.empty(size, dtype)
     return buf[:size].reshape(shape)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``np.arange(n)`` (intp), from a cached array."""
+    cached = _SCRATCH.buffers.get("arange")
+    if cached is None or cached.size < n:
+        cached = _SCRATCH.buffers["arange"] = np.arange(max(n, 1 << 16), dtype=_INTP)
+    return cached[:n]
