@@ -1,0 +1,82 @@
+"""``FSMBackend``: regex, choice and JSON schema (lowered like outlines) as a byte DFA + token index.
+
+Per-step cost is a row copy: every DFA state's token mask is computed once per compiled guide
+(on first visit) and shared by all matchers of that guide.
+"""
+from __future__ import annotations
+
+from ..backend import CompiledGuide, GuideBackend
+from ..errors import UnsupportedGuideError
+from ..limits import GuideLimits
+from ..schema_features import check_schema_limits
+from ..spec import GuideSpec
+from ..vocabulary import Vocabulary
+from .compiler import compile_choices, compile_regex
+from .dfa import DFA, START
+from .matcher import FSMMatcher, grammar_bytes
+from .schema import schema_to_regex
+from .token_index import TokenIndex
+from .token_trie import token_trie
+
+
+class FSMGuide(CompiledGuide):
+    backend = "fsm"
+
+    def __init__(self, spec: GuideSpec, vocab: Vocabulary, dfa: DFA, index: TokenIndex, regex: str | None):
+        super().__init__(spec, vocab)
+        self.dfa = dfa
+        self.index = index
+        self.regex = regex  # the regex compiled (None for choices)
+
+    def matcher(self) -> FSMMatcher:
+        return FSMMatcher(self.index)
+
+    def precompute(self) -> None:
+        """Compute every state's mask now (e.g. in a background thread after compile)."""
+        self.index.precompute()
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.dfa.memory_bytes + self.index.memory_bytes + 1024
+
+
+class FSMBackend(GuideBackend):
+    name = "fsm"
+    kinds = frozenset({"regex", "choice", "json_schema"})
+
+    def __init__(self, vocab: Vocabulary, limits: GuideLimits):
+        # Per-vocabulary tables (token trie, grammar bytes) are built on first compile: this
+        # constructor runs under the vocabulary's memo lock, which is not re-entrant.
+        super().__init__(vocab, limits)
+
+    def check(self, spec: GuideSpec) -> None:
+        if spec.kind in ("json_object", "grammar", "structural_tag"):
+            raise UnsupportedGuideError(
+                f"the fsm backend only enforces regular languages (regex, choice, json_schema); "
+                f"{spec.kind} constraints need a grammar backend",
+                feature=spec.kind, backend=self.name,
+            )
+        super().check(spec)
+        if spec.kind == "regex":
+            self.limits.check("max_regex_length", len(spec.pattern))
+        elif spec.kind == "choice":
+            self.limits.check("max_enum_values", len(spec.choices))
+        elif spec.kind == "json_schema":
+            check_schema_limits(spec.schema, self.limits)
+
+    def compile(self, spec: GuideSpec) -> FSMGuide:
+        self.check(spec)
+        regex: str | None = None
+        if spec.kind == "regex":
+            regex = spec.pattern
+            dfa = compile_regex(regex, self.limits)
+        elif spec.kind == "choice":
+            dfa = compile_choices(spec.choices, self.limits)
+        else:
+            regex = schema_to_regex(spec)
+            # the lowered regex can be long for a large schema; it is bounded by the schema limits
+            dfa = compile_regex(regex, self.limits, check_length=False)
+        grammar_bytes(self.vocab)
+        index = TokenIndex(dfa, self.vocab, token_trie(self.vocab))
+        index.row(START)  # the first mask is needed immediately
+        return FSMGuide(spec, self.vocab, dfa, index, regex)

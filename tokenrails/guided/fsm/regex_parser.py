@@ -1,0 +1,501 @@
+"""A parser for the regular subset of Python ``re`` syntax, with ``re.fullmatch`` semantics on str.
+
+Written to agree with CPython's ``sre_parse`` on everything it accepts (escapes, classes, brace
+quantifiers that fall back to literals, octal escapes, lazy quantifiers), so users' patterns mean
+here what they mean in Python. Non-regular or engine-specific constructs (backreferences,
+lookaround, ``\\b``, possessive/atomic, conditionals, case-insensitive/verbose flags) raise
+``UnsupportedGuideError`` naming the construct; malformed patterns raise ``RegexSyntaxError``
+(an ``InvalidGuideError``) carrying the position.
+"""
+from __future__ import annotations
+
+import unicodedata
+
+from ..errors import GuideLimitError, InvalidGuideError, UnsupportedGuideError
+from .charset import MAX_CODE_POINT, Ranges, negate, normalize, union
+from .regex_ast import EMPTY, Alt, Anchor, CharSet, Concat, Empty, Node, Repeat
+from .unicode_classes import class_ranges
+
+_HEX = "0123456789abcdefABCDEF"
+_OCT = "01234567"
+_DIGITS = "0123456789"
+_SIMPLE_ESCAPES = {"a": 7, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
+_FLAG_LETTERS = "aiLmsux"
+MAX_NESTING = 200  # group nesting depth; deeper patterns raise GuideLimitError (no recursion blow-up)
+_UNSUPPORTED_FLAGS = {"i": "case-insensitive flag (?i)", "x": "verbose flag (?x)", "L": "locale flag (?L)"}
+
+
+class RegexSyntaxError(InvalidGuideError):
+    """An invalid pattern; ``position`` is the 0-based offset of the problem in the pattern."""
+
+    def __init__(self, message: str, pattern: str, position: int):
+        super().__init__(f"invalid regex at position {position}: {message} (pattern {_clip(pattern)!r})")
+        self.position = position
+        self.pattern = pattern
+
+
+def _clip(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _unsupported(feature: str, pos: int) -> UnsupportedGuideError:
+    return UnsupportedGuideError(
+        f"the fsm backend does not support {feature} (at position {pos}): not a regular language "
+        "construct it can enforce exactly",
+        feature=feature,
+        backend="fsm",
+    )
+
+
+def parse_regex(pattern: str, max_repeat: int = 1000) -> Node:
+    """Parse ``pattern`` into an anchor-free AST for full-match semantics."""
+    if not isinstance(pattern, str):
+        raise InvalidGuideError(f"regex must be a str, got {type(pattern).__name__}")
+    parser = _Parser(pattern, max_repeat)
+    node = parser.parse()
+    return _strip_anchors(node, True, True)
+
+
+class _Parser:
+    def __init__(self, pattern: str, max_repeat: int):
+        self.p = pattern
+        self.n = len(pattern)
+        self.i = 0
+        self.max_repeat = max_repeat
+        self.dotall = False
+        self.ascii = False
+        self.depth = 0
+
+    # ---- helpers ------------------------------------------------------------------------
+    def error(self, message: str, pos: int | None = None) -> RegexSyntaxError:
+        return RegexSyntaxError(message, self.p, self.i if pos is None else pos)
+
+    def peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.p[j] if j < self.n else ""
+
+    # ---- grammar ------------------------------------------------------------------------
+    def parse(self) -> Node:
+        node = self.alternation(top=True)
+        if self.i < self.n:  # only a stray ')' stops the top-level alternation early
+            raise self.error("unbalanced parenthesis")
+        return node
+
+    def alternation(self, top: bool = False) -> Node:
+        branches = [self.sequence(top)]
+        while self.peek() == "|":
+            self.i += 1
+            branches.append(self.sequence(False))
+        return branches[0] if len(branches) == 1 else Alt(tuple(branches))
+
+    def sequence(self, top: bool) -> Node:
+        items: list[Node] = []
+        last_repeat = False
+        while self.i < self.n and self.p[self.i] not in "|)":
+            start = self.i
+            quant = self.quantifier()
+            if quant is not None:
+                lo, hi = quant
+                if not items or isinstance(items[-1], Anchor):
+                    raise self.error("nothing to repeat", start)
+                if last_repeat:
+                    raise self.error("multiple repeat", start)
+                items[-1] = Repeat(items[-1], lo, hi)
+                last_repeat = True
+                continue
+            atom = self.atom(top and start == self._flags_end())
+            if atom is None:  # comment or global flags: produces nothing
+                continue
+            items.append(atom)
+            last_repeat = False
+        if not items:
+            return EMPTY
+        return items[0] if len(items) == 1 else Concat(tuple(items))
+
+    def _flags_end(self) -> int:
+        return getattr(self, "_global_flags_end", 0)
+
+    def quantifier(self) -> tuple[int, int | None] | None:
+        """Parse a quantifier at the cursor (with its lazy ``?``), or return None (cursor kept)."""
+        c = self.peek()
+        if c == "*":
+            lo, hi = 0, None
+            self.i += 1
+        elif c == "+":
+            lo, hi = 1, None
+            self.i += 1
+        elif c == "?":
+            lo, hi = 0, 1
+            self.i += 1
+        elif c == "{":
+            parsed = self._brace()
+            if parsed is None:
+                return None
+            lo, hi = parsed
+        else:
+            return None
+        if self.peek() == "?":
+            self.i += 1  # lazy: same language under full match
+        elif self.peek() == "+":
+            raise _unsupported("possessive quantifier", self.i)
+        return lo, hi
+
+    def _brace(self) -> tuple[int, int | None] | None:
+        """``{m}``, ``{m,}``, ``{,n}``, ``{m,n}``; None (nothing consumed) when it is a literal '{'."""
+        start = self.i
+        j = self.i + 1
+        if j < self.n and self.p[j] == "}":
+            return None
+        k = j
+        while k < self.n and self.p[k] in _DIGITS:
+            k += 1
+        lo_txt = self.p[j:k]
+        hi_txt: str | None
+        if k < self.n and self.p[k] == ",":
+            m = k + 1
+            while m < self.n and self.p[m] in _DIGITS:
+                m += 1
+            hi_txt = self.p[k + 1 : m]
+            k = m
+        else:
+            hi_txt = lo_txt
+        if k >= self.n or self.p[k] != "}":
+            return None
+        self.i = k + 1
+        lo = int(lo_txt) if lo_txt else 0
+        hi = int(hi_txt) if hi_txt else None
+        if hi is not None and hi < lo:
+            raise self.error("min repeat greater than max repeat", start)
+        for value in (lo, hi):
+            if value is not None and value > self.max_repeat:
+                raise GuideLimitError(
+                    f"limit max_repeat={self.max_repeat} exceeded: repetition bound {value} at "
+                    f"position {start}",
+                    limit="max_repeat",
+                    value=value,
+                )
+        return lo, hi
+
+    def atom(self, at_start: bool) -> Node | None:
+        c = self.p[self.i]
+        if c == "(":
+            return self.group(at_start)
+        if c == "[":
+            return self.char_class()
+        if c == ".":
+            self.i += 1
+            if self.dotall:
+                return CharSet(((0, MAX_CODE_POINT),))
+            return CharSet(((0, 9), (11, MAX_CODE_POINT)))
+        if c == "^":
+            self.i += 1
+            return Anchor("start", self.i - 1)
+        if c == "$":
+            self.i += 1
+            return Anchor("end", self.i - 1)
+        if c == "\\":
+            return self.escape()
+        self.i += 1
+        return CharSet(((ord(c), ord(c)),))
+
+    # ---- groups -------------------------------------------------------------------------
+    def group(self, at_start: bool) -> Node | None:
+        start = self.i
+        self.i += 1
+        saved = (self.dotall, self.ascii)
+        if self.peek() == "?":
+            self.i += 1
+            c = self.peek()
+            if c == "":
+                raise self.error("unexpected end of pattern")
+            if c == ":":
+                self.i += 1
+            elif c == "P":
+                self.i += 1
+                nxt = self.peek()
+                if nxt == "<":
+                    self.i += 1
+                    self._group_name()
+                elif nxt == "=":
+                    raise _unsupported("named backreference (?P=name)", start)
+                else:
+                    raise self.error(f"unknown extension ?P{nxt}", start + 1)
+            elif c == "#":
+                end = self.p.find(")", self.i)
+                if end < 0:
+                    raise self.error("missing ), unterminated comment", start)
+                self.i = end + 1
+                return None
+            elif c in "=!":
+                raise _unsupported("lookahead assertion", start)
+            elif c == "<":
+                nxt = self.peek(1)
+                if nxt in ("=", "!"):
+                    raise _unsupported("lookbehind assertion", start)
+                self.i += 1
+                self._group_name()  # (?<name>...) accepted as a named group (PCRE/Rust syntax)
+            elif c == "(":
+                raise _unsupported("conditional group (?(...)...)", start)
+            elif c == ">":
+                raise _unsupported("atomic group (?>...)", start)
+            elif c in _FLAG_LETTERS or c == "-":
+                if self._flags(start, at_start):
+                    return None  # global flags
+            else:
+                raise self.error(f"unknown extension ?{c}", start + 1)
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise GuideLimitError(
+                f"regex nests groups deeper than {MAX_NESTING} (at position {start})",
+                limit="regex_nesting", value=self.depth,
+            )
+        body = self.alternation()
+        self.depth -= 1
+        if self.peek() != ")":
+            raise self.error("missing ), unterminated subpattern", start)
+        self.i += 1
+        self.dotall, self.ascii = saved
+        return body
+
+    def _group_name(self) -> None:
+        end = self.p.find(">", self.i)
+        if end < 0:
+            raise self.error("missing >, unterminated name")
+        name = self.p[self.i : end]
+        if not name:
+            raise self.error("missing group name")
+        if not name.isidentifier():
+            raise self.error(f"bad character in group name {name!r}")
+        self.i = end + 1
+
+    def _flags(self, start: int, at_start: bool) -> bool:
+        """Parse ``(?flags)`` (global, returns True) or ``(?flags-flags:`` (scoped, returns False)."""
+        on = ""
+        while self.peek() in _FLAG_LETTERS and self.peek():
+            on += self.p[self.i]
+            self.i += 1
+        off = ""
+        if self.peek() == "-":
+            self.i += 1
+            while self.peek() in _FLAG_LETTERS and self.peek():
+                off += self.p[self.i]
+                self.i += 1
+            if not off:
+                raise self.error("missing flag", self.i)
+        end = self.peek()
+        if end not in (")", ":"):
+            raise self.error("missing -, : or )" if end else "missing flag", self.i)
+        if end == ")" and off:
+            raise self.error("missing :", self.i)
+        for f in on + off:
+            if f in _UNSUPPORTED_FLAGS:
+                raise _unsupported(_UNSUPPORTED_FLAGS[f], start)
+        if "a" in on and "u" in on:
+            raise self.error("bad inline flags: flags 'a', 'u' and 'L' are incompatible", start)
+        if "a" in off or "u" in off:
+            raise self.error("bad inline flags: cannot turn off flags 'a', 'u' and 'L'", start)
+        self.i += 1
+        if end == ")":
+            if not at_start:
+                raise self.error("global flags not at the start of the expression", start)
+            self._global_flags_end = self.i
+        if "s" in on:
+            self.dotall = True
+        if "s" in off:
+            self.dotall = False
+        if "a" in on:
+            self.ascii = True
+        if "u" in on:
+            self.ascii = False
+        return end == ")"
+
+    # ---- escapes ------------------------------------------------------------------------
+    def _hex(self, start: int, count: int, letter: str) -> int:
+        digits = self.p[self.i : self.i + count]
+        if len(digits) != count or any(d not in _HEX for d in digits):
+            raise self.error(f"incomplete escape \\{letter}{digits}", start)
+        self.i += count
+        value = int(digits, 16)
+        if value > MAX_CODE_POINT:
+            raise self.error(f"bad escape \\{letter}{digits}", start)
+        return value
+
+    def _named_char(self, start: int) -> int:
+        if self.peek() != "{":
+            raise self.error("missing {", self.i)
+        end = self.p.find("}", self.i)
+        if end < 0:
+            raise self.error("missing }, unterminated name", self.i)
+        name = self.p[self.i + 1 : end]
+        if not name:
+            raise self.error("missing character name", self.i)
+        try:
+            ch = unicodedata.lookup(name)
+        except KeyError:
+            raise self.error(f"undefined character name {name!r}", start) from None
+        self.i = end + 1
+        return ord(ch)
+
+    def _common_escape(self, c: str, start: int) -> int | Ranges | None:
+        """Escapes valid both in and out of classes: a code point, a class's ranges, or None."""
+        if c in _SIMPLE_ESCAPES:
+            self.i += 1
+            return _SIMPLE_ESCAPES[c]
+        if c in "dDwWsS":
+            self.i += 1
+            ranges, negated = class_ranges(c, self.ascii)
+            return negate(ranges) if negated else ranges
+        if c == "x":
+            self.i += 1
+            return self._hex(start, 2, "x")
+        if c == "u":
+            self.i += 1
+            return self._hex(start, 4, "u")
+        if c == "U":
+            self.i += 1
+            return self._hex(start, 8, "U")
+        if c == "N":
+            self.i += 1
+            return self._named_char(start)
+        return None
+
+    def escape(self) -> Node:
+        start = self.i
+        self.i += 1
+        c = self.peek()
+        if c == "":
+            raise self.error("bad escape (end of pattern)", start)
+        common = self._common_escape(c, start)
+        if isinstance(common, int):
+            return CharSet(((common, common),))
+        if common is not None:
+            return CharSet(common)
+        if c == "A":
+            self.i += 1
+            return Anchor("start", start)
+        if c == "Z":
+            self.i += 1
+            return Anchor("end", start)
+        if c in "bB":
+            raise _unsupported("word boundary \\" + c, start)
+        if c == "0":
+            value = self._octal(start)
+            return CharSet(((value, value),))
+        if c in _DIGITS:
+            # three octal digits → octal escape; otherwise a group reference
+            if c in _OCT and self.peek(1) in _OCT and self.peek(1) and self.peek(2) in _OCT and self.peek(2):
+                value = int(self.p[self.i : self.i + 3], 8)
+                if value > 0o377:
+                    raise self.error(f"octal escape value \\{self.p[self.i:self.i + 3]} outside of range 0-0o377", start)
+                self.i += 3
+                return CharSet(((value, value),))
+            raise _unsupported("backreference \\" + c, start)
+        if c.isascii() and c.isalpha():
+            raise self.error(f"bad escape \\{c}", start)
+        self.i += 1
+        return CharSet(((ord(c), ord(c)),))
+
+    def _octal(self, start: int) -> int:
+        """Up to three octal digits at the cursor (the first is known to be octal)."""
+        j = self.i
+        while j < self.n and j - self.i < 3 and self.p[j] in _OCT:
+            j += 1
+        value = int(self.p[self.i : j], 8)
+        if value > 0o377:
+            raise self.error(f"octal escape value \\{self.p[self.i:j]} outside of range 0-0o377", start)
+        self.i = j
+        return value
+
+    # ---- character classes --------------------------------------------------------------
+    def char_class(self) -> Node:
+        start = self.i
+        self.i += 1
+        negated = False
+        if self.peek() == "^":
+            negated = True
+            self.i += 1
+        first = self.i
+        parts: list[tuple[int, int]] = []
+        while True:
+            if self.i >= self.n:
+                raise self.error("unterminated character set", start)
+            c = self.p[self.i]
+            if c == "]" and self.i != first:
+                self.i += 1
+                break
+            item_pos = self.i
+            code1 = self._class_item()
+            if self.peek() == "-" and self.i + 1 < self.n and self.p[self.i + 1] != "]":
+                self.i += 1
+                code2 = self._class_item()
+                if not isinstance(code1, int) or not isinstance(code2, int):
+                    raise self.error(f"bad character range {self.p[item_pos:self.i]}", item_pos)
+                if code2 < code1:
+                    raise self.error(f"bad character range {self.p[item_pos:self.i]}", item_pos)
+                parts.append((code1, code2))
+            else:
+                if self.peek() == "-" and self.i + 1 >= self.n:
+                    raise self.error("unterminated character set", start)
+                if isinstance(code1, int):
+                    parts.append((code1, code1))
+                else:
+                    parts.extend(code1)
+        ranges = normalize(parts)
+        return CharSet(negate(ranges) if negated else ranges)
+
+    def _class_item(self) -> int | Ranges:
+        c = self.p[self.i]
+        if c != "\\":
+            self.i += 1
+            return ord(c)
+        start = self.i
+        self.i += 1
+        c = self.peek()
+        if c == "":
+            raise self.error("unterminated character set", start)
+        common = self._common_escape(c, start)
+        if common is not None:
+            return common
+        if c == "b":
+            self.i += 1
+            return 8
+        if c in _OCT:
+            return self._octal(start)
+        if c in _DIGITS:
+            raise self.error(f"bad escape \\{c}", start)
+        if c.isascii() and c.isalpha():
+            raise self.error(f"bad escape \\{c}", start)
+        self.i += 1
+        return ord(c)
+
+
+def _empty_like(node: Node) -> bool:
+    return isinstance(node, (Anchor, Empty))
+
+
+def _strip_anchors(node: Node, at_start: bool, at_end: bool) -> Node:
+    """Replace anchors that are trivially satisfied under full match by Empty; refuse the rest."""
+    if isinstance(node, Anchor):
+        if node.kind == "start" and at_start:
+            return EMPTY
+        if node.kind == "end" and at_end:
+            return EMPTY
+        where = "start" if node.kind == "start" else "end"
+        raise _unsupported(f"anchor not at the {where} of the pattern", node.pos)
+    if isinstance(node, Alt):
+        return Alt(tuple(_strip_anchors(i, at_start, at_end) for i in node.items))
+    if isinstance(node, Concat):
+        items = node.items
+        out = []
+        for k, item in enumerate(items):
+            s = at_start and all(_empty_like(x) for x in items[:k])
+            e = at_end and all(_empty_like(x) for x in items[k + 1 :])
+            out.append(_strip_anchors(item, s, e))
+        return Concat(tuple(out))
+    if isinstance(node, Repeat):
+        inherit = node.max is not None and node.max <= 1
+        return Repeat(_strip_anchors(node.item, at_start and inherit, at_end and inherit), node.min, node.max)
+    return node
+
+
+__all__ = ["RegexSyntaxError", "parse_regex", "union"]

@@ -1,0 +1,133 @@
+"""JSON Schema → regex the way outlines does it, refusing keywords outlines would silently drop.
+
+``outlines_core.json_schema.build_regex_from_schema`` ignores several constraining keywords
+(numeric bounds, ``not``, ``uniqueItems``...). Enforcing a schema with them dropped would let
+invalid instances through, so the fsm backend raises ``UnsupportedGuideError`` naming them
+(``auto`` then uses xgrammar/llguidance) unless the spec opts in with the option
+``fsm_ignore_unenforced=True`` (outlines' own lenient behaviour, for the compat layer).
+``tests/fsm/test_schema.py`` proves each listed keyword is really dropped by outlines-core.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
+from ..schema_features import iter_subschemas
+from ..spec import GuideSpec
+from .charset import Ranges
+from .regex_ast import Alt, CharSet, Concat, Node, Repeat
+from .regex_parser import parse_regex
+
+# characters that must never appear raw inside a JSON string literal
+_JSON_UNSAFE: Ranges = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
+
+# keyword -> reason; each is silently ignored by outlines-core 0.2.14's regex builder.
+OUTLINES_IGNORED: dict[str, str] = {
+    "minimum": "minimum is not enforced",
+    "maximum": "maximum is not enforced",
+    "exclusiveMinimum": "exclusiveMinimum is not enforced",
+    "exclusiveMaximum": "exclusiveMaximum is not enforced",
+    "multipleOf": "multipleOf is not enforced",
+    "uniqueItems": "uniqueItems=true is not enforced",
+    "contains": "contains is not enforced",
+    "minContains": "minContains is not enforced",
+    "maxContains": "maxContains is not enforced",
+    "minProperties": "minProperties is not enforced",
+    "maxProperties": "maxProperties is not enforced",
+    "patternProperties": "patternProperties is not enforced",
+    "propertyNames": "propertyNames is not enforced",
+    "not": "'not' is not enforced",
+    "if": "if/then/else is not enforced",
+    "dependentRequired": "dependentRequired is not enforced",
+    "dependentSchemas": "dependentSchemas is not enforced",
+    "dependencies": "dependencies is not enforced",
+    "unevaluatedProperties": "unevaluatedProperties is not enforced",
+    "unevaluatedItems": "unevaluatedItems is not enforced",
+}
+
+DEFAULT_COMPACT_WHITESPACE = ""  # any_whitespace=False: no whitespace between JSON tokens
+
+
+def _trivial(key: str, value: Any) -> bool:
+    """Keyword values that constrain nothing (so dropping them is harmless)."""
+    if key == "uniqueItems":
+        return value is not True
+    if key in ("minProperties", "minContains"):
+        return value == 0
+    if key in ("patternProperties", "dependentSchemas", "dependentRequired", "dependencies"):
+        return value == {}
+    if key in ("propertyNames", "unevaluatedItems", "unevaluatedProperties", "contains"):
+        return value is True or value == {}
+    return False
+
+
+def outlines_unenforced(schema: Any) -> list[str]:
+    """Findings (``"#/path: reason"``) for keywords outlines-core would drop from ``schema``."""
+    findings = []
+    for path, sub, _ in iter_subschemas(schema):
+        for key, reason in OUTLINES_IGNORED.items():
+            if key in sub and not _trivial(key, sub[key]):
+                findings.append(f"{path}: {reason}")
+        pattern = sub.get("pattern")
+        if isinstance(pattern, str):
+            if "minLength" in sub or "maxLength" in sub:
+                findings.append(f"{path}: pattern together with min/maxLength (outlines drops the pattern)")
+            if "format" in sub:
+                findings.append(f"{path}: pattern together with format (outlines drops the format)")
+            if _unsafe_in_json_string(pattern):
+                findings.append(
+                    f"{path}: pattern {pattern[:40]!r} can emit a raw quote, backslash or control "
+                    "character inside a JSON string (outlines inserts patterns unescaped)"
+                )
+    return sorted(set(findings))
+
+
+def _unsafe_in_json_string(pattern: str) -> bool:
+    try:
+        node = parse_regex(pattern)
+    except GuideError:
+        return False  # reported when the lowered regex is parsed
+    stack: list[Node] = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, CharSet):
+            if any(lo <= uhi and ulo <= hi for lo, hi in n.ranges for ulo, uhi in _JSON_UNSAFE):
+                return True
+        elif isinstance(n, (Concat, Alt)):
+            stack.extend(n.items)
+        elif isinstance(n, Repeat):
+            stack.append(n.item)
+    return False
+
+
+def whitespace_pattern(spec: GuideSpec) -> str | None:
+    """outlines' whitespace regex for this spec: explicit pattern, compact, or outlines' default."""
+    pattern = spec.option("whitespace_pattern")
+    if pattern is not None:
+        return str(pattern)
+    if spec.option("any_whitespace", True) is False:
+        return DEFAULT_COMPACT_WHITESPACE
+    return None  # outlines-core's default ``[ ]?``
+
+
+def schema_to_regex(spec: GuideSpec) -> str:
+    """Lower a json_schema spec with outlines-core; map its errors to typed GuideErrors."""
+    try:
+        from outlines_core.json_schema import build_regex_from_schema
+    except ImportError as exc:  # pragma: no cover - outlines-core is a core dependency
+        raise UnsupportedGuideError("outlines-core is not installed", feature="json_schema", backend="fsm") from exc
+    if not spec.option("fsm_ignore_unenforced", False):
+        findings = outlines_unenforced(spec.schema)
+        if findings:
+            raise UnsupportedGuideError(
+                "the fsm backend (outlines-style JSON lowering) cannot enforce: " + "; ".join(findings[:5]),
+                feature=findings[0], backend="fsm",
+            )
+    try:
+        return build_regex_from_schema(spec.payload, whitespace_pattern(spec))
+    except (ValueError, TypeError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "not supported" in msg.lower() or "unsupported" in msg.lower():
+            raise UnsupportedGuideError(f"outlines-core cannot lower this schema: {msg}",
+                                        feature="json_schema", backend="fsm") from exc
+        raise InvalidGuideError(f"invalid JSON schema for the fsm backend: {msg}") from exc
