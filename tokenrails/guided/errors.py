@@ -45,3 +45,14 @@ class TokenRejectedError(GuideError):
     def __init__(self, message: str, *, token_id: int | None = None):
         super().__init__(message)
         self.token_id = token_id
+
+
+class GuidePolicyError(GuideError):
+    """The operator's ``GuidePolicy`` refuses this request (a kind not allowed, special tokens...).
+
+    ``rule`` names the policy field that refused it.
+    """
+
+    def __init__(self, message: str, *, rule: str | None = None):
+        super().__init__(message)
+        self.rule = rule

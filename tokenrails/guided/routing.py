@@ -1,13 +1,74 @@
-"""How ``backend="auto"`` orders backends for a request (see docs/backends.md)."""
+"""How ``backend="auto"`` orders backends for a request (the table is in docs/backends.md).
+
+The order is decided once per request, at compile time, never mid-generation. Each backend's
+``check()`` still refuses (``UnsupportedGuideError``) what it cannot enforce exactly, so the
+ladder is an optimisation: correctness never depends on it.
+
+* regex / choice → ``fsm`` (exact DFA, token index) → llguidance (lazy DFA: no state blow-up on
+  ``(a|b)*a(a|b){30}``) → xgrammar.
+* grammar → xgrammar (its EBNF dialect is the documented one) → llguidance (Lark/GBNF).
+* structural_tag → xgrammar only.
+* json_schema / json_object → by features, then cost:
+  - a keyword xgrammar drops (``xgrammar_unenforced``) or a place where it is stricter than
+    JSON Schema (``xgrammar_stricter``: unanchored patterns, strict mode) → llguidance first;
+  - a schema seen before on this vocabulary → xgrammar first: its compile is cached and its
+    per-token mask is cheapest over a long generation;
+  - a one-off schema → llguidance first: ~1 ms to the first mask instead of xgrammar's
+    (sometimes multi-second) compile.
+"""
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 from .limits import GuideLimits
+from .schema_features import xgrammar_stricter, xgrammar_unenforced
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
+
+_SEEN_MAX = 4096  # remembered spec keys per vocabulary (bounded: an LRU of keys only)
+_SEEN_LOCK = threading.Lock()
 
 
 def auto_ladder(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> list[str]:
     """Backends to try, best first. Each refuses (UnsupportedGuideError) what it cannot enforce."""
-    if spec.kind in ("regex", "choice"):
-        return ["fsm", "xgrammar", "llguidance"]
-    return ["xgrammar", "llguidance", "fsm"]
+    return route(spec, vocab, limits)[0]
+
+
+def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list[str], str]:
+    """``(ladder, reason)``; the reason is for logs and the conformance report."""
+    kind = spec.kind
+    if kind in ("regex", "choice"):
+        return ["fsm", "llguidance", "xgrammar"], "regex/choice: exact DFA first"
+    if kind == "grammar":
+        return ["xgrammar", "llguidance"], "grammar: xgrammar EBNF dialect first"
+    if kind == "structural_tag":
+        return ["xgrammar"], "structural_tag: xgrammar only"
+    if kind == "json_schema":
+        try:
+            dropped = xgrammar_unenforced(spec.schema)
+        except RecursionError:  # pathological nesting: let the checks report it
+            dropped = ["unanalysable"]
+        if dropped:
+            return ["llguidance", "xgrammar"], f"xgrammar would drop: {dropped[0]}"
+        stricter = xgrammar_stricter(spec.schema)
+        if stricter:
+            return ["llguidance", "xgrammar"], f"xgrammar is stricter: {stricter[0]}"
+    if _seen_before(spec, vocab):
+        return ["xgrammar", "llguidance"], "repeated schema: xgrammar cached compile"
+    return ["llguidance", "xgrammar"], "one-off schema: lowest time to first mask"
+
+
+def _seen_before(spec: GuideSpec, vocab: Vocabulary) -> bool:
+    """Record ``spec.key`` for this vocabulary; True when it was already recorded."""
+    with _SEEN_LOCK:
+        seen = vocab.backend_cache.get("routing:seen")
+        if seen is None:
+            seen = vocab.backend_cache["routing:seen"] = OrderedDict()
+        if spec.key in seen:
+            seen.move_to_end(spec.key)
+            return True
+        seen[spec.key] = None
+        if len(seen) > _SEEN_MAX:
+            seen.popitem(last=False)
+        return False

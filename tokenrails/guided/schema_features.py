@@ -1,17 +1,22 @@
-"""Static analysis of a JSON schema: which keywords a backend would silently ignore.
+"""Static analysis of client constraints before any compiler sees them.
 
-A backend must never pretend to enforce what it drops; ``auto`` uses these findings to route a
-schema to a backend that enforces every keyword, or to fail with ``UnsupportedGuideError``.
+Two jobs: (1) resource pre-checks that bound compile work (depth, ``$ref`` chains and loops, enum
+size, fan-out, ``{m,n}`` repetition bounds in patterns and grammars), because xgrammar compiles in
+C++ and cannot be interrupted; (2) which JSON-Schema keywords a backend would silently ignore, so
+``auto`` routes a schema to a backend that enforces every keyword or fails with
+``UnsupportedGuideError``. A backend must never pretend to enforce what it drops.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Iterator
 
-from .errors import GuideLimitError
+from .errors import GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from .limits import GuideLimits
 
-# Keywords that constrain instances but that xgrammar 0.2 does not enforce (it accepts and drops
-# them). Values: a short reason shown to the user.
+# Keywords that constrain instances but that xgrammar 0.2.8 does not enforce (it accepts and drops
+# them) — found with bench/conformance.py on MaskBench and confirmed by tests/backends. Values: a
+# short reason shown to the user.
 XGRAMMAR_IGNORED: dict[str, str] = {
     "uniqueItems": "uniqueItems=true is not enforced",
     "not": "'not' is not enforced",
@@ -20,48 +25,101 @@ XGRAMMAR_IGNORED: dict[str, str] = {
     "dependentRequired": "dependentRequired is not enforced",
     "dependencies": "dependencies is not enforced",
     "contains": "contains is not enforced",
-    "propertyNames": "propertyNames is not enforced",
-    "multipleOf": "multipleOf is not enforced",
-    "minProperties": "minProperties is not enforced",
-    "maxProperties": "maxProperties is not enforced",
-    "patternProperties": "patternProperties is not enforced",
+    "minContains": "minContains is not enforced",
+    "maxContains": "maxContains is not enforced",
     "unevaluatedProperties": "unevaluatedProperties is not enforced",
     "unevaluatedItems": "unevaluatedItems is not enforced",
+    "contentSchema": "contentSchema is not enforced",
+    "$dynamicRef": "$dynamicRef is not enforced",
+    "$recursiveRef": "$recursiveRef is not enforced",
 }
+# Enforced by xgrammar 0.2.8 (verified by tests/safety/test_schema_coverage.py, so an upgrade
+# that stops enforcing one fails CI): propertyNames, minProperties, maxProperties,
+# patternProperties, integer multipleOf, min/maxItems, min/maxLength alone, numeric bounds.
+
+# Keywords that only annotate (never constrain an instance) — allowed next to $ref / allOf.
+ANNOTATIONS: frozenset[str] = frozenset({
+    "title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
+    "writeOnly", "$schema", "$id", "$anchor", "$defs", "definitions", "contentEncoding",
+    "contentMediaType", "nullable", "discriminator", "x-guidance",
+})
+
+# String formats xgrammar 0.2.8 turns into a grammar; any other format is dropped silently.
+XGRAMMAR_FORMATS: frozenset[str] = frozenset({
+    "date", "time", "date-time", "duration", "email", "ipv4", "ipv6", "hostname", "uuid", "uri",
+    "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
+})
+
+# Keys whose value is a map name -> subschema, a single subschema, or a list of subschemas.
+_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_ONE_KEYS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+             "propertyNames", "additionalItems", "unevaluatedItems", "unevaluatedProperties",
+             "contentSchema")
+_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")
+# Keys under which a subschema describes a nested *value* (so recursion through them produces
+# output and terminates); refs reached through anything else are chained without progress.
+_NESTING_KEYS = ("properties", "patternProperties", "items", "additionalProperties", "contains",
+                 "additionalItems", "prefixItems", "unevaluatedItems", "unevaluatedProperties",
+                 "dependentSchemas", "propertyNames")
 
 
 def iter_subschemas(schema: Any, path: str = "#", depth: int = 0) -> Iterator[tuple[str, dict, int]]:
     """Yield ``(json_pointer, subschema, depth)`` for every schema object in the document."""
-    if not isinstance(schema, dict):
-        return
-    yield path, schema, depth
-    for key, value in schema.items():
-        if key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
-            if isinstance(value, dict):
+    stack: list[tuple[Any, str, int]] = [(schema, path, depth)]
+    while stack:
+        node, p, d = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        yield p, node, d
+        for key, value in node.items():
+            if key in _MAP_KEYS and isinstance(value, dict):
                 for name, sub in value.items():
-                    yield from iter_subschemas(sub, f"{path}/{key}/{name}", depth + 1)
-        elif key in ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-                     "propertyNames", "additionalItems", "unevaluatedItems", "unevaluatedProperties"):
-            if isinstance(value, dict):
-                yield from iter_subschemas(value, f"{path}/{key}", depth + 1)
-            elif isinstance(value, list):
-                for i, sub in enumerate(value):
-                    yield from iter_subschemas(sub, f"{path}/{key}/{i}", depth + 1)
-        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(value, list):
-            for i, sub in enumerate(value):
-                yield from iter_subschemas(sub, f"{path}/{key}/{i}", depth + 1)
+                    stack.append((sub, f"{p}/{key}/{_escape(name)}", d + 1))
+            elif key in _ONE_KEYS or key in _LIST_KEYS:
+                if isinstance(value, dict):
+                    stack.append((value, f"{p}/{key}", d + 1))
+                elif isinstance(value, list):
+                    for i, sub in enumerate(value):
+                        stack.append((sub, f"{p}/{key}/{i}", d + 1))
+            elif key == "dependencies" and isinstance(value, dict):
+                for name, sub in value.items():
+                    stack.append((sub, f"{p}/{key}/{_escape(name)}", d + 1))
+
+
+def _escape(name: str) -> str:
+    return str(name).replace("~", "~0").replace("/", "~1")
+
+
+# ---- resource pre-checks -------------------------------------------------------------------
+_COUNT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+               "minContains", "maxContains")
 
 
 def check_schema_limits(schema: Any, limits: GuideLimits) -> None:
-    """Depth, enum size and anyOf fan-out, checked before any compiler sees the schema."""
+    """Depth, ``$ref`` chains/loops, enum size, fan-out, pattern bounds — before any compiler."""
     _check_json_depth(schema, limits.max_json_depth)
-    for _, sub, _ in iter_subschemas(schema):
+    for path, sub, _ in iter_subschemas(schema):
         enum = sub.get("enum")
         if isinstance(enum, list):
-            limits.check("max_enum_values", len(enum))
-        for key in ("anyOf", "oneOf"):
+            _check_at(limits, "max_enum_values", len(enum), path)
+        for key in ("anyOf", "oneOf", "allOf"):
             if isinstance(sub.get(key), list):
-                limits.check("max_any_of", len(sub[key]))
+                _check_at(limits, "max_any_of", len(sub[key]), path)
+        pattern = sub.get("pattern")
+        if isinstance(pattern, str):
+            _check_at(limits, "max_regex_length", len(pattern), path)
+            scan_repeat_bounds(pattern, limits)
+        for name in (sub.get("patternProperties") or {}) if isinstance(sub.get("patternProperties"), dict) else ():
+            _check_at(limits, "max_regex_length", len(name), path)
+            scan_repeat_bounds(name, limits)
+    check_refs(schema, limits)
+
+
+def _check_at(limits: GuideLimits, name: str, value: int, path: str) -> None:
+    bound = getattr(limits, name)
+    if value > bound:
+        raise GuideLimitError(f"limit {name}={bound} exceeded at {path}: got {value}",
+                              limit=name, value=value)
 
 
 def _check_json_depth(value: Any, bound: int) -> None:
@@ -79,26 +137,385 @@ def _check_json_depth(value: Any, bound: int) -> None:
             stack.extend((v, depth + 1) for v in node)
 
 
+def resolve_pointer(root: Any, ref: str) -> Any:
+    """The subschema a local ``#...`` ref points at; ``InvalidGuideError`` when it does not exist."""
+    if not ref.startswith("#"):
+        raise InvalidGuideError(f"only local $ref ('#/...') is supported, got {ref[:100]!r}")
+    node = root
+    body = ref[1:]
+    if body in ("", "/"):
+        return root
+    if not body.startswith("/"):
+        raise InvalidGuideError(f"unsupported $ref anchor {ref[:100]!r}")
+    for raw in body[1:].split("/"):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        from urllib.parse import unquote
+
+        part = unquote(part)
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise InvalidGuideError(f"$ref {ref[:100]!r} does not resolve")
+    return node
+
+
+def check_refs(schema: Any, limits: GuideLimits) -> None:
+    """``$ref`` chains longer than ``max_ref_depth`` and non-productive ref loops are refused.
+
+    A loop is non-productive when a schema reaches itself through ``$ref``/``allOf``/``anyOf``/
+    ``oneOf`` without nesting a value (``{"$ref": "#"}`` at the root, ``a -> b -> a``): it
+    describes nothing and makes compilers recurse forever. Recursion through ``properties`` or
+    ``items`` (trees, linked lists) is fine.
+    """
+    if not isinstance(schema, dict):
+        return
+    # Graph over ref targets: node id -> ref targets reachable without nesting a value.
+    edges: dict[str, set[str]] = {}
+    refs_seen = 0
+    targets: dict[str, Any] = {"#": schema}
+    for path, sub, _ in iter_subschemas(schema):
+        ref = sub.get("$ref")
+        if isinstance(ref, str):
+            refs_seen += 1
+            if not ref.startswith("#"):
+                raise UnsupportedGuideError(
+                    f"$ref {ref[:100]!r} at {path} is not local: remote schemas are never fetched",
+                    feature="remote $ref",
+                )
+            if ref not in targets:
+                targets[ref] = resolve_pointer(schema, ref)
+    for name, node in list(targets.items()):
+        edges[name] = _direct_refs(node)
+        for r in edges[name]:
+            if r not in targets and r.startswith("#"):
+                targets[r] = resolve_pointer(schema, r)
+                edges.setdefault(r, _direct_refs(targets[r]))
+    # Longest non-productive chain and cycles, iteratively (no Python recursion on client data).
+    depth: dict[str, int] = {}
+    state: dict[str, int] = {}
+    for start in edges:
+        if start in depth:
+            continue
+        stack: list[tuple[str, list[str]]] = [(start, sorted(edges.get(start, ())))]
+        state[start] = 1
+        while stack:
+            node, todo = stack[-1]
+            if todo:
+                nxt = todo.pop()
+                if state.get(nxt) == 1:
+                    raise GuideLimitError(
+                        f"limit max_ref_depth={limits.max_ref_depth} exceeded: $ref loop through "
+                        f"{nxt!r} nests no value (infinitely recursive schema)",
+                        limit="max_ref_depth", value="loop",
+                    )
+                if nxt not in depth:
+                    state[nxt] = 1
+                    stack.append((nxt, sorted(edges.get(nxt, ()))))
+                continue
+            stack.pop()
+            state[node] = 2
+            depth[node] = 1 + max((depth.get(n, 0) for n in edges.get(node, ())), default=0)
+            if depth[node] - 1 > limits.max_ref_depth:
+                raise GuideLimitError(
+                    f"limit max_ref_depth={limits.max_ref_depth} exceeded: chain of "
+                    f"{depth[node] - 1} $refs from {node!r}",
+                    limit="max_ref_depth", value=depth[node] - 1,
+                )
+
+
+def _direct_refs(node: Any) -> set[str]:
+    """Refs reachable from ``node`` without passing through a value-nesting keyword."""
+    out: set[str] = set()
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        if not isinstance(cur, dict):
+            continue
+        ref = cur.get("$ref")
+        if isinstance(ref, str):
+            out.add(ref)
+        for key, value in cur.items():
+            if key in _NESTING_KEYS or key in ("$defs", "definitions", "not"):
+                continue
+            if key in ("allOf", "anyOf", "oneOf") and isinstance(value, list):
+                stack.extend(value)
+            elif key in ("then", "else", "if") and isinstance(value, dict):
+                stack.append(value)
+    return out
+
+
+_QUANT = re.compile(r"\{\s*(\d+)\s*(,\s*(\d*)\s*)?\}")
+_LARK_QUANT = re.compile(r"~\s*(\d+)(\s*\.\.\s*(\d+))?")
+
+
+def scan_repeat_bounds(text: str, limits: GuideLimits, *, grammar: bool = False) -> int:
+    """Largest effective ``{m,n}`` bound in a regex or grammar (nested bounds multiply).
+
+    Raises ``GuideLimitError(limit="max_repeat")`` above ``limits.max_repeat``; done before
+    compiling because ``a{1,100000}`` or ``(a{1000}){1000}`` expand inside compilers that cannot
+    be interrupted. Quoted literals in grammars and character classes are skipped.
+    """
+    bound = limits.max_repeat
+    worst = 0
+    group_max: list[int] = [1]  # per open group: largest multiplier seen inside
+    last_atom_factor = 1  # multiplier carried by the atom just closed (a group's inner max)
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\\":
+            i += 2
+            last_atom_factor = 1
+            continue
+        if ch == "[":
+            i = _skip_class(text, i)
+            last_atom_factor = 1
+            continue
+        if grammar and ch in "\"'":
+            i = _skip_quoted(text, i)
+            last_atom_factor = 1
+            continue
+        if grammar and ch == "/" and _looks_like_regex_literal(text, i):
+            end = _skip_regex_literal(text, i)
+            worst = max(worst, scan_repeat_bounds(text[i + 1:end - 1], limits))
+            i = end
+            last_atom_factor = 1
+            continue
+        if ch == "(":
+            group_max.append(1)
+            i += 1
+            continue
+        if ch == ")":
+            inner = group_max.pop() if len(group_max) > 1 else 1
+            last_atom_factor = inner
+            i += 1
+            continue
+        m = _QUANT.match(text, i) if ch == "{" else (_LARK_QUANT.match(text, i) if grammar and ch == "~" else None)
+        if m:
+            lo = int(m.group(1))
+            hi_txt = m.group(3)
+            hi = int(hi_txt) if hi_txt else lo
+            eff = max(lo, hi) * max(1, last_atom_factor)
+            worst = max(worst, eff)
+            if eff > bound:
+                raise GuideLimitError(
+                    f"limit max_repeat={bound} exceeded: repetition {m.group(0)!r} expands to {eff}",
+                    limit="max_repeat", value=eff,
+                )
+            group_max[-1] = max(group_max[-1], eff)
+            last_atom_factor = 1
+            i = m.end()
+            continue
+        if ch not in "*+?":
+            last_atom_factor = 1
+        i += 1
+    return worst
+
+
+def _skip_class(text: str, i: int) -> int:
+    j = i + 1
+    if j < len(text) and text[j] == "^":
+        j += 1
+    if j < len(text) and text[j] == "]":
+        j += 1
+    while j < len(text) and text[j] != "]":
+        j += 2 if text[j] == "\\" else 1
+    return j + 1
+
+
+def _skip_quoted(text: str, i: int) -> int:
+    q = text[i]
+    j = i + 1
+    while j < len(text) and text[j] != q:
+        j += 2 if text[j] == "\\" else 1
+    return j + 1
+
+
+def _looks_like_regex_literal(text: str, i: int) -> bool:
+    """Lark ``/regex/`` terminals: a slash after whitespace, ':' or an operator."""
+    k = i - 1
+    while k >= 0 and text[k] in " \t":
+        k -= 1
+    return k < 0 or text[k] in ":|(\n=>"
+
+
+def _skip_regex_literal(text: str, i: int) -> int:
+    j = i + 1
+    while j < len(text) and text[j] not in "/\n":
+        j += 2 if text[j] == "\\" else 1
+    return j + 1
+
+
+# ---- backend coverage ----------------------------------------------------------------------
 def xgrammar_unenforced(schema: Any) -> list[str]:
-    """Human-readable findings (``"#/path: reason"``) for keywords xgrammar would drop."""
+    """Human-readable findings (``"#/path: reason"``) for keywords xgrammar would drop or reject.
+
+    Everything here was found empirically (bench/conformance.py on MaskBench, then minimised):
+    each finding is a case where xgrammar 0.2.8 accepts an invalid instance or refuses a valid
+    schema with a non-typed error.
+    """
     findings: list[str] = []
     for path, sub, _ in iter_subschemas(schema):
         for key, reason in XGRAMMAR_IGNORED.items():
             if key in sub and not _trivial(key, sub[key]):
                 findings.append(f"{path}: {reason}")
-        if "pattern" in sub and ("minLength" in sub or "maxLength" in sub):
+        has_len = "minLength" in sub or "maxLength" in sub
+        if "pattern" in sub and has_len:
             findings.append(f"{path}: a string with both pattern and min/maxLength (length bound dropped)")
         if "pattern" in sub and "format" in sub:
             findings.append(f"{path}: a string with both pattern and format")
-    return findings
+        if "format" in sub and has_len:
+            findings.append(f"{path}: a string with both format and min/maxLength (length bound dropped)")
+        fmt = sub.get("format")
+        if isinstance(fmt, str) and fmt not in XGRAMMAR_FORMATS and _is_string_schema(sub):
+            findings.append(f"{path}: format {fmt!r} is not enforced")
+        if "multipleOf" in sub and not (sub.get("type") == "integer" and _is_int(sub["multipleOf"])):
+            findings.append(f"{path}: multipleOf on non-integers is not enforced")
+        all_of = sub.get("allOf")
+        if isinstance(all_of, list) and (len(all_of) > 1 or _constraining_siblings(sub, "allOf")):
+            findings.append(f"{path}: allOf with several parts or sibling keywords is not enforced")
+        one_of = sub.get("oneOf")
+        if isinstance(one_of, list) and len(one_of) > 1 and not _disjoint(one_of):
+            findings.append(f"{path}: oneOf with overlapping branches is enforced as anyOf")
+        if isinstance(sub.get("$ref"), str) and _constraining_siblings(sub, "$ref"):
+            findings.append(f"{path}: keywords next to $ref are dropped")
+        req = sub.get("required")
+        if isinstance(req, list) and req:
+            props = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
+            missing = [r for r in req if r not in props]
+            if missing:
+                findings.append(f"{path}: required {missing[:3]} not listed in properties is not enforced")
+        if isinstance(sub.get("items"), list):
+            findings.append(f"{path}: array-form items (draft 4 tuples) is not supported")
+        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            val = sub.get(key)
+            if sub.get("type") == "integer" and isinstance(val, (int, float)) and not isinstance(val, bool):
+                if not _is_int(val) or abs(val) > 2**53:
+                    findings.append(f"{path}: integer bound {key}={val} is not supported")
+        pattern = sub.get("pattern")
+        if isinstance(pattern, str) and ("\\p{" in pattern or "\\P{" in pattern):
+            findings.append(f"{path}: Unicode property classes in patterns are not supported")
+    return sorted(set(findings))
+
+
+def xgrammar_stricter(schema: Any) -> list[str]:
+    """Where xgrammar accepts *less* than JSON Schema allows (safe, but valid output refused).
+
+    Used for routing only: such schemas go to llguidance first when it is installed.
+    """
+    findings: list[str] = []
+    for path, sub, _ in iter_subschemas(schema):
+        pattern = sub.get("pattern")
+        if isinstance(pattern, str) and not _anchored(pattern):
+            findings.append(f"{path}: unanchored pattern is matched as a full match")
+        if _object_like(sub) and "additionalProperties" not in sub:
+            findings.append(f"{path}: strict mode refuses properties not listed")
+        if sub.get("type") == "array" and "items" not in sub and (
+            "prefixItems" in sub or "minItems" in sub
+        ):
+            findings.append(f"{path}: strict mode refuses items beyond prefixItems")
+    return sorted(set(findings))
+
+
+def _object_like(sub: dict) -> bool:
+    t = sub.get("type")
+    return (t == "object" or (isinstance(t, list) and "object" in t)) and "properties" in sub
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) or (
+        isinstance(value, float) and value.is_integer()
+    )
+
+
+def _constraining_siblings(sub: dict, key: str) -> bool:
+    return any(k != key and k not in ANNOTATIONS for k in sub)
+
+
+def _anchored(pattern: str) -> bool:
+    return pattern.startswith("^") and pattern.endswith("$") and not pattern.endswith("\\$")
+
+
+_TYPE_OF_CONST = {bool: "boolean", int: "integer", float: "number", str: "string",
+                  type(None): "null", list: "array", dict: "object"}
+
+
+def _branch_types(branch: Any) -> set[str] | None:
+    """JSON types a oneOf branch can match, or None when unknown (then overlap is assumed)."""
+    if not isinstance(branch, dict):
+        return None
+    if "const" in branch:
+        return {_TYPE_OF_CONST.get(type(branch["const"]), "?")}
+    t = branch.get("type")
+    if isinstance(t, str):
+        return {"integer", "number"} if t in ("integer", "number") else {t}
+    if isinstance(t, list) and all(isinstance(x, str) for x in t):
+        out: set[str] = set()
+        for x in t:
+            out |= {"integer", "number"} if x in ("integer", "number") else {x}
+        return out
+    return None
+
+
+def _disjoint(branches: list) -> bool:
+    """True when no instance can match two branches (by type or by a required const tag)."""
+    types = [_branch_types(b) for b in branches]
+    if all(t is not None for t in types):
+        seen: set[str] = set()
+        ok = True
+        for t in types:
+            if seen & t:  # type: ignore[operator]
+                ok = False
+                break
+            seen |= t  # type: ignore[operator]
+        if ok:
+            return True
+    return _tagged(branches)
+
+
+def _tagged(branches: list) -> bool:
+    """Object branches discriminated by one required property with distinct const values."""
+    if not all(isinstance(b, dict) and isinstance(b.get("properties"), dict) for b in branches):
+        return False
+    common = set.intersection(*(set(b["properties"]) for b in branches))
+    for name in sorted(common):
+        values = []
+        for b in branches:
+            prop = b["properties"][name]
+            if name not in (b.get("required") or []) or not isinstance(prop, dict):
+                break
+            if "const" in prop:
+                values.append(json_key(prop["const"]))
+            elif isinstance(prop.get("enum"), list) and len(prop["enum"]) == 1:
+                values.append(json_key(prop["enum"][0]))
+            else:
+                break
+        else:
+            if len(set(values)) == len(values):
+                return True
+    return False
+
+
+def json_key(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
+
+
+def _is_string_schema(sub: dict) -> bool:
+    t = sub.get("type")
+    return t is None or t == "string" or (isinstance(t, list) and "string" in t)
 
 
 def _trivial(key: str, value: Any) -> bool:
     """Keyword values that constrain nothing."""
     if key == "uniqueItems":
         return value is False
-    if key in ("minProperties",):
+    if key in ("minProperties", "minContains"):
         return value == 0
     if key in ("patternProperties", "dependentSchemas", "dependentRequired", "dependencies"):
         return value == {}
+    if key in ("propertyNames", "contentSchema", "unevaluatedItems", "unevaluatedProperties"):
+        return value is True or value == {}
     return False

@@ -1,0 +1,376 @@
+"""llguidance backend: Earley parser + lazy lexer, ~1 ms compiles, broad JSON Schema coverage.
+
+Optional dependency (``pip install tokenrails[llguidance]``). Compiling builds one ``LLMatcher``
+(grammar validation + lexer set-up); each sequence gets a ``deep_copy`` of it, which is cheap.
+Special (control) tokens are removed from every mask and refused by ``accept_token`` whatever the
+grammar says, so a client grammar can never emit a role or tool-call token.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Callable, Sequence
+
+import llguidance as llg
+import torch
+
+from ..backend import CompiledGuide, GuideBackend, Matcher
+from ..errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
+from ..limits import GuideLimits
+from ..policy import find_token_reference
+from ..schema_features import check_schema_limits, scan_repeat_bounds
+from ..spec import GuideSpec
+from ..vocabulary import Vocabulary
+
+# llguidance marks special tokens by a leading 0xFF byte (never valid UTF-8). Names are private so
+# a grammar cannot refer to them by their real text (``<|im_start|>`` is then plain text).
+_SPECIAL_NAME = b"\xff<|tokenrails_special_%d|>"
+_TABLES_LOCK = threading.Lock()
+
+
+def _greedy_encoder(token_bytes: Sequence[bytes], eos: int) -> Callable[[Any], list[int]]:
+    """Longest-match tokenization by llguidance itself (used when no real tokenizer is known)."""
+    boot = llg.LLTokenizer(_Wrapper(token_bytes, eos, lambda _t: []))
+
+    def encode(text: Any) -> list[int]:
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8", errors="replace")
+        return list(boot.greedy_tokenize(text))
+
+    return encode
+
+
+class _Wrapper:
+    """The duck type ``llguidance.LLTokenizer`` expects (see ``llguidance.TokenizerWrapper``)."""
+
+    is_tokenizer_wrapper = True
+
+    def __init__(self, tokens: Sequence[bytes], eos: int, encode: Callable[[Any], list[int]]):
+        self.tokens = list(tokens)
+        self.eos_token_id = eos
+        self.bos_token_id = None
+        self.special_token_ids = [i for i, b in enumerate(self.tokens) if b[:1] == b"\xff"]
+        self._encode = encode
+
+    def __call__(self, text: Any) -> list[int]:
+        return self._encode(text)
+
+
+def build_lltokenizer(vocab: Vocabulary) -> "llg.LLTokenizer":
+    """An ``LLTokenizer`` over ``vocab``: special and padding ids renamed, EOS ids as stop tokens.
+
+    llguidance tokenizes forced text with the wrapper's encoder and only allows the canonical
+    tokenization of it, so the real tokenizer's ``encode`` (``vocab.encode`` when present) keeps
+    masks identical to what the model was trained on; otherwise greedy longest-match is used.
+    """
+    tokens = [
+        _SPECIAL_NAME % i if (i in vocab.special_ids or i >= vocab.num_tokens) else b
+        for i, b in enumerate(list(vocab.token_bytes) + [b""] * (vocab.vocab_size - vocab.num_tokens))
+    ]
+    eos = vocab.eos_ids[0]
+    greedy = _greedy_encoder(tokens, eos)
+    real = getattr(vocab, "encode", None)
+    special = vocab.special_ids
+
+    def encode(text: Any) -> list[int]:
+        if real is not None:
+            try:
+                s = text.decode("utf-8") if isinstance(text, (bytes, bytearray)) else text
+                ids = [int(i) for i in real(s)]
+                # The real tokenizer parses "<|im_start|>" text as the control token: never use that.
+                if all(0 <= i < vocab.num_tokens and i not in special for i in ids):
+                    return ids
+            except (UnicodeDecodeError, TypeError, ValueError):
+                pass
+        return greedy(text)
+
+    return llg.LLTokenizer(_Wrapper(tokens, eos, encode), eos_token=list(vocab.eos_ids))
+
+
+def _word_mask(vocab: Vocabulary) -> torch.Tensor:
+    """int32 words with bit 1 for every id a grammar may ever allow (non-special, plus EOS)."""
+    import numpy as np
+
+    words = (vocab.vocab_size + 31) // 32
+    allowed = np.zeros(words * 32, dtype=np.uint8)
+    allowed[: vocab.num_tokens] = 1
+    allowed[list(vocab.special_ids)] = 0
+    allowed[list(vocab.eos_ids)] = 1
+    packed = np.packbits(allowed, bitorder="little").view("<i4")
+    return torch.from_numpy(packed.copy())
+
+
+def _eos_row(vocab: Vocabulary, row: torch.Tensor) -> None:
+    row.zero_()
+    for e in vocab.eos_ids:
+        row[e // 32] |= -(1 << 31) if e % 32 == 31 else 1 << (e % 32)
+
+
+class LLGuidanceMatcher(Matcher):
+    """One sequence's parser state; refuses special ids and anything past EOS."""
+
+    __slots__ = ("vocab", "_m", "_guide", "_terminated", "_history", "_eos_in_parser")
+
+    def __init__(self, guide: "LLGuidanceGuide"):
+        self.vocab = guide.vocab
+        self._guide = guide
+        self._m = guide.prototype.deep_copy()
+        self._terminated = False
+        self._history = 0  # accepted tokens, EOS included
+        # llguidance records EOS in its history only when the parser was not already stopped.
+        self._eos_in_parser = False
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
+        row = bitmask[index]
+        if self._terminated or self._m.is_error():
+            _eos_row(self.vocab, row)  # fail closed: an errored parser may only end the sequence
+            return True
+        if not row.is_contiguous() or row.dtype != torch.int32 or row.device.type != "cpu":
+            raise ValueError("bitmask rows must be contiguous int32 CPU memory")
+        self._m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+        if self._m.is_error():
+            _eos_row(self.vocab, row)
+            return True
+        row.bitwise_and_(self._guide.allowed_words)
+        if not bool(row.any()):  # the grammar wanted only special ids: end, never go unconstrained
+            _eos_row(self.vocab, row)
+        return True
+
+    def accept_token(self, token_id: int) -> bool:
+        token_id = int(token_id)
+        if self._terminated or not 0 <= token_id < self.vocab.vocab_size:
+            return False
+        is_eos = token_id in self.vocab.eos_ids
+        if token_id in self.vocab.special_ids and not is_eos:
+            return False
+        if self._m.is_error():
+            return False
+        if is_eos:
+            if not self._m.is_accepting():
+                return False
+            stopped = bool(self._m.is_stopped())
+            ok = self._m.consume_token(token_id)
+            if ok:
+                self._terminated = True
+                self._eos_in_parser = not stopped
+                self._history += 1
+            return bool(ok)
+        if self._m.try_consume_tokens([token_id]) != 1:
+            return False
+        self._history += 1
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        n = int(num_tokens)
+        if n <= 0:
+            return
+        if n > self._history:
+            raise ValueError(f"cannot roll back {n} tokens: only {self._history} accepted")
+        parser_n = n - 1 if (self._terminated and not self._eos_in_parser) else n
+        if parser_n and not self._m.rollback(parser_n):
+            raise RuntimeError(f"llguidance rollback failed: {self._m.get_error()[:200]}")
+        self._history -= n
+        self._terminated = False  # EOS, if any, was the last token and is now undone
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def reset(self) -> None:
+        self._m = self._guide.prototype.deep_copy()
+        self._terminated = False
+        self._history = 0
+        self._eos_in_parser = False
+
+    def find_jump_forward_string(self) -> str:
+        if self._terminated or self._m.is_error():
+            return ""
+        data = self._m.compute_ff_bytes()
+        # Only whole UTF-8 characters: cut a trailing partial sequence.
+        for cut in range(len(data), max(len(data) - 4, -1), -1):
+            try:
+                return data[:cut].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        return ""
+
+    def is_accepting(self) -> bool:
+        return self._terminated or (not self._m.is_error() and bool(self._m.is_accepting()))
+
+    @property
+    def error(self) -> str:
+        """llguidance's error text ('' when healthy)."""
+        return self._m.get_error() if self._m.is_error() else ""
+
+
+class LLGuidanceGuide(CompiledGuide):
+    backend = "llguidance"
+
+    def __init__(self, spec: GuideSpec, vocab: Vocabulary, grammar: str, prototype: "llg.LLMatcher",
+                 allowed_words: torch.Tensor):
+        super().__init__(spec, vocab)
+        self.grammar = grammar
+        self.prototype = prototype
+        self.allowed_words = allowed_words
+
+    def matcher(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self)
+
+    @property
+    def memory_bytes(self) -> int:
+        # llguidance builds lexer states lazily per matcher; count the grammar text plus a floor.
+        return 64 * 1024 + 4 * len(self.grammar)
+
+
+class LLGuidanceBackend(GuideBackend):
+    """json_schema, json_object, regex, choice, grammar (Lark, or GBNF converted to Lark)."""
+
+    name = "llguidance"
+    kinds = frozenset({"json_schema", "json_object", "regex", "choice", "grammar"})
+
+    def __init__(self, vocab: Vocabulary, limits: GuideLimits):
+        super().__init__(vocab, limits)
+        # Not vocab.cached(): get_backend() already holds the vocabulary's (non-reentrant) lock.
+        with _TABLES_LOCK:
+            tables = vocab.backend_cache.get("llguidance:tables")
+            if tables is None:
+                tables = (build_lltokenizer(vocab), _word_mask(vocab))
+                vocab.backend_cache["llguidance:tables"] = tables
+        self.tokenizer, self.allowed_words = tables
+        self.parser_limits = llg.LLParserLimits(
+            max_lexer_states=min(250_000, max(1_000, limits.max_dfa_states)),
+            max_grammar_size=min(2_000_000, max(10_000, 2 * limits.max_grammar_bytes)),
+            verbose_errors=False,  # errors go back to clients: never echo parser internals
+        )
+
+    def check(self, spec: GuideSpec) -> None:
+        super().check(spec)
+        lim = self.limits
+        if spec.kind == "json_schema":
+            check_schema_limits(spec.schema, lim)
+        elif spec.kind == "regex":
+            lim.check("max_regex_length", len(spec.pattern))
+            scan_repeat_bounds(spec.pattern, lim)
+        elif spec.kind == "choice":
+            lim.check("max_enum_values", len(spec.choices))
+        elif spec.kind == "grammar":
+            lim.check("max_grammar_bytes", len(spec.ebnf.encode()))
+            scan_repeat_bounds(spec.ebnf, lim, grammar=True)
+            ref = find_token_reference(spec.ebnf)
+            if ref is not None:
+                raise UnsupportedGuideError(
+                    f"grammar references token {ref!r}: guided rows never emit special tokens",
+                    feature="token reference", backend=self.name,
+                )
+
+    # ---- compile ------------------------------------------------------------------------
+    def grammar_text(self, spec: GuideSpec) -> str:
+        """The llguidance grammar (JSON text) for ``spec``; raises a ``GuideError``."""
+        kind = spec.kind
+        try:
+            if kind in ("json_schema", "json_object"):
+                schema: Any = spec.schema if kind == "json_schema" else {"type": "object"}
+                return llg.LLMatcher.grammar_from_json_schema(schema, overrides=self._json_options(spec))
+            if kind == "regex":
+                return llg.LLMatcher.grammar_from_regex(ascii_shorthands(spec.pattern))
+            if kind == "choice":
+                lark = "start: " + " | ".join(json.dumps(c) for c in spec.choices) + "\n"
+                return llg.LLMatcher.grammar_from_lark(lark)
+            if kind == "grammar":
+                from llguidance.gbnf_to_lark import any_to_lark
+
+                return llg.LLMatcher.grammar_from_lark(any_to_lark(spec.ebnf))
+        except GuideError:
+            raise
+        except Exception as exc:  # converter errors (GbnfToLarkError, ValueError...)
+            raise InvalidGuideError(f"llguidance rejected the {kind} constraint: {_short(exc)}") from exc
+        raise UnsupportedGuideError(f"llguidance does not support {kind}", feature=kind, backend=self.name)
+
+    @staticmethod
+    def _json_options(spec: GuideSpec) -> dict[str, Any]:
+        """Same whitespace as the xgrammar backend: flexible, or json.dumps' ``", "``/``": "``."""
+        pattern = spec.option("whitespace_pattern")
+        if pattern is not None:
+            return {"whitespace_flexible": True, "whitespace_pattern": pattern, "lenient": False}
+        if spec.option("any_whitespace", True):
+            return {"whitespace_flexible": True, "lenient": False}
+        return {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
+                "lenient": False}
+
+    def compile(self, spec: GuideSpec) -> LLGuidanceGuide:
+        grammar = self.grammar_text(spec)
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(
+            grammar, self.tokenizer, limits=self.parser_limits
+        )
+        if is_error:
+            raise classify_error(messages[0] if messages else "invalid grammar", spec.kind)
+        if messages:  # llguidance warns when it drops a constraint: never pretend to enforce it
+            raise UnsupportedGuideError(
+                "llguidance cannot enforce: " + "; ".join(m[:200] for m in messages[:3]),
+                feature=messages[0][:200], backend=self.name,
+            )
+        proto = llg.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.parser_limits)
+        if proto.is_error():
+            raise classify_error(proto.get_error(), spec.kind)
+        return LLGuidanceGuide(spec, self.vocab, grammar, proto, self.allowed_words)
+
+
+_OUTSIDE = {"d": "[0-9]", "D": "[^0-9]", "w": "[0-9A-Za-z_]", "W": "[^0-9A-Za-z_]",
+            "s": "[ \\t\\n\\r\\f\\v]", "S": "[^ \\t\\n\\r\\f\\v]"}
+_INSIDE = {"d": "0-9", "w": "0-9A-Za-z_", "s": " \\t\\n\\r\\f\\v"}
+
+
+def ascii_shorthands(pattern: str) -> str:
+    """``\\d``, ``\\w``, ``\\s`` as ASCII classes, as in xgrammar, outlines and JSON Schema.
+
+    Rust's regex (llguidance) makes them Unicode-aware; without this the same regex request would
+    accept ``"٣"`` as a digit on one backend and not on another.
+    """
+    out: list[str] = []
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < n:
+            nxt = pattern[i + 1]
+            table = _INSIDE if in_class else _OUTSIDE
+            out.append(table.get(nxt, ch + nxt))
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+            out.append(ch)
+            i += 1
+            if i < n and pattern[i] == "^":
+                out.append("^")
+                i += 1
+            if i < n and pattern[i] == "]":
+                out.append("\\]")
+                i += 1
+            continue
+        if ch == "]" and in_class:
+            in_class = False
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+_UNSUPPORTED_PREFIXES = ("unknown format",)
+_LIMIT_MARKERS = ("too complex", "fuel", "limit", "too many", "too large", "too big", "exceeded")
+_UNSUPPORTED_MARKERS = ("unimplemented", "not supported", "unsupported", "not implemented")
+
+
+def classify_error(message: str, kind: str) -> GuideError:
+    """Map an llguidance error message onto tokenrails' typed errors."""
+    text = _short(message)
+    low = text.lower()
+    if any(m in low for m in _UNSUPPORTED_MARKERS) or low.startswith(_UNSUPPORTED_PREFIXES):
+        return UnsupportedGuideError(f"llguidance cannot enforce this {kind}: {text}",
+                                     feature=text, backend="llguidance")
+    if any(m in low for m in _LIMIT_MARKERS):
+        return GuideLimitError(f"llguidance limit exceeded compiling {kind}: {text}",
+                               limit="llguidance", value=text)
+    return InvalidGuideError(f"llguidance rejected the {kind} constraint: {text}")
+
+
+def _short(exc: object) -> str:
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:500]
