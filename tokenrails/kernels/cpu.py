@@ -1,17 +1,15 @@
 """Fast CPU path: branch-free numpy integer ops on the logits' own memory.
 
-The logits are viewed as int32 (float32) or int16 (float16 / bfloat16) and every change is
-the blend ``x = ((x ^ NINF) & keep) ^ NINF``, where ``keep`` is 0 / -1 from the unpacked bits
-and ``NINF`` is the dtype's -inf bit pattern (``0xFF800000``, ``0xFC00``, ``0xFF80``): allowed
-logits keep their exact bits, disallowed ones become exactly -inf. Unlike ``masked_fill_`` /
-``torch.where`` (a branch per element, ~4 ns each on a random mask) this runs at memory speed.
+The logits are viewed as int32 (float32) or int16 (float16 / bfloat16); every change stores the
+dtype's -inf bit pattern (``0xFF800000``, ``0xFC00``, ``0xFF80``), so allowed logits keep their
+exact bits and disallowed ones become exactly -inf. ``masked_fill_`` / ``torch.where`` branch per
+element (~4 ns each on a random mask), so instead each masked row takes the cheapest of three
+paths, picked by a cost model over its popcount and word counts:
 
-Work is chosen by mask density, measured on the words of the masked rows:
-
-* mostly allowed (few words are not all-ones): blend only the 32-column blocks of those words;
-* mostly disallowed (few words are non-zero): save those blocks, fill the rows with -inf,
-  blend the saved blocks back;
-* otherwise: blend whole rows.
+* blend (mixed rows): ``x = ((x ^ NINF) & keep) ^ NINF`` with ``keep`` the row's unpacked bits
+  widened to 0 / -1 -- whole rows at memory speed;
+* scatter (few disallowed tokens): -inf stored at the 0 bits of the words that are not all ones;
+* fill (few allowed tokens): save the logits at the 1 bits, fill the row with -inf, restore them.
 
 Large temporaries come from per-thread scratch buffers: fresh multi-MB arrays on every call
 page-fault after glibc returns them to the OS, which costs more than the work itself.
@@ -167,12 +165,11 @@ def _sparse_rows(
     *,
     mostly_allowed: bool,
 ) -> None:
-    """Rows where few words are mixed (``mixed[i, j]``: word ``j`` of row ``i`` is neither all ones
-    nor, when ``mostly_allowed`` is False, zero). Touch only the minority bits' columns:
+    """Touch only the minority bits' columns. ``mixed[i, j]``: word ``j`` of row ``i`` may hold a
+    minority bit (``!= -1`` when ``mostly_allowed``, else ``!= 0``).
 
-    * mostly allowed: store -inf at every 0 bit of the mixed words;
-    * mostly disallowed: save the logits at every 1 bit, fill the rows with -inf, put them back.
-
+    * mostly allowed (scatter): store -inf at every 0 bit of those words;
+    * mostly disallowed (fill): save the logits at every 1 bit, fill the rows with -inf, restore.
     """
     nw = words.shape[1]
     offsets = _minority_offsets(ints, words, rows, mixed, invert=mostly_allowed)
