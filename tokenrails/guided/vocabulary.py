@@ -24,7 +24,7 @@ class Vocabulary:
     vocab_size: int = 0  # logits width; 0 → len(token_bytes)
     name: str = ""
     backend_cache: dict[str, Any] = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # re-entrant: backends build tables inside get_backend
 
     def __post_init__(self) -> None:
         self.token_bytes = tuple(bytes(b) for b in self.token_bytes)
