@@ -1,0 +1,156 @@
+"""Drop-in upgrade of LMDeploy's PyTorch-engine structured output (``activate()`` / ``deactivate()``).
+
+``activate()`` patches LMDeploy in this process; ``TOKENRAILS_LMDEPLOY=1`` plus the start-up hook
+(``startup.py``, installed as a ``.pth`` file) activates it in every process that imports
+LMDeploy's engine (api_server engine process, TP workers). Patch points are found by
+inspection; an LMDeploy without one fails with ``UnsupportedLMDeployError`` naming it.
+See docs/lmdeploy.md.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+
+from ...guided.limits import GuideLimits
+from ._patching import Patcher, UnsupportedLMDeployError, require_attrs, require_params
+
+__all__ = ["UnsupportedLMDeployError", "activate", "deactivate", "is_active", "ENV_FLAG"]
+
+ENV_FLAG = "TOKENRAILS_LMDEPLOY"
+_PATCHER = Patcher()
+_LOCK = threading.RLock()
+_ACTIVE = False
+
+
+def is_active() -> bool:
+    return _ACTIVE
+
+
+def _mod(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise UnsupportedLMDeployError(f"cannot import {name}: {exc}") from exc
+
+
+def _apply(p: Patcher) -> None:
+    from . import agent as agent_patch
+    from . import logits as logits_patch
+    from . import requests as req_patch
+    from . import spec as spec_patch
+    from . import strategies as strat_patch
+    from .manager import LMDeployGuidedManager
+
+    # -- request parsing / early validation (every name that bound the stock check) ----------
+    gd = _mod("lmdeploy._guided_decoding")
+    require_attrs(gd, ["ensure_response_format_compilable"], "lmdeploy._guided_decoding")
+    p.set(gd, "ensure_response_format_compilable", req_patch.ensure_response_format_compilable)
+    ae = _mod("lmdeploy.serve.core.async_engine")
+    if hasattr(ae, "ensure_response_format_compilable"):
+        p.set(ae, "ensure_response_format_compilable", req_patch.ensure_response_format_compilable)
+    _widen_server_format(p)
+
+    # -- sampling strategies ---------------------------------------------------------------------
+    ar = _mod("lmdeploy.pytorch.strategies.ar.sampling").ARSamplingStrategy
+    require_params(ar.make_sampling_inputs, ["seqs"], "ARSamplingStrategy.make_sampling_inputs")
+    p.set(ar, "make_sampling_inputs", strat_patch.patched_ar_make_sampling_inputs(ar.make_sampling_inputs))
+    dllm = _mod("lmdeploy.pytorch.strategies.dllm.sampling").DLLMSamplingStrategy
+    if "make_sampling_inputs" in dllm.__dict__:
+        p.set(dllm, "make_sampling_inputs",
+              strat_patch.patched_dllm_make_sampling_inputs(dllm.__dict__["make_sampling_inputs"]))
+
+    # -- logits processor ------------------------------------------------------------------------
+    lp = _mod("lmdeploy.pytorch.engine.logits_process")
+    flp = lp.FusedLogitsProcessor
+    require_params(flp.__init__, ["sampling_inputs", "logprobs_mode", "guided_decoding_manager"],
+                   "FusedLogitsProcessor.__init__")
+    require_attrs(flp, ["accept_guided_tokens", "cleanup_sessions", "sampling", "_wait_stream_once"],
+                  "FusedLogitsProcessor")
+    require_attrs(lp.SamplingInputs, ["session_ctx", "session_to_cleanup", "response_formats"], "SamplingInputs")
+    p.set(flp, "__init__", logits_patch.patched_init(flp.__init__))
+    p.set(flp, "__call__", logits_patch.patched_call(flp.__call__))
+    p.set(flp, "accept_guided_tokens", logits_patch.patched_accept(flp.accept_guided_tokens))
+    p.set(flp, "cleanup_sessions", logits_patch.patched_cleanup(flp.cleanup_sessions))
+
+    # -- model agent: our manager per rank, prefetch, per-step context, errors ------------------
+    am = _mod("lmdeploy.pytorch.engine.model_agent.agent")
+    require_attrs(am, ["GuidedDecodingManager", "BaseModelAgent", "BatchedOutputs"], "model_agent.agent")
+    p.set(am, "GuidedDecodingManager", LMDeployGuidedManager)
+    base = am.BaseModelAgent
+    require_params(base._step_postprocess_with_output, ["inputs"], "BaseModelAgent._step_postprocess_with_output")
+    require_params(base._async_step, ["sampling_inputs"], "BaseModelAgent._async_step")
+    p.set(base, "_async_step", agent_patch.patched_async_step(base._async_step))
+    p.set(base, "_step_postprocess_with_output", agent_patch.patched_postprocess(base._step_postprocess_with_output))
+    for name in ("to_cpu", "to_numpy", "to_tensor"):
+        if hasattr(am.BatchedOutputs, name):
+            p.set(am.BatchedOutputs, name, agent_patch.patched_convert(getattr(am.BatchedOutputs, name)))
+    el = _mod("lmdeploy.pytorch.engine.engine_loop").EngineLoop
+    require_params(el._make_infer_outputs, ["batched_outputs", "running"], "EngineLoop._make_infer_outputs")
+    p.set(el, "_make_infer_outputs", agent_patch.patched_make_infer_outputs(el._make_infer_outputs))
+
+    # -- speculative decoding helper -----------------------------------------------------------
+    gsh = _mod("lmdeploy.pytorch.spec_decode.guided_spec_helper").GuidedSpecHelper
+    for name, make in (
+        ("get_processors", spec_patch.patched_get_processors),
+        ("cleanup_sessions", spec_patch.patched_cleanup),
+        ("prepare_bitmask", spec_patch.patched_prepare_bitmask),
+        ("apply_bitmask", spec_patch.patched_apply_bitmask),
+        ("accept_draft_tokens", spec_patch.patched_accept_draft),
+        ("apply_serial_bitmask", spec_patch.patched_serial_bitmask),
+        ("accept_rejection_sampled_tokens", spec_patch.patched_accept_rejection),
+    ):
+        require_attrs(gsh, [name], "GuidedSpecHelper")
+        p.set(gsh, name, make(getattr(gsh, name)))
+
+
+def _widen_server_format(p: Patcher) -> None:
+    """Let ``choice``, ``grammar`` and ``structural_tag`` through the OpenAI server's schema."""
+    try:
+        proto = importlib.import_module("lmdeploy.serve.openai.protocol")
+    except ImportError:  # server extras (fastapi) not installed: nothing to widen
+        return
+    from .requests import WideResponseFormat
+
+    req = proto.ChatCompletionRequest
+    field = req.model_fields.get("response_format")
+    if field is None:
+        return
+    p.set(field, "annotation", WideResponseFormat | None)
+    p.set(proto, "ResponseFormat", WideResponseFormat)
+    req.model_rebuild(force=True)
+
+
+def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
+             fill_threads: int | None = None) -> None:
+    """Patch LMDeploy in this process (idempotent). Options apply to managers built afterwards."""
+    global _ACTIVE
+    from .manager import configure
+
+    with _LOCK:
+        configure(backend=backend, limits=limits, fill_threads=fill_threads)
+        if _ACTIVE:
+            return
+        try:
+            _apply(_PATCHER)
+        except BaseException:
+            _PATCHER.undo()
+            _rebuild_server_models()
+            raise
+        _ACTIVE = True
+
+
+def deactivate() -> None:
+    """Restore every patched attribute (managers already built keep working until dropped)."""
+    global _ACTIVE
+    with _LOCK:
+        _PATCHER.undo()
+        _rebuild_server_models()
+        _ACTIVE = False
+
+
+def _rebuild_server_models() -> None:
+    import sys
+
+    proto = sys.modules.get("lmdeploy.serve.openai.protocol")
+    if proto is not None:
+        proto.ChatCompletionRequest.model_rebuild(force=True)

@@ -1,0 +1,175 @@
+"""The per-rank guided manager LMDeploy's model agent holds (``agent.guided_decoding_manager``).
+
+Same constructor as LMDeploy's ``GuidedDecodingManager(tokenizer, vocab_size)`` so the agent
+builds it unchanged. Building the ``Vocabulary`` takes seconds for a 150k vocabulary, so it runs
+in a background thread started at construction: engines that never see a guided request pay
+nothing, and the first guided step waits (off the event loop) only if the build is still running.
+
+Rows are identified per *round*: ``seq_key = (seq_id, output_start_pos)``. LMDeploy keeps the
+same ``(session_id, seq_id)`` across rounds of an interactive session; keying by round means a
+new round always starts a fresh matcher, and the previous round's matcher is released.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Hashable
+
+from ...guided.errors import GuideError, InvalidGuideError
+from ...guided.limits import GuideLimits
+
+logger = logging.getLogger("tokenrails.lmdeploy")
+
+_CONFIG: dict[str, Any] = {"backend": None, "limits": None, "fill_threads": None}
+
+
+def configure(*, backend: str | None = None, limits: GuideLimits | None = None,
+              fill_threads: int | None = None) -> None:
+    """Defaults for managers built after this call (``activate(...)`` forwards its options)."""
+    _CONFIG.update(backend=backend, limits=limits, fill_threads=fill_threads)
+
+
+def _backend() -> str:
+    return _CONFIG["backend"] or os.environ.get("TOKENRAILS_LMDEPLOY_BACKEND", "auto")
+
+
+_VOCABS: dict[tuple[int, int], tuple[Any, Any]] = {}  # (id(tokenizer), width) -> (tokenizer, vocab)
+_VOCABS_LOCK = threading.Lock()
+
+
+def build_vocabulary(tokenizer: Any, vocab_size: int | None):
+    """Memoized per tokenizer object: one build even when several agents share a process."""
+    key = (id(tokenizer), max(int(vocab_size or 0), len(tokenizer)))
+    with _VOCABS_LOCK:
+        hit = _VOCABS.get(key)
+        if hit is not None and hit[0] is tokenizer:
+            return hit[1]
+    vocab = _build_vocabulary(tokenizer, vocab_size)
+    with _VOCABS_LOCK:
+        if len(_VOCABS) >= 8:
+            _VOCABS.pop(next(iter(_VOCABS)))
+        _VOCABS[key] = (tokenizer, vocab)
+    return vocab
+
+
+def _build_vocabulary(tokenizer: Any, vocab_size: int | None):
+    """LMDeploy's rule for the logits width (never below the tokenizer length), InternS1 included."""
+    from ...guided.vocabulary import Vocabulary
+
+    width = int(vocab_size or 0)
+    n = len(tokenizer)
+    width = max(width, n)
+    if type(tokenizer).__name__ == "InternS1Tokenizer":
+        from lmdeploy._guided_decoding import get_interns1_encoded_vocab
+
+        raw = get_interns1_encoded_vocab(tokenizer, width)[:n]
+        added = set(tokenizer.get_added_vocab().values())
+        return Vocabulary(raw, eos_ids=(tokenizer.eos_token_id,), special_ids=frozenset(added),
+                          vocab_size=width, name=getattr(tokenizer, "name_or_path", ""))
+    return Vocabulary.from_huggingface(tokenizer, vocab_size=width)
+
+
+class LMDeployGuidedManager:
+    """Wraps ``tokenrails.GuidedDecodingManager`` behind LMDeploy's constructor and clean-up calls."""
+
+    is_tokenrails = True
+
+    def __init__(self, tokenizer: Any, vocab_size: int | None, *, vocab: Any = None,
+                 backend: str | None = None, limits: GuideLimits | None = None):
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._backend = backend or _backend()
+        self._limits = limits or _CONFIG["limits"]
+        self._mgr = None
+        self._error: GuideError | None = None
+        self._ready = threading.Event()
+        self._rounds: dict[tuple[Hashable, Hashable], Hashable] = {}
+        if vocab is not None:
+            self._build(vocab)
+        else:
+            threading.Thread(target=self._build, name="tokenrails-vocab", daemon=True).start()
+
+    def _build(self, vocab: Any = None) -> None:
+        try:
+            from ...guided.manager import GuidedDecodingManager
+
+            vocab = vocab if vocab is not None else build_vocabulary(self._tokenizer, self._vocab_size)
+            kwargs: dict[str, Any] = {"backend": self._backend, "limits": self._limits}
+            if _CONFIG["fill_threads"]:
+                kwargs["fill_threads"] = _CONFIG["fill_threads"]
+            self._mgr = GuidedDecodingManager(vocab, **kwargs)
+        except GuideError as exc:
+            self._error = exc
+        except Exception as exc:  # an unreadable tokenizer fails guided requests, not the engine
+            logger.warning("tokenrails: cannot build the guided vocabulary: %r", exc)
+            self._error = InvalidGuideError(f"guided decoding is unavailable for this tokenizer: {exc!r}")
+        finally:
+            self._ready.set()
+
+    # ---- access ----------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def core(self, wait: bool = True):
+        """The ``GuidedDecodingManager`` (None when not ready and ``wait`` is False); raises its error."""
+        if wait:
+            self._ready.wait()
+        elif not self._ready.is_set():
+            return None
+        if self._error is not None:
+            raise self._error
+        return self._mgr
+
+    @property
+    def vocab(self):
+        return self.core().vocab
+
+    @property
+    def vocab_size(self) -> int:
+        return self.core().vocab.vocab_size
+
+    def prefetch(self, specs) -> None:
+        """Start compiles now (never blocks; skipped while the vocabulary is still being built)."""
+        mgr = self.core(wait=False) if self._error is None else None
+        if mgr is None:
+            return
+        for spec in specs:
+            mgr.prefetch(spec)
+
+    def note_round(self, session_id: Hashable, seq_key: tuple) -> None:
+        """Release the previous round's matcher when a sequence starts a new round."""
+        ident = (session_id, seq_key[0])
+        prev = self._rounds.get(ident)
+        if prev != seq_key:
+            self._rounds[ident] = seq_key
+            if prev is not None and self._mgr is not None:
+                self._mgr.release(session_id, prev)
+
+    # ---- LMDeploy's clean-up calls ---------------------------------------------------------
+    def end_session(self, session_id: Hashable) -> None:
+        for ident in [k for k in self._rounds if k[0] == session_id]:
+            del self._rounds[ident]
+        if self._mgr is not None:
+            self._mgr.end_session(session_id)
+
+    remove_processor = end_session  # LMDeploy's name
+
+    @staticmethod
+    def is_terminated(processor: Any) -> bool:
+        """LMDeploy's spec agent asks this of the handles ``GuidedSpecHelper`` returns."""
+        return processor.is_terminated()
+
+    def clear(self) -> None:
+        """Drop every matcher (LMDeploy calls this on sleep/reset)."""
+        if self._mgr is not None:
+            for session_id in {k[0] for k in self._rounds}:
+                self._mgr.end_session(session_id)
+        self._rounds.clear()
+
+    def stats(self) -> dict[str, int]:
+        mgr = self.core(wait=False) if self._error is None else None
+        out = dict(mgr.stats()) if mgr is not None else {}
+        out["tracked_rounds"] = len(self._rounds)
+        return out

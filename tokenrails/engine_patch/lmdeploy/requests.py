@@ -1,0 +1,137 @@
+"""LMDeploy request parsing routed through ``GuideSpec.from_request``.
+
+* ``spec_of(response_format)``: the engine-side conversion (memoized per format object).
+* ``ensure_response_format_compilable``: drop-in for LMDeploy's early check; raises a
+  ``RequestError`` (HTTP 400 with the reason) for anything tokenrails cannot enforce, so a bad
+  constraint is refused before it reaches the shared engine loop.
+* ``WideResponseFormat``: the server's ``response_format`` model widened to every kind.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_serializer
+
+from ...guided.errors import GuideError, InvalidGuideError, UnsupportedGuideError
+from ...guided.limits import DEFAULT_LIMITS, GuideLimits
+from ...guided.spec import GuideSpec
+
+__all__ = ["WideResponseFormat", "ensure_response_format_compilable", "spec_of", "validate_spec"]
+
+
+def spec_of(response_format: Any) -> GuideSpec | None:
+    """The ``GuideSpec`` of an LMDeploy ``response_format`` (dict, JSON text, model) or None."""
+    if response_format is None:
+        return None
+    if isinstance(response_format, GuideSpec):
+        return response_format
+    if isinstance(response_format, dict) and response_format.get("type", "text") == "text":
+        return None
+    return GuideSpec.from_request(response_format)
+
+
+class _ValidatedKeys:
+    """Bounded memo of spec keys already proven compilable (and of their errors)."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, GuideError | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> tuple[bool, GuideError | None]:
+        with self._lock:
+            if key not in self._items:
+                return False, None
+            self._items.move_to_end(key)
+            return True, self._items[key]
+
+    def put(self, key: str, err: GuideError | None) -> None:
+        with self._lock:
+            self._items[key] = err
+            self._items.move_to_end(key)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+
+_VALIDATED = _ValidatedKeys()
+_PROBE_VOCAB = None
+_PROBE_LOCK = threading.Lock()
+
+
+def _probe_vocab():
+    """A tiny byte-level vocabulary: compiling against it checks a constraint without a tokenizer."""
+    global _PROBE_VOCAB
+    with _PROBE_LOCK:
+        if _PROBE_VOCAB is None:
+            from ...guided.vocabulary import Vocabulary
+
+            _PROBE_VOCAB = Vocabulary([bytes([b]) for b in range(256)] + [b"</s>"], eos_ids=(256,),
+                                      name="tokenrails-probe")
+        return _PROBE_VOCAB
+
+
+def validate_spec(spec: GuideSpec, limits: GuideLimits | None = None) -> None:
+    """Raise the ``GuideError`` compiling ``spec`` would raise (bounded memo; cheap probe vocab)."""
+    seen, err = _VALIDATED.get(spec.key)
+    if seen:
+        if err is not None:
+            raise err
+        return
+    from ...guided.registry import compile_guide
+
+    try:
+        compile_guide(spec, _probe_vocab(), "auto", limits=limits or DEFAULT_LIMITS)
+    except GuideError as exc:
+        _VALIDATED.put(spec.key, exc)
+        raise
+    except Exception as exc:  # a backend bug: refuse the request, never go unconstrained
+        wrapped = InvalidGuideError(f"the {spec.kind} constraint cannot be compiled: {exc!r}")
+        _VALIDATED.put(spec.key, wrapped)
+        raise wrapped from exc
+    _VALIDATED.put(spec.key, None)
+
+
+def to_request_error(exc: GuideError) -> Exception:
+    """LMDeploy's ``RequestError`` (HTTP 400, message kept) for a ``GuideError``."""
+    from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
+
+    code = ErrorCode.UNSUPPORTED_FEATURE if isinstance(exc, UnsupportedGuideError) else ErrorCode.INVALID_REQUEST
+    return RequestError(code, f"invalid response_format: {exc}")
+
+
+def ensure_response_format_compilable(response_format: Any) -> None:
+    """Drop-in for ``lmdeploy._guided_decoding.ensure_response_format_compilable``."""
+    try:
+        spec = spec_of(response_format)
+        if spec is not None:
+            validate_spec(spec)
+    except GuideError as exc:
+        raise to_request_error(exc) from exc
+
+
+class WideResponseFormat(BaseModel):
+    """OpenAI ``response_format`` plus every kind tokenrails enforces.
+
+    Unknown fields are kept (structural tags carry ``structures``/``triggers``/``format``);
+    ``None`` fields are dropped on dump so the engine sees exactly what the client sent.
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    type: str
+    json_schema: Any = None
+    regex_schema: str | None = None
+    choice: list[Any] | None = None
+    grammar: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        js = data.get("json_schema")
+        if isinstance(js, dict) and "json_schema" in js and "schema" not in js:
+            js = dict(js)
+            js["schema"] = js.pop("json_schema")  # OpenAI's key (LMDeploy's JsonSchema alias)
+            data["json_schema"] = js
+        return {k: v for k, v in data.items() if v is not None}

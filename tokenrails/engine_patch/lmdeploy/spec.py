@@ -1,0 +1,283 @@
+"""Speculative decoding (``GuidedSpecHelper``) on tokenrails: exact rollback, no matcher forks.
+
+Stock LMDeploy forks every guided matcher twice per step (draft side and target side). Here:
+
+* ``get_processors`` returns light handles; ``handle.fork()`` (called by LMDeploy's spec agent)
+  returns a *draft cursor* that advances the sequence's own matcher and remembers how far.
+* Before any target-side work (serial masks, accepting verified tokens, the next
+  ``get_processors``) every outstanding cursor is rolled back exactly.
+* Target verification uses the manager's ``fill_and_apply_spec`` (one mask row per position,
+  tentative accept + rollback) and ``accept_tokens_spec``; failures are reported per row.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable
+
+import torch
+
+from ...guided.batch_step import GuidedRow, eos_only_row
+from ...guided.errors import GuideError
+from ...kernels import allocate_token_bitmask, apply_token_bitmask_inplace
+from . import step_context
+from .strategies import CTX_KEY
+
+
+class RowHandle:
+    """One guided row of a speculative step (what LMDeploy calls a processor)."""
+
+    def __init__(self, helper: "SpecState", row: GuidedRow | None, error: GuideError | None):
+        self.helper = helper
+        self.row = row
+        self.error = error
+        self.advanced = 0
+        self.dead = False
+
+    def matcher(self):
+        if self.error is not None or self.row is None:
+            return None
+        mgr = self.helper.owner.core()
+        try:
+            return mgr.matcher_for(self.row.session_id, self.row.seq_id, self.row.spec)
+        except GuideError as exc:
+            self.error = exc
+            return None
+
+    def fork(self) -> "RowHandle":
+        """A draft cursor on the same matcher (rolled back before verification)."""
+        cur = RowHandle(self.helper, self.row, self.error)
+        self.helper.track(cur)
+        return cur
+
+    def is_terminated(self) -> bool:
+        m = self.matcher()
+        return m is None or m.is_terminated()
+
+    def accept_draft(self, token: int) -> None:
+        if self.dead:
+            return
+        m = self.matcher()
+        if m is None or not m.accept_token(int(token)):
+            self.dead = True  # verification will reject this draft; nothing to undo
+            return
+        self.advanced += 1
+
+    def rollback(self) -> None:
+        if self.advanced:
+            m = self.matcher()
+            if m is not None:
+                m.rollback(self.advanced)
+            self.advanced = 0
+        self.dead = False
+
+
+class SpecState:
+    """Per-helper bookkeeping: outstanding cursors and a persistent draft bitmask."""
+
+    def __init__(self, owner: Any):
+        self.owner = owner
+        self._cursors: list[RowHandle] = []
+        self._lock = threading.Lock()
+        self._bitmask: torch.Tensor | None = None
+
+    def track(self, cur: RowHandle) -> None:
+        with self._lock:
+            self._cursors.append(cur)
+
+    def rollback_all(self) -> None:
+        with self._lock:
+            cursors, self._cursors = self._cursors, []
+        for cur in cursors:
+            cur.rollback()
+
+    def bitmask(self, rows: int, vocab_size: int) -> torch.Tensor:
+        words = (vocab_size + 31) // 32
+        bm = self._bitmask
+        if bm is None or bm.shape[0] < rows or bm.shape[1] != words:
+            bm = allocate_token_bitmask(max(rows, 8), vocab_size)
+            self._bitmask = bm
+        return bm[:rows]
+
+
+def _state(helper: Any) -> SpecState | None:
+    owner = getattr(helper, "_mgr", None)
+    if not getattr(owner, "is_tokenrails", False):
+        return None
+    st = helper.__dict__.get("_tokenrails_state")
+    if st is None or st.owner is not owner:
+        st = SpecState(owner)
+        helper.__dict__["_tokenrails_state"] = st
+    return st
+
+
+def _rows(session_ctx: Any, n: int) -> list[Any]:
+    ctx = list(session_ctx or [])[:n]
+    return [e.get(CTX_KEY) if e is not None else None for e in ctx] + [None] * (n - len(ctx))
+
+
+def patched_get_processors(original: Callable) -> Callable:
+    def get_processors(self, session_ctx, response_formats):
+        st = _state(self)
+        if st is None:
+            return original(self, session_ctx, response_formats)
+        st.rollback_all()
+        if session_ctx is None:
+            return {}
+        out = {}
+        for i, r in enumerate(_rows(session_ctx, len(session_ctx))):
+            if isinstance(r, GuidedRow):
+                st.owner.note_round(r.session_id, r.seq_id)
+                out[i] = RowHandle(st, r, None)
+            elif isinstance(r, GuideError):
+                out[i] = RowHandle(st, None, r)
+        return out
+
+    get_processors.__wrapped__ = original
+    return get_processors
+
+
+def patched_cleanup(original: Callable) -> Callable:
+    def cleanup_sessions(self, session_ids):
+        st = _state(self)
+        if st is None:
+            return original(self, session_ids)
+        for sid in session_ids or ():
+            st.owner.end_session(sid)
+
+    cleanup_sessions.__wrapped__ = original
+    return cleanup_sessions
+
+
+def _fill_handles(st: SpecState, processors: dict, batch: int) -> torch.Tensor:
+    vocab = st.owner.core().vocab
+    bm = st.bitmask(batch, vocab.vocab_size)
+    bm.fill_(-1)
+    for idx, h in processors.items():
+        m = h.matcher()
+        if m is None:
+            eos_only_row(bm[idx], vocab.eos_ids)
+        else:
+            m.fill_next_token_bitmask(bm, idx)
+    return bm
+
+
+def patched_prepare_bitmask(original: Callable) -> Callable:
+    async def prepare_bitmask(self, logits, processors):
+        st = _state(self)
+        if st is None:
+            return await original(self, logits, processors)
+        if not processors:
+            return None
+        bm = await asyncio.to_thread(_fill_handles, st, processors, logits.size(0))
+        return bm.to(logits.device, non_blocking=True) if logits.device.type != "cpu" else bm
+
+    prepare_bitmask.__wrapped__ = original
+    return prepare_bitmask
+
+
+def patched_apply_bitmask(original: Callable) -> Callable:
+    def apply_bitmask(self, logits, bitmask):
+        st = _state(self)
+        if st is None:
+            return original(self, logits, bitmask)
+        if bitmask is None:
+            return None
+        with torch.inference_mode():
+            apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(logits.shape[-1], bitmask.shape[-1] * 32))
+        return None
+
+    apply_bitmask.__wrapped__ = original
+    return apply_bitmask
+
+
+def patched_accept_draft(original: Callable) -> Callable:
+    async def accept_draft_tokens(self, draft_token_ids, processors):
+        st = _state(self)
+        if st is None:
+            return await original(self, draft_token_ids, processors)
+        if not processors:
+            return None
+        ids = draft_token_ids[:, 0].tolist()
+
+        def run() -> None:
+            for idx, h in processors.items():
+                h.accept_draft(ids[idx])
+
+        await asyncio.to_thread(run)
+        return None
+
+    accept_draft_tokens.__wrapped__ = original
+    return accept_draft_tokens
+
+
+def _report(processors: dict, statuses: list) -> None:
+    errors = {}
+    for idx, h in processors.items():
+        if h.error is not None:
+            errors[idx] = h.error
+    for i, s in enumerate(statuses):
+        if s is not None and s.failed and s.error is not None:
+            errors.setdefault(i, s.error)
+    step_context.report(errors)
+
+
+def patched_serial_bitmask(original: Callable) -> Callable:
+    async def apply_serial_bitmask(self, scores_3d, processors, draft_token_ids, num_spec_tokens):
+        st = _state(self)
+        if st is None:
+            return await original(self, scores_3d, processors, draft_token_ids, num_spec_tokens)
+        if not processors:
+            return None
+        st.rollback_all()
+        batch, num_expand = scores_3d.size(0), scores_3d.size(1)
+        drafts_all = draft_token_ids[:, : num_expand - 1].tolist()
+        rows = [processors[i].row if i in processors else None for i in range(batch)]
+        stream = torch.cuda.current_stream() if scores_3d.is_cuda else None
+
+        def run():
+            mgr = st.owner.core()
+            flat = scores_3d.view(batch * num_expand, -1)
+            with torch.inference_mode():
+                if stream is not None:
+                    with torch.cuda.stream(stream):
+                        return mgr.fill_and_apply_spec(flat, rows, drafts_all)
+                return mgr.fill_and_apply_spec(flat, rows, drafts_all)
+
+        statuses = await asyncio.to_thread(run)
+        _report(processors, statuses)
+        return None
+
+    apply_serial_bitmask.__wrapped__ = original
+    return apply_serial_bitmask
+
+
+def patched_accept_rejection(original: Callable) -> Callable:
+    async def accept_rejection_sampled_tokens(self, processors, num_rejected, output_token_ids,
+                                              next_token_ids, num_spec_tokens):
+        st = _state(self)
+        if st is None:
+            return await original(self, processors, num_rejected, output_token_ids, next_token_ids,
+                                  num_spec_tokens)
+        if not processors:
+            return None
+        st.rollback_all()
+        n_rej = num_rejected.reshape(-1).tolist()
+        outs = output_token_ids.tolist()
+        nxt = next_token_ids.reshape(-1).tolist()
+        batch = len(nxt)
+        rows: list[GuidedRow | None] = [None] * batch
+        accepted: list[list[int]] = [[] for _ in range(batch)]
+        for idx, h in processors.items():
+            if h.row is None or h.error is not None:
+                continue
+            valid = num_spec_tokens - int(n_rej[idx])
+            toks = [int(t) for t in outs[idx][:valid] if int(t) >= 0]
+            accepted[idx] = toks + [int(nxt[idx])]
+            rows[idx] = h.row
+        statuses = await asyncio.to_thread(lambda: st.owner.core().accept_tokens_spec(accepted, rows))
+        _report(processors, statuses)
+        return None
+
+    accept_rejection_sampled_tokens.__wrapped__ = original
+    return accept_rejection_sampled_tokens
