@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from tokenrails import InvalidGuideError, UnsupportedGuideError
 from tokenrails.compat import outlines
+from tokenrails.compat.outlines._runtime import UnenforcedSchemaWarning, json_spec, outlines_regex
 from tokenrails.compat.outlines.fsm.guide import CFGGuide, Generate, RegexGuide, Write
 from tokenrails.compat.outlines.fsm.json_schema import build_regex_from_schema
 from tokenrails.compat.outlines.fsm.states import FINAL
@@ -369,12 +370,43 @@ def test_output_types_have_outlines_languages(output_type, good, bad) -> None:
 
 def test_structured_output_types_are_json(smollm2_tokenizer) -> None:
     spec = spec_for_output_type(Character)
-    assert spec.pattern == core_build_regex(json.dumps(Character.model_json_schema()))
+    assert outlines_regex(spec) == core_build_regex(json.dumps(Character.model_json_schema()))
     js = outlines.types.JsonSchema({"type": "integer"}, whitespace_pattern=" ")
-    assert spec_for_output_type(js).pattern == core_build_regex('{"type": "integer"}', " ")
+    assert outlines_regex(spec_for_output_type(js)) == core_build_regex('{"type": "integer"}', " ")
     assert spec_for_output_type(dict).kind == "json_object"
     assert spec_for_output_type(outlines.types.CFG('root ::= "a"')).kind == "grammar"
     with pytest.raises(UnsupportedGuideError):
         spec_for_output_type(list[int])
     with pytest.raises(InvalidGuideError):
         spec_for_output_type(outlines.types.CFG("start: \"a\""))
+
+
+def test_json_language_is_outlines_regex_on_the_active_backend(smollm2_tokenizer) -> None:
+    """The compiled guide accepts exactly outlines' strings: members of the regex tokenized
+    end in a final state; near-misses (other whitespace, reordered keys) are refused."""
+    from tokenrails.compat.outlines.fsm.guide import TokenrailsGuide
+
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "boolean"}},
+              "required": ["b", "a"]}
+    spec = json_spec(schema)
+    guide = TokenrailsGuide.from_spec(spec, smollm2_tokenizer)
+    rx = core_build_regex(json.dumps(schema))
+
+    def accepts(text: str) -> bool:
+        state = 0
+        for t in smollm2_tokenizer.encode(text, add_special_tokens=False):
+            state = guide.get_next_state(state, t)
+            if state == FINAL:
+                return False
+        return guide.is_final_state(state)
+
+    for text in ['{"b":1,"a":true}', '{ "b": -20, "a": false}', '{"b":0, "a":true }']:
+        assert bool(re.fullmatch(rx, text)) == accepts(text) == True, text  # noqa: E712
+    for text in ['{"a":true,"b":1}', '{"b":1,\n"a":true}', '{"b":1,  "a":true}', '{"b":01,"a":true}']:
+        assert bool(re.fullmatch(rx, text)) == accepts(text) == False, text  # noqa: E712
+
+
+def test_keywords_outlines_ignored_warn(smollm2_tokenizer) -> None:
+    pytest.importorskip("tokenrails.guided.fsm.schema")
+    with pytest.warns(UnenforcedSchemaWarning, match="minimum"):
+        json_spec({"type": "integer", "minimum": 3})

@@ -9,6 +9,7 @@ import importlib.util
 import os
 import json
 import threading
+import warnings
 import weakref
 from typing import Any
 
@@ -96,17 +97,55 @@ def schema_to_str(schema: Any) -> str:
     )
 
 
+class UnenforcedSchemaWarning(UserWarning):
+    """The schema uses keywords outlines ignored; the shim keeps outlines' language, so they
+    are not enforced either (use ``GuideSpec.json_schema`` + ``compile_guide`` to enforce them)."""
+
+
 def json_spec(schema: Any, whitespace_pattern: str | None = None) -> GuideSpec:
     """outlines' JSON language: ``build_regex_from_schema(schema, whitespace_pattern)``.
 
-    The schema is compiled by outlines-core into the same regex outlines used, so the accepted
-    language is outlines' by construction on any regex backend.
+    With the FSM backend this is a ``json_schema`` spec that asks it for outlines' lenient
+    lowering (``fsm_ignore_unenforced``); without it, the very regex outlines-core builds.
+    Either way the accepted language is outlines'; keywords outlines ignored raise an
+    ``UnenforcedSchemaWarning`` naming them instead of passing silently.
     """
     from outlines_core.json_schema import build_regex_from_schema
 
     text = schema_to_str(schema)
+    base = GuideSpec.json_schema(text, whitespace_pattern=whitespace_pattern)
+    _warn_unenforced(base.schema)
+    if fsm_available():
+        options = dict(base.options, fsm_ignore_unenforced=True)
+        return GuideSpec("json_schema", base.payload, tuple(sorted(options.items())))
     try:
         regex = build_regex_from_schema(text, whitespace_pattern)
     except (ValueError, TypeError, RuntimeError) as exc:
         raise InvalidGuideError(f"outlines-core rejected the JSON schema: {exc}") from exc
     return GuideSpec.regex(regex)
+
+
+def outlines_regex(spec: GuideSpec) -> str:
+    """The regex outlines would have used for a spec made by ``json_spec`` (or a regex spec)."""
+    from outlines_core.json_schema import build_regex_from_schema
+
+    if spec.kind == "regex":
+        return spec.pattern
+    if spec.kind == "json_schema":
+        return build_regex_from_schema(spec.payload, spec.option("whitespace_pattern"))
+    raise InvalidGuideError(f"{spec.kind} specs have no outlines regex")
+
+
+def _warn_unenforced(schema: dict) -> None:
+    try:
+        from ...guided.fsm.schema import outlines_unenforced
+    except ImportError:  # the FSM backend is optional
+        return
+    findings = outlines_unenforced(schema)
+    if findings:
+        warnings.warn(
+            "outlines ignores these schema keywords and so does the outlines shim: "
+            + "; ".join(findings[:5]),
+            UnenforcedSchemaWarning,
+            stacklevel=3,
+        )
