@@ -14,6 +14,8 @@ from transformers import LogitsProcessorList
 
 from tokenrails.compat import outlines
 
+pytestmark = pytest.mark.slow  # runs the real model (about half a minute on one CPU thread)
+
 
 class User(BaseModel):
     name: str
