@@ -1,0 +1,43 @@
+"""Fixtures for the LMDeploy patch tests: skip cleanly without LMDeploy; stock vs upgraded."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("lmdeploy")
+pytest.importorskip("lmdeploy.pytorch.engine.logits_process")
+
+from . import harness  # noqa: E402
+
+# The regex/choice FSM backend is tuned separately; these tests pin the backend they exercise.
+BACKEND = os.environ.get("TOKENRAILS_TEST_LMDEPLOY_BACKEND", "xgrammar")
+
+
+@pytest.fixture
+def cpu_lmdeploy(monkeypatch):
+    harness.stub_cuda(monkeypatch)
+    yield
+
+
+@pytest.fixture
+def upgraded():
+    """LMDeploy with the tokenrails upgrade active for the test, restored afterwards."""
+    import tokenrails.engine_patch.lmdeploy as patch
+
+    patch.activate(backend=BACKEND)
+    yield patch
+    patch.deactivate()
+
+
+@pytest.fixture(params=["stock", "tokenrails"])
+def mode(request, cpu_lmdeploy):
+    """Run a test against stock LMDeploy and against the upgrade."""
+    import tokenrails.engine_patch.lmdeploy as patch
+
+    if request.param == "tokenrails":
+        patch.activate(backend=BACKEND)
+    else:
+        patch.deactivate()
+    yield request.param
+    patch.deactivate()
