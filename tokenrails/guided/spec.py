@@ -33,8 +33,10 @@ def _canonical(value: Any, ordered: bool = False) -> Any:
 
 def _canonical_json(value: Any) -> str:
     try:
-        return json.dumps(_canonical(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
+        text = json.dumps(_canonical(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")  # lone surrogates ("\ud800") cannot be hashed, compiled or sent on
+        return text
+    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
         raise InvalidGuideError(f"value is not JSON-serializable: {exc}") from exc
 
 
@@ -45,7 +47,7 @@ def _schema_to_dict(schema: Any) -> dict:
     if isinstance(schema, (str, bytes, bytearray)):
         try:
             value = json.loads(schema)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting
             raise InvalidGuideError(f"JSON schema is not valid JSON: {exc}") from exc
         if isinstance(value, bool):
             return {} if value else {"not": {}}
