@@ -519,3 +519,38 @@ def _trivial(key: str, value: Any) -> bool:
     if key in ("propertyNames", "contentSchema", "unevaluatedItems", "unevaluatedProperties"):
         return value is True or value == {}
     return False
+
+
+def check_structural_tag(tag: Any, limits: GuideLimits) -> None:
+    """Every JSON schema and regex inside a structural tag gets the same checks as a top-level one.
+
+    Schemas a backend would only partly enforce are refused (``UnsupportedGuideError``): a tag
+    cannot fall back to another backend, so it must not silently drop a keyword either.
+    """
+    stack: list[Any] = [tag]
+    seen = 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > 100_000:
+            raise GuideLimitError("structural tag has too many nodes", limit="max_spec_bytes", value=seen)
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("schema", "json_schema") and isinstance(value, (dict, bool)):
+                    schema = value if isinstance(value, dict) else ({} if value else {"not": {}})
+                    check_schema_limits(schema, limits)
+                    dropped = xgrammar_unenforced(schema)
+                    if dropped:
+                        raise UnsupportedGuideError(
+                            "structural tag schema uses keywords xgrammar cannot enforce: "
+                            + "; ".join(dropped[:3]), feature=dropped[0], backend="xgrammar")
+                elif key in ("pattern", "regex") and isinstance(value, str):
+                    limits.check("max_regex_length", len(value))
+                    scan_repeat_bounds(value, limits)
+                elif key in ("grammar", "ebnf") and isinstance(value, str):
+                    limits.check("max_grammar_bytes", len(value.encode()))
+                    scan_repeat_bounds(value, limits, grammar=True)
+                else:
+                    stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(node)

@@ -9,7 +9,12 @@ import xgrammar as xgr
 from ..backend import CompiledGuide, GuideBackend, Matcher
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
-from ..schema_features import check_schema_limits, xgrammar_unenforced
+from ..schema_features import (
+    check_schema_limits,
+    check_structural_tag,
+    scan_repeat_bounds,
+    xgrammar_unenforced,
+)
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
 
@@ -161,10 +166,14 @@ class XGrammarBackend(GuideBackend):
                 )
         elif spec.kind == "regex":
             self.limits.check("max_regex_length", len(spec.pattern))
+            scan_repeat_bounds(spec.pattern, self.limits)  # C++ compile cannot be interrupted
         elif spec.kind == "choice":
             self.limits.check("max_enum_values", len(spec.choices))
         elif spec.kind == "grammar":
             self.limits.check("max_grammar_bytes", len(spec.ebnf.encode()))
+            scan_repeat_bounds(spec.ebnf, self.limits, grammar=True)
+        elif spec.kind == "structural_tag":
+            check_structural_tag(spec.tag, self.limits)
 
     def compile(self, spec: GuideSpec) -> XGrammarGuide:
         try:
