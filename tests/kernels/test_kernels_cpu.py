@@ -160,3 +160,29 @@ def test_random_cases(data, batch, vocab, extra_cols, extra_words, dtype, explic
     if use_indices:
         indices = torch.tensor(guided, dtype=torch.int64) if as_tensor else guided
     check_against_reference(logits, bitmask.reshape(len(kinds), words), indices, vocab_size)
+
+
+def test_long_index_list_of_numpy_ints():
+    rng = np.random.default_rng(10)
+    logits = make_logits(rng, 150, 300, torch.float32)
+    rows = [np.int64(i) for i in rng.permutation(150)[:100]]
+    bitmask = make_bitmask(rng, [MASK_KINDS[i % len(MASK_KINDS)] for i in range(100)], 10)
+    check_against_reference(logits, bitmask, rows)
+
+
+def test_threads_do_not_share_scratch_buffers():
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(11)
+    jobs = [
+        (make_logits(rng, 8, 70000, torch.float32), make_bitmask(rng, ["random", "few_allowed"] * 4, 2188))
+        for _ in range(4)
+    ]
+    expected = []
+    for logits, bitmask in jobs:
+        e = logits.clone()
+        apply_token_bitmask_inplace_reference(e, bitmask)
+        expected.append(e)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda job: apply_token_bitmask_inplace_cpu(*job), jobs))
+    assert all(bits_equal(logits, e) for (logits, _), e in zip(jobs, expected))

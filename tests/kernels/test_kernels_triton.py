@@ -117,3 +117,15 @@ def test_triton_interpret_env_through_public_api():
         [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stderr[-3000:]
+
+
+def test_strided_inputs():
+    rng = np.random.default_rng(13)
+    storage = make_logits(rng, 3, 300, torch.float32)
+    bitmask = make_bitmask(rng, ["random"] * 6, 8)
+    for logits in (storage[:, :250], storage[:, ::2]):  # padded rows; non-contiguous columns
+        expected = storage.clone()
+        view = expected[:, :250] if logits.stride(1) == 1 else expected[:, ::2]
+        apply_token_bitmask_inplace_reference(view, bitmask[::2])
+        apply_token_bitmask_inplace_triton(logits, bitmask[::2])
+        assert bits_equal(storage, expected)

@@ -27,7 +27,7 @@ from ._common import INT_VIEW, NEG_INF_BITS, ApplyArgs, Indices, check_apply_arg
 
 # Cost model of the three paths, ns: per mixed word scanned, per -inf store of a scattered
 # disallowed bit, per allowed logit saved and restored, per column filled, per column blended.
-_NS_PER_WORD, _NS_PER_STORE, _NS_PER_KEEP, _NS_PER_FILL, _NS_PER_BLEND = 12.0, 5.0, 8.0, 0.15, 0.45
+_NS_PER_WORD, _NS_PER_STORE, _NS_PER_KEEP, _NS_PER_FILL, _NS_PER_BLEND = 15.0, 10.0, 8.0, 0.15, 0.45
 _BLEND, _SCATTER, _FILL = 0, 1, 2
 _MAX_SCRATCH_BYTES = 16 << 20  # larger temporaries are allocated per call, not kept
 _BOOL = np.dtype(np.bool_)

@@ -96,8 +96,13 @@ def launch_checked_triton(args: ApplyArgs) -> None:
         rows = torch.as_tensor(rows, dtype=torch.int32).to(logits.device, non_blocking=True)
     elif rows is not None and rows.device != logits.device:
         rows = rows.to(logits.device, non_blocking=True)
-    if (logits.stride(1) != 1 and width > 1) or (bitmask.stride(1) != 1 and bitmask.shape[1] > 1):
-        raise ValueError("the Triton kernel needs unit stride along the vocabulary dimension")
+    if logits.stride(1) != 1 and width > 1:  # rare: columns not contiguous
+        from .reference import apply_token_bitmask_inplace_reference
+
+        apply_token_bitmask_inplace_reference(logits, bitmask, rows, args.vocab_size)
+        return
+    if bitmask.stride(1) != 1 and bitmask.shape[1] > 1:
+        bitmask = bitmask.contiguous()
     kernel = _jit_kernel if logits.device.type != "cpu" else _interpreted_kernel()
     grid = (args.num_rows, triton.cdiv(width, BLOCK))
     kernel[grid](
