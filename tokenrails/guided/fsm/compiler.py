@@ -1,10 +1,11 @@
 """Spec payloads → minimal byte DFA, under the configured limits and compile deadline."""
 from __future__ import annotations
 
+from ..errors import GuideLimitError
 from ..limits import GuideLimits
 from .dfa import DFA, determinize, dfa_from_strings
 from .nfa import Deadline, build_nfa
-from .regex_ast import Node
+from .regex_ast import Node, expanded_size
 from .regex_parser import parse_regex
 
 NFA_STATES_PER_DFA_STATE = 2  # the Thompson NFA may be this many times max_dfa_states
@@ -12,7 +13,15 @@ NFA_STATES_PER_DFA_STATE = 2  # the Thompson NFA may be this many times max_dfa_
 
 def compile_ast(node: Node, limits: GuideLimits, deadline: Deadline | None = None) -> DFA:
     deadline = deadline or Deadline(limits.compile_timeout_s)
-    nfa = build_nfa(node, max(NFA_STATES_PER_DFA_STATE * limits.max_dfa_states, 1024), deadline)
+    max_nfa = max(NFA_STATES_PER_DFA_STATE * limits.max_dfa_states, 1024)
+    size = expanded_size(node)  # a lower bound on NFA states: refuse before building anything
+    if size > max_nfa:
+        raise GuideLimitError(
+            f"limit max_dfa_states={limits.max_dfa_states} exceeded: the pattern expands to {size} "
+            "character positions (nested or large repetition counts)",
+            limit="max_dfa_states", value=size,
+        )
+    nfa = build_nfa(node, max_nfa, deadline)
     return determinize(nfa, limits.max_dfa_states, deadline)
 
 

@@ -163,7 +163,10 @@ def subset_construction(nfa: ByteNFA, max_states: int, deadline: Deadline) -> tu
 
 
 def prune_dead_ends(rows: list[list[int]], accepting: list[bool]) -> list[list[int]]:
-    """Redirect every transition into a state that cannot reach acceptance to DEAD."""
+    """Redirect every transition into a state that cannot reach acceptance to DEAD.
+
+    Raises ``InvalidGuideError`` when the start state itself cannot reach acceptance.
+    """
     trans = np.asarray(rows, dtype=np.int64)
     n, k = trans.shape
     src = np.repeat(np.arange(n), k)
@@ -187,6 +190,8 @@ def prune_dead_ends(rows: list[list[int]], accepting: list[bool]) -> list[list[i
         frontier = preds[~alive[preds]]
         alive[frontier] = True
     alive[DEAD] = False
+    if not alive[START]:
+        raise InvalidGuideError("the pattern matches no string (its language is empty)")
     if alive[1:].all():
         return rows
     trans[~alive[trans]] = DEAD

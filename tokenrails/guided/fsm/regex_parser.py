@@ -165,7 +165,7 @@ class _Parser:
         lo = int(lo_txt) if lo_txt else 0
         hi = int(hi_txt) if hi_txt else None
         if hi is not None and hi < lo:
-            raise self.error("min repeat greater than max repeat", start)
+            raise self.error("min repeat greater than max repeat", start + 1)
         for value in (lo, hi):
             if value is not None and value > self.max_repeat:
                 raise GuideLimitError(
