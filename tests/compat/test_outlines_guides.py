@@ -410,3 +410,73 @@ def test_keywords_outlines_ignored_warn(smollm2_tokenizer) -> None:
     pytest.importorskip("tokenrails.guided.fsm.schema")
     with pytest.warns(UnenforcedSchemaWarning, match="minimum"):
         json_spec({"type": "integer", "minimum": 3})
+
+
+@pytest.fixture(scope="module")
+def core_vocabulary(smollm2_tokenizer):
+    """outlines-core's own Vocabulary for the same tokens (the engine outlines 1.x runs on)."""
+    import outlines_core
+
+    from tokenrails.compat.outlines._runtime import vocabulary_for
+
+    vocab = vocabulary_for(smollm2_tokenizer)
+    token_map: dict[bytes, list[int]] = {}
+    for i, b in enumerate(vocab.grammar_token_bytes()):
+        if b and i not in vocab.special_ids:
+            token_map.setdefault(b, []).append(i)
+    return outlines_core.Vocabulary(vocab.eos_ids[0], token_map)
+
+
+@pytest.mark.parametrize("kind,payload", [
+    ("regex", r"[0-9]{2}-[a-z]{1,4}(x|yz)?"),
+    ("choice", ["apple pie", "apple", "banana split", "c++"]),
+    ("json", {"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"},
+                                                "tag": {"enum": ["a", "b"]}}, "required": ["id", "ok"]}),
+])
+def test_allowed_tokens_equal_outlines_core_at_every_state(kind, payload, smollm2_tokenizer, core_vocabulary) -> None:
+    """Differential test against outlines-core's Index/Guide at every state of random walks.
+
+    Everything outlines-core allows, the shim allows (EOS included). The shim may allow more:
+    outlines-core 0.2.14 drops some tokens that leave a final state through a non-final one
+    (with ``a(yz)?`` it refuses ``y`` after ``a`` even with no ``yz`` token, so ``ayz`` cannot
+    be generated). Every such extra token must keep the text a viable prefix of the regex."""
+    import outlines_core
+
+    from tokenrails.compat.outlines.fsm.guide import TokenrailsGuide
+    from tokenrails.compat.outlines.fsm.states import allowed_token_ids
+    from tokenrails.guided.spec import GuideSpec
+
+    if kind == "regex":
+        spec, regex_text = GuideSpec.regex(payload), payload
+    elif kind == "choice":
+        spec, regex_text = GuideSpec.choice(payload), "(" + "|".join(re.escape(c) for c in payload) + ")"
+    else:
+        spec = json_spec(payload)
+        regex_text = core_build_regex(json.dumps(payload))
+    guide = TokenrailsGuide.from_spec(spec, smollm2_tokenizer)
+    index = outlines_core.Index(regex_text, core_vocabulary)
+    width = guide.vocabulary_.vocab_size
+    mask = torch.zeros(1, (width + 31) // 32, dtype=torch.int32)
+    rng = random.Random(kind)
+    token_bytes = guide.vocabulary_.token_bytes
+    identical = 0
+    for _ in range(6):
+        core = outlines_core.Guide(index)
+        state, text = guide.initial_state, b""
+        for _ in range(40):
+            core.write_mask_into(mask.data_ptr(), mask.numel(), mask.element_size())
+            theirs = set(allowed_token_ids(mask[0], width).tolist())
+            ours = set(guide.get_next_instruction(state).tokens.tolist())
+            assert theirs <= ours
+            identical += ours == theirs
+            for extra in ours - theirs:
+                candidate = (text + token_bytes[extra]).decode("utf-8", "ignore")
+                assert regex.fullmatch(regex_text, candidate, partial=True), candidate
+            choices = sorted(theirs - {guide.eos_token_id})  # stay where both can follow
+            if not choices or rng.random() < 0.1 and guide.eos_token_id in ours:
+                break
+            token = rng.choice(choices)
+            core.advance(token)
+            state = guide.get_next_state(state, token)
+            text += token_bytes[token]
+    assert identical >= 6  # most states agree exactly (at least every start state)

@@ -53,8 +53,8 @@ class GuideLogitsProcessor(OutlinesLogitsProcessor):
             self._prompts = frozenset(tuple(r) for r in input_ids.tolist())
         previous, current = self._guide_states, {}
         states = []
-        for row in input_ids:
-            gen = tuple(row[self._seq_start_idx:].tolist())
+        for row in input_ids[:, self._seq_start_idx:].tolist():
+            gen = tuple(row)
             state = current.get(gen, previous.get(gen))
             if state is None:
                 prev = previous.get(gen[:-1]) if gen else None
