@@ -34,6 +34,8 @@ def test_uniform_batches(dtype, vocab, width, kind):
     untouched = logits[[0, 2]].clone()
     check_against_reference(logits, make_bitmask(rng, [kind] * 2, words), indices, vocab)
     assert bits_equal(logits[[0, 2]], untouched)
+    check_against_reference(logits, make_bitmask(rng, [kind], words), [2], vocab)  # one row
+    assert bits_equal(logits[0], untouched[0])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -172,6 +172,17 @@ def _sparse_rows(
     * mostly disallowed (fill): save the logits at every 1 bit, fill the rows with -inf, restore.
     """
     nw = words.shape[1]
+    if len(rows) == 1:  # one row: unpacking it whole takes fewer numpy calls than two levels
+        target = ints[rows[0], : 32 * nw]
+        row_words = np.invert(words[0]) if mostly_allowed else words[0]
+        cols = np.flatnonzero(np.unpackbits(row_words.view(np.uint8), bitorder="little").view(np.bool_))
+        if mostly_allowed:
+            target[cols] = ninf
+        else:
+            saved = target[cols]
+            target[:] = ninf
+            target[cols] = saved
+        return
     offsets = _minority_offsets(ints, words, rows, mixed, invert=mostly_allowed)
     flat_ints = _flat_view(ints)
     if mostly_allowed:
