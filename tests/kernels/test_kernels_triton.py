@@ -129,3 +129,11 @@ def test_strided_inputs():
         apply_token_bitmask_inplace_reference(view, bitmask[::2])
         apply_token_bitmask_inplace_triton(logits, bitmask[::2])
         assert bits_equal(storage, expected)
+
+
+def test_large_vocab_not_multiple_of_32():
+    rng = np.random.default_rng(14)
+    vocab = 49152 + 7
+    logits = make_logits(rng, 3, vocab + 40, torch.bfloat16)
+    bitmask = make_bitmask(rng, ["random", "in_string"], (vocab + 31) // 32)
+    check_against_reference(logits, bitmask, [2, 0], vocab)
