@@ -14,9 +14,13 @@ docs/semantics.md):
    unless ``s`` ends the output (afterwards only EOS is allowed).
 4. Tokens shared with the existing ones are kept; ``rollback_tokens`` = tokens to drop from the
    end of the sequence, ``token_ids`` = tokens to append after dropping them.
-5. The grammar must accept ``token_ids`` after the rollback (checked without changing the state).
+5. The jump must make progress: the appended bytes are strictly more than the dropped ones
+   (so jumping can never loop or shrink the output).
+6. The grammar must accept ``token_ids`` after the rollback (checked without changing the state).
 
-When no ``r`` passes, ``token_ids`` is None: the engine may only use ``text``.
+Larger ``r`` is tried first (most context), down to 0. When no ``r`` is unambiguous,
+``token_ids`` is None: the engine may only use ``text``. When some are unambiguous but none makes
+progress, ``token_ids`` is ``()``: nothing to append; the mask still forces the text.
 Engines that cannot append several tokens in one step should not call this (off by default).
 """
 from __future__ import annotations
@@ -69,6 +73,7 @@ def compute_jump_forward(
         return JumpForward(text, None, 0)
     vocab = mgr.vocab
     hist = st.history
+    tokenized = False
     for r in range(min(max_rollback, len(hist)), -1, -1):
         prev = hist[len(hist) - r:] if r else []
         prev_bytes = b"".join(vocab.token_bytes[t] for t in prev)
@@ -81,16 +86,18 @@ def compute_jump_forward(
             continue
         if b"".join(vocab.token_bytes[t] for t in ids) != joined.encode("utf-8"):
             continue
+        tokenized = True
         ids = _back_off_last(mgr, matcher, prev, ids)
         common = 0
         while common < min(len(prev), len(ids)) and prev[common] == ids[common]:
             common += 1
         rollback, append = r - common, tuple(ids[common:])
-        if not append and rollback == 0:
-            return JumpForward(text, (), 0)
+        dropped = sum(len(vocab.token_bytes[t]) for t in prev[common:])
+        if sum(len(vocab.token_bytes[t]) for t in append) <= dropped:
+            continue  # no net progress (e.g. the joined text is one token): never shrink output
         if _accepts_after_rollback(matcher, hist, rollback, append):
             return JumpForward(text, append, rollback)
-    return JumpForward(text, None, 0)
+    return JumpForward(text, () if tokenized else None, 0)
 
 
 def _back_off_last(mgr: "GuidedDecodingManager", matcher, prev: list[int], ids: list[int]) -> list[int]:
