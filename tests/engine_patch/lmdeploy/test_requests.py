@@ -1,0 +1,134 @@
+"""Request parsing: LMDeploy's early check and the OpenAI server route through ``GuideSpec``.
+
+The HTTP test mounts LMDeploy's real ``/v1/chat/completions`` router (FastAPI test client) over
+a stand-in engine whose ``preprocess`` runs the same early check ``AsyncEngine.preprocess`` runs
+and then reports the ``response_format`` that reached the engine.
+"""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tokenrails import GuideSpec
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+VALID = [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}, "json_schema"),
+    ({"type": "json_object"}, "json_object"),
+    ({"type": "regex_schema", "regex_schema": "[0-9]{3}"}, "regex"),
+    ({"type": "choice", "choice": ["red", "blue"]}, "choice"),
+    ({"type": "grammar", "grammar": 'root ::= "yes" | "no"'}, "grammar"),
+    ({"type": "structural_tag", "structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}],
+      "triggers": ["<f>"]}, "structural_tag"),
+]
+INVALID = [
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": 5}}},
+    {"type": "regex_schema", "regex_schema": "(unclosed"},
+    {"type": "choice", "choice": []},
+    {"type": "nonsense"},
+]
+
+
+def _ensure():
+    from lmdeploy.serve.core import async_engine
+
+    return async_engine.ensure_response_format_compilable  # the name preprocess() calls
+
+
+@pytest.mark.parametrize("rf,kind", VALID)
+def test_early_check_accepts_every_kind(upgraded, rf, kind):
+    from tokenrails.engine_patch.lmdeploy.requests import spec_of
+
+    _ensure()(rf)
+    assert spec_of(rf).kind == kind
+
+
+@pytest.mark.parametrize("rf,kind", [v for v in VALID if v[1] in ("choice", "grammar")])
+def test_stock_refuses_choice_and_grammar(rf, kind):
+    import tokenrails.engine_patch.lmdeploy as patch
+
+    patch.deactivate()
+    with pytest.raises(ValueError):
+        _ensure()(rf)
+
+
+@pytest.mark.parametrize("rf", INVALID)
+def test_early_check_gives_400_with_reason(upgraded, rf):
+    from lmdeploy.serve.core.exceptions import RequestError
+
+    with pytest.raises(RequestError) as info:
+        _ensure()(rf)
+    assert info.value.status_code == 400
+    assert "response_format" in info.value.message
+
+
+def test_unsupported_feature_is_named(upgraded):
+    from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
+
+    with pytest.raises(RequestError) as info:
+        _ensure()({"type": "regex_schema", "regex_schema": r"(a)\1"})
+    assert info.value.status_code == 400
+    assert info.value.code in (ErrorCode.UNSUPPORTED_FEATURE, ErrorCode.INVALID_REQUEST)
+
+
+def _client():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from lmdeploy.serve.core import async_engine
+    from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
+    from lmdeploy.serve.openai.endpoints import create_openai_router
+    from lmdeploy.serve.parsers import ResponseParserManager
+
+    class Engine:
+        model_name = "m"
+        arch = "LlamaForCausalLM"
+        tokenizer = SimpleNamespace(model=SimpleNamespace(model=None))
+
+        async def preprocess(self, messages, session, gen_config=None, **kw):
+            if gen_config is not None and gen_config.response_format is not None:
+                async_engine.ensure_response_format_compilable(gen_config.response_format)
+            raise RequestError(ErrorCode.INVALID_REQUEST, "REACHED " + json.dumps(gen_config.response_format))
+
+    parser = ResponseParserManager.get("default")
+    ctx = SimpleNamespace(async_engine=Engine(), response_parser_cls=parser, default_gen_config={},
+                          engine_config=SimpleNamespace(adapters=None),
+                          create_session=lambda sid: SimpleNamespace(session_id=sid),
+                          session_manager=SimpleNamespace(has=lambda sid: False))
+    app = FastAPI()
+    app.include_router(create_openai_router(ctx))  # built after activation, like serve() does
+    return TestClient(app)
+
+
+def _post(client, rf):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": rf}
+    return client.post("/v1/chat/completions", json=body)
+
+
+@pytest.mark.parametrize("rf,kind", VALID)
+def test_http_every_kind_reaches_engine(upgraded, rf, kind):
+    from tokenrails.engine_patch.lmdeploy.requests import spec_of
+
+    r = _post(_client(), rf)
+    message = r.json()["message"]
+    assert message.startswith("REACHED "), message
+    sent = json.loads(message.split("REACHED ", 1)[1])  # what the engine would receive
+    assert spec_of(sent).key == GuideSpec.from_request(rf).key
+
+
+@pytest.mark.parametrize("rf", INVALID[:3])
+def test_http_invalid_is_400(upgraded, rf):
+    r = _post(_client(), rf)
+    assert r.status_code == 400 and "REACHED" not in r.text and "response_format" in r.text
+
+
+def test_http_stock_rejects_choice_at_schema():
+    import tokenrails.engine_patch.lmdeploy as patch
+
+    patch.deactivate()
+    r = _post(_client(), {"type": "choice", "choice": ["a"]})
+    assert r.status_code in (400, 422) and "REACHED" not in r.text
