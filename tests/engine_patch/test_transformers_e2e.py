@@ -142,7 +142,7 @@ def test_failed_spec_row_errors_alone(smollm2):
     specs = [GuideSpec.regex("(unclosed"), GuideSpec.choice(CHOICES)]
     res = generate_guided(smollm2.model, smollm2.tokenizer, PROMPTS[1:3], specs, max_new_tokens=8, chat=True).results
     assert res[0].finish_reason == "error" and res[0].valid is False and res[0].token_ids == []
-    assert "GuideError" in res[0].error or "Unsupported" in res[0].error
+    assert res[0].error_type == "InvalidGuideError" and "(unclosed" in res[0].error
     assert res[1].finish_reason == "stop" and res[1].text in CHOICES
 
 

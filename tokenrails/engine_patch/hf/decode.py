@@ -21,7 +21,7 @@ from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
 from .jump_forward import make_encoder, plan_jump
 from .sampling import SamplingParams, choose_tokens
-from .validate import validate_output
+from .validate import error_category, validate_output
 from .vocab import logits_width, manager_for, vocabulary_for
 
 _sessions = itertools.count()
@@ -37,6 +37,7 @@ class GuidedResult:
     valid: bool | None            # None for an unguided row; False unless finish_reason == "stop"
     validation: str = ""          # oracle used, and why it failed
     error: str | None = None      # the GuideError message (error type first) for a failed row
+    error_type: str | None = None  # its public class: InvalidGuideError, GuideLimitError, TokenRejectedError...
     spec_kind: str | None = None
     grammar_init_s: float = 0.0   # compile wait + matcher creation seen by this row
     compile_s: float = 0.0        # compile time of its guide (overlapped with prefill when prefetched)
@@ -244,6 +245,7 @@ def _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, for
                 res.compile_s = float(mgr.get_compiled(row.spec).compile_s)
             if errors[i] is not None:
                 res.error = f"{type(errors[i]).__name__}: {errors[i]}"
+                res.error_type = error_category(errors[i])
                 res.valid, res.validation = False, "error"
             elif finish[i] != "stop":
                 res.valid, res.validation = False, "incomplete: max_new_tokens reached"

@@ -21,7 +21,7 @@ from ...guided.errors import GuideError
 from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
 from ...guided.vocabulary import Vocabulary
-from .validate import validate_output
+from .validate import error_category, validate_output
 from .vocab import manager_for, vocabulary_for
 
 try:  # the base class only matters to transformers' isinstance checks
@@ -42,6 +42,7 @@ class RowReport:
 
     status: str
     error: str | None = None
+    error_type: str | None = None  # public class: InvalidGuideError, GuideLimitError, TokenRejectedError...
     valid: bool | None = None
     validation: str = ""
     grammar_init_s: float = 0.0
@@ -173,6 +174,7 @@ class GuidedLogitsProcessor(_Base):
         )
         if self._errors[i] is not None:
             rep.error = f"{type(self._errors[i]).__name__}: {self._errors[i]}"
+            rep.error_type = error_category(self._errors[i])
             rep.valid, rep.validation = False, "error"
         elif rep.status != "complete":
             rep.valid, rep.validation = False, "incomplete: generation stopped before the constraint was complete"

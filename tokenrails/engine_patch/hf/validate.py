@@ -50,3 +50,15 @@ def validate_output(spec: GuideSpec, text: str, matcher_complete: bool) -> Verdi
         ok = text in spec.choices
         return Verdict(ok, "choice", "" if ok else "not one of the choices")
     return Verdict(matcher_complete, "matcher", "" if matcher_complete else "grammar not complete")
+
+
+_PUBLIC_ERRORS = ("GuideTimeoutError", "GuideLimitError", "InvalidGuideError", "UnsupportedGuideError",
+                  "TokenRejectedError", "GuideError")
+
+
+def error_category(err: BaseException) -> str:
+    """The public tokenrails error class ``err`` belongs to (backends raise finer subclasses)."""
+    for cls in type(err).__mro__:
+        if cls.__name__ in _PUBLIC_ERRORS:
+            return cls.__name__
+    return type(err).__name__
