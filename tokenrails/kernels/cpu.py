@@ -108,6 +108,14 @@ def _apply_rows(
     if not np.count_nonzero(not_full):
         return
     choice, not_empty = _choose_paths(words, not_full)
+    if len(rows) == 1:  # skip the grouping below: a handful of numpy calls less
+        path = int(choice[0])
+        if path == _BLEND:
+            _blend(ints[rows[0], : 32 * whole], words[0], ninf)
+        else:
+            minority = not_full if path == _SCATTER else not_empty
+            _sparse_rows(ints, words, rows, ninf, minority, mostly_allowed=path == _SCATTER)
+        return
     for path, minority in ((_SCATTER, not_full), (_FILL, not_empty)):
         group = choice == path
         if not group.any():
