@@ -20,6 +20,8 @@ class GuideLimits:
     max_repeat: int = 1_000                # upper bound of {m,n} repetition
     max_dfa_states: int = 100_000          # FSM backend automaton size
     max_grammar_bytes: int = 256 << 10     # EBNF grammar text
+    max_literal_bytes: int = 16 << 10      # one string literal/const/enum value/choice (xgrammar
+                                           # compile time grows ~quadratically: 100 KB ≈ 20 s)
     compile_timeout_s: float = 30.0        # wall time for one compile
     cache_max_entries: int = 512           # compiled-guide LRU entries
     cache_max_bytes: int = 2 << 30         # compiled-guide LRU bytes

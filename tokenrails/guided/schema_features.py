@@ -102,6 +102,10 @@ def check_schema_limits(schema: Any, limits: GuideLimits) -> None:
         enum = sub.get("enum")
         if isinstance(enum, list):
             _check_at(limits, "max_enum_values", len(enum), path)
+            for value in enum:
+                _check_literal(limits, value, path)
+        if "const" in sub:
+            _check_literal(limits, sub["const"], path)
         for key in ("anyOf", "oneOf", "allOf"):
             if isinstance(sub.get(key), list):
                 _check_at(limits, "max_any_of", len(sub[key]), path)
@@ -113,6 +117,31 @@ def check_schema_limits(schema: Any, limits: GuideLimits) -> None:
             _check_at(limits, "max_regex_length", len(name), path)
             scan_repeat_bounds(name, limits)
     check_refs(schema, limits)
+
+
+def _check_literal(limits: GuideLimits, value: Any, path: str) -> None:
+    size = len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else (
+        len(json_key(value)) if isinstance(value, (dict, list)) else 0)
+    _check_at(limits, "max_literal_bytes", size, path)
+
+
+def check_literals(texts: Any, limits: GuideLimits) -> None:
+    """Each choice option / literal within ``max_literal_bytes``."""
+    for t in texts:
+        _check_literal(limits, t, "choice")
+
+
+def check_grammar_literals(grammar: str, limits: GuideLimits) -> None:
+    """Quoted literals in an EBNF/Lark grammar within ``max_literal_bytes``."""
+    i, n = 0, len(grammar)
+    while i < n:
+        if grammar[i] in "\"'":
+            end = _skip_quoted(grammar, i)
+            _check_at(limits, "max_literal_bytes", len(grammar[i + 1:end - 1].encode("utf-8", "surrogatepass")),
+                      f"grammar offset {i}")
+            i = end
+        else:
+            i += 1
 
 
 def _check_at(limits: GuideLimits, name: str, value: int, path: str) -> None:

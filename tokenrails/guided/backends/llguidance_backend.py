@@ -18,7 +18,12 @@ from ..backend import CompiledGuide, GuideBackend, Matcher
 from ..errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
 from ..policy import find_token_reference
-from ..schema_features import check_schema_limits, scan_repeat_bounds
+from ..schema_features import (
+    check_grammar_literals,
+    check_literals,
+    check_schema_limits,
+    scan_repeat_bounds,
+)
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
 
@@ -252,9 +257,11 @@ class LLGuidanceBackend(GuideBackend):
             scan_repeat_bounds(spec.pattern, lim)
         elif spec.kind == "choice":
             lim.check("max_enum_values", len(spec.choices))
+            check_literals(spec.choices, lim)
         elif spec.kind == "grammar":
             lim.check("max_grammar_bytes", len(spec.ebnf.encode()))
             scan_repeat_bounds(spec.ebnf, lim, grammar=True)
+            check_grammar_literals(spec.ebnf, lim)
             ref = find_token_reference(spec.ebnf)
             if ref is not None:
                 raise UnsupportedGuideError(

@@ -10,6 +10,8 @@ from ..backend import CompiledGuide, GuideBackend, Matcher
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
 from ..schema_features import (
+    check_grammar_literals,
+    check_literals,
     check_schema_limits,
     check_structural_tag,
     scan_repeat_bounds,
@@ -169,9 +171,11 @@ class XGrammarBackend(GuideBackend):
             scan_repeat_bounds(spec.pattern, self.limits)  # C++ compile cannot be interrupted
         elif spec.kind == "choice":
             self.limits.check("max_enum_values", len(spec.choices))
+            check_literals(spec.choices, self.limits)
         elif spec.kind == "grammar":
             self.limits.check("max_grammar_bytes", len(spec.ebnf.encode()))
             scan_repeat_bounds(spec.ebnf, self.limits, grammar=True)
+            check_grammar_literals(spec.ebnf, self.limits)
         elif spec.kind == "structural_tag":
             check_structural_tag(spec.tag, self.limits)
 
