@@ -147,6 +147,8 @@ def _charset_fragment(ranges: Ranges) -> tuple[int, tuple[tuple[int, int, int, i
     """Minimal DFA of one character set as ``(num_states, edges (src, lo, hi, dst), final)``."""
     from .dfa import DEAD, START, determinize_raw
 
+    if ranges and ranges[-1][1] <= 0x7F:  # ASCII: one byte per character, already deterministic
+        return 2, tuple((0, lo, hi, 1) for lo, hi in ranges), 1
     scratch = ThompsonNFA(1 << 30, Deadline(1e9))
     start, end = scratch.raw_charset(ranges)
     if not any(scratch.edges[start]):

@@ -53,7 +53,7 @@ def parse_regex(pattern: str, max_repeat: int = 1000) -> Node:
         raise InvalidGuideError(f"regex must be a str, got {type(pattern).__name__}")
     parser = _Parser(pattern, max_repeat)
     node = parser.parse()
-    return _strip_anchors(node, True, True)
+    return _strip_anchors(node, True, True) if parser.anchors else node
 
 
 class _Parser:
@@ -65,6 +65,7 @@ class _Parser:
         self.dotall = False
         self.ascii = False
         self.depth = 0
+        self.anchors = False  # any ^ $ \A \Z seen (then anchors are checked and removed)
 
     # ---- helpers ------------------------------------------------------------------------
     def error(self, message: str, pos: int | None = None) -> RegexSyntaxError:
@@ -189,9 +190,11 @@ class _Parser:
             return CharSet(((0, 9), (11, MAX_CODE_POINT)))
         if c == "^":
             self.i += 1
+            self.anchors = True
             return Anchor("start", self.i - 1)
         if c == "$":
             self.i += 1
+            self.anchors = True
             return Anchor("end", self.i - 1)
         if c == "\\":
             return self.escape()
@@ -372,9 +375,11 @@ class _Parser:
             return CharSet(common)
         if c == "A":
             self.i += 1
+            self.anchors = True
             return Anchor("start", start)
         if c == "Z":
             self.i += 1
+            self.anchors = True
             return Anchor("end", start)
         if c in "bB":
             raise _unsupported("word boundary \\" + c, start)
