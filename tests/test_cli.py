@@ -107,3 +107,24 @@ def test_generate_bad_spec_exits_nonzero_with_error(capsys, tmp_path):
     rc = main(["generate", "hi", "--json-schema", str(tmp_path / "nope.json"), "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2 and "nope.json" in err
+
+
+def test_check_tries_every_available_backend(capsys):
+    from tokenrails.guided.registry import available_backends
+
+    rc = main(["check", "--tokenizer", FIXTURE_TOKENIZER, "--json", "regex:(a", "choice:x,y"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert report["backends"] == available_backends()
+    bad, good = report["specs"]
+    assert set(bad["backends"]) == set(available_backends()) and bad["supported_by"] == []
+    assert all(not r["ok"] and r["error"] for r in bad["backends"].values())
+    assert good["supported_by"] and all(good["backends"][n]["compile_s"] >= 0 for n in good["supported_by"])
+
+
+@pytest.mark.slow
+def test_check_uses_the_embedded_tokenizer_by_default(capsys):
+    rc = main(["check", "--backend", "xgrammar", "--json", "regex:[0-9]+"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["specs"][0]["supported_by"] == ["xgrammar"]
+    assert "tokenrails" in report["tokenizer"] or "SmolLM2" in report["tokenizer"]
