@@ -1,0 +1,80 @@
+"""``tokenrails lmdeploy ...``: LMDeploy's own CLI with the upgrade active in every process.
+
+    tokenrails lmdeploy serve api_server MODEL [lmdeploy options]   # any lmdeploy command
+    tokenrails lmdeploy install-hook | uninstall-hook | status
+
+For LMDeploy commands: sets ``TOKENRAILS_LMDEPLOY=1`` (inherited by every child process),
+activates in this process, makes sure children start the hook (the installed ``.pth``, or else
+a ``sitecustomize`` directory prepended to ``PYTHONPATH``), then runs LMDeploy's CLI in-process.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from . import startup
+
+USAGE = __doc__ or ""
+_SITECUSTOMIZE_DIR = Path(__file__).with_name("_sitecustomize")
+
+
+def _ensure_children_hooked() -> str:
+    """How children get the hook: 'pth' when installed, else prepend the sitecustomize dir."""
+    if startup.pth_installed():
+        return "pth"
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(_SITECUSTOMIZE_DIR) not in entries:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(_SITECUSTOMIZE_DIR)] + entries)
+    return "sitecustomize"
+
+
+def _status() -> int:
+    from . import is_active
+
+    print(f"{startup.ENV_FLAG}={os.environ.get(startup.ENV_FLAG, '')!r} "
+          f"pth_installed={startup.pth_installed()} ({startup.site_dir()}) active_here={is_active()}")
+    try:
+        import lmdeploy
+
+        print(f"lmdeploy {getattr(lmdeploy, '__version__', '?')} importable")
+    except ImportError as exc:
+        print(f"lmdeploy not importable: {exc}")
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd = argv[0]
+    if cmd == "install-hook":
+        print(f"installed {startup.install_pth(argv[1] if len(argv) > 1 else None)}")
+        return 0
+    if cmd == "uninstall-hook":
+        removed = startup.uninstall_pth(argv[1] if len(argv) > 1 else None)
+        print("removed" if removed else "no hook installed")
+        return 0
+    if cmd == "status":
+        return _status()
+    os.environ[startup.ENV_FLAG] = "1"
+    _ensure_children_hooked()
+    from . import activate
+
+    activate()
+    try:
+        from lmdeploy.cli.entrypoint import run
+    except ImportError as exc:
+        print(f"cannot import LMDeploy's CLI: {exc} (pip install tokenrails[lmdeploy])", file=sys.stderr)
+        return 2
+    saved = sys.argv
+    sys.argv = ["lmdeploy"] + argv
+    try:
+        run()
+    except SystemExit as exc:  # argparse / LMDeploy exit codes
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    finally:
+        sys.argv = saved
+    return 0
