@@ -438,6 +438,16 @@ def xgrammar_stricter(schema: Any) -> list[str]:
         pattern = sub.get("pattern")
         if isinstance(pattern, str) and not _anchored(pattern):
             findings.append(f"{path}: unanchored pattern is matched as a full match")
+        pprops = sub.get("patternProperties")
+        if isinstance(pprops, dict) and any(not _anchored(k) for k in pprops):
+            findings.append(f"{path}: unanchored patternProperties key is matched as a full match")
+        for key in ("enum", "const"):
+            values = sub.get(key) if key == "enum" else [sub.get(key)] if key in sub else []
+            if isinstance(values, list) and any(isinstance(v, (dict, list)) for v in values):
+                findings.append(f"{path}: object/array {key} values only match one fixed layout")
+        names = sub.get("propertyNames")
+        if isinstance(names, dict) and isinstance(names.get("pattern"), str) and not _anchored(names["pattern"]):
+            findings.append(f"{path}: unanchored propertyNames pattern is matched as a full match")
         if _object_like(sub) and "additionalProperties" not in sub:
             findings.append(f"{path}: strict mode refuses properties not listed")
         if sub.get("type") == "array" and "items" not in sub and (

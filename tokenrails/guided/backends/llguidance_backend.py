@@ -77,7 +77,21 @@ def build_lltokenizer(vocab: Vocabulary) -> "llg.LLTokenizer":
     real = getattr(vocab, "encode", None)
     special = vocab.special_ids
 
+    cache: dict[Any, list[int]] = {}
+
     def encode(text: Any) -> list[int]:
+        # llguidance asks for the same forced strings (property names, separators) again and
+        # again; the real tokenizer is Python-side, so memoise (bounded).
+        hit = cache.get(text)
+        if hit is not None:
+            return hit
+        ids = _encode(text)
+        if len(cache) >= 65_536:
+            cache.clear()
+        cache[text] = ids
+        return ids
+
+    def _encode(text: Any) -> list[int]:
         if real is not None:
             try:
                 s = text.decode("utf-8") if isinstance(text, (bytes, bytearray)) else text
@@ -305,19 +319,15 @@ class LLGuidanceBackend(GuideBackend):
 
     def compile(self, spec: GuideSpec) -> LLGuidanceGuide:
         grammar = self.grammar_text(spec)
-        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(
-            grammar, self.tokenizer, limits=self.parser_limits
-        )
-        if is_error:
-            raise classify_error(messages[0] if messages else "invalid grammar", spec.kind)
-        if messages:  # llguidance warns when it drops a constraint: never pretend to enforce it
-            raise UnsupportedGuideError(
-                "llguidance cannot enforce: " + "; ".join(m[:200] for m in messages[:3]),
-                feature=messages[0][:200], backend=self.name,
-            )
         proto = llg.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.parser_limits)
         if proto.is_error():
             raise classify_error(proto.get_error(), spec.kind)
+        warnings = proto.get_grammar_warnings()
+        if warnings:  # llguidance warns when it drops a constraint: never pretend to enforce it
+            raise UnsupportedGuideError(
+                "llguidance cannot enforce: " + "; ".join(w[:200] for w in warnings[:3]),
+                feature=warnings[0][:200], backend=self.name,
+            )
         return LLGuidanceGuide(spec, self.vocab, grammar, proto, self.allowed_words)
 
 
