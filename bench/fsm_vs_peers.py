@@ -70,6 +70,11 @@ SCHEMAS = {
 }
 
 
+def escape(text: str) -> str:
+    """Escape only regex metacharacters (re.escape also escapes ' ' and '#', which xgrammar warns about)."""
+    return "".join("\\" + c if c in ".^$*+?()[]{}|\\-" else c for c in text)
+
+
 def workloads() -> list[tuple[str, str, str, list[str] | None]]:
     """(name, regex, valid text, choices or None)."""
     from outlines_core.json_schema import build_regex_from_schema
@@ -81,8 +86,8 @@ def workloads() -> list[tuple[str, str, str, list[str] | None]]:
         ("ipv4", r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
          "192.168.10.7", None),
         ("phone", r"\+?[0-9]{1,3}[ -]?\(?[0-9]{3}\)?[ -]?[0-9]{3}-[0-9]{4}", "+1 (555) 123-4567", None),
-        ("choice5", "(" + "|".join(re.escape(c) for c in CHOICE5) + ")", "neutral", CHOICE5),
-        ("choice200", "(" + "|".join(re.escape(c) for c in CHOICE200) + ")", CHOICE200[137], CHOICE200),
+        ("choice5", "(" + "|".join(escape(c) for c in CHOICE5) + ")", "neutral", CHOICE5),
+        ("choice200", "(" + "|".join(escape(c) for c in CHOICE200) + ")", CHOICE200[137], CHOICE200),
     ]
     for name, (schema, inst) in SCHEMAS.items():
         regex = build_regex_from_schema(json.dumps(schema))
@@ -196,6 +201,7 @@ class OutlinesCore:
             if b and i not in vocab.special_ids:
                 mapping.setdefault(b, []).append(i)
         self.vocabulary = outlines_core.Vocabulary(vocab.eos_ids[0], mapping)
+        self.eos = vocab.eos_ids[0]
 
     def compile(self, regex, choices):
         index = self.oc.Index(regex, self.vocabulary)
@@ -205,8 +211,9 @@ class OutlinesCore:
     def fill(m, bm):
         m.write_mask_into(bm.data_ptr(), bm.numel(), 4)
 
-    @staticmethod
-    def accept(m, t):
+    def accept(self, m, t):
+        if t == self.eos:  # outlines-core has no transition on EOS: it is allowed iff finished
+            return m.is_finished()
         try:
             m.advance(t, return_tokens=False)
             return True

@@ -17,7 +17,27 @@ from .dfa import DEAD, DFA
 from .token_trie import TokenTrie, token_trie
 
 BATCH_STATES = 32  # states packed together by ``precompute``
+SPARSE_OUTPUT_NODES = 1 << 15  # fewer alive nodes than this: set token bits directly
 DENSE_FRACTION = 16  # walk a trie level densely once >= 1/16 of its nodes are alive
+
+
+class _LevelClasses:
+    """Byte class of every trie node, per level, computed on first use (most walks stop early)."""
+
+    def __init__(self, cmap: np.ndarray, level_bytes: list[np.ndarray]):
+        self._cmap = cmap
+        self._bytes = level_bytes
+        self._levels: list[np.ndarray | None] = [None] * len(level_bytes)
+
+    def __getitem__(self, d: int) -> np.ndarray:
+        out = self._levels[d]
+        if out is None:
+            out = self._levels[d] = self._cmap[self._bytes[d]]
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._levels if a is not None)
 
 
 def _ragged_arange(starts: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
@@ -39,7 +59,7 @@ class TokenIndex:
         # states are carried pre-multiplied by k ("scaled"): next = trans_k[scaled + class]; DEAD stays 0
         self._trans_flat = (dfa.trans.astype(np.int64) * self._k).reshape(-1).astype(np.int32)
         cmap = dfa.classmap.astype(np.int32)
-        self._node_cls = [cmap[b] for b in self.trie.level_bytes]
+        self._node_cls = _LevelClasses(cmap, self.trie.level_bytes)
         self._eos = np.asarray(vocab.eos_ids, dtype=np.int64)
         # token id -> global trie node (non-grammar and padded ids -> a sentinel that is never alive)
         self._token_node = self.trie.token_node_padded(self._padded)
@@ -75,50 +95,70 @@ class TokenIndex:
 
     @property
     def memory_bytes(self) -> int:
-        return int(sum(r.numel() * 4 for r in self._unique.values()) + self._trans_flat.nbytes + sum(
-            c.nbytes for c in self._node_cls))
+        return int(sum(r.numel() * 4 for r in self._unique.values()) + self._trans_flat.nbytes
+                   + self._node_cls.nbytes)
 
     # ---- computation --------------------------------------------------------------------
     def allowed(self, state: int) -> np.ndarray:
         """Bool ``[padded_vocab]``: grammar tokens allowed from ``state`` (EOS not included)."""
         trie = self.trie
         trans = self._trans_flat
-        alive = np.zeros(trie.num_nodes + 1, dtype=bool)
+        cls = self._node_cls
+        sparse_nodes: list[np.ndarray] = []          # global ids of alive nodes seen in sparse mode
+        dense_levels: list[tuple[int, np.ndarray]] = []  # (level, live mask) seen in dense mode
         if trie.depth and state != DEAD:
             offsets = trie.level_offset
-            st = trans[state * self._k + self._node_cls[0]]  # dense over the <= 256 depth-1 nodes
+            st = trans[state * self._k + cls[0]]  # dense over the <= 256 depth-1 nodes
             nodes = None
             for d in range(trie.depth):
                 if d:
                     if nodes is None:  # dense: every node at depth d from its parent's state
-                        st = trans[st[trie.level_parent[d]] + self._node_cls[d]]
+                        st = trans[st[trie.level_parent[d]] + cls[d]]
                     else:  # sparse: only children of alive nodes
                         cnt = trie.child_count[d - 1][nodes]
                         total = int(cnt.sum())
                         if not total:
                             break
                         child = _ragged_arange(trie.child_start[d - 1][nodes], cnt, total)
-                        st = trans[np.repeat(st, cnt) + self._node_cls[d][child]]
+                        st = trans[np.repeat(st, cnt) + cls[d][child]]
                         nodes = child
                 size = trie.level_bytes[d].size
                 live = st != DEAD
                 if nodes is None:
                     n_live = int(np.count_nonzero(live))
-                    alive[offsets[d] : offsets[d] + size] = live
+                    dense_levels.append((d, live))
                     if n_live * DENSE_FRACTION < size:  # few survivors: go sparse
                         nodes = np.flatnonzero(live)
                         st = st[nodes]
                 else:
                     nodes, st = nodes[live], st[live]
                     n_live = int(nodes.size)
-                    alive[offsets[d] + nodes] = True
+                    sparse_nodes.append(nodes + offsets[d])
                     if d + 1 < trie.depth and n_live * DENSE_FRACTION >= size:  # many survivors: go dense
                         full = np.zeros(size, dtype=np.int32)
                         full[nodes] = st
                         st, nodes = full, None
                 if not n_live:
                     break
-        return alive[self._token_node]
+        out = np.zeros(self._padded, dtype=bool)
+        dense_total = sum(int(m.size) for _, m in dense_levels)
+        if dense_total > SPARSE_OUTPUT_NODES:  # many alive nodes: one gather over the vocabulary
+            alive = np.zeros(trie.num_nodes + 1, dtype=bool)
+            for d, mask in dense_levels:
+                alive[trie.level_offset[d] : trie.level_offset[d] + mask.size] = mask
+            for ids in sparse_nodes:
+                alive[ids] = True
+            return alive[self._token_node]
+        for d, mask in dense_levels:
+            sparse_nodes.append(np.flatnonzero(mask) + trie.level_offset[d])
+        if sparse_nodes:  # few alive nodes: expand them to their tokens directly
+            nodes_all = np.concatenate(sparse_nodes)
+            ptr = trie.node_tok_ptr
+            cnt = ptr[nodes_all + 1] - ptr[nodes_all]
+            total = int(cnt.sum())
+            if total:
+                out[trie.node_tok_ids[_ragged_arange(ptr[nodes_all], cnt, total)]] = True
+        return out
 
     def _compute(self, states: list[int]) -> list[torch.Tensor]:
         allowed = np.stack([self.allowed(s) for s in states])
