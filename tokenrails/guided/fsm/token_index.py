@@ -161,7 +161,10 @@ class TokenIndex:
         return out
 
     def _compute(self, states: list[int]) -> list[torch.Tensor]:
-        allowed = np.stack([self.allowed(s) for s in states])
+        if len(states) == 1:
+            allowed = self.allowed(states[0])[None]
+        else:
+            allowed = np.stack([self.allowed(s) for s in states])
         acc = self.dfa.accepting
         for i, s in enumerate(states):
             if acc[s]:
