@@ -85,6 +85,8 @@ def test_generate_with_processor_mixed_batch(smollm2, plain_unguided):
     assert all(r.valid for r in reports[:3]), reports
     _check_guided_texts(texts)
     assert proc.generated_ids(out[3]) == plain_unguided
+    assert proc.calls == out.shape[1] - width - 1 or proc.calls == out.shape[1] - width
+    assert 0 < proc.time_s
 
 
 def test_decode_loop_mixed_batch(smollm2, plain_unguided):

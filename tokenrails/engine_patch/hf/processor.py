@@ -11,6 +11,7 @@ raises otherwise. ``num_return_sequences=k`` with sampling is supported: pass th
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -85,11 +86,21 @@ class GuidedLogitsProcessor(_Base):
         self._errors: list[GuideError | None] = [None] * len(self.rows)
         self._prev: torch.Tensor | None = None
         self._prompt_len = 0
+        self.time_s = 0.0  # wall time spent inside __call__ (accept + fill + kernel), for overhead reports
+        self.calls = 0
         for s in specs:
             self.manager.prefetch(s)  # compile while generate() runs the prefill
 
     # ---- the transformers hook ----------------------------------------------------------
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        try:
+            return self._step(input_ids, scores)
+        finally:
+            self.time_s += time.perf_counter() - t0
+            self.calls += 1
+
+    def _step(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if input_ids.shape[0] != len(self.rows):
             raise ValueError(
                 f"GuidedLogitsProcessor got {input_ids.shape[0]} rows but has {len(self.rows)} specs: "
