@@ -113,23 +113,22 @@ class GuidedDecodingManager:
         try:
             guide = compile_guide(spec, self.vocab, self.backend, limits=self.limits)
         except GuideError as exc:
-            self._cache.put_error(spec.key, exc)
-            with self._lock:
-                self.counters["compile_failures"] += 1
-                self._inflight.pop(spec.key, None)
+            self._finish(spec.key, "compile_failures", lambda: self._cache.put_error(spec.key, exc))
             raise
         except Exception as exc:  # a backend bug must fail this request, not the engine
             err = InvalidGuideError(f"compiling the {spec.kind} constraint failed: {exc!r}")
-            self._cache.put_error(spec.key, err)
-            with self._lock:
-                self.counters["compile_failures"] += 1
-                self._inflight.pop(spec.key, None)
+            self._finish(spec.key, "compile_failures", lambda: self._cache.put_error(spec.key, err))
             raise err from exc
-        self._cache.put(spec.key, guide)
-        with self._lock:
-            self.counters["compiles"] += 1
-            self._inflight.pop(spec.key, None)
+        self._finish(spec.key, "compiles", lambda: self._cache.put(spec.key, guide))
         return guide
+
+    def _finish(self, key: str, counter: str, publish: Any) -> None:
+        """Count, leave the in-flight table, then publish to the cache — atomically for
+        ``prefetch`` and in that order for lock-free cache readers (stats never lag a hit)."""
+        with self._lock:
+            self.counters[counter] += 1
+            self._inflight.pop(key, None)
+            publish()
 
     def get_compiled(self, spec: GuideSpec, timeout: float | None = None) -> CompiledGuide:
         """The compiled guide for ``spec``, waiting for its compile up to its deadline."""
