@@ -149,3 +149,23 @@ def test_no_jump_while_thinking_or_after_the_end(vocab, smollm2_tokenizer):
         mgr.accept_tokens([worst_allowed(logits[0])], [row])
     assert mgr.jump_forward("u", 0, spec, smollm2_tokenizer).is_noop
     assert text_of(vocab, mgr.state_for("u", 0, spec).history[:-1]) == "abc"
+
+
+def test_jump_over_the_forced_end_marker_at_the_thinking_cap(vocab, smollm2_tokenizer):
+    mgr = make_manager(vocab, "xgrammar")
+    spec = GuideSpec.regex("[0-9]+")
+    end_ids = smollm2_tokenizer.encode("</think>", add_special_tokens=False)
+    for cfg in (ReasoningConfig.from_markers(end_ids, max_thinking_tokens=1),
+                ReasoningConfig.from_markers("</think>", max_thinking_tokens=1)):
+        sid = ("cap", cfg.match)
+        row = GuidedRow(sid, 0, spec, reasoning=cfg)
+        mgr.begin_sequence(sid, 0, spec, reasoning=cfg)
+        assert mgr.jump_forward(sid, 0, spec).is_noop  # thinking, below the cap: nothing forced
+        mgr.accept_tokens([end_ids[0]], [row])  # at the cap, one marker token already emitted
+        jf = mgr.jump_forward(sid, 0, spec, smollm2_tokenizer)
+        assert jf.rollback_tokens == 0 and jf.text == "think>"
+        assert b"".join(vocab.token_bytes[t] for t in jf.token_ids) == b"think>"
+        st = mgr.apply_jump_forward(sid, 0, spec, jf)
+        assert st.state is StepStatus.OK and st.accepted == len(jf.token_ids)
+        assert mgr.state_for(sid, 0, spec).think.done
+        assert mgr.jump_forward(sid, 0, spec, smollm2_tokenizer).is_noop  # [0-9]+: a choice

@@ -22,6 +22,9 @@ Larger ``r`` is tried first (most context), down to 0. When no ``r`` is unambigu
 ``token_ids`` is None: the engine may only use ``text``. When some are unambiguous but none makes
 progress, ``token_ids`` is ``()``: nothing to append; the mask still forces the text.
 Engines that cannot append several tokens in one step should not call this (off by default).
+
+While thinking there is nothing to jump over, except at the thinking cap: then the rest of the
+end marker is forced and returned as ``token_ids`` (``rollback_tokens`` = 0).
 """
 from __future__ import annotations
 
@@ -61,8 +64,10 @@ NOTHING = JumpForward("", (), 0)
 def compute_jump_forward(
     mgr: "GuidedDecodingManager", st: "SequenceState", tokenizer: Any = None, *, max_rollback: int = 4
 ) -> JumpForward:
-    if st.error is not None or (st.think is not None and not st.think.done):
+    if st.error is not None:
         return NOTHING
+    if st.think is not None and not st.think.done:
+        return _forced_end_marker(mgr, st)
     matcher = mgr.resolve_matcher(st)
     if matcher is None or matcher.is_terminated():
         return NOTHING
@@ -98,6 +103,23 @@ def compute_jump_forward(
         if _accepts_after_rollback(matcher, hist, rollback, append):
             return JumpForward(text, append, rollback)
     return JumpForward(text, () if tokenized else None, 0)
+
+
+def _forced_end_marker(mgr: "GuidedDecodingManager", st: "SequenceState") -> JumpForward:
+    """At the thinking cap the rest of the end marker is forced token by token: jump over it."""
+    tracker, think = st.tracker, st.think
+    assert tracker is not None and think is not None
+    ids: list[int] = []
+    while not think.done and tracker.forcing(think):
+        tok = tracker.forced_token(think)
+        nxt = tracker.advance(think, tok)
+        assert nxt is not None, "the forced marker token was refused"
+        ids.append(tok)
+        think = nxt
+    if not ids:
+        return NOTHING
+    data = b"".join(mgr.vocab.token_bytes[t] for t in ids)
+    return JumpForward(data.decode("utf-8", errors="replace"), tuple(ids), 0)
 
 
 def _back_off_last(mgr: "GuidedDecodingManager", matcher, prev: list[int], ids: list[int]) -> list[int]:
