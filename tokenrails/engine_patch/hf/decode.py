@@ -242,7 +242,10 @@ def _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, for
             res.grammar_init_s = float(metrics.get("grammar_init_s", 0.0))
             res.grammar_per_token_s = float(metrics.get("grammar_per_token_s", 0.0))
             if errors[i] is None:
-                res.compile_s = float(mgr.get_compiled(row.spec).compile_s)
+                try:
+                    res.compile_s = float(mgr.get_compiled(row.spec).compile_s)
+                except GuideError:  # evicted and failing now: the row itself already succeeded
+                    res.compile_s = float("nan")
             if errors[i] is not None:
                 res.error = f"{type(errors[i]).__name__}: {errors[i]}"
                 res.error_type = error_category(errors[i])
