@@ -124,3 +124,42 @@ def test_analysis_flags_exactly_the_dropped_keywords():
     assert not xgrammar_unenforced(tagged)
     assert xgrammar_stricter({"type": "string", "pattern": "a"})
     assert not xgrammar_stricter({"type": "string", "pattern": "^a$"})
+
+
+# ---- lowering is exact: same verdict as the original on every instance ----------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tokenrails.guided.schema_features import lower_dependencies  # noqa: E402
+
+_keys = st.sampled_from(["a", "b", "c"])
+_small = st.one_of(
+    st.fixed_dictionaries({"required": st.lists(_keys, min_size=1, max_size=2)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["object", "string", "integer", "number", "null"])}),
+    st.fixed_dictionaries({"properties": st.dictionaries(_keys, st.fixed_dictionaries({"type": st.sampled_from(["integer", "string"])}), max_size=2)}),
+)
+def _dep_schemas(draft7: bool):
+    def extend(c):
+        deps = ([st.fixed_dictionaries({"dependencies": st.dictionaries(_keys, st.one_of(st.lists(_keys, max_size=2), c), max_size=2)})]
+                if draft7 else
+                [st.fixed_dictionaries({"dependentRequired": st.dictionaries(_keys, st.lists(_keys, max_size=2), max_size=2)}),
+                 st.fixed_dictionaries({"dependentSchemas": st.dictionaries(_keys, c, max_size=2)})])
+        return st.one_of(*deps, st.fixed_dictionaries({"not": c}),
+                         st.fixed_dictionaries({"allOf": st.lists(c, min_size=1, max_size=2)}))
+    return st.recursive(_small, extend, max_leaves=5)
+
+
+_dep_schema = st.one_of(_dep_schemas(True).map(lambda s: ("7", s)), _dep_schemas(False).map(lambda s: ("2020", s)))
+_instance = st.one_of(st.dictionaries(_keys, st.one_of(st.integers(0, 2), st.just("s")), max_size=3),
+                      st.integers(0, 3), st.floats(0.5, 1.5), st.just("x"), st.none())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(schema=_dep_schema, instances=st.lists(_instance, min_size=1, max_size=8))
+def test_lower_dependencies_is_exact(schema, instances):
+    draft, schema = schema
+    lowered = lower_dependencies(schema)
+    a = (jsonschema.Draft7Validator if draft == "7" else jsonschema.Draft202012Validator)(schema)
+    b = jsonschema.Draft202012Validator(lowered)
+    for inst in instances:
+        assert a.is_valid(inst) == b.is_valid(inst), (schema, lowered, inst)

@@ -22,6 +22,7 @@ from ..schema_features import (
     check_grammar_literals,
     check_literals,
     check_schema_limits,
+    lower_dependencies,
     scan_repeat_bounds,
 )
 from ..spec import GuideSpec
@@ -289,7 +290,7 @@ class LLGuidanceBackend(GuideBackend):
         kind = spec.kind
         try:
             if kind in ("json_schema", "json_object"):
-                schema: Any = spec.schema if kind == "json_schema" else {"type": "object"}
+                schema: Any = lower_dependencies(spec.schema) if kind == "json_schema" else {"type": "object"}
                 return llg.LLMatcher.grammar_from_json_schema(schema, overrides=self._json_options(spec))
             if kind == "regex":
                 return llg.LLMatcher.grammar_from_regex(ascii_shorthands(spec.pattern))
