@@ -156,3 +156,10 @@ def test_pattern_with_max_length_is_not_silently_dropped_under_auto(vocab):
     ids = [vocab.token_bytes.index(ch.encode()) for ch in '"abcdefgh"']
     accepted = all(m.accept_token(t) for t in ids)
     assert not accepted
+
+
+def test_error_messages_carry_no_cpp_noise(vocab):
+    with pytest.raises(InvalidGuideError) as info:
+        compile_guide(GuideSpec.regex("(abc"), vocab, backend="xgrammar")
+    msg = str(info.value)
+    assert "position" in msg and "/project/" not in msg and not re.search(r"\[\d\d:\d\d:\d\d\]", msg)

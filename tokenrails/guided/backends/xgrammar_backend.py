@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import torch
 import xgrammar as xgr
@@ -213,7 +214,11 @@ class XGrammarBackend(GuideBackend):
         return c.compile_structural_tag(json.dumps(tag))
 
 
+_CPP_PREFIX = re.compile(r"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
+
+
 def _first_line(exc: BaseException) -> str:
+    """xgrammar's message without its C++ timestamp and source location: what a client needs."""
     text = str(exc).strip().splitlines()
     msg = text[-1] if text else type(exc).__name__
-    return msg[:500]
+    return _CPP_PREFIX.sub("", msg)[:500]
