@@ -373,7 +373,7 @@ def ascii_shorthands(pattern: str) -> str:
 
 _UNSUPPORTED_PREFIXES = ("unknown format",)
 _LIMIT_MARKERS = ("too complex", "fuel", "limit", "too many", "too large", "too big", "exceeded")
-_UNSUPPORTED_MARKERS = ("unimplemented", "not supported", "unsupported", "not implemented")
+_UNSUPPORTED_MARKERS = ("unimplemented", "not supported", "unsupported", "not implemented", "not disjoint")
 
 
 def classify_error(message: str, kind: str) -> GuideError:
