@@ -5,6 +5,7 @@ from .guided.errors import (
     GuideLimitError,
     GuideTimeoutError,
     InvalidGuideError,
+    TokenRejectedError,
     UnsupportedGuideError,
 )
 from .guided.limits import GuideLimits
@@ -14,12 +15,25 @@ from .guided.vocabulary import Vocabulary
 from .kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 
 
-def __getattr__(name: str):  # the manager pulls in threads/queues: import it on first use
-    if name == "GuidedDecodingManager":
-        from .guided.manager import GuidedDecodingManager
+# The manager pulls in thread pools and the decoding-semantics modules: import on first use.
+_LAZY = {
+    "GuidedDecodingManager": "tokenrails.guided.manager",
+    "GuidedRow": "tokenrails.guided.batch_step",
+    "RowStatus": "tokenrails.guided.batch_step",
+    "StepStatus": "tokenrails.guided.batch_step",
+    "ReasoningConfig": "tokenrails.guided.reasoning",
+    "JumpForward": "tokenrails.guided.jump_forward",
+    "Finalization": "tokenrails.guided.termination",
+}
 
-        return GuidedDecodingManager
-    raise AttributeError(name)
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tokenrails' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = [
@@ -30,6 +44,13 @@ __all__ = [
     "GuideSpec",
     "GuideTimeoutError",
     "GuidedDecodingManager",
+    "GuidedRow",
+    "Finalization",
+    "JumpForward",
+    "ReasoningConfig",
+    "RowStatus",
+    "StepStatus",
+    "TokenRejectedError",
     "InvalidGuideError",
     "Matcher",
     "UnsupportedGuideError",
