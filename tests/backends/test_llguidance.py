@@ -193,7 +193,7 @@ def test_padded_vocabulary_never_allows_padding_ids():
 @pytest.mark.parametrize("spec, error", [
     (lambda: GuideSpec.regex("a(b"), InvalidGuideError),
     (lambda: GuideSpec.json_schema({"type": "array", "uniqueItems": True}), UnsupportedGuideError),
-    (lambda: GuideSpec.json_schema({"not": {"type": "string"}}), UnsupportedGuideError),
+    (lambda: GuideSpec.json_schema({"not": {"const": 3}}), UnsupportedGuideError),
     (lambda: GuideSpec.json_schema({"type": "string", "format": "no-such-format"}), UnsupportedGuideError),
     (lambda: GuideSpec.json_schema({"oneOf": [{"type": "integer"}, {"type": "number"}]}), UnsupportedGuideError),
     (lambda: GuideSpec.json_schema({"$ref": "https://example.com/s.json"}), UnsupportedGuideError),
@@ -218,3 +218,15 @@ def test_json_object_and_lark_grammar(vocab, smollm2_tokenizer):
     assert not _accepts(lark, smollm2_tokenizer.encode("n=4a"), eos)
     gbnf = _compile(GuideSpec.grammar('root ::= "x" [0-9]+'), vocab)
     assert _accepts(gbnf, smollm2_tokenizer.encode("x12"), eos)
+
+
+def test_lowered_keywords_are_enforced(vocab, smollm2_tokenizer):
+    """dependencies / not-forms llguidance lacks are rewritten exactly, then enforced."""
+    eos = vocab.eos_ids[0]
+    enc = lambda v: smollm2_tokenizer.encode(json.dumps(v))  # noqa: E731
+    not_str = _compile(GuideSpec.json_schema({"not": {"type": "string"}}), vocab)
+    assert _accepts(not_str, enc(3), eos) and not _accepts(not_str, enc("x"), eos)
+    dep = _compile(GuideSpec.json_schema({"type": "object", "dependencies": {"a": ["b"]},
+                                          "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}), vocab)
+    assert _accepts(dep, enc({"a": 1, "b": 2}), eos) and _accepts(dep, enc({"b": 2}), eos)
+    assert not _accepts(dep, enc({"a": 1}), eos)
