@@ -134,6 +134,7 @@ from tokenrails.guided.schema_features import lower_dependencies  # noqa: E402
 
 _keys = st.sampled_from(["a", "b", "c"])
 _small = st.one_of(
+    st.just({"propertyNames": False}),
     st.fixed_dictionaries({"required": st.lists(_keys, min_size=1, max_size=2)}),
     st.fixed_dictionaries({"type": st.sampled_from(["object", "string", "integer", "number", "null"])}),
     st.fixed_dictionaries({"properties": st.dictionaries(_keys, st.fixed_dictionaries({"type": st.sampled_from(["integer", "string"])}), max_size=2)}),

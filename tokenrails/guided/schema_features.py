@@ -609,6 +609,7 @@ def lower_dependencies(schema: Any) -> Any:
     * ``dependentRequired {k: [r...]}`` → ``anyOf [{properties: {k: false}}, {required: [k, r...]}]``
     * ``dependentSchemas {k: S}`` → ``anyOf [{properties: {k: false}}, {allOf: [{required: [k]}, S]}]``
     * ``not {required: [a, b]}`` → ``anyOf [{type: object, properties: {a: false}}, ...b...]``
+    * ``not {propertyNames: false}`` → ``{type: object, minProperties: 1}``
     * ``not {type: T}`` → ``type: <the other types>`` (unless that needs "non-integer number")
 
     Any other ``not`` is left alone (the backend then refuses it).
@@ -656,6 +657,8 @@ def _lower_not(value: Any) -> Any:
         # required is vacuously true on non-objects, so its negation needs an object
         branches = [{"type": "object", "properties": {n: False}} for n in names]
         return branches[0] if len(branches) == 1 else {"anyOf": branches}
+    if value == {"propertyNames": False}:  # "no property at all" negated: a non-empty object
+        return {"type": "object", "minProperties": 1}
     if set(value) == {"type"}:
         t = value["type"]
         banned = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else None
