@@ -74,7 +74,7 @@ def parse_request(obj: Any) -> NormalizedRequest:
     if isinstance(obj, (str, bytes)):
         try:
             obj = json.loads(obj)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # bad UTF-8, deep nesting
             raise InvalidGuideError(f"request is not valid JSON: {exc}") from exc
     if hasattr(obj, "model_dump") and not isinstance(obj, type):
         obj = obj.model_dump(exclude_none=True, by_alias=True)
