@@ -39,7 +39,7 @@ def parse_response_format(rf: Any) -> RawConstraint | None:
     if isinstance(rf, (str, bytes)):
         try:
             rf = json.loads(rf)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # bad UTF-8, deep nesting
             raise InvalidGuideError(f"response_format is not valid JSON: {exc}") from exc
     if hasattr(rf, "model_dump") and not isinstance(rf, type):
         rf = rf.model_dump(exclude_none=True, by_alias=True)
@@ -115,7 +115,7 @@ def canonical_structural_tag(tag: Any) -> dict:
     if isinstance(tag, (str, bytes)):
         try:
             tag = json.loads(tag)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # bad UTF-8, deep nesting
             raise InvalidGuideError(f"structural tag is not valid JSON: {exc}") from exc
     if hasattr(tag, "model_dump") and not isinstance(tag, type):
         tag = tag.model_dump(exclude_none=True, by_alias=True)
