@@ -71,7 +71,8 @@ def _rss_mb() -> float:
 
 
 def test_ten_thousand_mixed_requests(vocab):
-    limits = GuideLimits(compile_timeout_s=0.005)
+    # small caches: they fill during warm-up, so any later growth would be a leak, not caching
+    limits = GuideLimits(compile_timeout_s=0.005, cache_max_entries=32, cache_max_bytes=32 << 20)
     mgr = GuidedDecodingManager(vocab, backend="soak-slow", limits=limits, compile_workers=2)
     rng = random.Random(0)
     gen = torch.Generator().manual_seed(0)
