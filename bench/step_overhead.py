@@ -49,9 +49,16 @@ DOC = {
 }
 
 
-def trajectory(tokenizer, vocab: Vocabulary) -> list[int]:
-    ids = tokenizer.encode(json.dumps(DOC), add_special_tokens=False)  # xgrammar compact = ", " ": "
-    return ids + [vocab.eos_ids[0]]
+def trajectory(tokenizer, vocab: Vocabulary, guide) -> list[int]:
+    """DOC tokenized in the whitespace style this guide's language uses (xgrammar's compact JSON
+    is ``", "``/``": "``; outlines' lowering with any_whitespace=False has no whitespace)."""
+    for separators in ((", ", ": "), (",", ":")):
+        ids = tokenizer.encode(json.dumps(DOC, separators=separators), add_special_tokens=False)
+        ids.append(vocab.eos_ids[0])
+        m = guide.matcher()
+        if all(m.accept_token(t) for t in ids):
+            return ids
+    raise SystemExit("no whitespace style of DOC is accepted by the guide")
 
 
 def naive_loop(xgr_info, compiled, traj, batch: int, steps: int) -> tuple[float, float]:
@@ -128,16 +135,16 @@ def main() -> None:
         vocab = Vocabulary.from_huggingface(tok)
         spec = GuideSpec.json_schema(SCHEMA, any_whitespace=False)
         xgr_guide = compile_guide(spec, vocab, backend="xgrammar")
-        traj = trajectory(tok, vocab)
+        xgr_traj = trajectory(tok, vocab, xgr_guide)
         info = xgr_guide.grammar.tokenizer_info
         for backend in args.backends.split(","):
             try:
-                compile_guide(spec, vocab, backend=backend)
+                traj = trajectory(tok, vocab, compile_guide(spec, vocab, backend=backend))
             except Exception as exc:  # noqa: BLE001 - report and go on
                 print(f"skip {backend}: {exc}", file=sys.stderr)
                 continue
             for b in batches:
-                runs_naive = [naive_loop(info, xgr_guide.grammar, traj, b, steps) for _ in range(3)]
+                runs_naive = [naive_loop(info, xgr_guide.grammar, xgr_traj, b, steps) for _ in range(3)]
                 runs_ours = [ours(vocab, spec, backend, traj, b, steps) for _ in range(3)]
                 nf = median([r[0] for r in runs_naive]); na = median([r[1] for r in runs_naive])
                 of = median([r[0] for r in runs_ours]); oa = median([r[1] for r in runs_ours])
