@@ -151,3 +151,15 @@ def test_safe_pattern_is_enforced(smollm2_tokenizer, vocab):
     guide = compile_guide(GuideSpec.json_schema({"type": "string", "pattern": "^[A-Z]{2}[0-9]+$"}), vocab, "fsm")
     assert _accepts(guide, smollm2_tokenizer, vocab, '"AB12"')
     assert not _accepts(guide, smollm2_tokenizer, vocab, '"ab12"')
+
+
+def test_oneof_and_required_without_properties_are_refused_not_weakened(vocab):
+    """outlines lowers oneOf as anyOf and ignores required names it has no property for."""
+    from tokenrails import GuideSpec, UnsupportedGuideError, compile_guide
+
+    for schema in (
+        {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+        {"type": "object", "required": ["id"], "additionalProperties": {"type": "string"}},
+    ):
+        with pytest.raises(UnsupportedGuideError):
+            compile_guide(GuideSpec.json_schema(schema), vocab, backend="fsm")

@@ -59,11 +59,7 @@ CASES = [
     ({"anyOf": [{"type": "string", "maxLength": 2}, {"type": "integer", "maximum": 0}]}, "ab", 1),
 ]
 
-_FSM_BUG = pytest.mark.xfail(
-    reason="fsm backend (not this module): oneOf enforced as anyOf; 'required' names missing from "
-           "'properties' not enforced — reported to the lead", strict=False)
-BACKENDS = ["auto"] + [b for b in ("xgrammar", "llguidance") if b in available_backends()] + (
-    [pytest.param("fsm", marks=_FSM_BUG)] if "fsm" in available_backends() else [])
+BACKENDS = ["auto"] + [b for b in ("xgrammar", "llguidance", "fsm") if b in available_backends()]
 
 
 def _validator(schema):

@@ -68,6 +68,15 @@ def outlines_unenforced(schema: Any) -> list[str]:
         for key, reason in OUTLINES_IGNORED.items():
             if key in sub and not _trivial(key, sub[key]):
                 findings.append(f"{path}: {reason}")
+        one_of = sub.get("oneOf")
+        if isinstance(one_of, list) and len(one_of) > 1:
+            findings.append(f"{path}: oneOf is lowered as anyOf (exclusivity is not enforced)")
+        required = sub.get("required")
+        if isinstance(required, list) and required:
+            props = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
+            missing = [name for name in required if name not in props]
+            if missing:
+                findings.append(f"{path}: required names without a properties entry are not enforced: {missing[:3]}")
         pattern = sub.get("pattern")
         if isinstance(pattern, str):
             if "minLength" in sub or "maxLength" in sub:
