@@ -3,12 +3,14 @@ from .guided.backend import CompiledGuide, Matcher
 from .guided.errors import (
     GuideError,
     GuideLimitError,
+    GuidePolicyError,
     GuideTimeoutError,
     InvalidGuideError,
     TokenRejectedError,
     UnsupportedGuideError,
 )
 from .guided.limits import GuideLimits
+from .guided.policy import GuidePolicy
 from .guided.registry import compile_guide
 from .guided.spec import GuideSpec
 from .guided.vocabulary import Vocabulary
@@ -41,6 +43,8 @@ __all__ = [
     "GuideError",
     "GuideLimitError",
     "GuideLimits",
+    "GuidePolicy",
+    "GuidePolicyError",
     "GuideSpec",
     "GuideTimeoutError",
     "GuidedDecodingManager",

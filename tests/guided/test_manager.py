@@ -188,3 +188,25 @@ def test_bitmask_buffer_is_reused(mgr, vocab):
     for _ in range(3):
         mgr.fill_and_apply(torch.randn(4, vocab.vocab_size), rows)
     assert mgr.step._host is buf
+
+
+def test_operator_policy_refuses_a_kind_for_that_row_only(vocab):
+    from tokenrails import GuidePolicy, GuidePolicyError
+
+    mgr = GuidedDecodingManager(vocab, backend="xgrammar", policy=GuidePolicy.json_schema_only())
+    rows = [GuidedRow("p", 0, GuideSpec.regex("[a-z]+")), GuidedRow("p", 1, GuideSpec.json_schema(SCHEMA))]
+    logits = torch.randn(2, vocab.vocab_size)
+    statuses = mgr.fill_and_apply(logits, rows)
+    assert isinstance(statuses[0].error, GuidePolicyError) and statuses[0].error.rule == "allowed_kinds"
+    assert statuses[1].state is StepStatus.OK
+    assert torch.isfinite(logits[0]).nonzero().reshape(-1).tolist() == list(vocab.eos_ids)
+    mgr.close()
+
+
+def test_auto_reports_a_limit_when_the_request_is_too_big_for_every_backend(vocab):
+    from tokenrails import GuideLimitError, compile_guide
+
+    limits = GuideLimits(max_enum_values=3)
+    with pytest.raises(GuideLimitError) as info:
+        compile_guide(GuideSpec.choice(["a", "b", "c", "d", "e"]), vocab, limits=limits)
+    assert info.value.limit == "max_enum_values"

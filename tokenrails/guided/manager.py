@@ -26,6 +26,7 @@ from .compile_cache import CompileCache
 from .errors import GuideError, GuideTimeoutError, InvalidGuideError
 from .jump_forward import JumpForward, compute_jump_forward
 from .limits import DEFAULT_LIMITS, GuideLimits
+from .policy import DEFAULT_POLICY, GuidePolicy, check_policy
 from .reasoning import ReasoningConfig, ReasoningTracker, ThinkState, tracker_for
 from .registry import compile_guide
 from .spec import GuideSpec
@@ -75,6 +76,7 @@ class GuidedDecodingManager:
         *,
         backend: str = "auto",
         limits: GuideLimits | None = None,
+        policy: GuidePolicy | None = None,
         compile_workers: int = 2,
         fill_threads: int = 2,
         parallel_fill_threshold: int = 16,
@@ -83,6 +85,7 @@ class GuidedDecodingManager:
         self.vocab = vocab
         self.backend = backend
         self.limits = limits or DEFAULT_LIMITS
+        self.policy = policy or DEFAULT_POLICY
         self._cache = CompileCache(self.limits.cache_max_entries, self.limits.cache_max_bytes)
         self._inflight: dict[str, _InFlight] = {}
         self._lock = threading.Lock()
@@ -111,6 +114,7 @@ class GuidedDecodingManager:
 
     def _compile(self, spec: GuideSpec) -> CompiledGuide:
         try:
+            check_policy(spec, self.policy)  # refused requests are negatively cached like bad ones
             guide = compile_guide(spec, self.vocab, self.backend, limits=self.limits)
         except GuideError as exc:
             self._finish(spec.key, "compile_failures", lambda: self._cache.put_error(spec.key, exc))

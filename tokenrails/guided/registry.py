@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import Callable
 
 from .backend import CompiledGuide, GuideBackend
 from .errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
@@ -68,6 +67,7 @@ def compile_guide(
     names = auto_ladder(spec, vocab, limits) if backend == "auto" else [backend]
     reasons: list[str] = []
     last: GuideError | None = None
+    over_limit: GuideLimitError | None = None
     for name in names:
         try:
             impl = get_backend(name, vocab, limits)
@@ -81,11 +81,16 @@ def compile_guide(
                 raise
             reasons.append(f"{name}: {exc}")
             last = exc
+            if over_limit is None and isinstance(exc, GuideLimitError):
+                over_limit = exc
     if last is not None and len(reasons) == 1:
         raise last
+    if over_limit is not None:
+        # Some backend could enforce it but the request is over a limit: that is the real answer.
+        over_limit.args = (f"{over_limit} (tried: {'; '.join(reasons)})",)
+        raise over_limit
     raise UnsupportedGuideError(
         "no backend can enforce this constraint exactly: " + "; ".join(reasons), feature=spec.kind
     )
 
 
-Compiler = Callable[[GuideSpec], CompiledGuide]
