@@ -24,7 +24,7 @@ from .helpers import decode_text
 
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,8}$"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
     "required": ["name", "n"],
     "additionalProperties": False,
 }

@@ -21,7 +21,7 @@ SCHEMAS = [
     {
         "type": "object",
         "properties": {
-            "name": {"type": "string", "maxLength": 12},
+            "name": {"type": "string", "pattern": "^[A-Za-z ]{0,12}$"},
             "age": {"type": "integer", "minimum": 0, "maximum": 150},
             "member": {"type": "boolean"},
         },
@@ -32,7 +32,7 @@ SCHEMAS = [
         "type": "object",
         "properties": {
             "color": {"enum": ["red", "green", "blue"]},
-            "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
+            "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{0,5}$"}, "maxItems": 3},
         },
         "required": ["color", "tags"],
         "additionalProperties": False,
@@ -163,3 +163,12 @@ def test_error_messages_carry_no_cpp_noise(vocab):
         compile_guide(GuideSpec.regex("(abc"), vocab, backend="xgrammar")
     msg = str(info.value)
     assert "position" in msg and "/project/" not in msg and not re.search(r"\[\d\d:\d\d:\d\d\]", msg)
+
+
+def test_length_bounded_strings_never_reach_xgrammar_which_admits_raw_control_characters(vocab):
+    schema = {"type": "string", "maxLength": 5}
+    with pytest.raises(UnsupportedGuideError, match="control characters"):
+        compile_guide(GuideSpec.json_schema(schema), vocab, backend="xgrammar")
+    m = compile_guide(GuideSpec.json_schema(schema), vocab).matcher()  # auto routes elsewhere
+    assert m.accept_token(vocab.token_bytes.index(b'"'))
+    assert not m.accept_token(vocab.token_bytes.index(b"\x1e"))

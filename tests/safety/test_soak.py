@@ -73,6 +73,8 @@ def _rss_mb() -> float:
 def test_ten_thousand_mixed_requests(vocab):
     # small caches: they fill during warm-up, so any later growth would be a leak, not caching
     limits = GuideLimits(compile_timeout_s=0.005, cache_max_entries=32, cache_max_bytes=32 << 20)
+    # managers left open by earlier tests keep their own idle pools: count only this one's threads
+    earlier = set(threading.enumerate())
     mgr = GuidedDecodingManager(vocab, backend="soak-slow", limits=limits, compile_workers=2)
     rng = random.Random(0)
     gen = torch.Generator().manual_seed(0)
@@ -148,12 +150,15 @@ def test_ten_thousand_mixed_requests(vocab):
         while mgr.stats()["compiles_in_flight"] and time.monotonic() < deadline:
             time.sleep(0.01)
         assert mgr.stats()["compiles_in_flight"] == 0
-        compile_threads = [t for t in threading.enumerate() if t.name.startswith("tokenrails-compile")]
+        compile_threads = [
+            t for t in threading.enumerate() if t.name.startswith("tokenrails-compile") and t not in earlier
+        ]
         assert len(compile_threads) <= 2
     finally:
         mgr.close()
     deadline = time.monotonic() + 10
-    while any(t.name.startswith("tokenrails-compile") and t.is_alive() for t in threading.enumerate()):
+    while any(t.name.startswith("tokenrails-compile") and t.is_alive() and t not in earlier
+              for t in threading.enumerate()):
         assert time.monotonic() < deadline, "compile threads did not exit after close()"
         time.sleep(0.01)
 

@@ -14,7 +14,7 @@ from .helpers import BACKENDS, RECORD_REGEX, allowed_set, make_manager, mask_row
 SCHEMA = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 6},
+        "name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
         "kind": {"enum": ["alpha", "beta"]},
         "tags": {"type": "array", "items": {"enum": ["x", "yy"]}, "maxItems": 2},
         "n": {"type": "integer"},

@@ -13,7 +13,7 @@ from .helpers import BACKENDS, RECORD_REGEX, make_manager, mask_row, reference_m
 
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,6}$"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
     "required": ["name", "n"],
     "additionalProperties": False,
 }

@@ -11,7 +11,6 @@ Backend hints are validated and returned by ``parse_request`` (never part of the
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -22,6 +21,7 @@ from .response_format import (
     RawConstraint,
     canonical_structural_tag,
     is_pydantic_model_class,
+    load_json_like,
     parse_response_format,
 )
 from .schema_transforms import disable_additional_properties
@@ -71,13 +71,7 @@ def parse_request(obj: Any) -> NormalizedRequest:
             "a pydantic model class is a schema, not a request: use GuideSpec.json_schema(Model) "
             "or {'response_format': Model}"
         )
-    if isinstance(obj, (str, bytes)):
-        try:
-            obj = json.loads(obj)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # bad UTF-8, deep nesting
-            raise InvalidGuideError(f"request is not valid JSON: {exc}") from exc
-    if hasattr(obj, "model_dump") and not isinstance(obj, type):
-        obj = obj.model_dump(exclude_none=True, by_alias=True)
+    obj = load_json_like(obj, "request")
     if not isinstance(obj, Mapping):
         raise InvalidGuideError(f"unsupported request type {type(obj).__name__}")
     req = _Collector()

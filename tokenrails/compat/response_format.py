@@ -32,17 +32,23 @@ def is_pydantic_model_class(obj: Any) -> bool:
     return isinstance(obj, type) and callable(getattr(obj, "model_json_schema", None))
 
 
+def load_json_like(obj: Any, what: str) -> Any:
+    """JSON text → its value and pydantic instances → dicts (by alias); anything else unchanged."""
+    if isinstance(obj, (str, bytes)):
+        try:
+            obj = json.loads(obj)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # bad UTF-8, deep nesting
+            raise InvalidGuideError(f"{what} is not valid JSON: {exc}") from exc
+    if hasattr(obj, "model_dump") and not isinstance(obj, type):
+        obj = obj.model_dump(exclude_none=True, by_alias=True)
+    return obj
+
+
 def parse_response_format(rf: Any) -> RawConstraint | None:
     """``None`` for ``{"type": "text"}``; raises ``InvalidGuideError`` for anything malformed."""
     if is_pydantic_model_class(rf):  # openai SDK's ``parse(response_format=Model)``
         return ("json_schema", rf.model_json_schema())
-    if isinstance(rf, (str, bytes)):
-        try:
-            rf = json.loads(rf)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # bad UTF-8, deep nesting
-            raise InvalidGuideError(f"response_format is not valid JSON: {exc}") from exc
-    if hasattr(rf, "model_dump") and not isinstance(rf, type):
-        rf = rf.model_dump(exclude_none=True, by_alias=True)
+    rf = load_json_like(rf, "response_format")
     if not isinstance(rf, Mapping):
         raise InvalidGuideError(f"response_format must be an object, got {type(rf).__name__}")
     kind = rf.get("type")
@@ -112,13 +118,7 @@ def canonical_structural_tag(tag: Any) -> dict:
     Legacy: ``{"structures": [...], "triggers": [...]}``; xgrammar ≥ 0.1.25:
     ``{"type": "structural_tag", "format": {...}}``.
     """
-    if isinstance(tag, (str, bytes)):
-        try:
-            tag = json.loads(tag)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # bad UTF-8, deep nesting
-            raise InvalidGuideError(f"structural tag is not valid JSON: {exc}") from exc
-    if hasattr(tag, "model_dump") and not isinstance(tag, type):
-        tag = tag.model_dump(exclude_none=True, by_alias=True)
+    tag = load_json_like(tag, "structural tag")
     if not isinstance(tag, Mapping):
         raise InvalidGuideError("structural tag must be an object or JSON text")
     if tag.get("type", "structural_tag") != "structural_tag":

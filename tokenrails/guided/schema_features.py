@@ -396,6 +396,12 @@ def xgrammar_unenforced(schema: Any) -> list[str]:
             findings.append(f"{path}: a string with both pattern and format")
         if "format" in sub and has_len:
             findings.append(f"{path}: a string with both format and min/maxLength (length bound dropped)")
+        elif has_len and "pattern" not in sub and _is_string_schema(sub):
+            # xgrammar 0.2.8 lowers a length-bounded string to [^"\\\r\n]{m,n}: raw control
+            # characters (invalid JSON) are allowed and escape sequences are not.
+            findings.append(
+                f"{path}: a string with min/maxLength (xgrammar admits raw control characters there)"
+            )
         fmt = sub.get("format")
         if isinstance(fmt, str) and fmt not in XGRAMMAR_FORMATS and _is_string_schema(sub):
             findings.append(f"{path}: format {fmt!r} is not enforced")

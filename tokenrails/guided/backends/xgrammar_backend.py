@@ -81,8 +81,10 @@ class XGrammarMatcher(Matcher):
     def accept_token(self, token_id: int) -> bool:
         if self._m.is_terminated():
             return False
-        if not 0 <= token_id < self.vocab.vocab_size:
-            return False
+        if not 0 <= token_id < self.vocab.num_tokens:
+            return False  # padding ids are never grammar tokens
+        if token_id in self.vocab.special_ids and token_id not in self.vocab.eos_ids:
+            return False  # answered here: xgrammar would also log a warning per rejected special
         return bool(self._m.accept_token(int(token_id)))
 
     def rollback(self, num_tokens: int) -> None:
