@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable, Sequence
 
@@ -87,9 +86,10 @@ class BatchedGuidedStep:
     ):
         self.manager = manager
         self.words = (manager.vocab.vocab_size + 31) // 32
+        # Kept for API compatibility: filling now uses each backend's native batch fill
+        # (see _fill_grouped), which brings its own threads.
         self.parallel_fill_threshold = parallel_fill_threshold
         self.fill_threads = max(1, fill_threads)
-        self._pool = ThreadPoolExecutor(self.fill_threads, thread_name_prefix="tokenrails-fill") if self.fill_threads > 1 else None
         self._host = torch.empty((0, self.words), dtype=torch.int32)
         self._dev: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._index_host = torch.empty(0, dtype=torch.int32)
@@ -240,5 +240,4 @@ class BatchedGuidedStep:
         return RowStatus(StepStatus.REJECTED, st.error)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
+        """Nothing to release: buffers are freed with the object (kept for API symmetry)."""

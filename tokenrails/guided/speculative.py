@@ -60,12 +60,9 @@ def fill_and_apply_spec(
             _, _, base, st, d = blocks[b]
             valid[b] = _fill_block(step, st, d, bitmask, base)
 
-    nb = len(blocks)
-    if step._pool is not None and nb >= step.parallel_fill_threshold:
-        chunk = (nb + step.fill_threads - 1) // step.fill_threads
-        list(step._pool.map(lambda s: run(s, min(nb, s + chunk)), range(0, nb, chunk)))
-    else:
-        run(0, nb)
+    # Serial on purpose: each block advances and rolls back its own matcher through the drafts,
+    # and a Python thread pool over blocks measured slower than serial (the GIL).
+    run(0, len(blocks))
     index = step._index_host[:mask_rows]
     index.numpy()[:] = [lo + j for (_, lo, _, _, d) in blocks for j in range(1 + len(d))]
     for b, (i, _, _, st, _) in enumerate(blocks):
