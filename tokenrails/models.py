@@ -129,6 +129,25 @@ def _load_gguf_tokenizer(gguf: Path) -> Any:
     return tok
 
 
+def _forget_gguf_quantization(model) -> None:
+    """transformers de-quantizes GGUF weights to ``dtype`` on load, yet newer releases (≥ 5.2x)
+    keep a GGUF quantizer on the model and refuse ``save_pretrained``. The weights are plain
+    float32 tensors by then, so drop the marker to save them as an ordinary model."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    for obj in (model, model.config):
+        if getattr(obj, "quantization_config", None) is not None:
+            try:
+                delattr(obj, "quantization_config")
+            except AttributeError:
+                obj.quantization_config = None
+    if getattr(model, "is_quantized", False) is True:
+        try:
+            model.is_quantized = False
+        except AttributeError:  # a read-only property derived from hf_quantizer
+            pass
+
+
 def _convert_gguf(gguf: Path, target: Path, quiet: bool) -> None:
     """De-quantize ``gguf`` once into a float32 safetensors directory at ``target`` (atomically)."""
     import torch
@@ -138,6 +157,7 @@ def _convert_gguf(gguf: Path, target: Path, quiet: bool) -> None:
     t0 = time.perf_counter()
     tokenizer = _load_gguf_tokenizer(gguf)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    _forget_gguf_quantization(model)
     if model.generation_config.eos_token_id is None:
         model.generation_config.eos_token_id = tokenizer.eos_token_id
     if model.generation_config.pad_token_id is None:
