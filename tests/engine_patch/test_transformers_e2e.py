@@ -24,16 +24,8 @@ from tokenrails.engine_patch.transformers import (
 
 pytestmark = pytest.mark.slow
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "customer_name": {"type": "string", "maxLength": 40},
-        "account_status": {"enum": ["active", "suspended", "closed"]},
-        "age": {"type": "integer", "minimum": 0, "maximum": 130},
-    },
-    "required": ["customer_name", "account_status", "age"],
-    "additionalProperties": False,
-}
+# the demo's extraction schema: long fixed keys, an enum and bounded values
+from tokenrails.cli import DEMO_SCHEMA as SCHEMA  # noqa: E402
 PROMPTS = [
     "Extract the customer record as JSON: Maria Lopez, 34 years old, her account is active.",
     "What is the date of the first Moon landing? Answer in ISO format.",
