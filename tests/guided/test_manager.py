@@ -18,7 +18,7 @@ from tokenrails import (
 )
 from tokenrails.guided.backend import CompiledGuide, GuideBackend
 from tokenrails.guided.manager import GuidedRow, StepStatus
-from tokenrails.guided.registry import register_backend
+from tokenrails.guided.registry import register_backend, unregister_backend
 
 from .helpers import decode_text
 
@@ -154,14 +154,17 @@ class _SlowBackend(GuideBackend):
 def test_compile_timeout_is_per_request(vocab):
     register_backend("slow-test", _SlowBackend)
     mgr = GuidedDecodingManager(vocab, backend="slow-test", limits=GuideLimits(compile_timeout_s=0.2))
-    start = time.monotonic()
-    with pytest.raises(GuideTimeoutError) as info:
-        mgr.get_compiled(GuideSpec.regex("a"))
-    assert time.monotonic() - start < 2
-    assert info.value.limit == "compile_timeout_s"
-    assert mgr.stats()["timeouts"] == 1
-    _SlowBackend.release.set()
-    mgr.close()
+    try:
+        start = time.monotonic()
+        with pytest.raises(GuideTimeoutError) as info:
+            mgr.get_compiled(GuideSpec.regex("a"))
+        assert time.monotonic() - start < 2
+        assert info.value.limit == "compile_timeout_s"
+        assert mgr.stats()["timeouts"] == 1
+    finally:  # never leave a test backend where other tests (e.g. `tokenrails check`) would find it
+        _SlowBackend.release.set()
+        mgr.close()
+        unregister_backend("slow-test")
 
 
 def test_prefetch_overlaps_and_then_hits_the_cache(mgr):

@@ -20,7 +20,7 @@ from tokenrails.guided.backends.xgrammar_backend import XGrammarBackend
 from tokenrails.guided.errors import GuideError
 from tokenrails.guided.limits import GuideLimits
 from tokenrails.guided.manager import GuidedDecodingManager, GuidedRow, StepStatus
-from tokenrails.guided.registry import register_backend
+from tokenrails.guided.registry import register_backend, unregister_backend
 
 N_REQUESTS = 10_000
 BATCH = 32
@@ -46,7 +46,12 @@ class SlowBackend(GuideBackend):
         return self.inner.compile(spec)
 
 
-register_backend("soak-slow", SlowBackend)
+@pytest.fixture(autouse=True, scope="module")
+def _soak_backend():
+    """Registered for this module only: other tests list every available backend."""
+    register_backend("soak-slow", SlowBackend)
+    yield
+    unregister_backend("soak-slow")
 
 VALID = [
     GuideSpec.json_schema({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],

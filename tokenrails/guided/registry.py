@@ -23,6 +23,11 @@ def register_backend(name: str, target: str | type[GuideBackend]) -> None:
     _BACKENDS[name] = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
 
 
+def unregister_backend(name: str) -> None:
+    """Remove a backend registered with ``register_backend`` (tests, plugins being unloaded)."""
+    _BACKENDS.pop(name, None)
+
+
 def available_backends() -> list[str]:
     return [n for n in _BACKENDS if _load_class(n) is not None]
 
