@@ -163,3 +163,10 @@ def test_oneof_and_required_without_properties_are_refused_not_weakened(vocab):
     ):
         with pytest.raises(UnsupportedGuideError):
             compile_guide(GuideSpec.json_schema(schema), vocab, backend="fsm")
+
+
+def test_contains_an_empty_schema_still_demands_an_item(vocab):
+    """``contains: {}`` rejects ``[]``; outlines drops ``contains``, so fsm must refuse it."""
+    schema = {"type": "array", "items": {"type": "integer"}, "contains": {}}
+    with pytest.raises(UnsupportedGuideError, match="contains"):
+        compile_guide(GuideSpec.json_schema(schema), vocab, backend="fsm")

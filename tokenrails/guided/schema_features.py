@@ -387,7 +387,7 @@ def xgrammar_unenforced(schema: Any) -> list[str]:
     findings: list[str] = []
     for path, sub, _ in iter_subschemas(schema):
         for key, reason in XGRAMMAR_IGNORED.items():
-            if key in sub and not _trivial(key, sub[key]):
+            if key in sub and not constrains_nothing(key, sub[key]):
                 findings.append(f"{path}: {reason}")
         has_len = "minLength" in sub or "maxLength" in sub
         if "pattern" in sub and has_len:
@@ -553,8 +553,11 @@ def _is_string_schema(sub: dict) -> bool:
     return t is None or t == "string" or (isinstance(t, list) and "string" in t)
 
 
-def _trivial(key: str, value: Any) -> bool:
-    """Keyword values that constrain nothing."""
+def constrains_nothing(key: str, value: Any) -> bool:
+    """Keyword values that constrain nothing, so a backend dropping them loses nothing.
+
+    Shared by every backend's "would this be silently ignored" analysis. ``contains: {}`` is not
+    here on purpose: it still demands a non-empty array."""
     if key == "uniqueItems":
         return value is False
     if key in ("minProperties", "minContains"):

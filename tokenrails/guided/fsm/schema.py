@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
-from ..schema_features import iter_subschemas
+from ..schema_features import constrains_nothing, iter_subschemas
 from ..spec import GuideSpec
 from .charset import Ranges
 from .regex_ast import Alt, CharSet, Concat, Node, Repeat
@@ -48,25 +48,12 @@ OUTLINES_IGNORED: dict[str, str] = {
 DEFAULT_COMPACT_WHITESPACE = ""  # any_whitespace=False: no whitespace between JSON tokens
 
 
-def _trivial(key: str, value: Any) -> bool:
-    """Keyword values that constrain nothing (so dropping them is harmless)."""
-    if key == "uniqueItems":
-        return value is not True
-    if key in ("minProperties", "minContains"):
-        return value == 0
-    if key in ("patternProperties", "dependentSchemas", "dependentRequired", "dependencies"):
-        return value == {}
-    if key in ("propertyNames", "unevaluatedItems", "unevaluatedProperties", "contains"):
-        return value is True or value == {}
-    return False
-
-
 def outlines_unenforced(schema: Any) -> list[str]:
     """Findings (``"#/path: reason"``) for keywords outlines-core would drop from ``schema``."""
     findings = []
     for path, sub, _ in iter_subschemas(schema):
         for key, reason in OUTLINES_IGNORED.items():
-            if key in sub and not _trivial(key, sub[key]):
+            if key in sub and not constrains_nothing(key, sub[key]):
                 findings.append(f"{path}: {reason}")
         one_of = sub.get("oneOf")
         if isinstance(one_of, list) and len(one_of) > 1:
