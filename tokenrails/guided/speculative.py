@@ -84,34 +84,52 @@ def fill_and_apply_spec(
 
 def _fill_block(step: "BatchedGuidedStep", st: "SequenceState", drafts: list[int], bitmask: torch.Tensor, base: int) -> int:
     """Fill rows ``base … base+len(drafts)``; return how many leading drafts are allowed."""
-    think = st.think
-    advanced = 0
     valid = 0
     dead = False
     eos = step.manager.vocab.eos_ids
-    try:
+    with _Lookahead(step, st) as walk:
         for j in range(len(drafts) + 1):
             if dead:
                 eos_only_row(bitmask[base + j], eos)
                 continue
-            step.fill_row(st, think, bitmask, base + j)
+            step.fill_row(st, walk.think, bitmask, base + j)
             if j == len(drafts) or st.error is not None:
                 dead = st.error is not None
                 continue
-            nxt = _tentative(step, st, think, drafts[j])
-            if nxt is False:
+            if not walk.advance(drafts[j]):
                 dead = True
                 continue
-            if nxt is True:
-                advanced += 1
-            else:
-                think = nxt
             valid += 1
-    finally:
-        if advanced:
-            assert st.matcher is not None
-            st.matcher.rollback(advanced)
     return valid
+
+
+class _Lookahead:
+    """Walks one sequence through draft tokens tentatively (thinking section included) and rolls
+    its matcher back exactly on exit: no matcher copies."""
+
+    def __init__(self, step: "BatchedGuidedStep", st: "SequenceState"):
+        self.step, self.st = step, st
+        self.think = st.think
+        self.advanced = 0
+
+    def __enter__(self) -> "_Lookahead":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.advanced:
+            assert self.st.matcher is not None
+            self.st.matcher.rollback(self.advanced)
+
+    def advance(self, tok: int) -> bool:
+        """Take one draft; False (state unchanged) when it is not allowed."""
+        nxt = _tentative(self.step, self.st, self.think, tok)
+        if nxt is False:
+            return False
+        if nxt is True:
+            self.advanced += 1
+        else:
+            self.think = nxt
+        return True
 
 
 def _tentative(step: "BatchedGuidedStep", st: "SequenceState", think, tok: int):
@@ -134,21 +152,12 @@ def count_valid(step: "BatchedGuidedStep", st: "SequenceState", tokens: Sequence
     if think is None or think.done:
         matcher = step.manager.resolve_matcher(st)
         return 0 if matcher is None else matcher.validate_tokens([int(t) for t in tokens])
-    advanced = n = 0
-    try:
+    n = 0
+    with _Lookahead(step, st) as walk:
         for tok in tokens:
-            nxt = _tentative(step, st, think, int(tok))
-            if nxt is False:
+            if not walk.advance(int(tok)):
                 break
-            if nxt is True:
-                advanced += 1
-            else:
-                think = nxt
             n += 1
-    finally:
-        if advanced:
-            assert st.matcher is not None
-            st.matcher.rollback(advanced)
     return n
 
 
