@@ -98,7 +98,19 @@ def workloads() -> list[tuple[str, str, str, list[str] | None]]:
 
 
 # ---- engines: each exposes compile(regex, choices) -> matcher-like with fill(bm)/accept(t) ----
-class Ours:
+class _MatcherEngine:
+    """Engines whose matcher speaks tokenrails'/xgrammar's fill_next_token_bitmask/accept_token."""
+
+    @staticmethod
+    def fill(m, bm):
+        m.fill_next_token_bitmask(bm, 0)
+
+    @staticmethod
+    def accept(m, t):
+        return m.accept_token(t)
+
+
+class Ours(_MatcherEngine):
     name = "fsm"
 
     def __init__(self, vocab: Vocabulary):
@@ -113,19 +125,11 @@ class Ours:
         return guide, guide.matcher
 
     @staticmethod
-    def fill(m, bm):
-        m.fill_next_token_bitmask(bm, 0)
-
-    @staticmethod
-    def accept(m, t):
-        return m.accept_token(t)
-
-    @staticmethod
     def memory(guide):
         return guide.memory_bytes
 
 
-class XGrammar:
+class XGrammar(_MatcherEngine):
     name = "xgrammar"
 
     def __init__(self, tokenizer, vocab: Vocabulary):
@@ -139,14 +143,6 @@ class XGrammar:
     def compile(self, regex, choices):
         g = self.compiler.compile_regex(regex)
         return g, lambda: self.xgr.GrammarMatcher(g)
-
-    @staticmethod
-    def fill(m, bm):
-        m.fill_next_token_bitmask(bm, 0)
-
-    @staticmethod
-    def accept(m, t):
-        return m.accept_token(t)
 
     @staticmethod
     def memory(g):
