@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import torch
 import xgrammar as xgr
@@ -106,13 +107,16 @@ class XGrammarMatcher(Matcher):
         return self._m.is_terminated() or bool(self._m.is_completed())
 
 
-_BATCH: list[xgr.BatchGrammarMatcher] = []
+_BATCH = threading.local()
 
 
 def _batch_matcher() -> xgr.BatchGrammarMatcher:
-    if not _BATCH:
-        _BATCH.append(xgr.BatchGrammarMatcher(max_threads="auto"))
-    return _BATCH[0]
+    """One per calling thread: engines fill from worker threads, and xgrammar does not promise
+    that one BatchGrammarMatcher may run two batch fills at once."""
+    matcher = getattr(_BATCH, "matcher", None)
+    if matcher is None:
+        matcher = _BATCH.matcher = xgr.BatchGrammarMatcher(max_threads="auto")
+    return matcher
 
 
 def _bit(i: int) -> int:
