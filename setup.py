@@ -1,16 +1,22 @@
-"""Only job: ship the LMDeploy start-up hook (a ``.pth``) at the wheel root, i.e. site-packages.
+"""Two jobs: ship the LMDeploy start-up hook (a ``.pth``) at the wheel root, and build the optional
+C kernels (``tokenrails._apply_native``, ``tokenrails._fsm_native``).
 
 The hook costs one environment lookup per interpreter start and activates the engine upgrade
 only in processes started with ``TOKENRAILS_LMDEPLOY=1`` (see docs/lmdeploy.md). Editable installs
 use ``tokenrails lmdeploy install-hook`` instead.
+
+The C modules are plain CPython extensions with no dependency beyond a C compiler. They are
+``optional``: without a compiler the install still succeeds and the numpy paths run instead
+(``tokenrails.native.status()`` tells which is active).
 """
 import shutil
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 PTH = Path("tokenrails/engine_patch/lmdeploy/tokenrails_lmdeploy.pth")
+C_FLAGS = ["-O3", "-std=c11", "-fno-strict-aliasing", "-Wall"]
 
 
 class BuildWithStartupHook(build_py):
@@ -19,4 +25,9 @@ class BuildWithStartupHook(build_py):
         shutil.copyfile(PTH, Path(self.build_lib) / PTH.name)
 
 
-setup(cmdclass={"build_py": BuildWithStartupHook})
+def native(name: str) -> Extension:
+    return Extension(f"tokenrails._{name}_native", [f"csrc/{name}_native.c"],
+                     extra_compile_args=C_FLAGS, optional=True)
+
+
+setup(cmdclass={"build_py": BuildWithStartupHook}, ext_modules=[native("apply"), native("fsm")])
