@@ -42,6 +42,7 @@ def test_check_json_output_and_rejection_exits_nonzero(tmp_path, capsys):
     bad.write_text('root ::= ( "a"\n')
     rc = main(["check", "--tokenizer", FIXTURE_TOKENIZER, "--backend", "xgrammar", "--json", str(bad), "regex:a+"])
     report = json.loads(capsys.readouterr().out)
+    assert set(report["native"]) == {"apply", "fsm"}
     assert rc == 1
     bad_entry, good_entry = report["specs"]
     assert bad_entry["supported_by"] == [] and "InvalidGuideError" in bad_entry["backends"]["xgrammar"]["error"]

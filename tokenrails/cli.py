@@ -94,9 +94,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         if not entry["supported_by"]:
             failed += 1
         report.append(entry)
+    from .native import status as native_status
+
+    native = native_status()
     if args.json:
-        print(json.dumps({"tokenizer": vocab.name, "backends": backends, "specs": report}, indent=2))
+        print(json.dumps({"tokenizer": vocab.name, "backends": backends, "native": native, "specs": report},
+                         indent=2))
     else:
+        built = [f"{name}={'C' if on else 'numpy'}" for name, on in native.items()]
+        print(f"kernels: {', '.join(built)}  (C modules are built at install when a compiler is present)")
         for entry in report:
             print(f"{entry['spec']}  ({entry.get('kind', 'unreadable')})")
             if "error" in entry:
