@@ -1,11 +1,15 @@
-"""CPU bitmask-apply benchmark: tokenrails' CPU kernel vs xgrammar's C++ CPU kernel vs the reference.
+"""CPU bitmask-apply benchmark: tokenrails' CPU kernels (the C one and the numpy fallback) vs
+xgrammar's C++ CPU kernel vs the reference.
 
 Half the rows of each batch are guided (compact bitmask + indices for us; xgrammar takes a full
-bitmask and the same indices). Times are medians of many runs on one thread; ours and xgrammar's alternate
-(so machine noise hits both alike), the reference is timed on its own.
+bitmask and the same indices). Times are medians of many runs on one thread; native, numpy and
+xgrammar runs alternate (so machine noise hits them alike), the reference is timed on its own.
+Every implementation gets its own copy of the same logits; the results are checked bit-equal.
+"native" is the public entry point ``tokenrails.apply_token_bitmask_inplace`` (argument checks,
+dispatch, the C kernel); "numpy" is the same checks + the numpy path, without the dispatch.
 
     OMP_NUM_THREADS=1 python bench/kernel_apply.py [--vocab 49152 151936] [--batch 1 16 64 256]
-        [--masks random grammar allowed] [--dtype float32] [--runs 30]
+        [--masks random grammar allowed] [--dtype float32 bfloat16] [--runs 30] [--no-reference]
 
 Mask kinds: ``random`` (uniform random bits); ``structural`` (shaped like a real JSON mask at a
 structural position: ~0.5% of tokens allowed, scattered); ``instring`` (inside a JSON string: ~3%
@@ -24,7 +28,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tokenrails.kernels import apply_token_bitmask_inplace_cpu, apply_token_bitmask_inplace_reference  # noqa: E402
+from tokenrails import native  # noqa: E402
+from tokenrails.kernels import (  # noqa: E402
+    apply_token_bitmask_inplace,
+    apply_token_bitmask_inplace_reference,
+    check_apply_args,
+)
+from tokenrails.kernels.cpu import apply_checked_numpy  # noqa: E402
 
 
 def mask_rows(kind: str, rows: int, vocab: int, rng: np.random.Generator) -> torch.Tensor:
@@ -68,7 +78,7 @@ def main() -> None:
     parser.add_argument(
         "--masks", nargs="+", default=["random", "grammar", "structural", "instring", "allowed"]
     )
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--runs", type=int, default=30, help="minimum runs per cell (median)")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds per cell, at least --runs runs")
     parser.add_argument("--no-reference", action="store_true", help="skip the (slow) reference column")
@@ -76,43 +86,56 @@ def main() -> None:
     torch.set_num_threads(1)
     import xgrammar as xgr
 
-    dtype = getattr(torch, args.dtype)
+    if native.load("apply") is None:
+        raise SystemExit("tokenrails._apply_native is not built (or TOKENRAILS_NATIVE=0): nothing to compare")
     rng = np.random.default_rng(0)
-    print(f"dtype={args.dtype}, torch threads={torch.get_num_threads()}, half the rows guided; ms per call")
-    header = f"{'vocab':>7} {'batch':>5} {'rows':>4} {'mask':>8} | {'ours':>8} {'xgrammar':>9} {'reference':>9} | {'ours/xgr':>8} {'ref/ours':>8}"
+    print(f"torch threads={torch.get_num_threads()}, half the rows guided; ms per call (median)")
+    header = (
+        f"{'dtype':>8} {'vocab':>7} {'batch':>5} {'rows':>4} {'mask':>10} | {'native':>8} {'numpy':>8} "
+        f"{'xgrammar':>9} {'reference':>9} | {'nat/xgr':>7} {'np/xgr':>7} {'ref/nat':>8}"
+    )
     print(header)
     print("-" * len(header))
-    for vocab in args.vocab:
-        for batch in args.batch:
-            guided = list(range(0, batch, 2)) if batch > 1 else [0]
-            for kind in args.masks:
-                compact = mask_rows(kind, len(guided), vocab, rng)
-                full = torch.full((batch, compact.shape[1]), -1, dtype=torch.int32)
-                full[guided] = compact
-                ours_logits = torch.randn(batch, vocab).to(dtype)
-                xgr_logits, ref_logits = ours_logits.clone(), ours_logits.clone()
-                ours, theirs = interleaved_medians(
-                    [
-                        lambda: apply_token_bitmask_inplace_cpu(ours_logits, compact, guided),
-                        lambda: xgr.apply_token_bitmask_inplace(xgr_logits, full, indices=guided, backend="cpu"),
-                    ],
-                    args.runs,
-                    args.budget,
-                )
-                ref = float("nan")
-                if not args.no_reference:  # timed on its own: its traffic would evict the others' caches
-                    (ref,) = interleaved_medians(
-                        [lambda: apply_token_bitmask_inplace_reference(ref_logits, compact, guided)],
-                        max(3, args.runs // 5),
-                        args.budget / 2,
+    worst = 0.0
+    for dtype_name in args.dtype:
+        dtype = getattr(torch, dtype_name)
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        for vocab in args.vocab:
+            for batch in args.batch:
+                guided = list(range(0, batch, 2)) if batch > 1 else [0]
+                for kind in args.masks:
+                    compact = mask_rows(kind, len(guided), vocab, rng)
+                    full = torch.full((batch, compact.shape[1]), -1, dtype=torch.int32)
+                    full[guided] = compact
+                    nat_logits = torch.randn(batch, vocab).to(dtype)
+                    np_logits, xgr_logits, ref_logits = nat_logits.clone(), nat_logits.clone(), nat_logits.clone()
+                    nat, nump, theirs = interleaved_medians(
+                        [
+                            lambda: apply_token_bitmask_inplace(nat_logits, compact, guided),
+                            lambda: apply_checked_numpy(check_apply_args(np_logits, compact, guided)),
+                            lambda: xgr.apply_token_bitmask_inplace(xgr_logits, full, indices=guided, backend="cpu"),
+                        ],
+                        args.runs,
+                        args.budget,
                     )
-                assert torch.equal(ours_logits.view(torch.int16 if dtype != torch.float32 else torch.int32),
-                                   xgr_logits.view(torch.int16 if dtype != torch.float32 else torch.int32))
-                print(
-                    f"{vocab:>7} {batch:>5} {len(guided):>4} {kind:>8} | {ours * 1e3:8.3f} {theirs * 1e3:9.3f} "
-                    f"{ref * 1e3:9.3f} | {ours / theirs:8.2f} {ref / ours:8.1f}",
-                    flush=True,
-                )
+                    ref = float("nan")
+                    if not args.no_reference:  # timed on its own: its traffic would evict the others' caches
+                        (ref,) = interleaved_medians(
+                            [lambda: apply_token_bitmask_inplace_reference(ref_logits, compact, guided)],
+                            max(3, args.runs // 5),
+                            args.budget / 2,
+                        )
+                        assert torch.equal(nat_logits.view(bits), ref_logits.view(bits))
+                    assert torch.equal(nat_logits.view(bits), xgr_logits.view(bits))
+                    assert torch.equal(nat_logits.view(bits), np_logits.view(bits))
+                    worst = max(worst, nat / theirs)
+                    print(
+                        f"{dtype_name:>8} {vocab:>7} {batch:>5} {len(guided):>4} {kind:>10} | {nat * 1e3:8.3f} "
+                        f"{nump * 1e3:8.3f} {theirs * 1e3:9.3f} {ref * 1e3:9.3f} | {nat / theirs:7.2f} "
+                        f"{nump / theirs:7.2f} {ref / nat:8.1f}",
+                        flush=True,
+                    )
+    print(f"worst native/xgrammar: {worst:.2f}")
 
 
 if __name__ == "__main__":

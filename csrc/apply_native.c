@@ -1,13 +1,304 @@
-/* tokenrails._apply_native -- placeholder module; the real functions land with their Python wrapper. */
+/* tokenrails._apply_native -- the CPU token-bitmask apply, in C.
+ *
+ * One function, apply(), called by tokenrails/kernels/cpu.py with raw data pointers of tensors the
+ * Python side has already validated (dtype, shapes, vocab_size, index range). This file re-checks
+ * every size and index it relies on, so a bad call raises ValueError instead of writing out of
+ * bounds -- before any logit is written.
+ *
+ * Per masked row, the whole words of the bitmask are walked in units of 64 columns (two words),
+ * grouped in blocks of 256 columns (eight words):
+ *   - a block whose eight words are all -1 (every token allowed) is skipped after one AND/compare:
+ *     a fresh bitmask or an "inside a JSON string" row costs little more than reading it;
+ *   - in any other block, each unit's disallowed bits z = ~bits get four branch-free stores of -inf
+ *     (bit positions from count-trailing-zeros; a missing bit stores into a dummy local instead),
+ *     which covers a unit with up to four disallowed tokens without a data-dependent branch;
+ *   - a unit with more than four disallowed tokens is redone whole: filled with -inf if no token
+ *     is allowed, else blended, x = ((x ^ NINF) & keep) ^ NINF with keep = the bits widened to
+ *     0 / -1 lanes by a small table (SIMD via GCC/clang vector extensions, scalar otherwise).
+ * Allowed logits are never written except by the blend, which stores their own bits back, so they
+ * stay bit-exact (NaN payloads, -0.0). The columns of an odd last whole word, the partial last
+ * word and the columns from vocab_size to the end of the row follow. Repeated rows simply get each
+ * mask in turn (stores of -inf only accumulate: the AND of the masks).
+ *
+ * No -march flags are needed: the vector code is baseline SSE2 / NEON width (16 bytes).
+ */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define TR_VECTOR 1
+typedef uint32_t v4u32 __attribute__((vector_size(16)));
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+#define TR_CTZ64(x) ((int)__builtin_ctzll(x))
+#define TR_INLINE static inline __attribute__((always_inline))
+#else
+#define TR_VECTOR 0
+#define TR_INLINE static inline
+static int TR_CTZ64(uint64_t x) {
+    int n = 0;
+    while (!(x & 1)) { x >>= 1; n++; }
+    return n;
+}
+#endif
+
+/* GIL is released when a call covers at least this many logit columns (rows x row width): below,
+ * the call takes a few microseconds and the release/reacquire would be a large part of it. */
+#define RELEASE_GIL_COLUMNS 65536
+
+#if TR_VECTOR
+static v4u32 NIBBLE_KEEP[16];  /* nibble -> 4 fp32 lanes of 0 / 0xFFFFFFFF */
+static v8u16 BYTE_KEEP[256];   /* byte -> 8 16-bit lanes of 0 / 0xFFFF */
+#endif
+
+static void init_tables(void) {
+#if TR_VECTOR
+    for (int n = 0; n < 16; n++)
+        for (int lane = 0; lane < 4; lane++) NIBBLE_KEEP[n][lane] = (n >> lane) & 1 ? 0xFFFFFFFFu : 0u;
+    for (int b = 0; b < 256; b++)
+        for (int lane = 0; lane < 8; lane++) BYTE_KEEP[b][lane] = (b >> lane) & 1 ? 0xFFFFu : 0u;
+#endif
+}
+
+/* ---- element-type specific unit operations; n (columns) is 32 or 64 ---- */
+
+TR_INLINE void blend32(uint32_t *x, uint64_t bits, int n, uint32_t ninf) {
+#if TR_VECTOR
+    const v4u32 nv = {ninf, ninf, ninf, ninf};
+    for (int k = 0; k < n; k += 4) {
+        v4u32 v;
+        memcpy(&v, x + k, sizeof v);
+        v = ((v ^ nv) & NIBBLE_KEEP[(bits >> k) & 15]) ^ nv;
+        memcpy(x + k, &v, sizeof v);
+    }
+#else
+    for (int k = 0; k < n; k++) {
+        uint32_t keep = 0u - (uint32_t)((bits >> k) & 1);
+        x[k] = ((x[k] ^ ninf) & keep) ^ ninf;
+    }
+#endif
+}
+
+TR_INLINE void blend16(uint16_t *x, uint64_t bits, int n, uint16_t ninf) {
+#if TR_VECTOR
+    const v8u16 nv = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
+    for (int k = 0; k < n; k += 8) {
+        v8u16 v;
+        memcpy(&v, x + k, sizeof v);
+        v = ((v ^ nv) & BYTE_KEEP[(bits >> k) & 255]) ^ nv;
+        memcpy(x + k, &v, sizeof v);
+    }
+#else
+    for (int k = 0; k < n; k++) {
+        uint16_t keep = (uint16_t)(0u - (unsigned)((bits >> k) & 1));
+        x[k] = (uint16_t)(((x[k] ^ ninf) & keep) ^ ninf);
+    }
+#endif
+}
+
+/* One unit of n columns (n = 32 or 64) with allowed bits `bits`, then one whole row. */
+#define DEFINE_ROW(NAME, T, BLEND)                                                               \
+    TR_INLINE void NAME##_unit(T *x, uint64_t bits, int n, T ninf) {                             \
+        uint64_t all = n == 64 ? ~0ull : 0xFFFFFFFFull;                                          \
+        uint64_t z = ~bits & all;                                                                \
+        T dummy; /* target of the stores for missing bits */                                     \
+        for (int s = 0; s < 4; s++) { /* up to four disallowed tokens, branch-free */             \
+            uintptr_t hit = (uintptr_t)0 - (uintptr_t)(z != 0);                                  \
+            uintptr_t at = (uintptr_t)(x + TR_CTZ64(z | (1ull << 63)));                          \
+            *(T *)((at & hit) | ((uintptr_t)&dummy & ~hit)) = ninf;                      \
+            z &= z - 1;                                                                          \
+        }                                                                                        \
+        if (z) { /* more than four disallowed tokens: the whole unit at once */                   \
+            if ((bits & all) == 0) {                                                             \
+                for (int k = 0; k < n; k++) x[k] = ninf;                                         \
+            } else {                                                                             \
+                BLEND(x, bits, n, ninf);                                                         \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+                                                                                                 \
+    static void NAME(T *x, const uint32_t *w, Py_ssize_t vocab, Py_ssize_t ncols, T ninf) {      \
+        Py_ssize_t whole = vocab / 32, j = 0;                                                    \
+        for (; j + 8 <= whole; j += 8) {                                                         \
+            uint64_t u[4];                                                                       \
+            memcpy(u, w + j, sizeof u);                                                          \
+            if ((u[0] & u[1] & u[2] & u[3]) == ~0ull) continue;                                  \
+            for (int k = 0; k < 4; k++) NAME##_unit(x + 32 * j + 64 * k, u[k], 64, ninf);        \
+        }                                                                                        \
+        for (; j + 2 <= whole; j += 2) {                                                         \
+            uint64_t u;                                                                          \
+            memcpy(&u, w + j, sizeof u);                                                         \
+            if (u != ~0ull) NAME##_unit(x + 32 * j, u, 64, ninf);                                \
+        }                                                                                        \
+        if (j < whole) {                                                                         \
+            if (w[j] != 0xFFFFFFFFu) NAME##_unit(x + 32 * j, w[j], 32, ninf);                    \
+            j++;                                                                                 \
+        }                                                                                        \
+        Py_ssize_t col = 32 * whole;                                                             \
+        if (col < vocab) { /* partial last word */                                               \
+            uint32_t last = w[whole];                                                            \
+            for (; col < vocab; col++)                                                           \
+                if (!((last >> (col - 32 * whole)) & 1)) x[col] = ninf;                          \
+        }                                                                                        \
+        for (; col < ncols; col++) x[col] = ninf; /* beyond the vocabulary */                    \
+    }
+
+DEFINE_ROW(mask_row32, uint32_t, blend32)
+DEFINE_ROW(mask_row16, uint16_t, blend16)
+
+/* dtype codes of the Python side: 0 float32, 1 float16, 2 bfloat16 */
+static const uint32_t NINF_BITS[3] = {0xFF800000u, 0xFC00u, 0xFF80u};
+
+static int as_ssize(PyObject *o, Py_ssize_t *out, const char *name) {
+    Py_ssize_t v = PyLong_AsSsize_t(o);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be an int", name);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+PyDoc_STRVAR(apply_doc,
+"apply(logits_ptr, logits_rows, row_stride, ncols, dtype_code, bitmask_ptr, bitmask_stride,\n"
+"      bitmask_width, nmask, rows, rows_itemsize, vocab_size)\n"
+"\n"
+"Set disallowed logits to -inf in place. logits_ptr: address of logits[0, 0]; logits_rows rows of\n"
+"ncols contiguous elements, row_stride elements apart; dtype_code 0 float32, 1 float16,\n"
+"2 bfloat16. bitmask_ptr: int32 rows of bitmask_width contiguous words, bitmask_stride words\n"
+"apart; nmask rows. Bitmask row i masks logits row rows[i]: rows is None (row i), a tuple/list\n"
+"of ints, or the address of nmask contiguous int32 (rows_itemsize 4) / int64 (8) integers.\n"
+"Every row index is checked (ValueError) before anything is written.");
+
+static PyObject *apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "apply() takes 12 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t logits_addr, logits_rows, row_stride, ncols, dtype_code, bm_addr, bm_stride, bm_width,
+        nmask, rows_itemsize, vocab;
+    if (as_ssize(args[0], &logits_addr, "logits_ptr") || as_ssize(args[1], &logits_rows, "logits_rows") ||
+        as_ssize(args[2], &row_stride, "row_stride") || as_ssize(args[3], &ncols, "ncols") ||
+        as_ssize(args[4], &dtype_code, "dtype_code") || as_ssize(args[5], &bm_addr, "bitmask_ptr") ||
+        as_ssize(args[6], &bm_stride, "bitmask_stride") || as_ssize(args[7], &bm_width, "bitmask_width") ||
+        as_ssize(args[8], &nmask, "nmask") || as_ssize(args[10], &rows_itemsize, "rows_itemsize") ||
+        as_ssize(args[11], &vocab, "vocab_size"))
+        return NULL;
+    if (dtype_code < 0 || dtype_code > 2) {
+        PyErr_SetString(PyExc_ValueError, "dtype_code must be 0 (float32), 1 (float16) or 2 (bfloat16)");
+        return NULL;
+    }
+    if (logits_rows < 0 || ncols < 0 || nmask < 0 || bm_width < 0 || row_stride < 0 || bm_stride < 0) {
+        PyErr_SetString(PyExc_ValueError, "sizes and strides must be >= 0");
+        return NULL;
+    }
+    if (vocab < 0 || vocab > ncols || vocab > 32 * bm_width) {
+        PyErr_Format(PyExc_ValueError, "vocab_size=%zd must be in [0, min(%zd, 32 * %zd)]", vocab, ncols,
+                     bm_width);
+        return NULL;
+    }
+    if (nmask == 0 || ncols == 0) Py_RETURN_NONE;
+    if (!logits_addr || !bm_addr) {
+        PyErr_SetString(PyExc_ValueError, "null data pointer");
+        return NULL;
+    }
+    if (logits_rows > 1 && row_stride < ncols) {
+        PyErr_SetString(PyExc_ValueError, "row_stride is smaller than the row width (overlapping rows)");
+        return NULL;
+    }
+
+    /* Row map: resolve and range-check every index before the first write. */
+    Py_ssize_t small[64];
+    Py_ssize_t *rows = NULL;
+    PyObject *rows_obj = args[9];
+    int identity = rows_obj == Py_None;
+    if (identity) {
+        if (nmask != logits_rows) {
+            PyErr_Format(PyExc_ValueError, "bitmask has %zd rows but logits have %zd", nmask, logits_rows);
+            return NULL;
+        }
+    } else {
+        rows = nmask <= 64 ? small : PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)nmask);
+        if (!rows) return PyErr_NoMemory();
+        int bad = 0;
+        if (PyTuple_Check(rows_obj) || PyList_Check(rows_obj)) {
+            PyObject **items = PySequence_Fast_ITEMS(rows_obj);
+            if (PySequence_Fast_GET_SIZE(rows_obj) != nmask) {
+                PyErr_SetString(PyExc_ValueError, "len(rows) != number of bitmask rows");
+                bad = 1;
+            }
+            for (Py_ssize_t i = 0; !bad && i < nmask; i++) {
+                Py_ssize_t r = PyLong_AsSsize_t(items[i]);
+                if (r == -1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    PyErr_SetString(PyExc_ValueError, "rows must hold ints");
+                    bad = 1;
+                }
+                rows[i] = r;
+            }
+        } else {
+            Py_ssize_t addr;
+            if (as_ssize(rows_obj, &addr, "rows")) {
+                bad = 1;
+            } else if (!addr || (rows_itemsize != 4 && rows_itemsize != 8)) {
+                PyErr_SetString(PyExc_ValueError, "rows pointer needs rows_itemsize 4 or 8");
+                bad = 1;
+            } else if (rows_itemsize == 4) {
+                const int32_t *src = (const int32_t *)addr;
+                for (Py_ssize_t i = 0; i < nmask; i++) rows[i] = src[i];
+            } else {
+                const int64_t *src = (const int64_t *)addr;
+                for (Py_ssize_t i = 0; i < nmask; i++) rows[i] = (Py_ssize_t)src[i];
+            }
+        }
+        for (Py_ssize_t i = 0; !bad && i < nmask; i++) {
+            if (rows[i] < 0 || rows[i] >= logits_rows) {
+                PyErr_Format(PyExc_ValueError, "index %zd out of range for logits with %zd rows", rows[i],
+                             logits_rows);
+                bad = 1;
+            }
+        }
+        if (bad) {
+            if (rows != small) PyMem_Free(rows);
+            return NULL;
+        }
+    }
+
+    const Py_ssize_t esize = dtype_code == 0 ? 4 : 2;
+    const uint32_t ninf = NINF_BITS[dtype_code];
+    char *const base = (char *)logits_addr;
+    const uint32_t *const words = (const uint32_t *)bm_addr;
+    int release = (double)nmask * (double)ncols >= RELEASE_GIL_COLUMNS;
+    PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t i = 0; i < nmask; i++) {
+        Py_ssize_t r = identity ? i : rows[i];
+        char *row = base + r * row_stride * esize;
+        const uint32_t *w = words + i * bm_stride;
+        if (esize == 4)
+            mask_row32((uint32_t *)row, w, vocab, ncols, ninf);
+        else
+            mask_row16((uint16_t *)row, w, vocab, ncols, (uint16_t)ninf);
+    }
+    if (release) PyEval_RestoreThread(ts);
+    if (rows && rows != small) PyMem_Free(rows);
+    Py_RETURN_NONE;
+}
 
 static PyMethodDef methods[] = {
+    {"apply", (PyCFunction)(void (*)(void))apply, METH_FASTCALL, apply_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_apply_native", NULL, -1, methods,
+    PyModuleDef_HEAD_INIT, "_apply_native",
+    "CPU token-bitmask apply (tokenrails.kernels.cpu calls it; the numpy path is the fallback).", -1,
+    methods,
 };
 
-PyMODINIT_FUNC PyInit__apply_native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__apply_native(void) {
+    init_tables();
+    return PyModule_Create(&module);
+}

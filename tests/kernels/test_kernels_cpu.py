@@ -1,4 +1,5 @@
-"""The numpy CPU kernel is bit-exact against the reference on every path it can take."""
+"""The CPU kernel -- the C one and the numpy fallback, each test runs on both -- is bit-exact against
+the reference on every path it can take."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,11 +9,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenrails.kernels import apply_token_bitmask_inplace_cpu, apply_token_bitmask_inplace_reference
+from tokenrails import native
 from tokenrails.kernels import cpu as cpu_module
 
 from .cases import DTYPES, MASK_KINDS, bits_equal, make_bitmask, make_logits
 
 VOCABS = [(1, 1), (31, 31), (33, 33), (1000, 1000), (1000, 1024), (49152 + 7, 49152 + 7), (4096, 4160)]
+
+
+@pytest.fixture(autouse=True, params=["native", "numpy"])
+def cpu_path(request, monkeypatch):
+    """Run every test on the C kernel and on the numpy path."""
+    if request.param == "native":
+        if native.load("apply") is None:
+            pytest.skip("tokenrails._apply_native is not built (or TOKENRAILS_NATIVE=0)")
+    else:
+        monkeypatch.setenv(native.NATIVE_ENV, "0")
+    return request.param
 
 
 def check_against_reference(logits, bitmask, indices, vocab_size=None) -> None:
@@ -64,8 +77,10 @@ def test_mixed_kinds_in_one_batch(dtype, vocab, width, index_type):
                 assert bits_equal(logits[row], before[row])
 
 
-def test_every_path_is_taken(monkeypatch):
-    """Each density class reaches the code path designed for it (and stays exact)."""
+def test_every_path_is_taken(monkeypatch, cpu_path):
+    """Each density class reaches the numpy code path designed for it (and stays exact)."""
+    if cpu_path == "native":
+        pytest.skip("spies on the numpy path's functions")
     calls = []
     for name in ("_sparse_rows", "_blend"):
         original = getattr(cpu_module, name)

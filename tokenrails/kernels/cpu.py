@@ -23,12 +23,14 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ._common import INT_VIEW, NEG_INF_BITS, ApplyArgs, Indices, check_apply_args
+from .. import native
+from ._common import INT_VIEW, NEG_INF_BITS, ApplyArgs, Indices, check_apply_args, env_lookup
 
 # Cost model of the three paths, ns: per mixed word scanned, per -inf store of a scattered
 # disallowed bit, per allowed logit saved and restored, per column filled, per column blended.
 _NS_PER_WORD, _NS_PER_STORE, _NS_PER_KEEP, _NS_PER_FILL, _NS_PER_BLEND = 15.0, 10.0, 8.0, 0.15, 0.45
 _BLEND, _SCATTER, _FILL = 0, 1, 2
+_DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # the C kernel's dtype codes
 _MAX_SCRATCH_BYTES = 16 << 20  # larger temporaries are allocated per call, not kept
 _BOOL = np.dtype(np.bool_)
 _INTP = np.dtype(np.intp)
@@ -52,14 +54,56 @@ def apply_token_bitmask_inplace_cpu(
 
 
 def apply_checked_cpu(args: ApplyArgs) -> None:
-    """Apply arguments already validated by :func:`check_apply_args` (CPU tensors)."""
+    """Apply arguments already validated by :func:`check_apply_args` (CPU tensors): the C kernel
+    when it is built (and not switched off), else the numpy path."""
+    module = _native_apply()
+    if module is None:
+        apply_checked_numpy(args)
+        return
+    logits, bitmask, rows = args.logits, args.bitmask, args.rows
+    if args.num_rows == 0 or logits.shape[1] == 0:
+        return
+    if logits.stride(1) != 1 and logits.shape[1] > 1:  # rare: columns not contiguous
+        _reference_fallback(args)
+        return
+    if bitmask.stride(1) != 1 and bitmask.shape[1] > 1:
+        bitmask = bitmask.contiguous()
+    if rows is None or type(rows) is tuple:
+        address, itemsize = rows, 0
+    elif isinstance(rows, torch.Tensor):
+        if not rows.is_contiguous():
+            rows = rows.contiguous()
+        address, itemsize = rows.data_ptr(), rows.element_size()
+    else:  # int64 numpy array (a long index list)
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        address, itemsize = rows.ctypes.data, 8
+    module.apply(
+        logits.data_ptr(), logits.shape[0], logits.stride(0), logits.shape[1], _DTYPE_CODE[logits.dtype],
+        bitmask.data_ptr(), bitmask.stride(0), bitmask.shape[1], args.num_rows, address, itemsize,
+        args.vocab_size,
+    )  # ``rows`` (the local) keeps any contiguous copy alive during the call
+
+
+_native_switch = env_lookup(native.NATIVE_ENV)
+_NATIVE_DEFAULT: list = []  # [native.load("apply")] with the switch unset, once known
+
+
+def _native_apply():
+    """``native.load("apply")``, skipping its ~1 us environment read while the switch is unset."""
+    if _native_switch() is not None:
+        return native.load("apply")
+    if not _NATIVE_DEFAULT:
+        _NATIVE_DEFAULT.append(native.load("apply"))
+    return _NATIVE_DEFAULT[0]
+
+
+def apply_checked_numpy(args: ApplyArgs) -> None:
+    """The numpy implementation (the fallback when the C kernel is not built)."""
     logits, vocab = args.logits, args.vocab_size
     if args.num_rows == 0 or logits.shape[1] == 0:
         return
     if logits.stride(1) != 1 and logits.shape[1] > 1:  # rare: columns not contiguous
-        from .reference import apply_token_bitmask_inplace_reference
-
-        apply_token_bitmask_inplace_reference(logits, args.bitmask, args.rows, vocab)
+        _reference_fallback(args)
         return
     words = args.bitmask.numpy()
     if not words.flags.c_contiguous:
@@ -82,6 +126,12 @@ def apply_checked_cpu(args: ApplyArgs) -> None:
             _apply_rows(ints, words[i : i + 1], rows[i : i + 1], vocab, ninf, not_full[i : i + 1])
         return
     _apply_rows(ints, words, rows, vocab, ninf, not_full)
+
+
+def _reference_fallback(args: ApplyArgs) -> None:
+    from .reference import apply_token_bitmask_inplace_reference
+
+    apply_token_bitmask_inplace_reference(args.logits, args.bitmask, args.rows, args.vocab_size)
 
 
 def _apply_rows(

@@ -7,16 +7,16 @@
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
-from ._common import ApplyArgs, Indices, check_apply_args
+from ._common import ApplyArgs, Indices, check_apply_args, env_lookup
 from .cpu import apply_checked_cpu
 from .reference import apply_token_bitmask_inplace_reference
 
 KERNEL_ENV = "TOKENRAILS_KERNEL"
+_forced_kernel = env_lookup(KERNEL_ENV)  # os.environ.get(KERNEL_ENV), cheap when unset
 _CHOICES = ("reference", "cpu", "triton")
 
 
@@ -42,10 +42,10 @@ def apply_token_bitmask_inplace(
     gets both masks. Raises ``ValueError`` for bad dtypes, shapes, devices or indices.
     """
     args = check_apply_args(logits, bitmask, indices, vocab_size)
-    forced = os.environ.get(KERNEL_ENV)
+    forced = _forced_kernel()
     if forced:
         _run_forced(forced, args)
-    elif args.logits.device.type == "cpu":
+    elif args.logits.is_cpu:
         apply_checked_cpu(args)
     elif _triton_available():
         _triton().launch_checked_triton(args)
