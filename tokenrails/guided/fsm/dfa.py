@@ -89,33 +89,67 @@ def _limit(max_states: int, n: int) -> GuideLimitError:
     )
 
 
-def subset_construction(nfa: ByteNFA, max_states: int, deadline: Deadline) -> tuple[list[list[int]], list[bool], np.ndarray]:
-    """Determinize; returns (transition rows, accepting flags, classmap). State 0 is dead.
+# ---- construction over class intervals ------------------------------------------------------
+# A row is a list of edges ``(first class, last class, target)``, sorted and disjoint; classes it
+# does not cover go to DEAD. JSON regexes have wide edges ([^"\\] spans ~60 of ~70 classes), so
+# rows stay a few edges long where a dense row would be K entries: subset construction, pruning
+# and minimization all work on these sparse rows, and the dense table is written once at the end.
+Edge = tuple[int, int, int]
+Row = list[Edge]
+
+
+def _merge(edges: list[Edge]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Overlapping class intervals → disjoint ones, each with the sorted tuple of its targets."""
+    if len(edges) == 1:
+        lo, hi, t = edges[0]
+        return [(lo, hi, (t,))]
+    edges = sorted(edges)
+    prev_hi = -1
+    for lo, hi, _ in edges:
+        if lo <= prev_hi:
+            break
+        prev_hi = hi
+    else:  # already disjoint: the common case (deterministic fragments)
+        return [(lo, hi, (t,)) for lo, hi, t in edges]
+    events: dict[int, list[tuple[int, int]]] = {}
+    for lo, hi, t in edges:
+        events.setdefault(lo, []).append((t, 1))
+        events.setdefault(hi + 1, []).append((t, -1))
+    points = sorted(events)
+    active: dict[int, int] = {}
+    out: list[tuple[int, int, tuple[int, ...]]] = []
+    for i in range(len(points) - 1):
+        for t, d in events[points[i]]:
+            n = active.get(t, 0) + d
+            if n:
+                active[t] = n
+            else:
+                del active[t]
+        if active:
+            ts = tuple(sorted(active))
+            lo, hi = points[i], points[i + 1] - 1
+            if out and out[-1][2] == ts and out[-1][1] == lo - 1:
+                out[-1] = (out[-1][0], hi, ts)
+            else:
+                out.append((lo, hi, ts))
+    return out
+
+
+def subset_construction(nfa: ByteNFA, max_states: int, deadline: Deadline) -> tuple[list[Row], list[bool], np.ndarray]:
+    """Determinize; returns (sparse rows, accepting flags, classmap). State 0 is dead.
 
     A DFA state is a sorted tuple of NFA states. Character sets are already deterministic
     fragments, so most DFA states are a single NFA state: those are found by index, not hashing.
     """
     classmap = byte_classes((lo, hi) for es in nfa.edges for lo, hi, _ in es)
     cm = classmap.tolist()
-    k = int(classmap[-1]) + 1
-    moves: list[list[tuple[int, tuple[int, ...]]]] = []  # per NFA state: (class, sorted targets)
-    for es in nfa.edges:
-        acc: dict[int, list[int]] = {}
-        for lo, hi, t in es:
-            for c in range(cm[lo], cm[hi] + 1):
-                lst = acc.get(c)
-                if lst is None:
-                    acc[c] = [t]
-                else:
-                    lst.append(t)
-        moves.append([(c, tuple(sorted(set(ts))) if len(ts) > 1 else (ts[0],)) for c, ts in acc.items()])
+    cedges = [[(cm[lo], cm[hi], t) for lo, hi, t in es] for es in nfa.edges]
     nfa_acc = nfa.accepting
-
-    single: list[int] = [-1] * len(nfa.edges)
+    single: list[int] = [-1] * len(cedges)
     single[0] = START
     ids: dict[tuple[int, ...], int] = {}
     keys: list[tuple[int, ...]] = [(), (0,)]
-    rows: list[list[int]] = [[DEAD] * k]
+    rows: list[Row] = [[]]
     accepting = [False]
     j = 1
     while j < len(keys):
@@ -123,21 +157,15 @@ def subset_construction(nfa: ByteNFA, max_states: int, deadline: Deadline) -> tu
             deadline.check()
         key = keys[j]
         if len(key) == 1:
-            accepting.append(nfa_acc[key[0]])
-            targets = moves[key[0]]
+            p = key[0]
+            accepting.append(nfa_acc[p])
+            es = cedges[p]
+            segs = _merge(es) if es else []
         else:
             accepting.append(any(nfa_acc[p] for p in key))
-            tmp: dict[int, set[int]] = {}
-            for p in key:
-                for c, ts in moves[p]:
-                    cur = tmp.get(c)
-                    if cur is None:
-                        tmp[c] = set(ts)
-                    else:
-                        cur.update(ts)
-            targets = [(c, tuple(sorted(ts))) for c, ts in tmp.items()]
-        row = [DEAD] * k
-        for c, ts in targets:
+            segs = _merge([e for p in key for e in cedges[p]])
+        row: Row = []
+        for lo, hi, ts in segs:
             if len(ts) == 1:
                 one = ts[0]
                 t = single[one]
@@ -153,201 +181,178 @@ def subset_construction(nfa: ByteNFA, max_states: int, deadline: Deadline) -> tu
                     keys.append(ts)
                     if len(keys) > max_states:
                         raise _limit(max_states, len(keys))
-            row[c] = t
+            row.append((lo, hi, t))
         rows.append(row)
         j += 1
     return rows, accepting, classmap
 
 
-def prune_dead_ends(rows: list[list[int]], accepting: list[bool]) -> list[list[int]]:
-    """Redirect every transition into a state that cannot reach acceptance to DEAD.
+def prune_dead_ends(rows: list[Row], accepting: list[bool]) -> tuple[list[Row], list[bool]]:
+    """Drop every edge into a state that cannot reach acceptance; returns (rows, alive).
 
     Raises ``InvalidGuideError`` when the start state itself cannot reach acceptance.
     """
-    trans = np.asarray(rows, dtype=np.int64)
-    n, k = trans.shape
-    src = np.repeat(np.arange(n), k)
-    dst = trans.reshape(-1)
-    keep = dst != DEAD
-    src, dst = src[keep], dst[keep]
-    order = np.argsort(dst, kind="stable")
-    src_sorted = src[order]
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
-    alive = np.zeros(n, dtype=bool)
-    frontier = np.flatnonzero(np.asarray(accepting, dtype=bool))
-    alive[frontier] = True
-    while frontier.size:
-        starts, ends = ptr[frontier], ptr[frontier + 1]
-        counts = ends - starts
-        if not counts.sum():
-            break
-        idx = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts) + np.arange(counts.sum())
-        preds = np.unique(src_sorted[idx])
-        frontier = preds[~alive[preds]]
-        alive[frontier] = True
-    alive[DEAD] = False
+    n = len(rows)
+    rev: list[list[int]] = [[] for _ in range(n)]
+    for s in range(1, n):
+        for _, _, t in rows[s]:
+            rev[t].append(s)
+    alive = [False] * n
+    stack = [s for s in range(1, n) if accepting[s]]
+    for s in stack:
+        alive[s] = True
+    while stack:
+        for s in rev[stack.pop()]:
+            if not alive[s]:
+                alive[s] = True
+                stack.append(s)
     if not alive[START]:
         raise InvalidGuideError("the pattern matches no string (its language is empty)")
-    if alive[1:].all():
-        return rows
-    trans[~alive[trans]] = DEAD
-    trans[~alive] = DEAD
-    return trans.tolist()
+    if n - 1 - sum(alive):
+        rows = [[e for e in row if alive[e[2]]] if alive[s] else [] for s, row in enumerate(rows)]
+    return rows, alive
 
 
-def hopcroft(rows: list[list[int]], accepting: list[bool], deadline: Deadline) -> list[int]:
-    """Block id of every state in the coarsest partition compatible with the transitions.
+def hopcroft(rows: list[Row], accepting: list[bool], alive: list[bool], deadline: Deadline) -> list[int]:
+    """Block id of every state in the coarsest congruence respecting acceptance (Hopcroft).
 
-    Requires every non-dead state to reach acceptance (``prune_dead_ends``): then DEAD is a
-    singleton block that never splits, so it is never a splitter and edges into it are ignored.
+    Splitters are whole blocks (all classes at once): the signature of a source state is the
+    bitmask of classes leading into the splitter, so a wide edge costs one big-int OR, not one
+    step per class. Multi-way splits keep the largest part in place and queue the others, which
+    keeps Hopcroft's "all but one part" rule and its O(k n log n) bound. Requires pruned rows:
+    DEAD and every state that cannot reach acceptance form block 0, which is never a splitter
+    (omitting one block of the initial partition is allowed) and never splits.
     """
     n = len(rows)
-    inv: list[dict[int, list[int]]] = [{} for _ in range(n)]  # target -> class -> sources
-    for s, row in enumerate(rows):
-        if s == DEAD:
-            continue
-        for c, t in enumerate(row):
-            if t != DEAD:
-                d = inv[t]
-                lst = d.get(c)
-                if lst is None:
-                    d[c] = [s]
-                else:
-                    lst.append(s)
-    acc_set = {s for s in range(1, n) if accepting[s]}
-    rej_set = set(range(1, n)) - acc_set
-    blocks: list[set[int]] = [{DEAD}] + [b for b in (acc_set, rej_set) if b]
+    inv: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for s in range(1, n):
+        row = rows[s]
+        if len(row) == 1:
+            lo, hi, t = row[0]
+            inv[t].append((s, (2 << hi) - (1 << lo)))
+        elif row:
+            masks: dict[int, int] = {}
+            for lo, hi, t in row:
+                masks[t] = masks.get(t, 0) | ((2 << hi) - (1 << lo))
+            for t, m in masks.items():
+                inv[t].append((s, m))
     block_of = [0] * n
-    for b, members in enumerate(blocks):
-        for s in members:
-            block_of[s] = b
-    in_work = [False] + [True] * (len(blocks) - 1)
-    work = list(range(1, len(blocks)))
+    acc = {s for s in range(1, n) if alive[s] and accepting[s]}
+    rej = {s for s in range(1, n) if alive[s] and not accepting[s]}
+    blocks: list[set[int]] = [set()]
+    work: list[int] = []
+    for b in (acc, rej):
+        if b:
+            z = len(blocks)
+            blocks.append(b)
+            for s in b:
+                block_of[s] = z
+            work.append(z)
     steps = 0
     while work:
-        a = work.pop()
-        in_work[a] = False
-        by_class: dict[int, list[int]] = {}
-        for t in blocks[a]:
-            for c, lst in inv[t].items():
-                cur = by_class.get(c)
-                if cur is None:
-                    by_class[c] = list(lst)
-                else:
-                    cur.extend(lst)
-        for sources in by_class.values():
-            hit: dict[int, list[int]] = {}
-            for s in sources:
-                y = block_of[s]
-                h = hit.get(y)
-                if h is None:
-                    hit[y] = [s]
-                else:
-                    h.append(s)
-            for y, members in hit.items():
-                ys = blocks[y]
-                if len(members) == len(ys):
-                    continue
-                z = len(blocks)
-                ys.difference_update(members)
-                blocks.append(set(members))
-                for s in members:
-                    block_of[s] = z
-                if in_work[y]:
-                    in_work.append(True)
-                    work.append(z)
-                elif len(members) <= len(ys):
-                    in_work.append(True)
-                    work.append(z)
-                else:
-                    in_work.append(False)
-                    in_work[y] = True
-                    work.append(y)
         steps += 1
         if steps & 255 == 0:
             deadline.check()
+        sig: dict[int, int] = {}
+        for t in blocks[work.pop()]:
+            for s, m in inv[t]:
+                sig[s] = sig.get(s, 0) | m
+        split: dict[int, dict[int, list[int]]] = {}
+        for s, m in sig.items():
+            y = block_of[s]
+            parts = split.get(y)
+            if parts is None:
+                split[y] = {m: [s]}
+            else:
+                lst = parts.get(m)
+                if lst is None:
+                    parts[m] = [s]
+                else:
+                    lst.append(s)
+        for y, parts in split.items():
+            members = blocks[y]
+            groups = list(parts.values())
+            touched = sum(map(len, groups)) if len(groups) > 1 else len(groups[0])
+            rest = len(members) - touched
+            if len(groups) == 1 and not rest:
+                continue
+            big = max(groups, key=len)
+            if rest >= len(big):  # the untouched remainder stays as y
+                new = groups
+                for g in groups:
+                    members.difference_update(g)
+            else:  # the largest touched part stays as y
+                new = [g for g in groups if g is not big]
+                if rest:
+                    remainder = members.difference(*groups)
+                    new.append(remainder)
+                blocks[y] = set(big)
+            for g in new:
+                z = len(blocks)
+                blocks.append(g if isinstance(g, set) else set(g))
+                for s in g:
+                    block_of[s] = z
+                work.append(z)
     return block_of
 
 
-def refine(rows: list[list[int]], accepting: list[bool], deadline: Deadline) -> list[int] | None:
-    """Moore partition refinement, vectorized: block signatures hashed with random 64-bit weights.
-
-    Much faster than pure-Python Hopcroft when there are many byte classes. A hash collision could
-    only merge states wrongly, so the result is verified to be a congruence that respects
-    acceptance (which makes the quotient DFA exactly equivalent); None if verification fails.
-    """
-    trans = np.asarray(rows, dtype=np.int64)
-    n, k = trans.shape
-    acc = np.asarray(accepting, dtype=bool)
-    block = acc.astype(np.int64)
-    block[DEAD] = 2  # every non-dead state can reach acceptance: DEAD is alone
-    weights = np.random.default_rng(0x5EED).integers(1, 2**62, size=k + 1, dtype=np.int64).astype(np.uint64) | np.uint64(1)
-    count = len(np.unique(block))
-    while True:
-        deadline.check()
-        with np.errstate(over="ignore"):
-            sig = (block[trans].astype(np.uint64) * weights[1:]).sum(axis=1, dtype=np.uint64)
-            sig += block.astype(np.uint64) * weights[0]
-        _, block = np.unique(sig, return_inverse=True)
-        block = block.reshape(-1).astype(np.int64)
-        new_count = int(block.max()) + 1
-        if new_count == count:
-            break
-        count = new_count
-    rep = np.full(count, -1, dtype=np.int64)
-    rep[block[::-1]] = np.arange(n - 1, -1, -1)  # first state of each block
-    ok = (block[trans] == block[trans[rep[block]]]).all() and (acc == acc[rep[block]]).all()
-    ok = ok and int((block == block[DEAD]).sum()) == 1
-    return block.tolist() if ok else None
-
-
-def minimize(rows: list[list[int]], accepting: list[bool], classmap: np.ndarray, deadline: Deadline) -> DFA:
-    """Minimize and renumber (0 dead, 1 start, BFS order). Raises if nothing matches."""
-    rows = prune_dead_ends(rows, accepting)
-    block_of = refine(rows, accepting, deadline)
+def _dense(rows: list[Row], accepting: list[bool], k: int, classmap: np.ndarray, block_of: list[int] | None) -> DFA:
+    """Quotient by ``block_of`` (None: identity), renumber (0 dead, 1 start, BFS), densify."""
     if block_of is None:
-        live = sum(1 for row in rows for t in row if t != DEAD)
-        if live <= MINIMIZE_MAX_TRANSITIONS:
-            block_of = hopcroft(rows, accepting, deadline)
-        else:  # pruned but unminimized: still exact, just more states than necessary
-            block_of = list(range(len(rows)))
+        block_of = list(range(len(rows)))
+    rep: dict[int, int] = {}
+    for s in range(len(rows) - 1, 0, -1):
+        rep[block_of[s]] = s
     dead_block = block_of[DEAD]
     start_block = block_of[START]
     if start_block == dead_block:
         raise InvalidGuideError("the pattern matches no string (its language is empty)")
-    block = np.asarray(block_of, dtype=np.int64)
-    nblocks = int(block.max()) + 1
-    rep = np.full(nblocks, -1, dtype=np.int64)
-    rep[block[::-1]] = np.arange(len(block) - 1, -1, -1)
-    quotient = block[np.asarray(rows, dtype=np.int64)[rep]]  # [blocks, K] target blocks
-    new_id = np.full(nblocks, -1, dtype=np.int64)
-    new_id[dead_block] = DEAD
-    new_id[start_block] = START
+    new_id = {dead_block: DEAD, start_block: START}
     order = [start_block]
-    nxt = 2
-    head = 0
-    qrows = quotient.tolist()
-    while head < len(order):
-        b = order[head]
-        head += 1
-        for tb in qrows[b]:
-            if new_id[tb] < 0:
-                new_id[tb] = nxt
-                nxt += 1
+    src: list[int] = []
+    lo_l: list[int] = []
+    cnt_l: list[int] = []
+    tgt: list[int] = []
+    acc: list[bool] = [False]
+    for b in order:  # grows while iterating: BFS
+        s = rep[b]
+        sid = new_id[b]
+        acc.append(accepting[s])
+        for lo, hi, t in rows[s]:
+            tb = block_of[t]
+            nt = new_id.get(tb)
+            if nt is None:
+                nt = new_id[tb] = len(order) + 1
                 order.append(tb)
-    keep = np.flatnonzero(new_id >= 0)
-    trans = np.zeros((nxt, quotient.shape[1]), dtype=np.int32)
-    trans[new_id[keep]] = new_id[quotient[keep]]
-    acc = np.zeros(nxt, dtype=bool)
-    acc[new_id[keep]] = np.asarray(accepting, dtype=bool)[rep[keep]]
-    return DFA(trans, classmap, acc)
+            src.append(sid)
+            lo_l.append(lo)
+            cnt_l.append(hi - lo + 1)
+            tgt.append(nt)
+    num = len(order) + 1
+    trans = np.zeros(num * k, dtype=np.int32)
+    if src:
+        counts = np.asarray(cnt_l, dtype=np.int64)
+        total = int(counts.sum())
+        first = np.asarray(src, dtype=np.int64) * k + np.asarray(lo_l, dtype=np.int64)
+        shift = first - (np.cumsum(counts) - counts)
+        trans[np.repeat(shift, counts) + np.arange(total)] = np.repeat(np.asarray(tgt, dtype=np.int32), counts)
+    return DFA(trans.reshape(num, k), classmap, np.asarray(acc, dtype=bool))
+
+
+def minimize(rows: list[Row], accepting: list[bool], classmap: np.ndarray, deadline: Deadline) -> DFA:
+    """Prune, minimize and renumber (0 dead, 1 start, BFS order). Raises if nothing matches."""
+    rows, alive = prune_dead_ends(rows, accepting)
+    k = int(classmap[-1]) + 1
+    if sum(map(len, rows)) > MINIMIZE_MAX_TRANSITIONS:  # pruned but unminimized: exact, just larger
+        block_of = [s if alive[s] else DEAD for s in range(len(rows))]
+    else:
+        block_of = hopcroft(rows, accepting, alive, deadline)
+    return _dense(rows, accepting, k, classmap, block_of)
 
 
 def determinize_raw(nfa: ByteNFA) -> tuple[list[list[int]], list[bool], list[int]]:
     """Minimal DFA as plain lists (no limits): used for small cached fragments."""
-    unlimited = Deadline(1e9)
-    d = determinize(nfa, 1 << 30, unlimited)
+    d = determinize(nfa, 1 << 30, Deadline(1e9))
     return d.rows, d.accepting_list, d.cls
 
 
@@ -357,27 +362,57 @@ def determinize(nfa: ByteNFA, max_states: int, deadline: Deadline) -> DFA:
 
 
 def dfa_from_strings(strings: list[bytes], max_states: int, deadline: Deadline) -> DFA:
-    """The minimal DFA of a finite set of byte strings, built from their trie (no NFA needed)."""
-    used = sorted({b for s in strings for b in s})
-    classmap = byte_classes((b, b) for b in used)
+    """The minimal DFA of a finite set of byte strings, built directly (no NFA, no Hopcroft).
+
+    The trie of the strings is an acyclic DFA in which every node leads to a string end. Its
+    minimal DFA is found bottom-up (Revuz): children are created after their parent, so in reverse
+    creation order every child's class is known, and a node's class is the register entry of
+    (final, [(byte class, child class)]).
+    """
+    classmap = byte_classes((b, b) for b in set(b"".join(strings)))
     cm = classmap.tolist()
-    k = int(classmap[-1]) + 1
-    rows: list[list[int]] = [[DEAD] * k, [DEAD] * k]
-    accepting = [False, False]
+    limit = max_states * 4  # the trie shrinks a lot under minimization
+    children: list[dict[int, int]] = [{}]
+    final = [False]
     for i, s in enumerate(strings):
         if i & 1023 == 0:
             deadline.check()
-        state = START
+        node = 0
         for b in s:
+            ch = children[node]
             c = cm[b]
-            nxt = rows[state][c]
-            if nxt == DEAD:
-                nxt = len(rows)
-                rows.append([DEAD] * k)
-                accepting.append(False)
-                rows[state][c] = nxt
-                if len(rows) > max_states * 4:  # the trie shrinks a lot under minimization
-                    raise _limit(max_states, len(rows))
-            state = nxt
-        accepting[state] = True
-    return minimize(rows, accepting, classmap, deadline)
+            nxt = ch.get(c)
+            if nxt is None:
+                nxt = ch[c] = len(children)
+                children.append({})
+                final.append(False)
+            node = nxt
+        final[node] = True
+        if len(children) > limit:
+            raise _limit(max_states, len(children))
+    n = len(children)
+    if not children[0] and not final[0]:
+        raise InvalidGuideError("the pattern matches no string (its language is empty)")
+    canon = [0] * n
+    register: dict[tuple, int] = {}
+    reps: list[int] = []
+    for node in range(n - 1, -1, -1):
+        if node & 4095 == 0:
+            deadline.check()
+        ch = children[node]
+        if len(ch) == 1:
+            (c, t), = ch.items()
+            key: tuple = (final[node], c, canon[t])
+        else:
+            key = (final[node], *sorted((c, canon[t]) for c, t in ch.items()))
+        cid = register.get(key)
+        if cid is None:
+            cid = register[key] = len(reps)
+            reps.append(node)
+        canon[node] = cid
+    # sparse rows, numbered in reverse registration order: the root (registered last) is START
+    m = len(reps)
+    rows: list[Row] = [[]] + [sorted((c, c, m - canon[t]) for c, t in children[r].items()) for r in reversed(reps)]
+    accepting = [False] + [final[r] for r in reversed(reps)]
+    k = int(classmap[-1]) + 1
+    return _dense(rows, accepting, k, classmap, None)

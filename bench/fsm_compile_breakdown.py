@@ -1,0 +1,83 @@
+"""Where the fsm backend's compile time goes, per workload of ``fsm_vs_peers`` (qwen2 by default).
+
+Pieces: parse (regex → AST), automaton (AST/choices → minimal byte DFA: UTF-8 split, NFA,
+subset construction, minimization), index (TokenIndex construction + first row: the token-index
+side). Each piece is the median of ``--repeat`` runs after one warm-up compile, so per-process
+caches (Unicode tables, charset fragments, the vocabulary trie) are warm, as in a server.
+``--profile NAME`` prints a cProfile of the automaton step of one workload.
+Run: OMP_NUM_THREADS=1 python bench/fsm_compile_breakdown.py [--vocab qwen2] [--repeat 21]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import load_tokenizer  # noqa: E402
+from bench.fsm_vs_peers import workloads  # noqa: E402
+from tokenrails import Vocabulary  # noqa: E402
+from tokenrails.guided.fsm.compiler import compile_ast, compile_choices  # noqa: E402
+from tokenrails.guided.fsm.dfa import START  # noqa: E402
+from tokenrails.guided.fsm.matcher import grammar_bytes  # noqa: E402
+from tokenrails.guided.fsm.regex_parser import parse_regex  # noqa: E402
+from tokenrails.guided.fsm.token_index import TokenIndex  # noqa: E402
+from tokenrails.guided.fsm.token_trie import token_trie  # noqa: E402
+from tokenrails.guided.limits import GuideLimits  # noqa: E402
+
+
+def pieces(regex, choices, limits, vocab, trie):
+    t0 = time.perf_counter()
+    if choices:
+        ast = None
+        t1 = time.perf_counter()
+        dfa = compile_choices(choices, limits)
+    else:
+        ast = parse_regex(regex, limits.max_repeat)
+        t1 = time.perf_counter()
+        dfa = compile_ast(ast, limits)
+    t2 = time.perf_counter()
+    index = TokenIndex(dfa, vocab, trie)
+    index.row(START)
+    t3 = time.perf_counter()
+    return (t1 - t0, t2 - t1, t3 - t2), dfa
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vocab", default="qwen2")
+    ap.add_argument("--repeat", type=int, default=21)
+    ap.add_argument("--profile", default="")
+    args = ap.parse_args()
+    vocab = Vocabulary.from_huggingface(load_tokenizer(args.vocab))
+    trie = token_trie(vocab)
+    grammar_bytes(vocab)
+    limits = GuideLimits()
+    print(f"{'workload':12s} {'parse ms':>9s} {'dfa ms':>9s} {'index ms':>9s} {'total ms':>9s} {'states':>7s} {'classes':>7s}")
+    for name, regex, _text, choices in workloads():
+        pieces(regex, choices, limits, vocab, trie)  # warm-up
+        runs = []
+        for _ in range(args.repeat):
+            t, dfa = pieces(regex, choices, limits, vocab, trie)
+            runs.append(t)
+        med = [sorted(r[i] for r in runs)[len(runs) // 2] for i in range(3)]
+        print(f"{name:12s} {med[0]*1e3:9.3f} {med[1]*1e3:9.3f} {med[2]*1e3:9.3f} {sum(med)*1e3:9.3f} "
+              f"{dfa.num_states:7d} {dfa.num_classes:7d}")
+        if args.profile == name:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.repeat):
+                if choices:
+                    compile_choices(choices, limits)
+                else:
+                    compile_ast(parse_regex(regex, limits.max_repeat), limits)
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
