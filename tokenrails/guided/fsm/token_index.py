@@ -1,9 +1,15 @@
 """Per-state token masks: token t is allowed in DFA state s iff feeding all of t's bytes keeps the
 DFA alive; EOS iff s accepts. Specials, empty tokens and padded ids are never allowed.
 
-Masks are computed on first visit by walking the vocabulary's token trie level by level from the
-state (numpy gathers over the transition table, dead prefixes pruned), packed into int32 rows in
-xgrammar's layout and cached; identical rows are stored once. Decoding then only copies rows.
+Masks are computed on first visit and cached; identical rows are stored once. Two walkers give
+bit-identical rows:
+
+* native (``tokenrails._fsm_native``): one pre-order pass over the vocabulary's flat trie in C,
+  skipping the subtree under every dead transition and writing the packed row directly;
+* numpy (fallback): level by level with gathers over the transition table, dead prefixes pruned,
+  then ``packbits`` into xgrammar's int32 layout.
+
+Decoding then only copies rows.
 """
 from __future__ import annotations
 
@@ -12,13 +18,15 @@ import threading
 import numpy as np
 import torch
 
+from ... import native
 from ..vocabulary import Vocabulary
 from .dfa import DEAD, DFA
 from .token_trie import TokenTrie, token_trie
 
-BATCH_STATES = 32  # states packed together by ``precompute``
+BATCH_STATES = 32  # states packed together by the numpy ``precompute``
 SPARSE_OUTPUT_NODES = 1 << 15  # fewer alive nodes than this: set token bits directly
 DENSE_FRACTION = 16  # walk a trie level densely once >= 1/16 of its nodes are alive
+BYTE_TABLE_MAX_BYTES = 0  # C walker: expand the DFA to [states, 256] up to this size (measured: no faster than classes)
 
 
 class _LevelClasses:
@@ -46,42 +54,80 @@ def _ragged_arange(starts: np.ndarray, counts: np.ndarray, total: int) -> np.nda
     return np.repeat(shift, counts) + np.arange(total)
 
 
-class TokenIndex:
-    """DFA × vocabulary → cached packed masks (thread-safe; shared by all matchers of a guide)."""
+def eos_row(vocab: Vocabulary) -> torch.Tensor:
+    """The packed row allowing exactly the EOS ids (per vocabulary; read-only, shared)."""
 
-    def __init__(self, dfa: DFA, vocab: Vocabulary, trie: TokenTrie | None = None):
+    def build() -> torch.Tensor:
+        words = (vocab.vocab_size + 31) // 32
+        row = np.zeros(words, dtype=np.int64)
+        for e in vocab.eos_ids:
+            row[e >> 5] |= 1 << (e & 31)
+        return torch.from_numpy(row.astype(np.uint32).view(np.int32))
+
+    return vocab.cached("fsm:eos_row", build)
+
+
+class TokenIndex:
+    """DFA × vocabulary → cached packed masks (thread-safe; shared by all matchers of a guide).
+
+    ``use_native``: None = the C walker when it is built and enabled, else numpy; True/False force
+    one (True raises if the C module is unavailable).
+    """
+
+    def __init__(self, dfa: DFA, vocab: Vocabulary, trie: TokenTrie | None = None, use_native: bool | None = None):
         self.dfa = dfa
         self.vocab = vocab
         self.trie = trie if trie is not None else token_trie(vocab)
         self.words = (vocab.vocab_size + 31) // 32
         self._padded = self.words * 32
         self._k = dfa.num_classes
-        # states are carried pre-multiplied by k ("scaled"): next = trans_k[scaled + class]; DEAD stays 0
-        self._trans_flat = (dfa.trans.astype(np.int64) * self._k).reshape(-1).astype(np.int32)
-        cmap = dfa.classmap.astype(np.int32)
-        self._node_cls = _LevelClasses(cmap, self.trie.level_bytes)
         self._eos = np.asarray(vocab.eos_ids, dtype=np.int64)
-        # token id -> global trie node (non-grammar and padded ids -> a sentinel that is never alive)
-        self._token_node = self.trie.token_node_padded(self._padded)
         self._rows: dict[int, torch.Tensor] = {}
-        self._unique: dict[bytes, torch.Tensor] = {}
+        self._unique: dict[object, list[tuple[np.ndarray, torch.Tensor]]] = {}  # key -> distinct rows
         self._full: set[int] = set()  # states whose row allows every id below vocab_size
         self._lock = threading.Lock()
-        eos_only = np.zeros(self._padded, dtype=bool)
-        eos_only[self._eos] = True
-        self.eos_row = torch.from_numpy(np.packbits(eos_only, bitorder="little").view("<i4").astype(np.int32))
+        self._np_tables = None  # numpy walker tables, built on first use
+        self.eos_row = eos_row(vocab)
+        self._walker = self._make_walker() if use_native is not False else None
+        if use_native and self._walker is None:
+            raise RuntimeError("the native FSM walker (tokenrails._fsm_native) is not available")
+
+    def _make_walker(self):
+        ntrie = self.trie.native()
+        if ntrie is None:
+            return None
+        mod = native.load("fsm")
+        dfa = self.dfa
+        s = dfa.num_states
+        return mod.Walker(
+            ntrie, np.ascontiguousarray(dfa.trans, dtype=np.int32), s, self._k,
+            np.ascontiguousarray(dfa.classmap, dtype=np.int32), np.ascontiguousarray(dfa.accepting, dtype=np.uint8),
+            self._eos.astype(np.int32), self.vocab.vocab_size, s * 256 * 4 <= BYTE_TABLE_MAX_BYTES,
+        )
+
+    @property
+    def native(self) -> bool:
+        """Whether rows come from the C walker."""
+        return self._walker is not None
 
     # ---- public -------------------------------------------------------------------------
     def row(self, state: int) -> torch.Tensor:
         """The packed int32 mask row of ``state`` (computed once)."""
         row = self._rows.get(state)
         if row is None:
-            row = self._compute([state])[0]
+            if self._walker is not None:
+                row = self._native_row(state)
+            else:
+                row = self._compute([state])[0]
         return row
 
     def precompute(self, states: list[int] | None = None) -> None:
-        """Compute the rows of ``states`` (default: every live state) in batches."""
+        """Compute the rows of ``states`` (default: every live state)."""
         todo = [s for s in (states if states is not None else range(1, self.dfa.num_states)) if s not in self._rows]
+        if self._walker is not None:
+            for s in todo:
+                self._native_row(s)
+            return
         for i in range(0, len(todo), BATCH_STATES):
             self._compute(todo[i : i + BATCH_STATES])
 
@@ -95,15 +141,43 @@ class TokenIndex:
 
     @property
     def memory_bytes(self) -> int:
-        return int(sum(r.numel() * 4 for r in self._unique.values()) + self._trans_flat.nbytes
-                   + self._node_cls.nbytes)
+        total = sum(r.nbytes for bucket in self._unique.values() for r, _ in bucket)
+        if self._walker is not None:
+            total += self._walker.nbytes
+        if self._np_tables is not None:
+            total += self._np_tables[0].nbytes + self._np_tables[1].nbytes
+        return int(total)
+
+    # ---- storage ------------------------------------------------------------------------
+    def _store(self, state: int, data: np.ndarray, key: object, full: bool) -> torch.Tensor:
+        """Cache ``data`` as ``state``'s row, sharing the tensor of an identical earlier row."""
+        with self._lock:
+            row = self._rows.get(state)
+            if row is not None:  # another thread got there first
+                return row
+            bucket = self._unique.setdefault(key, [])
+            for arr, tensor in bucket:
+                if np.array_equal(arr, data):
+                    row = tensor
+                    break
+            else:
+                row = torch.from_numpy(data)
+                bucket.append((data, row))
+            if full:
+                self._full.add(state)
+            self._rows[state] = row
+        return row
+
+    def _native_row(self, state: int) -> torch.Tensor:
+        data = np.empty(self.words, dtype=np.int32)
+        key, full = self._walker.fill(state, data)
+        return self._store(state, data, key, full)
 
     # ---- computation --------------------------------------------------------------------
     def allowed(self, state: int) -> np.ndarray:
         """Bool ``[padded_vocab]``: grammar tokens allowed from ``state`` (EOS not included)."""
         trie = self.trie
-        trans = self._trans_flat
-        cls = self._node_cls
+        trans, cls, _ = self._numpy_tables()
         sparse_nodes: list[np.ndarray] = []          # global ids of alive nodes seen in sparse mode
         dense_levels: list[tuple[int, np.ndarray]] = []  # (level, live mask) seen in dense mode
         if trie.depth and state != DEAD:
@@ -148,7 +222,7 @@ class TokenIndex:
                 alive[trie.level_offset[d] : trie.level_offset[d] + mask.size] = mask
             for ids in sparse_nodes:
                 alive[ids] = True
-            return alive[self._token_node]
+            return alive[self._numpy_tables()[2]]
         for d, mask in dense_levels:
             sparse_nodes.append(np.flatnonzero(mask) + trie.level_offset[d])
         if sparse_nodes:  # few alive nodes: expand them to their tokens directly
@@ -160,7 +234,19 @@ class TokenIndex:
                 out[trie.node_tok_ids[_ragged_arange(ptr[nodes_all], cnt, total)]] = True
         return out
 
+    def _numpy_tables(self) -> tuple[np.ndarray, _LevelClasses, np.ndarray]:
+        """(scaled flat transitions, per-level node classes, token id -> node) for the numpy walker."""
+        tables = self._np_tables
+        if tables is None:
+            # states are carried pre-multiplied by k ("scaled"): next = trans_k[scaled + class]; DEAD stays 0
+            trans = (self.dfa.trans.astype(np.int64) * self._k).reshape(-1).astype(np.int32)
+            cls = _LevelClasses(self.dfa.classmap.astype(np.int32), self.trie.level_bytes)
+            # token id -> global trie node (non-grammar and padded ids -> a sentinel that is never alive)
+            tables = self._np_tables = (trans, cls, self.trie.token_node_padded(self._padded))
+        return tables
+
     def _compute(self, states: list[int]) -> list[torch.Tensor]:
+        """Numpy rows for ``states`` (packed together)."""
         if len(states) == 1:
             allowed = self.allowed(states[0])[None]
         else:
@@ -172,16 +258,7 @@ class TokenIndex:
         packed = np.packbits(allowed, axis=1, bitorder="little").view("<i4")
         full = allowed[:, : self.vocab.vocab_size].all(axis=1)
         result = []
-        with self._lock:
-            for i, s in enumerate(states):
-                if full[i]:
-                    self._full.add(s)
-                data = packed[i]
-                key = data.tobytes()
-                row = self._unique.get(key)
-                if row is None:
-                    row = torch.from_numpy(data.astype(np.int32, copy=True))
-                    self._unique[key] = row
-                self._rows[s] = row
-                result.append(row)
+        for i, s in enumerate(states):
+            data = packed[i].astype(np.int32, copy=True)
+            result.append(self._store(s, data, data.tobytes(), bool(full[i])))
         return result

@@ -1,9 +1,13 @@
-"""Per-vocabulary token trie, stored level by level as numpy arrays (built once per Vocabulary).
+"""Per-vocabulary token trie, stored two ways as numpy arrays (built once per Vocabulary).
 
 Grammar tokens (non-special, non-empty) are sorted by bytes; a trie node is a distinct prefix.
-Nodes of depth ``d`` are numbered in sorted order, so the children of one node form a contiguous
-range at depth ``d + 1``: walking the trie from a DFA state is a few numpy gathers per level,
-touching only prefixes that are still alive.
+
+* Level order (the numpy walker): nodes of depth ``d`` are numbered in sorted order, so the
+  children of one node form a contiguous range at depth ``d + 1``; walking from a DFA state is a
+  few numpy gathers per level, touching only prefixes that are still alive.
+* Pre-order (the C walker, ``tokenrails._fsm_native``): the sorted tokens *are* a depth-first
+  traversal, token ``i`` adding the nodes of depths ``lcp(i-1, i) + 1 .. len(i)``. Per node: edge
+  byte, depth, one token id ending there; ids with identical bytes are chained in ``dfs_tok_next``.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ... import native
 from ..vocabulary import Vocabulary
 
 
@@ -26,6 +31,22 @@ class TokenTrie:
     node_tok_ptr: np.ndarray          # CSR: global node -> token ids ending there
     node_tok_ids: np.ndarray
     grammar_ids: np.ndarray           # ids of all grammar tokens (sorted)
+    dfs_byte: np.ndarray              # uint8 [N]: pre-order nodes' edge bytes
+    dfs_depth: np.ndarray             # int32 [N]: 1-based depth
+    dfs_tok: np.ndarray               # int32 [N]: smallest id ending at the node, or -1
+    dfs_tok_next: np.ndarray          # int32 [num_tokens]: next larger id with the same bytes, or -1
+
+    def native(self):
+        """The validated C copy of the pre-order trie (``_fsm_native.Trie``), or None without the C module."""
+        mod = native.load("fsm")
+        if mod is None:
+            return None
+        cache = self.__dict__.setdefault("_native_cache", {})
+        obj = cache.get(mod)
+        if obj is None:
+            padded = (self.vocab_size + 31) // 32 * 32
+            obj = cache[mod] = mod.Trie(self.dfs_byte, self.dfs_depth, self.dfs_tok, self.dfs_tok_next, padded)
+        return obj
 
     def token_node_padded(self, padded: int) -> np.ndarray:
         """Token id -> global node id for ``padded`` ids; the rest map to ``num_nodes`` (sentinel)."""
@@ -53,6 +74,7 @@ class TokenTrie:
     def memory_bytes(self) -> int:
         arrays = self.level_bytes + self.level_parent + self.child_start + self.child_count
         arrays += [self.level_offset, self.node_tok_ptr, self.node_tok_ids, self.grammar_ids]
+        arrays += [self.dfs_byte, self.dfs_depth, self.dfs_tok, self.dfs_tok_next]
         return int(sum(a.nbytes for a in arrays))
 
 
@@ -108,6 +130,7 @@ def build_token_trie(vocab: Vocabulary) -> TokenTrie:
             lo = hi = np.zeros(count_here, dtype=np.int64)
         child_start.append(lo.astype(np.int32))
         child_count.append((hi - lo).astype(np.int32))
+    dfs = _preorder(order, lens, lcp if n else np.zeros(0, np.int64), mat if n else None, vocab.num_tokens)
     # CSR node -> tokens (several ids can share the same bytes)
     node_of_tok = token_node
     srt = np.argsort(node_of_tok, kind="stable")
@@ -125,7 +148,35 @@ def build_token_trie(vocab: Vocabulary) -> TokenTrie:
         node_tok_ptr=ptr,
         node_tok_ids=order[srt].astype(np.int32),
         grammar_ids=np.sort(order).astype(np.int32),
+        dfs_byte=dfs[0],
+        dfs_depth=dfs[1],
+        dfs_tok=dfs[2],
+        dfs_tok_next=dfs[3],
     )
+
+
+def _preorder(order: np.ndarray, lens: np.ndarray, lcp: np.ndarray, mat: np.ndarray | None,
+              num_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Pre-order node arrays from the byte-sorted tokens (``order``: ids, ``lcp`` with the previous)."""
+    n = order.size
+    tok_next = np.full(num_tokens, -1, dtype=np.int32)
+    if not n:
+        return np.zeros(0, np.uint8), np.zeros(0, np.int32), np.zeros(0, np.int32), tok_next
+    new = lens - lcp                      # nodes token i adds (0: same bytes as token i-1)
+    first = np.cumsum(new) - new          # index of its first node
+    total = int(new.sum())
+    owner = np.repeat(np.arange(n), new)
+    depth = lcp[owner] + 1 + (np.arange(total) - first[owner])
+    node_byte = mat[owner, depth - 1]
+    # the node where token i ends; duplicates end where the last token with new nodes ended
+    src = np.maximum.accumulate(np.where(new > 0, np.arange(n), 0))
+    end_node = (first + new - 1)[src]
+    fresh = new > 0
+    node_tok = np.full(total, -1, dtype=np.int32)
+    node_tok[end_node[fresh]] = order[fresh]
+    dup = np.flatnonzero(~fresh)
+    tok_next[order[dup - 1]] = order[dup]  # stable sort: equal bytes keep ascending ids
+    return node_byte.astype(np.uint8), depth.astype(np.int32), node_tok, tok_next
 
 
 def token_trie(vocab: Vocabulary) -> TokenTrie:
