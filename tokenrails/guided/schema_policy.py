@@ -1,0 +1,276 @@
+"""One JSON-Schema policy for every backend: objects and tuples are *closed* unless the schema
+says otherwise (xgrammar's ``strict_mode``, OpenAI strict mode, outlines, vLLM's
+``disable-additional-properties`` for guidance).
+
+xgrammar compiles schemas with ``strict_mode=True``; llguidance follows plain JSON Schema (extra
+properties allowed when ``additionalProperties`` is absent). ``backend="auto"`` may send a schema
+to either, so the llguidance backend compiles ``close_schema(schema)`` instead, which makes the
+implicit strictness explicit:
+
+* an object schema that declares members (has ``properties`` or ``patternProperties``) and has no
+  ``additionalProperties``/``unevaluatedProperties`` admits only those members;
+  ``{"type": "object"}`` alone stays open (as in xgrammar and vLLM);
+* an array schema with ``prefixItems`` and no ``items`` (nor ``additionalItems``/
+  ``unevaluatedItems``) admits no further items.
+
+Closing is done where the instance is evaluated as a whole (a *closure point*: the root, every
+``properties``/``items``/``$defs``/... value), never separately in parts that are intersected with
+it: ``allOf`` parts, a ``$ref`` with sibling keywords, and ``anyOf``/``oneOf`` branches next to
+declared members. Closing each ``allOf`` part separately would make ``allOf [{properties a},
+{properties b}]`` unsatisfiable. Instead the names every part declares (``properties`` keys,
+``required`` names, ``patternProperties`` patterns) are hoisted to the closure point, which gets
+``additionalProperties: false`` — the meaning of ``unevaluatedProperties: false`` there. A single
+``anyOf``/``oneOf`` list next to declared members is closed per branch (the branch's names plus the
+enclosing ones), which keeps discriminated unions exact; with several such lists the union of all
+their names is used. ``$ref`` targets that are intersected with something are inlined (open),
+because ``$defs`` entries are closed in place.
+
+Not touched: ``not``, ``if``/``then``/``else``, ``propertyNames``, ``const``/``enum``/``default``
+values, and anything under an explicit ``additionalProperties``/``unevaluatedProperties``
+decision (only the nested value schemas are closed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import GuideLimitError, UnsupportedGuideError
+from .schema_features import resolve_pointer
+
+# Keys whose value is one value schema / a list / a map of value schemas (closure points).
+_VALUE_ONE = ("items", "additionalProperties", "contains", "additionalItems", "unevaluatedItems",
+              "unevaluatedProperties", "contentSchema")
+_VALUE_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_ALTS = ("anyOf", "oneOf")
+_OPEN_PROPS = ("additionalProperties", "unevaluatedProperties")
+_OPEN_ITEMS = ("items", "additionalItems", "unevaluatedItems")
+# Siblings of a $ref that make it an intersection the closure must see through (inline).
+_FORCE_INLINE = ("properties", "patternProperties", "additionalProperties", "unevaluatedProperties",
+                 "allOf", "anyOf", "oneOf", "prefixItems", "items", "additionalItems",
+                 "unevaluatedItems")
+_MAX_GROWTH = 8  # rewritten schema may be this many times the original (inlined $refs) ...
+_MAX_EXTRA_NODES = 200_000  # ... and never more than this many extra nodes
+
+
+@dataclass
+class _Decl:
+    """What a group of intersected schema parts declares about objects and tuples."""
+
+    declares: bool = False           # some part has ``properties``/``patternProperties``
+    names: dict[str, None] = field(default_factory=dict)     # ordered set
+    patterns: dict[str, None] = field(default_factory=dict)
+    explicit: bool = False           # some part decides extra properties itself
+    alts: list[list[Any]] = field(default_factory=list)     # anyOf/oneOf lists in the group
+    longest_prefix: int | None = None
+    explicit_items: bool = False
+
+    def merged(self, other: "_Decl") -> "_Decl":
+        return _Decl(self.declares or other.declares, {**self.names, **other.names},
+                     {**self.patterns, **other.patterns})
+
+
+def close_schema(schema: Any) -> Any:
+    """A copy of ``schema`` with the strict policy made explicit (see the module docstring).
+
+    Raises ``UnsupportedGuideError`` for a ``$ref`` cycle through intersected parts (nothing to
+    close: the schema would recurse without nesting a value) and ``GuideLimitError`` when inlining
+    would blow the schema up.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    return _Closer(schema).point(schema, None)
+
+
+class _Closer:
+    def __init__(self, root: dict):
+        self.root = root
+        self.inlining: list[str] = []  # $ref targets being inlined (cycle guard)
+        self.budget = max(_MAX_GROWTH * _count(root), 10_000)
+        self.budget = min(self.budget, _count(root) + _MAX_EXTRA_NODES)
+        self.made = 0
+
+    # ---- analysis ------------------------------------------------------------------------
+    def collect(self, node: dict, decl: _Decl | None = None) -> _Decl:
+        """Declarations of ``node`` and every part intersected with it (allOf, merged $ref)."""
+        d = decl if decl is not None else _Decl()
+        if "properties" in node or "patternProperties" in node:
+            d.declares = True
+        if isinstance(node.get("properties"), dict):
+            d.names.update(dict.fromkeys(node["properties"]))
+        if isinstance(node.get("patternProperties"), dict):
+            d.patterns.update(dict.fromkeys(node["patternProperties"]))
+        if isinstance(node.get("required"), list):
+            d.names.update(dict.fromkeys(r for r in node["required"] if isinstance(r, str)))
+        if any(k in node for k in _OPEN_PROPS):
+            d.explicit = True
+        if isinstance(node.get("prefixItems"), list):
+            n = len(node["prefixItems"])
+            d.longest_prefix = n if d.longest_prefix is None else max(d.longest_prefix, n)
+        if any(k in node for k in _OPEN_ITEMS):
+            d.explicit_items = True
+        for key in _ALTS:
+            if isinstance(node.get(key), list):
+                d.alts.append(node[key])
+        for part in node.get("allOf", []) if isinstance(node.get("allOf"), list) else []:
+            if isinstance(part, dict):
+                self.collect(part, d)
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            target = self.enter(ref)
+            try:
+                if isinstance(target, dict):
+                    self.collect(target, d)
+            finally:
+                self.inlining.pop()
+        return d
+
+    def alt_union(self, lists: list[list[Any]]) -> _Decl:
+        """Everything any branch of ``lists`` (recursively) declares."""
+        out = _Decl()
+        for branches in lists:
+            for b in branches:
+                if isinstance(b, dict):
+                    d = self.collect(b)
+                    out = out.merged(d).merged(self.alt_union(d.alts))
+        return out
+
+    def enter(self, ref: str) -> Any:
+        if not ref.startswith("#"):
+            raise UnsupportedGuideError(f"$ref {ref[:100]!r} is not local", feature="remote $ref",
+                                        backend="llguidance")
+        if ref in self.inlining:
+            raise UnsupportedGuideError(
+                f"$ref {ref[:100]!r} would be inlined inside itself (recursion through a $ref with "
+                "sibling keywords or allOf): cannot close it", feature="recursive $ref with siblings",
+                backend="llguidance")
+        self.inlining.append(ref)
+        return resolve_pointer(self.root, ref)
+
+    # ---- rewriting -----------------------------------------------------------------------
+    def point(self, node: Any, inherited: _Decl | None) -> Any:
+        """``node`` evaluated as a whole; ``inherited``: what the schema it is intersected with
+        declares (set for a branch of a distributed anyOf/oneOf)."""
+        if not isinstance(node, dict):
+            return node
+        if inherited is None and _is_alias(node):
+            # its target is closed where it is defined; siblings (minLength...) are copied
+            return self.rewrite(node, alt_mode="point", dist=None, inline=False)
+        d = self.collect(node)
+        if inherited is not None:
+            m = inherited.merged(d)  # enclosing names first: llguidance keeps listed order
+            d.declares, d.names, d.patterns = m.declares, m.names, m.patterns
+        close_obj, dist, alt_mode = False, None, "point"
+        if d.explicit:
+            alt_mode = "part"  # this schema decides extra properties itself: branches stay open
+        elif _may_be_object(node):
+            if len(d.alts) == 1 and d.declares:
+                alt_mode, dist = "dist", d  # each branch closed with its names plus these
+            elif len(d.alts) > 1:
+                u = self.alt_union(d.alts)
+                if d.declares or u.declares:
+                    d = _Decl(True, {**d.names, **u.names}, {**d.patterns, **u.patterns},
+                              longest_prefix=d.longest_prefix, explicit_items=d.explicit_items)
+                    close_obj, alt_mode = True, "part"
+            elif d.declares:
+                close_obj = True
+        out = self.rewrite(node, alt_mode=alt_mode, dist=dist, inline=inherited is not None)
+        if close_obj:
+            self.close_object(out, d)
+        if d.longest_prefix is not None and not d.explicit_items:
+            own = out.get("prefixItems")
+            if isinstance(own, list) and len(own) == d.longest_prefix:
+                out["items"] = False
+            else:
+                out["maxItems"] = min(out.get("maxItems", d.longest_prefix), d.longest_prefix)
+        return out
+
+    def rewrite(self, node: dict, *, alt_mode: str, dist: _Decl | None, inline: bool) -> dict:
+        """Copy of ``node``: value schemas closed as points, allOf parts open, anyOf/oneOf
+        branches per ``alt_mode`` ("point": on their own, "dist": with ``dist``, "part": open);
+        a ``$ref`` with siblings (or any, when ``inline``) replaced by its open target."""
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in _VALUE_MAPS and isinstance(value, dict):
+                out[key] = {k: self.point(v, None) for k, v in value.items()}
+            elif key in _VALUE_ONE:
+                out[key] = self.point(value, None)
+            elif key == "prefixItems" and isinstance(value, list):
+                out[key] = [self.point(v, None) for v in value]
+            elif key == "allOf" and isinstance(value, list):
+                out[key] = [self.part(v, alt_mode, dist) for v in value]
+            elif key in _ALTS and isinstance(value, list):
+                if alt_mode == "part":
+                    out[key] = [self.part(v, "part", None) for v in value]
+                else:
+                    out[key] = [self.point(v, dist) for v in value]
+            else:
+                out[key] = value
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (inline or not _is_alias(node)):
+            target = self.enter(ref)
+            try:
+                inlined = self.part(target, alt_mode, dist)
+            finally:
+                self.inlining.pop()
+            del out["$ref"]
+            self.spend(inlined)
+            out["allOf"] = list(out.get("allOf", [])) + [inlined]
+        return out
+
+    def part(self, node: Any, alt_mode: str, dist: _Decl | None) -> Any:
+        """An allOf part or inlined $ref target: open itself, its values closed."""
+        if not isinstance(node, dict):
+            return node
+        out = self.rewrite(node, alt_mode=alt_mode, dist=dist, inline=True)
+        out.pop("$defs", None)  # refs resolve against the root; copies of $defs are dead weight
+        out.pop("definitions", None)
+        return out
+
+    @staticmethod
+    def close_object(out: dict, d: _Decl) -> None:
+        """Every declared name listed (in declaration order: llguidance fixes property order),
+        every declared pattern kept, nothing else."""
+        own = out.get("properties", {})
+        if not isinstance(own, dict):
+            return
+        props = {name: own.get(name, {}) for name in d.names}
+        props.update(own)
+        pats = out.get("patternProperties", {})
+        if not isinstance(pats, dict):
+            return
+        pats = {**{p: {} for p in d.patterns}, **pats}
+        if props or "properties" in out:
+            out["properties"] = props
+        if pats or "patternProperties" in out:
+            out["patternProperties"] = pats
+        out["additionalProperties"] = False
+
+    def spend(self, inlined: Any) -> None:
+        self.made += _count(inlined)
+        if self.made > self.budget:
+            raise GuideLimitError(
+                "closing the schema would inline too many $ref targets "
+                f"({self.made} nodes, budget {self.budget})", limit="max_schema_nodes", value=self.made)
+
+
+def _is_alias(node: dict) -> bool:
+    """A ``$ref`` whose siblings neither declare members nor combine schemas: its target, closed
+    where it is defined, can stay a reference (recursive schemas keep working)."""
+    return isinstance(node.get("$ref"), str) and not any(k in node for k in _FORCE_INLINE)
+
+
+def _may_be_object(node: dict) -> bool:
+    t = node.get("type")
+    return t is None or t == "object" or (isinstance(t, list) and "object" in t)
+
+
+def _count(node: Any) -> int:
+    n, stack = 0, [node]
+    while stack:
+        x = stack.pop()
+        n += 1
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return n
