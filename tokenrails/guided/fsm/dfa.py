@@ -7,7 +7,7 @@ Numbering: 0 = dead, 1 = start, the rest in breadth-first order.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import numpy as np
 
@@ -16,7 +16,8 @@ from .nfa import ByteNFA, Deadline
 
 DEAD = 0
 START = 1
-MINIMIZE_MAX_TRANSITIONS = 300_000  # beyond this many live transitions Hopcroft (pure Python) is skipped
+MINIMIZE_MAX_TRANSITIONS = 300_000  # beyond this many sparse edges Hopcroft (pure Python) is skipped
+SMALL_TABLE = 8192  # dense tables up to this many entries are written in Python, larger ones in numpy
 
 
 @dataclass
@@ -29,9 +30,10 @@ class DFA:
     rows: list[list[int]] = field(init=False, repr=False)   # trans as Python lists (scalar stepping)
     cls: list[int] = field(init=False, repr=False)
     forced: list[int] = field(init=False, repr=False)       # per state: the only live byte, or -1
+    rows_hint: InitVar[list[list[int]] | None] = None       # ``trans`` as lists, when already built
 
-    def __post_init__(self) -> None:
-        self.rows = self.trans.tolist()
+    def __post_init__(self, rows_hint: list[list[int]] | None = None) -> None:
+        self.rows = rows_hint if rows_hint is not None else self.trans.tolist()
         self.cls = self.classmap.tolist()
         self.accepting_list = self.accepting.tolist()
         # forced byte per state: exactly one live class, of exactly one byte, and not accepting
@@ -72,12 +74,23 @@ class DFA:
 
 def byte_classes(edge_ranges) -> np.ndarray:
     """Byte → class id such that every ``(lo, hi)`` range is a union of whole classes."""
-    marks = np.zeros(257, dtype=np.int32)
+    cuts: set[int] = set()
     for lo, hi in edge_ranges:
-        marks[lo] = 1
-        marks[hi + 1] = 1
-    marks[0] = 0
-    return np.cumsum(marks[:256]).astype(np.int32)
+        cuts.add(lo)
+        cuts.add(hi + 1)
+    return np.asarray(_classes_from_cuts(cuts), dtype=np.int32)
+
+
+def _classes_from_cuts(cuts: set[int]) -> list[int]:
+    """Classmap as a list: a new class starts at every cut point (1..255)."""
+    out: list[int] = []
+    c = 0
+    for x in sorted(cuts):
+        if 0 < x < 256:
+            out += [c] * (x - len(out))
+            c += 1
+    out += [c] * (256 - len(out))
+    return out
 
 
 def _limit(max_states: int, n: int) -> GuideLimitError:
@@ -141,8 +154,10 @@ def subset_construction(nfa: ByteNFA, max_states: int, deadline: Deadline) -> tu
     A DFA state is a sorted tuple of NFA states. Character sets are already deterministic
     fragments, so most DFA states are a single NFA state: those are found by index, not hashing.
     """
-    classmap = byte_classes((lo, hi) for es in nfa.edges for lo, hi, _ in es)
-    cm = classmap.tolist()
+    cuts = {lo for es in nfa.edges for lo, _, _ in es}
+    cuts.update(hi + 1 for es in nfa.edges for _, hi, _ in es)
+    cm = _classes_from_cuts(cuts)
+    classmap = np.asarray(cm, dtype=np.int32)
     cedges = [[(cm[lo], cm[hi], t) for lo, hi, t in es] for es in nfa.edges]
     nfa_acc = nfa.accepting
     single: list[int] = [-1] * len(cedges)
@@ -329,6 +344,15 @@ def _dense(rows: list[Row], accepting: list[bool], k: int, classmap: np.ndarray,
             cnt_l.append(hi - lo + 1)
             tgt.append(nt)
     num = len(order) + 1
+    accepting_arr = np.asarray(acc, dtype=bool)
+    if num * k <= SMALL_TABLE:  # Python rows, one conversion: numpy's per-call overhead dominates here
+        dense = [[DEAD] * k for _ in range(num)]
+        for s, lo, c, t in zip(src, lo_l, cnt_l, tgt):
+            if c == 1:
+                dense[s][lo] = t
+            else:
+                dense[s][lo:lo + c] = [t] * c
+        return DFA(np.array(dense, dtype=np.int32).reshape(num, k), classmap, accepting_arr, dense)
     trans = np.zeros(num * k, dtype=np.int32)
     if src:
         counts = np.asarray(cnt_l, dtype=np.int64)
@@ -336,7 +360,7 @@ def _dense(rows: list[Row], accepting: list[bool], k: int, classmap: np.ndarray,
         first = np.asarray(src, dtype=np.int64) * k + np.asarray(lo_l, dtype=np.int64)
         shift = first - (np.cumsum(counts) - counts)
         trans[np.repeat(shift, counts) + np.arange(total)] = np.repeat(np.asarray(tgt, dtype=np.int32), counts)
-    return DFA(trans.reshape(num, k), classmap, np.asarray(acc, dtype=bool))
+    return DFA(trans.reshape(num, k), classmap, accepting_arr)
 
 
 def minimize(rows: list[Row], accepting: list[bool], classmap: np.ndarray, deadline: Deadline) -> DFA:
@@ -369,8 +393,9 @@ def dfa_from_strings(strings: list[bytes], max_states: int, deadline: Deadline) 
     creation order every child's class is known, and a node's class is the register entry of
     (final, [(byte class, child class)]).
     """
-    classmap = byte_classes((b, b) for b in set(b"".join(strings)))
-    cm = classmap.tolist()
+    used = set(b"".join(strings))
+    cm = _classes_from_cuts(used | {b + 1 for b in used})
+    classmap = np.asarray(cm, dtype=np.int32)
     limit = max_states * 4  # the trie shrinks a lot under minimization
     children: list[dict[int, int]] = [{}]
     final = [False]
