@@ -222,3 +222,25 @@ def test_choice_limits():
         dfa_from_strings([bytes([65 + i % 26]) * 50 + str(i).encode() for i in range(100)], 100, Deadline(60))
     with pytest.raises(InvalidGuideError):
         dfa_from_strings([], 100, Deadline(60))
+
+
+# ---- limits on the new paths --------------------------------------------------------------------
+def test_unminimized_fallback_is_exact(monkeypatch):
+    import tokenrails.guided.fsm.dfa as dfa_mod
+
+    pattern = r"(ab|a)(bc|c)*x{0,3}"
+    minimal = compile_regex(pattern, LIMITS)
+    monkeypatch.setattr(dfa_mod, "MINIMIZE_MAX_TRANSITIONS", 0)
+    big = compile_regex(pattern, LIMITS)
+    assert big.num_states > minimal.num_states  # really skipped minimization
+    assert dfa_form(minimal) == _reference_minimal_form(
+        [[big.rows[s][big.cls[b]] for b in range(256)] for s in range(big.num_states)], big.accepting_list, START)
+
+
+def test_subset_and_minimization_respect_the_deadline():
+    from tokenrails import GuideTimeoutError
+
+    with pytest.raises(GuideTimeoutError):  # small NFA, 2**15 subset states: the subset loop times out
+        compile_regex(r"(a|b)*a(a|b){14}", LIMITS.replace(compile_timeout_s=0.002))
+    with pytest.raises(GuideTimeoutError):
+        compile_choices([f"{i:06d}" for i in range(5000)], LIMITS.replace(compile_timeout_s=0.0))
