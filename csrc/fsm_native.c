@@ -341,30 +341,27 @@ static uint64_t mix(uint64_t h) {
     return h;
 }
 
-/* Hash of the row (4 independent lanes) and whether every id below vocab_size is set. */
-static uint64_t row_hash(const uint32_t *row, Py_ssize_t words, Py_ssize_t vocab_size, int *full) {
-    uint64_t h[4] = {0x9e3779b97f4a7c15ULL, 0xbf58476d1ce4e5b9ULL, 0x94d049bb133111ebULL, 0x2545f4914f6cdd1dULL};
-    Py_ssize_t i = 0;
-    for (; i + 4 <= words; i += 4) {
-        for (int k = 0; k < 4; k++) {
-            h[k] = (h[k] ^ row[i + k]) * 0x100000001b3ULL;
-        }
+/* Key of the row for de-duplication (equal rows, equal keys; candidates are compared in full) and
+ * whether every id below vocab_size is set.  A plain sum and a sum salted by position: one
+ * vectorizable pass over the row. */
+static uint64_t row_key(const uint32_t *row, Py_ssize_t words, Py_ssize_t vocab_size, int *full) {
+    uint32_t s1 = 0, s2 = 0, k = 0x12345678u; /* 32-bit lanes: the loop vectorizes to plain adds */
+    for (Py_ssize_t i = 0; i < words; i++) {
+        s1 += row[i];
+        s2 += row[i] ^ k;
+        k += 0x9e3779b9u;
     }
-    for (; i < words; i++) {
-        h[0] = (h[0] ^ row[i]) * 0x100000001b3ULL;
+    Py_ssize_t whole = vocab_size >> 5, j = 0;
+    while (j < whole && row[j] == 0xffffffffu) { /* almost always stops at the first word */
+        j++;
     }
-    Py_ssize_t whole = vocab_size >> 5;
-    uint32_t all = 0xffffffffu;
-    for (Py_ssize_t j = 0; j < whole; j++) {
-        all &= row[j];
-    }
-    int ok = all == 0xffffffffu;
+    int ok = j == whole;
     if (ok && (vocab_size & 31)) {
         uint32_t need = (1u << (vocab_size & 31)) - 1;
         ok = (row[whole] & need) == need;
     }
     *full = ok;
-    return mix(h[0] ^ mix(h[1] ^ mix(h[2] ^ mix(h[3] ^ (uint64_t)words))));
+    return mix(((uint64_t)s1 << 32 | s2) ^ (uint64_t)words);
 }
 
 static PyObject *Walker_fill(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -413,7 +410,7 @@ static PyObject *Walker_fill(WalkerObject *self, PyObject *const *args, Py_ssize
             row[t >> 5] |= 1u << (t & 31);
         }
     }
-    h = row_hash(row, words, self->vocab_size, &full);
+    h = row_key(row, words, self->vocab_size, &full);
     Py_END_ALLOW_THREADS
     if (stk != local) {
         PyMem_RawFree(stk);
