@@ -49,19 +49,35 @@ class ThompsonNFA:
         self.deadline = deadline
 
     def new(self) -> int:
+        return self.reserve(1)
+
+    def reserve(self, count: int) -> int:
+        """Append ``count`` fresh states; returns the first one's id."""
         n = len(self.eps)
-        if n >= self.max_states:
+        if n + count > self.max_states:
             raise GuideLimitError(
                 f"limit max_dfa_states exceeded: the pattern expands to more than {self.max_states} "
                 "automaton states (large repetition counts?)",
                 limit="max_dfa_states",
-                value=n,
+                value=n + count,
             )
-        if n & 4095 == 0:
+        if (n & 4095) + count > 4095:
             self.deadline.check()
-        self.eps.append([])
-        self.edges.append([])
+        self.eps.extend([] for _ in range(count))
+        self.edges.extend([] for _ in range(count))
         return n
+
+    def append(self, end: int, node: Node) -> int:
+        """Continue the fragment ending at ``end`` with ``node``; returns the new end.
+
+        A character set is built *from* ``end`` (no epsilon, no extra state): its start state has
+        no incoming edges, so sharing it with ``end`` adds no path that the epsilon would not.
+        """
+        if isinstance(node, CharSet):
+            return self._charset(node.ranges, end)[1]
+        s, e = self.build(node)
+        self.eps[end].append(s)
+        return e
 
     def build(self, node: Node) -> tuple[int, int]:
         """Fragment ``(start, end)`` for ``node``."""
@@ -70,9 +86,7 @@ class ThompsonNFA:
         if isinstance(node, Concat):
             start, end = self.build(node.items[0])
             for item in node.items[1:]:
-                s, e = self.build(item)
-                self.eps[end].append(s)
-                end = e
+                end = self.append(end, item)
             return start, end
         if isinstance(node, Alt):
             start, end = self.new(), self.new()
@@ -88,15 +102,22 @@ class ThompsonNFA:
             return s, s
         raise TypeError(f"unexpected AST node {node!r}")
 
-    def _charset(self, ranges: Ranges) -> tuple[int, int]:
-        """Copy the cached minimal byte DFA of ``ranges`` (deterministic: cheap to determinize)."""
+    def _charset(self, ranges: Ranges, at: int | None = None) -> tuple[int, int]:
+        """Copy the cached minimal byte DFA of ``ranges`` (deterministic: cheap to determinize).
+
+        With ``at``, the fragment's start state is ``at`` instead of a fresh state.
+        """
         size, edges, final = _charset_fragment(ranges)
-        base = len(self.eps)
-        for _ in range(size):
-            self.new()
+        if at is None:
+            base = self.reserve(size)
+            for src, lo, hi, dst in edges:
+                self.edges[base + src].append((lo, hi, base + dst))
+            return base, base + final
+        base = self.reserve(size - 1) - 1  # fragment state i > 0 -> base + i; state 0 -> at
+        out = self.edges
         for src, lo, hi, dst in edges:
-            self.edges[base + src].append((lo, hi, base + dst))
-        return base, base + final
+            out[base + src if src else at].append((lo, hi, base + dst))
+        return at, base + final
 
     def raw_charset(self, ranges: Ranges) -> tuple[int, int]:
         """UTF-8 sequences of ``ranges`` as a byte DAG with shared suffixes (may be nondeterministic)."""
@@ -119,9 +140,7 @@ class ThompsonNFA:
     def _repeat(self, node: Repeat) -> tuple[int, int]:
         start = end = self.new()
         for _ in range(node.min):
-            s, e = self.build(node.item)
-            self.eps[end].append(s)
-            end = e
+            end = self.append(end, node.item)
         if node.max is None:
             loop = self.new()
             s, e = self.build(node.item)
@@ -133,10 +152,8 @@ class ThompsonNFA:
         if optional:
             final = self.new()
             for _ in range(optional):
-                s, e = self.build(node.item)
-                self.eps[end].append(s)
                 self.eps[end].append(final)
-                end = e
+                end = self.append(end, node.item)
             self.eps[end].append(final)
             end = final
         return start, end
