@@ -97,43 +97,84 @@ TR_INLINE void blend16(uint16_t *x, uint64_t bits, int n, uint16_t ninf) {
 #endif
 }
 
-/* One unit of n columns (n = 32 or 64) with allowed bits `bits`, then one whole row. */
+/* Whole words are walked in chunks of CHUNK_WORDS words (2048 columns), each in blocks of
+ * BLOCK_WORDS words (512 columns, skipped whole when all allowed) made of 64-column units. A unit
+ * with more than four disallowed tokens is filled with -inf (none allowed) or blended on the spot.
+ * Units with one to four disallowed tokens take one of two strategies, fixed per call:
+ *
+ *  - gathered (calls whose masked rows fit in about one L2 cache): pass 1 over a chunk writes the
+ *    offsets of those tokens into `pending`, branch-free (four slots per unit; the count advances
+ *    only for real bits), pass 2 stores -inf at them. No data-dependent branch, so no
+ *    mispredictions whatever the mask looks like.
+ *  - direct (larger calls): a loop over the unit's zero bits storing -inf as it goes. Once the
+ *    logits come from memory, the stores' cache misses dominate; a store buffer shared with the
+ *    `pending` writes (or with dummy stores) would hold fewer misses in flight, while the loop's
+ *    mispredictions hide behind the misses.
+ */
+#define CHUNK_WORDS 64
+#define BLOCK_WORDS 16
+#define GATHER_MAX_BYTES (1 << 20)
+static int FORCE_STRATEGY = 0; /* tests: 0 by size, 1 always direct, 2 always gathered */
+
 #define DEFINE_ROW(NAME, T, BLEND)                                                               \
-    TR_INLINE void NAME##_unit(T *x, uint64_t bits, int n, T ninf) {                             \
-        uint64_t all = n == 64 ? ~0ull : 0xFFFFFFFFull;                                          \
-        uint64_t z = ~bits & all;                                                                \
-        T dummy; /* target of the stores for missing bits */                                     \
-        for (int s = 0; s < 4; s++) { /* up to four disallowed tokens, branch-free */             \
-            uintptr_t hit = (uintptr_t)0 - (uintptr_t)(z != 0);                                  \
-            uintptr_t at = (uintptr_t)(x + TR_CTZ64(z | (1ull << 63)));                          \
-            *(T *)((at & hit) | ((uintptr_t)&dummy & ~hit)) = ninf;                      \
-            z &= z - 1;                                                                          \
-        }                                                                                        \
-        if (z) { /* more than four disallowed tokens: the whole unit at once */                   \
-            if ((bits & all) == 0) {                                                             \
-                for (int k = 0; k < n; k++) x[k] = ninf;                                         \
-            } else {                                                                             \
-                BLEND(x, bits, n, ninf);                                                         \
+    TR_INLINE void NAME##_unit(T *x, uint32_t *pending, int *count, uint64_t bits, int off,      \
+                               int n, T ninf, int direct) {                                      \
+        const uint64_t all = n == 64 ? ~0ull : 0xFFFFFFFFull;                                    \
+        uint64_t z = ~bits & all, rest = z;                                                      \
+        if (direct) {                                                                            \
+            if (!z) return;                                                                      \
+            for (int s = 0; s < 4; s++) rest &= rest - 1;                                        \
+            if (!rest) {                                                                         \
+                do {                                                                             \
+                    x[off + TR_CTZ64(z)] = ninf;                                                 \
+                    z &= z - 1;                                                                  \
+                } while (z);                                                                     \
+                return;                                                                          \
             }                                                                                    \
+        } else {                                                                                 \
+            int c = *count;                                                                      \
+            for (int s = 0; s < 4; s++) {                                                        \
+                pending[c] = (uint32_t)(off + TR_CTZ64(rest | (1ull << 63)));                     \
+                c += rest != 0;                                                                  \
+                rest &= rest - 1;                                                                \
+            }                                                                                    \
+            *count = c;                                                                          \
+            if (!rest) return;                                                                   \
+        }                                                                                        \
+        /* more than four disallowed tokens: the whole unit */                                   \
+        if (z == all) {                                                                          \
+            for (int k = 0; k < n; k++) x[off + k] = ninf;                                       \
+        } else {                                                                                 \
+            BLEND(x + off, bits, n, ninf);                                                       \
         }                                                                                        \
     }                                                                                            \
                                                                                                  \
-    static void NAME(T *x, const uint32_t *w, Py_ssize_t vocab, Py_ssize_t ncols, T ninf) {      \
-        Py_ssize_t whole = vocab / 32, j = 0;                                                    \
-        for (; j + 8 <= whole; j += 8) {                                                         \
-            uint64_t u[4];                                                                       \
-            memcpy(u, w + j, sizeof u);                                                          \
-            if ((u[0] & u[1] & u[2] & u[3]) == ~0ull) continue;                                  \
-            for (int k = 0; k < 4; k++) NAME##_unit(x + 32 * j + 64 * k, u[k], 64, ninf);        \
-        }                                                                                        \
-        for (; j + 2 <= whole; j += 2) {                                                         \
-            uint64_t u;                                                                          \
-            memcpy(&u, w + j, sizeof u);                                                         \
-            if (u != ~0ull) NAME##_unit(x + 32 * j, u, 64, ninf);                                \
-        }                                                                                        \
-        if (j < whole) {                                                                         \
-            if (w[j] != 0xFFFFFFFFu) NAME##_unit(x + 32 * j, w[j], 32, ninf);                    \
-            j++;                                                                                 \
+    static void NAME(T *x, const uint32_t *w, Py_ssize_t vocab, Py_ssize_t ncols, T ninf,        \
+                     int direct) {                                                               \
+        const Py_ssize_t whole = vocab / 32;                                                     \
+        uint32_t pending[2 * CHUNK_WORDS + 4];                                                   \
+        for (Py_ssize_t c0 = 0; c0 < whole; c0 += CHUNK_WORDS) {                                 \
+            const Py_ssize_t cend = whole - c0 < CHUNK_WORDS ? whole : c0 + CHUNK_WORDS;         \
+            T *xc = x + 32 * c0;                                                                 \
+            int count = 0;                                                                       \
+            Py_ssize_t j = c0;                                                                   \
+            for (; j + BLOCK_WORDS <= cend; j += BLOCK_WORDS) {                                  \
+                uint64_t u[BLOCK_WORDS / 2], a = ~0ull;                                          \
+                memcpy(u, w + j, sizeof u);                                                      \
+                for (int k = 0; k < BLOCK_WORDS / 2; k++) a &= u[k];                             \
+                if (a == ~0ull) continue; /* every token allowed */                              \
+                for (int k = 0; k < BLOCK_WORDS / 2; k++)                                        \
+                    NAME##_unit(xc, pending, &count, u[k], (int)(32 * (j - c0) + 64 * k), 64,    \
+                                ninf, direct);                                                   \
+            }                                                                                    \
+            for (; j + 2 <= cend; j += 2) {                                                      \
+                uint64_t u;                                                                      \
+                memcpy(&u, w + j, sizeof u);                                                     \
+                NAME##_unit(xc, pending, &count, u, (int)(32 * (j - c0)), 64, ninf, direct);     \
+            }                                                                                    \
+            if (j < cend)                                                                        \
+                NAME##_unit(xc, pending, &count, w[j], (int)(32 * (j - c0)), 32, ninf, direct);  \
+            for (int s = 0; s < count; s++) xc[pending[s]] = ninf;                               \
         }                                                                                        \
         Py_ssize_t col = 32 * whole;                                                             \
         if (col < vocab) { /* partial last word */                                               \
@@ -201,7 +242,7 @@ static PyObject *apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         return NULL;
     }
     if (nmask == 0 || ncols == 0) Py_RETURN_NONE;
-    if (!logits_addr || !bm_addr) {
+    if (!logits_addr || (vocab > 0 && !bm_addr)) { /* no word is read when vocab_size == 0 */
         PyErr_SetString(PyExc_ValueError, "null data pointer");
         return NULL;
     }
@@ -271,23 +312,43 @@ static PyObject *apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     const uint32_t ninf = NINF_BITS[dtype_code];
     char *const base = (char *)logits_addr;
     const uint32_t *const words = (const uint32_t *)bm_addr;
-    int release = (double)nmask * (double)ncols >= RELEASE_GIL_COLUMNS;
+    const double columns = (double)nmask * (double)ncols;
+    const int direct = columns * (double)esize > GATHER_MAX_BYTES || FORCE_STRATEGY == 1;
+    int release = columns >= RELEASE_GIL_COLUMNS;
     PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t i = 0; i < nmask; i++) {
         Py_ssize_t r = identity ? i : rows[i];
         char *row = base + r * row_stride * esize;
         const uint32_t *w = words + i * bm_stride;
         if (esize == 4)
-            mask_row32((uint32_t *)row, w, vocab, ncols, ninf);
+            mask_row32((uint32_t *)row, w, vocab, ncols, ninf, direct && FORCE_STRATEGY != 2);
         else
-            mask_row16((uint16_t *)row, w, vocab, ncols, (uint16_t)ninf);
+            mask_row16((uint16_t *)row, w, vocab, ncols, (uint16_t)ninf, direct && FORCE_STRATEGY != 2);
     }
     if (release) PyEval_RestoreThread(ts);
     if (rows && rows != small) PyMem_Free(rows);
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(set_strategy_doc,
+"_set_strategy(mode) -> previous mode. Tests only: 0 picks the scatter strategy by call size,\n"
+"1 forces the direct loop, 2 the gathered two-pass one (so tests cover both on small inputs).");
+
+static PyObject *set_strategy(PyObject *self, PyObject *arg) {
+    (void)self;
+    long mode = PyLong_AsLong(arg);
+    if (mode == -1 && PyErr_Occurred()) return NULL;
+    if (mode < 0 || mode > 2) {
+        PyErr_SetString(PyExc_ValueError, "mode must be 0, 1 or 2");
+        return NULL;
+    }
+    int previous = FORCE_STRATEGY;
+    FORCE_STRATEGY = (int)mode;
+    return PyLong_FromLong(previous);
+}
+
 static PyMethodDef methods[] = {
+    {"_set_strategy", set_strategy, METH_O, set_strategy_doc},
     {"apply", (PyCFunction)(void (*)(void))apply, METH_FASTCALL, apply_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -136,7 +136,8 @@ def _check_indices(
         raise KernelArgumentError(
             f"indices must be a list/tuple of ints or an int tensor, got {type(indices).__name__}"
         )
-    if len(indices) <= 64 and all(type(i) is int for i in indices):  # fast path, small lists
+    small = len(indices) <= 64 and not isinstance(indices, np.ndarray)
+    if small and all(type(i) is int for i in indices):  # fast path, small lists
         if indices:
             _check_range(min(indices), max(indices), batch)
         return tuple(indices)
