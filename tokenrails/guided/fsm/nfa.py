@@ -49,7 +49,12 @@ class ThompsonNFA:
         self.deadline = deadline
 
     def new(self) -> int:
-        return self.reserve(1)
+        n = len(self.eps)
+        if n & 4095 == 4095 or n >= self.max_states:
+            return self.reserve(1)
+        self.eps.append([])
+        self.edges.append([])
+        return n
 
     def reserve(self, count: int) -> int:
         """Append ``count`` fresh states; returns the first one's id."""
@@ -63,8 +68,12 @@ class ThompsonNFA:
             )
         if (n & 4095) + count > 4095:
             self.deadline.check()
-        self.eps.extend([] for _ in range(count))
-        self.edges.extend([] for _ in range(count))
+        if count == 1:
+            self.eps.append([])
+            self.edges.append([])
+        else:
+            self.eps.extend([[] for _ in range(count)])
+            self.edges.extend([[] for _ in range(count)])
         return n
 
     def append(self, end: int, node: Node) -> int:
@@ -216,21 +225,26 @@ def eliminate_epsilons(nfa: ThompsonNFA, start: int, accept: int) -> ByteNFA:
             nfa.deadline.check()
         root = order[k]
         k += 1
-        seen = {root}
-        stack = [root]
-        found: list[tuple[int, int, int]] = []
-        acc = False
-        while stack:
-            s = stack.pop()
-            if s == accept:
-                acc = True
-            found.extend(edges[s])
-            for t in eps[s]:
-                if t not in seen:
-                    seen.add(t)
-                    stack.append(t)
+        if not eps[root]:  # no epsilon out (inside a character set): the closure is the state itself
+            found = edges[root]
+            acc = root == accept
+        else:
+            seen = {root}
+            stack = [root]
+            found = []
+            acc = False
+            while stack:
+                s = stack.pop()
+                if s == accept:
+                    acc = True
+                found.extend(edges[s])
+                for t in eps[s]:
+                    if t not in seen:
+                        seen.add(t)
+                        stack.append(t)
+            found = set(found)
         mapped = []
-        for lo, hi, t in set(found):
+        for lo, hi, t in found:
             j = index.get(t)
             if j is None:
                 j = index[t] = len(order)
