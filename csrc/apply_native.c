@@ -116,6 +116,30 @@ TR_INLINE void blend16(uint16_t *x, uint64_t bits, int n, uint16_t ninf) {
 #define GATHER_MAX_BYTES (1 << 20)
 static int FORCE_STRATEGY = 0; /* tests: 0 by size, 1 always direct, 2 always gathered */
 
+/* The first j' >= j such that words [j', j' + BLOCK_WORDS) are not all -1, or the start of the
+ * last, shorter stretch before `end`, or `end` (skip a run of all-allowed blocks, 64 B a step). */
+TR_INLINE Py_ssize_t skip_allowed(const uint32_t *w, Py_ssize_t j, Py_ssize_t end) {
+    if (j >= end) return end;
+    for (; j + BLOCK_WORDS <= end; j += BLOCK_WORDS) {
+#if TR_VECTOR
+        v4u32 a, b, c, d;
+        memcpy(&a, w + j, 16);
+        memcpy(&b, w + j + 4, 16);
+        memcpy(&c, w + j + 8, 16);
+        memcpy(&d, w + j + 12, 16);
+        a &= b & c & d;
+        uint64_t h[2];
+        memcpy(h, &a, 16);
+        if ((h[0] & h[1]) != ~0ull) break;
+#else
+        uint32_t a = ~0u;
+        for (int k = 0; k < BLOCK_WORDS; k++) a &= w[j + k];
+        if (a != ~0u) break;
+#endif
+    }
+    return j;
+}
+
 #define DEFINE_ROW(NAME, T, BLEND)                                                               \
     TR_INLINE void NAME##_unit(T *x, uint32_t *pending, int *count, uint64_t bits, int off,      \
                                int n, T ninf, int direct) {                                      \
@@ -153,7 +177,8 @@ static int FORCE_STRATEGY = 0; /* tests: 0 by size, 1 always direct, 2 always ga
                      int direct) {                                                               \
         const Py_ssize_t whole = vocab / 32;                                                     \
         uint32_t pending[2 * CHUNK_WORDS + 4];                                                   \
-        for (Py_ssize_t c0 = 0; c0 < whole; c0 += CHUNK_WORDS) {                                 \
+        for (Py_ssize_t c0 = skip_allowed(w, 0, whole); c0 < whole;                              \
+             c0 = skip_allowed(w, c0 + CHUNK_WORDS, whole)) {                                    \
             const Py_ssize_t cend = whole - c0 < CHUNK_WORDS ? whole : c0 + CHUNK_WORDS;         \
             T *xc = x + 32 * c0;                                                                 \
             int count = 0;                                                                       \

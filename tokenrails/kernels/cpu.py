@@ -55,15 +55,20 @@ def apply_token_bitmask_inplace_cpu(
 
 def apply_checked_cpu(args: ApplyArgs) -> None:
     """Apply arguments already validated by :func:`check_apply_args` (CPU tensors): the C kernel
-    when it is built (and not switched off), else the numpy path."""
+    when it is built (and not switched off), else the numpy path.
+
+    Called every decoding step, so each tensor attribute is read once (~0.2 us a read).
+    """
     module = _native_apply()
     if module is None:
         apply_checked_numpy(args)
         return
-    logits, bitmask, rows = args.logits, args.bitmask, args.rows
-    if args.num_rows == 0 or logits.shape[1] == 0:
+    logits, bitmask, rows, vocab, num_rows = args
+    batch, width = logits.shape
+    row_stride, col_stride = logits.stride()
+    if num_rows == 0 or width == 0:
         return
-    if logits.stride(1) != 1 and logits.shape[1] > 1:  # rare: columns not contiguous
+    if col_stride != 1 and width > 1:  # rare: columns not contiguous
         _reference_fallback(args)
         return
     if bitmask.stride(1) != 1 and bitmask.shape[1] > 1:
@@ -78,9 +83,8 @@ def apply_checked_cpu(args: ApplyArgs) -> None:
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         address, itemsize = rows.ctypes.data, 8
     module.apply(
-        logits.data_ptr(), logits.shape[0], logits.stride(0), logits.shape[1], _DTYPE_CODE[logits.dtype],
-        bitmask.data_ptr(), bitmask.stride(0), bitmask.shape[1], args.num_rows, address, itemsize,
-        args.vocab_size,
+        logits.data_ptr(), batch, row_stride, width, _DTYPE_CODE[logits.dtype],
+        bitmask.data_ptr(), bitmask.stride(0), bitmask.shape[1], num_rows, address, itemsize, vocab,
     )  # ``rows`` (the local) keeps any contiguous copy alive during the call
 
 
