@@ -12,6 +12,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 import llguidance as llg
+import numpy as np
 import torch
 
 from ..backend import CompiledGuide, GuideBackend, Matcher
@@ -108,17 +109,63 @@ def build_lltokenizer(vocab: Vocabulary) -> "llg.LLTokenizer":
     return llg.LLTokenizer(_Wrapper(tokens, eos, encode), eos_token=list(vocab.eos_ids))
 
 
-def _word_mask(vocab: Vocabulary) -> torch.Tensor:
-    """int32 words with bit 1 for every id a grammar may ever allow (non-special, plus EOS)."""
-    import numpy as np
+class SpecialMask:
+    """The "never special" AND, restricted to the few words that hold special/padding ids.
 
-    words = (vocab.vocab_size + 31) // 32
-    allowed = np.zeros(words * 32, dtype=np.uint8)
-    allowed[: vocab.num_tokens] = 1
-    allowed[list(vocab.special_ids)] = 0
-    allowed[list(vocab.eos_ids)] = 1
-    packed = np.packbits(allowed, bitorder="little").view("<i4")
-    return torch.from_numpy(packed.copy())
+    ``words``: int32 per bitmask word, bit 1 for every id a grammar may ever allow (non-special,
+    plus EOS). Most words are all-ones, so only ``cols`` (the others) are AND-ed, with ``vals``:
+    a few dozen words instead of the whole row (qwen2: 4,748 words per row).
+    """
+
+    __slots__ = ("words", "cols", "vals", "width")
+
+    def __init__(self, vocab: Vocabulary):
+        words = (vocab.vocab_size + 31) // 32
+        allowed = np.zeros(words * 32, dtype=np.uint8)
+        allowed[: vocab.num_tokens] = 1
+        allowed[list(vocab.special_ids)] = 0
+        allowed[list(vocab.eos_ids)] = 1
+        packed = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32)
+        self.words = torch.from_numpy(packed.copy())
+        self.cols = np.flatnonzero(packed != -1).astype(np.intp)
+        self.vals = packed[self.cols].copy()
+        self.width = words
+
+    def apply_row(self, row: np.ndarray) -> bool:
+        """AND one row in place; whether any bit is left."""
+        row[self.cols] &= self.vals
+        return _any(row)
+
+    def apply_rows(self, a: np.ndarray, rows: np.ndarray) -> list[bool]:
+        """AND ``a[rows]`` in place; per row, whether any bit is left."""
+        seen = None
+        if self.cols.size:
+            ix = np.ix_(rows, self.cols)
+            anded = a[ix] & self.vals
+            a[ix] = anded
+            seen = anded.any(axis=1)  # EOS usually sits in those words
+        head = a[rows, :64].any(axis=1)
+        if seen is not None:
+            head |= seen
+        # Almost every row has a bit among these words; scan the whole row only for the others.
+        return [h or _any(a[r]) for h, r in zip(head.tolist(), rows.tolist())]
+
+
+def _any(row: np.ndarray) -> bool:
+    if row.size % 2 == 0 and row.flags.c_contiguous:
+        return bool(row.view(np.uint64).max() != 0)
+    return bool(row.any())
+
+
+_EXEC = threading.local()
+
+
+def _executor() -> "llg.LLExecutor":
+    """One per calling thread (engines fill from worker threads); llguidance's own pool size."""
+    ex = getattr(_EXEC, "executor", None)
+    if ex is None:
+        ex = _EXEC.executor = llg.LLExecutor()
+    return ex
 
 
 def _eos_row(vocab: Vocabulary, row: torch.Tensor) -> None:
@@ -148,14 +195,56 @@ class LLGuidanceMatcher(Matcher):
             return True
         if not row.is_contiguous() or row.dtype != torch.int32 or row.device.type != "cpu":
             raise ValueError("bitmask rows must be contiguous int32 CPU memory")
+        special = self._guide.special
+        if row.numel() != special.width:
+            raise ValueError(f"bitmask row has {row.numel()} words; this vocabulary needs {special.width}")
         self._m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
         if self._m.is_error():
             _eos_row(self.vocab, row)
             return True
-        row.bitwise_and_(self._guide.allowed_words)
-        if not bool(row.any()):  # the grammar wanted only special ids: end, never go unconstrained
+        if not special.apply_row(row.numpy()):  # only special ids wanted: end, never go unconstrained
             _eos_row(self.vocab, row)
         return True
+
+    @classmethod
+    def batch_fill(cls, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+        """One native call (``LLExecutor``: its own threads, no GIL) for every live matcher, then
+        one vectorised special-token AND. Terminated/errored matchers, foreign matchers, repeated
+        rows and unusual bitmasks take the per-row path; the result is bit-identical to it."""
+        rows = [int(r) for r in rows]
+        if (bitmask.dim() != 2 or bitmask.dtype != torch.int32 or bitmask.device.type != "cpu"
+                or not bitmask.is_contiguous() or len(set(rows)) != len(rows)
+                or any(not 0 <= r < bitmask.shape[0] for r in rows)):
+            Matcher.batch_fill(matchers, bitmask, rows)
+            return
+        live: list[tuple[Any, int]] = []
+        live_rows: list[int] = []
+        live_ms: list[LLGuidanceMatcher] = []
+        special = None
+        width = bitmask.shape[1]
+        for m, r in zip(matchers, rows):
+            if type(m) is not LLGuidanceMatcher or m._terminated or m._m.is_error():
+                m.fill_next_token_bitmask(bitmask, r)
+                continue
+            sp = m._guide.special
+            if sp is not special and (special is not None or sp.width != width):
+                m.fill_next_token_bitmask(bitmask, r)  # another vocabulary, or a bad width: per row
+                continue
+            special = sp
+            live.append((m._m, r))
+            live_rows.append(r)
+            live_ms.append(m)
+        if len(live) < 2:
+            for m, r in zip(live_ms, live_rows):
+                m.fill_next_token_bitmask(bitmask, r)
+            return
+        assert special is not None
+        _executor().unsafe_compute_mask_ptr(live, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
+        nonempty = special.apply_rows(bitmask.numpy(), np.asarray(live_rows, dtype=np.intp))
+        for m, r, ok in zip(live_ms, live_rows, nonempty):
+            # fail closed exactly like the per-row path: errored parser or nothing but specials
+            if not ok or m._m.is_error():
+                _eos_row(m.vocab, bitmask[r])
 
     def accept_token(self, token_id: int) -> bool:
         token_id = int(token_id)
@@ -227,11 +316,16 @@ class LLGuidanceGuide(CompiledGuide):
     backend = "llguidance"
 
     def __init__(self, spec: GuideSpec, vocab: Vocabulary, grammar: str, prototype: "llg.LLMatcher",
-                 allowed_words: torch.Tensor):
+                 special: SpecialMask):
         super().__init__(spec, vocab)
         self.grammar = grammar
         self.prototype = prototype
-        self.allowed_words = allowed_words
+        self.special = special
+
+    @property
+    def allowed_words(self) -> torch.Tensor:
+        """int32 words, bit 1 for every id a grammar may ever allow."""
+        return self.special.words
 
     def matcher(self) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self)
@@ -254,9 +348,9 @@ class LLGuidanceBackend(GuideBackend):
         with _TABLES_LOCK:
             tables = vocab.backend_cache.get("llguidance:tables")
             if tables is None:
-                tables = (build_lltokenizer(vocab), _word_mask(vocab))
+                tables = (build_lltokenizer(vocab), SpecialMask(vocab))
                 vocab.backend_cache["llguidance:tables"] = tables
-        self.tokenizer, self.allowed_words = tables
+        self.tokenizer, self.special = tables
         self.parser_limits = llg.LLParserLimits(
             max_lexer_states=min(250_000, max(1_000, limits.max_dfa_states)),
             max_grammar_size=min(2_000_000, max(10_000, 2 * limits.max_grammar_bytes)),
@@ -332,7 +426,7 @@ class LLGuidanceBackend(GuideBackend):
                 "llguidance cannot enforce: " + "; ".join(w[:200] for w in warnings[:3]),
                 feature=warnings[0][:200], backend=self.name,
             )
-        return LLGuidanceGuide(spec, self.vocab, grammar, proto, self.allowed_words)
+        return LLGuidanceGuide(spec, self.vocab, grammar, proto, self.special)
 
 
 _OUTSIDE = {"d": "[0-9]", "D": "[^0-9]", "w": "[0-9A-Za-z_]", "W": "[^0-9A-Za-z_]",
