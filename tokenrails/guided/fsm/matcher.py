@@ -46,17 +46,24 @@ class FSMMatcher(Matcher):
         return self._index.row(self._state)
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
-        row = self.current_row()
-        target = bitmask[index]
-        width = row.shape[0]
-        if target.shape[0] == width:
-            target.copy_(row)
-        elif target.shape[0] > width:
+        idx = self._index
+        if self._terminated:
+            row, everything = idx.eos_row, False
+        else:
+            state = self._state
+            row = idx.cached_row(state)
+            everything = idx.allows_everything(state)
+        width = idx.words
+        have = bitmask.shape[1]
+        if have == width:
+            bitmask[index] = row  # one indexed copy (cheaper than bitmask[index].copy_(row))
+        elif have > width:
+            target = bitmask[index]
             target[:width].copy_(row)
             target[width:].zero_()
         else:
-            raise ValueError(f"bitmask row has {target.shape[0]} words; this vocabulary needs {width}")
-        return not (not self._terminated and self._index.allows_everything(self._state))
+            raise ValueError(f"bitmask row has {have} words; this vocabulary needs {width}")
+        return not everything
 
     @classmethod
     def batch_fill(cls, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:

@@ -121,6 +121,11 @@ class TokenIndex:
                 row = self._compute([state])[0]
         return row
 
+    def cached_row(self, state: int) -> torch.Tensor:
+        """``row(state)`` with the cache hit inlined (the per-token fill path)."""
+        row = self._rows.get(state)
+        return row if row is not None else self.row(state)
+
     def precompute(self, states: list[int] | None = None) -> None:
         """Compute the rows of ``states`` (default: every live state)."""
         todo = [s for s in (states if states is not None else range(1, self.dfa.num_states)) if s not in self._rows]
