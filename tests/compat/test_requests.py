@@ -145,6 +145,7 @@ BAD: list[tuple[str, Any]] = [
     ("unknown guided key alone", body(guided_foo=1)),
     ("unknown structured_outputs key", body(structured_outputs={"json": SCHEMA, "strict_mode": True})),
     ("unknown response_format type", {"type": "xml"}),
+    ("unhashable response_format type", {"type": []}),
     ("bare JSON schema is not a request", SCHEMA),
     ("unknown response_format key", {"type": "json_object", "strict": True}),
     ("text with payload", {"type": "text", "json_schema": SCHEMA}),

@@ -54,7 +54,7 @@ def parse_response_format(rf: Any) -> RawConstraint | None:
     kind = rf.get("type")
     if kind is None:
         raise InvalidGuideError("response_format needs a 'type'")
-    if kind not in _ALLOWED_KEYS:
+    if not isinstance(kind, str) or kind not in _ALLOWED_KEYS:
         raise InvalidGuideError(
             f"unknown response_format type {kind!r}; expected one of {sorted(RESPONSE_FORMAT_TYPES)}"
         )
