@@ -64,49 +64,98 @@ class _Wrapper:
         return self._encode(text)
 
 
-def build_lltokenizer(vocab: Vocabulary) -> "llg.LLTokenizer":
-    """An ``LLTokenizer`` over ``vocab``: special and padding ids renamed, EOS ids as stop tokens.
+HF_TOKENIZER_KEY = "hf_tokenizer"  # vocab.backend_cache key: the model's transformers tokenizer
 
-    llguidance tokenizes forced text with the wrapper's encoder and only allows the canonical
-    tokenization of it, so the real tokenizer's ``encode`` (``vocab.encode`` when present) keeps
-    masks identical to what the model was trained on; otherwise greedy longest-match is used.
+
+class CanonicalEncoder:
+    """Text -> token ids for the text llguidance forces (property names, separators...).
+
+    llguidance only allows the tokenization its encoder returns for forced text, so this must be
+    the model tokenizer's own (canonical) encoding, not a greedy longest match: with greedy,
+    ``{"name"`` may be forced as tokens the model never produces for that text. Sources, first
+    that applies: ``vocab.encode`` (a callable), the transformers tokenizer attached with
+    ``attach_tokenizer`` / ``vocab.backend_cache["hf_tokenizer"]`` (through
+    ``llguidance.hf.from_tokenizer``: the Rust tokenizer, no Python per call; else its
+    ``encode(text, add_special_tokens=False)``), greedy longest match as the fallback. Results
+    holding a special or out-of-range id (text such as ``<|im_end|>``) fall back to greedy.
     """
-    tokens = [
-        _SPECIAL_NAME % i if (i in vocab.special_ids or i >= vocab.num_tokens) else b
-        for i, b in enumerate(list(vocab.token_bytes) + [b""] * (vocab.vocab_size - vocab.num_tokens))
-    ]
-    eos = vocab.eos_ids[0]
-    greedy = _greedy_encoder(tokens, eos)
-    real = getattr(vocab, "encode", None)
-    special = vocab.special_ids
 
-    cache: dict[Any, list[int]] = {}
+    def __init__(self, vocab: Vocabulary, greedy: Callable[[Any], list[int]]):
+        self.vocab = vocab
+        self.greedy = greedy
+        self.real: Callable[[str], Sequence[int]] | None = None
+        self.source = "greedy"
+        self._cache: dict[Any, list[int]] = {}
+        enc = getattr(vocab, "encode", None)
+        if callable(enc):
+            self.real, self.source = enc, "vocab.encode"
+        elif vocab.backend_cache.get(HF_TOKENIZER_KEY) is not None:
+            self.set_tokenizer(vocab.backend_cache[HF_TOKENIZER_KEY])
 
-    def encode(text: Any) -> list[int]:
-        # llguidance asks for the same forced strings (property names, separators) again and
-        # again; the real tokenizer is Python-side, so memoise (bounded).
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """Use ``tokenizer``'s canonical encoding from now on."""
+        real: Callable[[str], Sequence[int]]
+        try:
+            from llguidance.hf import from_tokenizer
+
+            lt = from_tokenizer(tokenizer, slices=[])
+            real, source = lt.tokenize_str, "llguidance.hf"
+        except Exception:  # slow (Python) tokenizers, or no transformers: its own encode
+            def real(text: str) -> Sequence[int]:
+                return tokenizer.encode(text, add_special_tokens=False)
+
+            source = "tokenizer.encode"
+        self.real, self.source = real, source
+        self._cache = {}
+
+    def __call__(self, text: Any) -> list[int]:
+        # llguidance asks for the same forced strings again and again: memoise (bounded).
+        cache = self._cache
         hit = cache.get(text)
         if hit is not None:
             return hit
-        ids = _encode(text)
+        ids = self.encode(text)
         if len(cache) >= 65_536:
             cache.clear()
         cache[text] = ids
         return ids
 
-    def _encode(text: Any) -> list[int]:
+    def encode(self, text: Any) -> list[int]:
+        """Canonical ids for ``text`` (str or UTF-8 bytes), greedy when no tokenizer is known."""
+        real = self.real
         if real is not None:
             try:
-                s = text.decode("utf-8") if isinstance(text, (bytes, bytearray)) else text
+                s = bytes(text).decode("utf-8") if isinstance(text, (bytes, bytearray)) else text
                 ids = [int(i) for i in real(s)]
-                # The real tokenizer parses "<|im_start|>" text as the control token: never use that.
-                if all(0 <= i < vocab.num_tokens and i not in special for i in ids):
+                vocab = self.vocab
+                if all(0 <= i < vocab.num_tokens and i not in vocab.special_ids for i in ids):
                     return ids
             except (UnicodeDecodeError, TypeError, ValueError):
                 pass
-        return greedy(text)
+        return self.greedy(text)
 
-    return llg.LLTokenizer(_Wrapper(tokens, eos, encode), eos_token=list(vocab.eos_ids))
+
+def build_lltokenizer(vocab: Vocabulary) -> "tuple[llg.LLTokenizer, CanonicalEncoder]":
+    """An ``LLTokenizer`` over ``vocab`` (special and padding ids renamed, EOS ids as stop
+    tokens) and the encoder it uses for forced text (see ``CanonicalEncoder``)."""
+    tokens = [
+        _SPECIAL_NAME % i if (i in vocab.special_ids or i >= vocab.num_tokens) else b
+        for i, b in enumerate(list(vocab.token_bytes) + [b""] * (vocab.vocab_size - vocab.num_tokens))
+    ]
+    eos = vocab.eos_ids[0]
+    encoder = CanonicalEncoder(vocab, _greedy_encoder(tokens, eos))
+    return llg.LLTokenizer(_Wrapper(tokens, eos, encoder), eos_token=list(vocab.eos_ids)), encoder
+
+
+def attach_tokenizer(vocab: Vocabulary, tokenizer: Any) -> None:
+    """Give the llguidance backend the model's transformers tokenizer for ``vocab``, so forced
+    text is tokenized canonically. Works before or after the backend was first used (masks
+    computed afterwards use it). ``Vocabulary`` itself keeps no tokenizer."""
+    with _TABLES_LOCK:
+        vocab.backend_cache[HF_TOKENIZER_KEY] = tokenizer
+        tables = vocab.backend_cache.get("llguidance:tables")
+    if tables is not None and not callable(getattr(vocab, "encode", None)):
+        tables[2].set_tokenizer(tokenizer)
 
 
 class SpecialMask:
@@ -348,9 +397,10 @@ class LLGuidanceBackend(GuideBackend):
         with _TABLES_LOCK:
             tables = vocab.backend_cache.get("llguidance:tables")
             if tables is None:
-                tables = (build_lltokenizer(vocab), SpecialMask(vocab))
+                lltok, encoder = build_lltokenizer(vocab)
+                tables = (lltok, SpecialMask(vocab), encoder)
                 vocab.backend_cache["llguidance:tables"] = tables
-        self.tokenizer, self.special = tables
+        self.tokenizer, self.special, self.encoder = tables
         self.parser_limits = llg.LLParserLimits(
             max_lexer_states=min(250_000, max(1_000, limits.max_dfa_states)),
             max_grammar_size=min(2_000_000, max(10_000, 2 * limits.max_grammar_bytes)),
