@@ -75,7 +75,7 @@ def parse_request(obj: Any) -> NormalizedRequest:
     if not isinstance(obj, Mapping):
         raise InvalidGuideError(f"unsupported request type {type(obj).__name__}")
     req = _Collector()
-    if "type" in obj and isinstance(obj["type"], str) and not _body_keys(obj):
+    if "type" in obj and not _body_keys(obj):  # a response_format (a bad "type" is an error)
         req.add_raw("response_format", parse_response_format(obj))
     elif not obj:
         raise InvalidGuideError("empty constraint object")
