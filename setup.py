@@ -1,5 +1,6 @@
 """Two jobs: ship the LMDeploy start-up hook (a ``.pth``) at the wheel root, and build the optional
-C kernels (``tokenrails._apply_native``, ``tokenrails._fsm_native``).
+C kernels (``tokenrails._apply_native``: bitmask apply; ``tokenrails._fsm_native``: token-trie
+walk; ``tokenrails._dfa_native``: subset construction and minimization).
 
 The hook costs one environment lookup per interpreter start and activates the engine upgrade
 only in processes started with ``TOKENRAILS_LMDEPLOY=1`` (see docs/lmdeploy.md). Editable installs
@@ -30,4 +31,4 @@ def native(name: str) -> Extension:
                      extra_compile_args=C_FLAGS, optional=True)
 
 
-setup(cmdclass={"build_py": BuildWithStartupHook}, ext_modules=[native("apply"), native("fsm")])
+setup(cmdclass={"build_py": BuildWithStartupHook}, ext_modules=[native("apply"), native("fsm"), native("dfa")])

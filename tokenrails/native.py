@@ -1,7 +1,7 @@
 """Optional C kernels: which are built, and the switch that turns them off.
 
-``tokenrails._apply_native`` (the CPU bitmask apply) and ``tokenrails._fsm_native`` (the FSM
-backend's token-trie walk) are compiled at install time when a C compiler is present; every caller
+``tokenrails._apply_native`` (the CPU bitmask apply), ``tokenrails._fsm_native`` (the FSM
+backend's token-trie walk) and ``tokenrails._dfa_native`` (its regex-to-DFA construction) are compiled at install time when a C compiler is present; every caller
 keeps a numpy path for when they are not. ``TOKENRAILS_NATIVE=0`` forces the numpy paths (read on
 every :func:`load`, so tests can compare both in one process).
 """
@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Optional
 
 NATIVE_ENV = "TOKENRAILS_NATIVE"
-MODULES = ("apply", "fsm")
+MODULES = ("apply", "fsm", "dfa")
 _LOADED: dict[str, Optional[ModuleType]] = {}
 
 
