@@ -27,7 +27,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__GNUC__) || defined(__clang__)
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(TR_FORCE_SCALAR) /* the macro: tests */
 #define TR_VECTOR 1
 typedef uint32_t v4u32 __attribute__((vector_size(16)));
 typedef uint16_t v8u16 __attribute__((vector_size(16)));
