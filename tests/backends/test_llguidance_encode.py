@@ -57,6 +57,7 @@ def test_forced_text_masks_follow_the_canonical_tokenization(smollm2_tokenizer):
     """The forced property name ``  leading`` is offered as the model tokenizes it (" ", " leading")
     once the tokenizer is attached, also for a backend built before attaching."""
     v = Vocabulary.from_huggingface(smollm2_tokenizer)
+    v.backend_cache.pop("hf_tokenizer")  # a vocabulary built without its tokenizer (e.g. from token bytes)
     schema = {"type": "object", "properties": {"  leading": {"type": "integer"}}, "required": ["  leading"]}
     spec = GuideSpec.json_schema(schema, any_whitespace=False)
 
@@ -77,3 +78,4 @@ def test_forced_text_masks_follow_the_canonical_tokenization(smollm2_tokenizer):
     assert before != canonical
     attach_tokenizer(v, smollm2_tokenizer)
     assert forced_path(v) == canonical
+    assert forced_path(Vocabulary.from_huggingface(smollm2_tokenizer)) == canonical  # attached by default

@@ -120,6 +120,10 @@ def test_analysis_flags_exactly_the_dropped_keywords():
     assert not xgrammar_unenforced(tagged)
     assert xgrammar_stricter({"type": "string", "pattern": "a"})
     assert not xgrammar_stricter({"type": "string", "pattern": "^a$"})
+    # one strict policy: unlisted properties are refused by every backend, so no routing reason
+    assert not xgrammar_stricter({"type": "object", "properties": {"a": {"type": "integer"}}})
+    assert xgrammar_stricter({"type": "array", "maxItems": 3})  # xgrammar admits only []
+    assert not xgrammar_stricter({"type": "array", "maxItems": 3, "items": {"type": "integer"}})
 
 
 # ---- lowering is exact: same verdict as the original on every instance ----------------------

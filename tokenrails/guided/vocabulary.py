@@ -97,10 +97,13 @@ class Vocabulary:
             eos_list += [int(i) for i in info.stop_token_ids]
         else:
             eos_list = [int(i) for i in eos_token_ids]
-        return cls(
+        vocab = cls(
             token_bytes=decoded,
             eos_ids=tuple(eos_list),
             special_ids=frozenset(i for i in special if i < len(decoded)),
             vocab_size=int(vocab_size or len(decoded)),
             name=getattr(tokenizer, "name_or_path", "") or "",
         )
+        # backends that must tokenize text (jump-forward) use the model's own canonical encoding
+        vocab.backend_cache["hf_tokenizer"] = tokenizer
+        return vocab
