@@ -13,20 +13,54 @@ Decoding then only copies rows.
 """
 from __future__ import annotations
 
+import os
 import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from ... import native
 from ..vocabulary import Vocabulary
-from .dfa import DEAD, DFA
+from .dfa import DEAD, DFA, START
 from .token_trie import TokenTrie, token_trie
 
 BATCH_STATES = 32  # states packed together by the numpy ``precompute``
 SPARSE_OUTPUT_NODES = 1 << 15  # fewer alive nodes than this: set token bits directly
 DENSE_FRACTION = 16  # walk a trie level densely once >= 1/16 of its nodes are alive
 BYTE_TABLE_MAX_BYTES = 0  # C walker: expand the DFA to [states, 256] up to this size (measured: no faster than classes)
+# Background warm-up: after the first row, the rows of a small DFA are computed on one shared
+# daemon thread (the C walk releases the GIL), so decoding rarely meets a first visit. Bounded by
+# the bytes the rows could take, so large DFAs (long JSON lowerings) stay lazy.
+PRECOMPUTE_MAX_BYTES = 2 << 20
+PRECOMPUTE_ENV = "TOKENRAILS_FSM_PRECOMPUTE"  # "0" turns the warm-up off
+_WARMUP_POOL: list[ThreadPoolExecutor] = []
+_WARMUP_LOCK = threading.Lock()
+
+
+def _warmup_pool() -> ThreadPoolExecutor:
+    with _WARMUP_LOCK:
+        if not _WARMUP_POOL:
+            _WARMUP_POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenrails-fsm-warmup"))
+        return _WARMUP_POOL[0]
+
+
+def _warm(ref: "weakref.ref[TokenIndex]") -> None:
+    """Compute the missing rows in breadth-first order from the start state; stop if the index
+    is gone (its guide was evicted) or a row fails."""
+    index = ref()
+    if index is None:
+        return
+    order = index.reachable_states()
+    del index
+    for state in order:
+        index = ref()
+        if index is None:
+            return
+        if state not in index._rows:
+            index._native_row(state)
+        del index
 
 
 class _LevelClasses:
@@ -88,6 +122,7 @@ class TokenIndex:
         self._lock = threading.Lock()
         self._np_tables = None  # numpy walker tables, built on first use
         self.eos_row = eos_row(vocab)
+        self.warmup = None  # Future of the background warm-up, if one was queued
         self._walker = self._make_walker() if use_native is not False else None
         if use_native and self._walker is None:
             raise RuntimeError("the native FSM walker (tokenrails._fsm_native) is not available")
@@ -120,6 +155,30 @@ class TokenIndex:
             else:
                 row = self._compute([state])[0]
         return row
+
+    def warm_in_background(self) -> bool:
+        """Queue the rows of every reachable state on the warm-up thread (native walker and small
+        DFAs only; returns whether it was queued). Matchers never wait for it."""
+        if self._walker is None or os.environ.get(PRECOMPUTE_ENV, "1") == "0":
+            return False
+        if (self.dfa.num_states - 1) * self.words * 4 > PRECOMPUTE_MAX_BYTES:
+            return False
+        if len(self._rows) >= self.dfa.num_states - 1:
+            return False
+        self.warmup = _warmup_pool().submit(_warm, weakref.ref(self))
+        return True
+
+    def reachable_states(self) -> list[int]:
+        """Live states in breadth-first order from the start state (the likely visiting order)."""
+        trans = self.dfa.trans
+        seen = {START}
+        order = [START]
+        for state in order:
+            for nxt in set(trans[state].tolist()):
+                if nxt != DEAD and nxt not in seen:
+                    seen.add(nxt)
+                    order.append(nxt)
+        return order
 
     def cached_row(self, state: int) -> torch.Tensor:
         """``row(state)`` with the cache hit inlined (the per-token fill path)."""
