@@ -1,4 +1,11 @@
-"""Fast CPU path: branch-free numpy integer ops on the logits' own memory.
+"""CPU apply: the C kernel ``tokenrails._apply_native`` when built, else numpy integer ops.
+
+:func:`apply_checked_cpu` hands validated arguments to the C kernel (raw data pointers, strides and
+sizes; design in ``csrc/apply_native.c`` and docs/kernels.md) unless it is not built or
+``TOKENRAILS_NATIVE=0``; then :func:`apply_checked_numpy`, described below, runs instead. Both
+are bit-exact against the reference (tests/kernels/test_native_apply.py).
+
+The numpy path: branch-free numpy integer ops on the logits' own memory.
 
 The logits are viewed as int32 (float32) or int16 (float16 / bfloat16); every change stores the
 dtype's -inf bit pattern (``0xFF800000``, ``0xFC00``, ``0xFF80``), so allowed logits keep their

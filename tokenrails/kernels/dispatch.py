@@ -1,7 +1,7 @@
 """The one public entry point: validate once, then pick an implementation by device.
 
 * CUDA (or other GPU) tensors -> Triton kernel; the torch reference if triton is not installed.
-* CPU tensors -> the numpy CPU kernel.
+* CPU tensors -> the CPU kernel (C when built, numpy otherwise; see cpu.py).
 * ``TOKENRAILS_KERNEL=reference|cpu|triton`` forces one (read on every call). ``triton`` on CPU
   tensors runs Triton's interpreter (tests only); ``cpu`` on GPU tensors is an error.
 """
