@@ -1,13 +1,1267 @@
-/* tokenrails._dfa_native -- placeholder module; the real functions land with their Python wrapper. */
+/* tokenrails._dfa_native -- the FSM backend's regex automaton construction in C.
+ *
+ * determinize(eps, edges, start, accepting, max_states, budget_s, max_bytes)
+ *     eps: list of lists of state ids, or None (no epsilon moves); edges: list (one per state) of
+ *     lists of (lo, hi, target) byte ranges; accepting: list of accepting state ids.
+ *     Epsilon elimination (kept: the start and every byte-edge target), byte classes from the
+ *     edges' cut points, subset construction over classes, pruning of states that cannot reach
+ *     acceptance, minimization (Valmari-Lehtinen partition refinement, O(m log n)) and the
+ *     canonical numbering: 0 = dead, 1 = start, the rest in breadth-first order over classes.
+ *     Same result, state for state, as the Python path in tokenrails/guided/fsm/dfa.py.
+ * from_strings(strings, max_nodes, budget_s, max_bytes)
+ *     The minimal DFA of a finite set of byte strings: a trie over byte classes, minimized
+ *     bottom-up (Revuz: a node's class is the register entry of (final, [(class, child class)])).
+ *
+ * Both return (trans: bytearray int32 [S*K], classmap: bytearray int32 [256], accepting:
+ * bytearray uint8 [S], S, K) or, when the automaton cannot be built, (code, value):
+ * 1 = more than max_states DFA states (max_nodes trie nodes; value: the count reached),
+ * 2 = budget_s seconds elapsed (the clock is read every few hundred states), 3 = the working
+ * memory would exceed max_bytes (refused before allocating; value: the bytes it would need),
+ * 4 = the language is empty. Every input size and index is validated (ValueError/TypeError);
+ * the GIL is released while building.
+ */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { OK = 0, E_LIMIT = 1, E_TIMEOUT = 2, E_MEMORY = 3, E_EMPTY = 4 };
+
+/* ---- context: error code, deadline, memory budget --------------------------------------- */
+typedef struct {
+    size_t used, limit;
+    double end;
+    int err;
+    long long err_value;
+} Ctx;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int timed_out(Ctx *c) {
+    if (now_s() > c->end) {
+        c->err = E_TIMEOUT;
+        return 1;
+    }
+    return 0;
+}
+
+#define HDR 16 /* keeps 16-byte alignment; holds the block size for the accounting */
+
+static void *cx_alloc(Ctx *c, size_t n) {
+    if (c->err) return NULL;
+    if (n > c->limit - c->used) {
+        c->err = E_MEMORY;
+        c->err_value = (long long)(c->used + n);
+        return NULL;
+    }
+    char *p = malloc(n + HDR);
+    if (!p) {
+        c->err = E_MEMORY;
+        c->err_value = (long long)(c->used + n);
+        return NULL;
+    }
+    *(size_t *)p = n;
+    c->used += n;
+    return p + HDR;
+}
+
+static void *cx_calloc(Ctx *c, size_t count, size_t size) {
+    if (size && count > ((size_t)-1 - HDR) / size / 2) {
+        c->err = E_MEMORY;
+        c->err_value = -1;
+        return NULL;
+    }
+    void *p = cx_alloc(c, count * size);
+    if (p) memset(p, 0, count * size);
+    return p;
+}
+
+static void *cx_realloc(Ctx *c, void *q, size_t n) {
+    if (!q) return cx_alloc(c, n);
+    if (c->err) return NULL;
+    char *p = (char *)q - HDR;
+    size_t old = *(size_t *)p;
+    if (n > old && n - old > c->limit - c->used) {
+        c->err = E_MEMORY;
+        c->err_value = (long long)(c->used + n - old);
+        return NULL;
+    }
+    char *np_ = realloc(p, n + HDR);
+    if (!np_) {
+        c->err = E_MEMORY;
+        c->err_value = (long long)(c->used + n - old);
+        return NULL;
+    }
+    *(size_t *)np_ = n;
+    c->used = c->used - old + n;
+    return np_ + HDR;
+}
+
+static void cx_free(Ctx *c, void *q) {
+    if (!q) return;
+    char *p = (char *)q - HDR;
+    c->used -= *(size_t *)p;
+    free(p);
+}
+
+/* growable int32 vector */
+typedef struct {
+    int32_t *a;
+    size_t n, cap;
+} Vec;
+
+static int vreserve(Ctx *c, Vec *v, size_t need) {
+    if (need <= v->cap) return 0;
+    size_t cap = v->cap ? v->cap : 16;
+    while (cap < need) {
+        if (cap > ((size_t)1 << 40)) {
+            c->err = E_MEMORY;
+            c->err_value = -1;
+            return -1;
+        }
+        cap *= 2;
+    }
+    int32_t *p = cx_realloc(c, v->a, cap * sizeof(int32_t));
+    if (!p) return -1;
+    v->a = p;
+    v->cap = cap;
+    return 0;
+}
+
+static inline int vpush(Ctx *c, Vec *v, int32_t x) {
+    if (v->n == v->cap && vreserve(c, v, v->n + 1)) return -1;
+    v->a[v->n++] = x;
+    return 0;
+}
+
+static void vfree(Ctx *c, Vec *v) {
+    cx_free(c, v->a);
+    v->a = NULL;
+    v->n = v->cap = 0;
+}
+
+static inline uint32_t hash_ints(const int32_t *x, size_t n, uint32_t seed) {
+    uint64_t h = 1469598103934665603ULL ^ (seed + n * 0x9E3779B97F4A7C15ULL);
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint32_t)x[i]) * 1099511628211ULL;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ULL;
+    h ^= h >> 32;
+    return (uint32_t)h;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void sort_small(int32_t *a, size_t n) {
+    if (n > 16) {
+        qsort(a, n, sizeof(int32_t), cmp_i32);
+        return;
+    }
+    for (size_t i = 1; i < n; i++) {
+        int32_t x = a[i];
+        size_t j = i;
+        while (j && a[j - 1] > x) {
+            a[j] = a[j - 1];
+            j--;
+        }
+        a[j] = x;
+    }
+}
+
+/* ---- result: a dense DFA (0 dead, 1 start) -------------------------------------------- */
+typedef struct {
+    int32_t *trans;  /* [num * k] */
+    uint8_t *acc;    /* [num] */
+    int32_t classmap[256];
+    int32_t num, k;
+} Dense;
+
+/* ---- classes from cut points ---------------------------------------------------------- */
+static int32_t classes_from_cuts(const uint8_t cut[257], int32_t cm[256]) {
+    int32_t cls = 0;
+    for (int b = 0; b < 256; b++) {
+        if (b && cut[b]) cls++;
+        cm[b] = cls;
+    }
+    return cls + 1;
+}
+
+/* ---- Valmari-Lehtinen refinable partitions ------------------------------------------- */
+typedef struct {
+    int32_t z, *E, *L, *S, *F, *P;
+} Part;
+
+typedef struct {
+    int32_t *M, *W;
+    int32_t w;
+} Marks;
+
+static int part_init(Ctx *c, Part *p, int32_t n) {
+    p->E = cx_alloc(c, sizeof(int32_t) * (size_t)(n + 1));
+    p->L = cx_alloc(c, sizeof(int32_t) * (size_t)(n + 1));
+    p->S = cx_alloc(c, sizeof(int32_t) * (size_t)(n + 1));
+    p->F = cx_alloc(c, sizeof(int32_t) * (size_t)(n + 1));
+    p->P = cx_alloc(c, sizeof(int32_t) * (size_t)(n + 1));
+    if (c->err) return -1;
+    p->z = n > 0;
+    for (int32_t i = 0; i < n; i++) {
+        p->E[i] = p->L[i] = i;
+        p->S[i] = 0;
+    }
+    p->F[0] = 0;
+    p->P[0] = n;
+    return 0;
+}
+
+static void part_free(Ctx *c, Part *p) {
+    cx_free(c, p->E);
+    cx_free(c, p->L);
+    cx_free(c, p->S);
+    cx_free(c, p->F);
+    cx_free(c, p->P);
+}
+
+static inline void part_mark(Part *p, Marks *m, int32_t e) {
+    int32_t s = p->S[e], i = p->L[e], j = p->F[s] + m->M[s];
+    p->E[i] = p->E[j];
+    p->L[p->E[i]] = i;
+    p->E[j] = e;
+    p->L[e] = j;
+    if (!m->M[s]++) m->W[m->w++] = s;
+}
+
+static void part_split(Part *p, Marks *m) {
+    while (m->w) {
+        int32_t s = m->W[--m->w], j = p->F[s] + m->M[s];
+        if (j == p->P[s]) {
+            m->M[s] = 0;
+            continue;
+        }
+        int32_t z = p->z;
+        if (m->M[s] <= p->P[s] - j) { /* the marked part is the smaller one: it becomes z */
+            p->F[z] = p->F[s];
+            p->P[z] = p->F[s] = j;
+        } else {
+            p->P[z] = p->P[s];
+            p->F[z] = p->P[s] = j;
+        }
+        for (int32_t i = p->F[z]; i < p->P[z]; i++) p->S[p->E[i]] = z;
+        m->M[s] = m->M[z] = 0;
+        p->z++;
+    }
+}
+
+/* Minimize a trimmed partial DFA (every state reachable and co-reachable): n states, m
+ * transitions (T tail, Lb label in [0, k), H head), acc per state. Writes the block of every
+ * state to block[]; returns the number of blocks, or -1 on error (c->err set). */
+static int32_t valmari(Ctx *c, int32_t n, int32_t m, int32_t k, const int32_t *T, const int32_t *Lb,
+                       const int32_t *H, const uint8_t *acc, int32_t *block) {
+    Part B = {0}, C = {0};
+    Marks mk = {0};
+    int32_t *A = NULL, *Fa = NULL, *cnt = NULL;
+    int32_t result = -1;
+    int32_t big = (n > m ? n : m) + 1;
+    mk.M = cx_calloc(c, (size_t)big, sizeof(int32_t));
+    mk.W = cx_alloc(c, sizeof(int32_t) * (size_t)big);
+    A = cx_alloc(c, sizeof(int32_t) * (size_t)(m + 1));
+    Fa = cx_calloc(c, (size_t)n + 1, sizeof(int32_t));
+    cnt = cx_calloc(c, (size_t)k + 1, sizeof(int32_t));
+    if (c->err || part_init(c, &B, n) || part_init(c, &C, m)) goto done;
+    mk.w = 0;
+    for (int32_t q = 0; q < n; q++)
+        if (acc[q]) part_mark(&B, &mk, q);
+    part_split(&B, &mk);
+    if (m) { /* cords: transitions grouped by label (counting sort) */
+        for (int32_t t = 0; t < m; t++) cnt[Lb[t] + 1]++;
+        for (int32_t a = 0; a < k; a++) cnt[a + 1] += cnt[a];
+        for (int32_t t = 0; t < m; t++) {
+            int32_t pos = cnt[Lb[t]]++;
+            C.E[pos] = t;
+            C.L[t] = pos;
+        }
+        C.z = 0;
+        int32_t a = Lb[C.E[0]];
+        C.F[0] = 0;
+        for (int32_t i = 0; i < m; i++) {
+            int32_t t = C.E[i];
+            if (Lb[t] != a) {
+                a = Lb[t];
+                C.P[C.z++] = i;
+                C.F[C.z] = i;
+            }
+            C.S[t] = C.z;
+        }
+        C.P[C.z++] = m;
+    } else {
+        C.z = 0;
+    }
+    /* incoming transitions of every state */
+    for (int32_t t = 0; t < m; t++) Fa[H[t]]++;
+    for (int32_t q = 0; q < n; q++) Fa[q + 1] += Fa[q];
+    for (int32_t t = m; t--;) A[--Fa[H[t]]] = t;
+    {
+        int32_t b = 1, cc = 0;
+        uint32_t steps = 0;
+        while (cc < C.z) {
+            if ((++steps & 1023) == 0 && timed_out(c)) goto done;
+            for (int32_t i = C.F[cc]; i < C.P[cc]; i++) part_mark(&B, &mk, T[C.E[i]]);
+            part_split(&B, &mk);
+            cc++;
+            while (b < B.z) {
+                for (int32_t i = B.F[b]; i < B.P[b]; i++) {
+                    int32_t q = B.E[i];
+                    for (int32_t j = Fa[q]; j < Fa[q + 1]; j++) part_mark(&C, &mk, A[j]);
+                }
+                part_split(&C, &mk);
+                b++;
+            }
+        }
+    }
+    memcpy(block, B.S, sizeof(int32_t) * (size_t)n);
+    result = B.z;
+done:
+    part_free(c, &B);
+    part_free(c, &C);
+    cx_free(c, mk.M);
+    cx_free(c, mk.W);
+    cx_free(c, A);
+    cx_free(c, Fa);
+    cx_free(c, cnt);
+    return result;
+}
+
+/* ---- prune + minimize + canonical renumbering of a dense DFA ------------------------ */
+/* trans [S*k] (state 0 dead, 1 start), acc [S]. Fills out. Returns 0, or -1 (c->err set). */
+static int finish(Ctx *c, const int32_t *trans, const uint8_t *acc, int32_t S, int32_t k, Dense *out) {
+    int rc = -1;
+    int32_t *roff = NULL, *rsrc = NULL, *stack = NULL, *lid = NULL, *T = NULL, *Lb = NULL, *H = NULL;
+    int32_t *block = NULL, *rep = NULL, *newid = NULL, *order = NULL;
+    uint8_t *alive = NULL, *lacc = NULL;
+    size_t nrev = 0;
+    /* reverse edges (one per distinct consecutive target) for co-reachability */
+    roff = cx_calloc(c, (size_t)S + 1, sizeof(int32_t));
+    alive = cx_calloc(c, (size_t)S, 1);
+    stack = cx_alloc(c, sizeof(int32_t) * (size_t)S);
+    if (c->err) goto done;
+    for (int32_t s = 1; s < S; s++) {
+        const int32_t *row = trans + (size_t)s * k;
+        int32_t last = -1;
+        for (int32_t a = 0; a < k; a++) {
+            int32_t t = row[a];
+            if (t && t != last) {
+                roff[t + 1]++;
+                nrev++;
+            }
+            last = t;
+        }
+    }
+    rsrc = cx_alloc(c, sizeof(int32_t) * (nrev + 1));
+    if (c->err) goto done;
+    for (int32_t s = 0; s < S; s++) roff[s + 1] += roff[s];
+    {
+        int32_t *pos = stack; /* reuse as fill cursor */
+        memcpy(pos, roff, sizeof(int32_t) * (size_t)S);
+        for (int32_t s = 1; s < S; s++) {
+            const int32_t *row = trans + (size_t)s * k;
+            int32_t last = -1;
+            for (int32_t a = 0; a < k; a++) {
+                int32_t t = row[a];
+                if (t && t != last) rsrc[pos[t]++] = s;
+                last = t;
+            }
+        }
+    }
+    {
+        int32_t sp = 0;
+        for (int32_t s = 1; s < S; s++)
+            if (acc[s]) {
+                alive[s] = 1;
+                stack[sp++] = s;
+            }
+        while (sp) {
+            int32_t t = stack[--sp];
+            for (int32_t i = roff[t]; i < roff[t + 1]; i++) {
+                int32_t s = rsrc[i];
+                if (!alive[s]) {
+                    alive[s] = 1;
+                    stack[sp++] = s;
+                }
+            }
+        }
+    }
+    if (S < 2 || !alive[1]) {
+        c->err = E_EMPTY;
+        goto done;
+    }
+    /* live states 0..n-1 and their live transitions */
+    lid = cx_alloc(c, sizeof(int32_t) * (size_t)S);
+    if (c->err) goto done;
+    int32_t n = 0;
+    size_t m = 0;
+    for (int32_t s = 0; s < S; s++) {
+        lid[s] = alive[s] ? n++ : -1;
+        if (alive[s]) {
+            const int32_t *row = trans + (size_t)s * k;
+            for (int32_t a = 0; a < k; a++) m += alive[row[a]];
+        }
+    }
+    if (m >= (size_t)INT32_MAX) {
+        c->err = E_MEMORY;
+        c->err_value = -1;
+        goto done;
+    }
+    T = cx_alloc(c, sizeof(int32_t) * (m + 1));
+    Lb = cx_alloc(c, sizeof(int32_t) * (m + 1));
+    H = cx_alloc(c, sizeof(int32_t) * (m + 1));
+    lacc = cx_alloc(c, (size_t)n + 1);
+    block = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
+    if (c->err) goto done;
+    {
+        size_t t = 0;
+        for (int32_t s = 0; s < S; s++) {
+            if (!alive[s]) continue;
+            lacc[lid[s]] = acc[s];
+            const int32_t *row = trans + (size_t)s * k;
+            for (int32_t a = 0; a < k; a++) {
+                int32_t d = row[a];
+                if (alive[d]) {
+                    T[t] = lid[s];
+                    Lb[t] = a;
+                    H[t] = lid[d];
+                    t++;
+                }
+            }
+        }
+    }
+    int32_t nb = valmari(c, n, (int32_t)m, k, T, Lb, H, lacc, block);
+    if (nb < 0) goto done;
+    /* canonical numbering: BFS over classes from the start's block */
+    rep = cx_alloc(c, sizeof(int32_t) * (size_t)nb);
+    newid = cx_alloc(c, sizeof(int32_t) * (size_t)nb);
+    order = cx_alloc(c, sizeof(int32_t) * (size_t)nb);
+    if (c->err) goto done;
+    for (int32_t b = 0; b < nb; b++) rep[b] = newid[b] = -1;
+    for (int32_t s = S - 1; s >= 1; s--)
+        if (alive[s]) rep[block[lid[s]]] = s;
+    out->k = k;
+    out->num = nb + 1;
+    out->trans = cx_calloc(c, (size_t)out->num * (size_t)k, sizeof(int32_t));
+    out->acc = cx_calloc(c, (size_t)out->num, 1);
+    if (c->err) goto done;
+    {
+        int32_t cnt = 0;
+        int32_t b0 = block[lid[1]];
+        newid[b0] = 1;
+        order[cnt++] = b0;
+        for (int32_t i = 0; i < cnt; i++) {
+            int32_t s = rep[order[i]];
+            int32_t sid = i + 1;
+            out->acc[sid] = acc[s];
+            const int32_t *row = trans + (size_t)s * k;
+            int32_t *orow = out->trans + (size_t)sid * k;
+            for (int32_t a = 0; a < k; a++) {
+                int32_t d = row[a];
+                if (!alive[d]) continue;
+                int32_t tb = block[lid[d]];
+                if (newid[tb] < 0) {
+                    newid[tb] = cnt + 1;
+                    order[cnt++] = tb;
+                }
+                orow[a] = newid[tb];
+            }
+        }
+        out->num = cnt + 1; /* every block is reachable; kept exact regardless */
+    }
+    rc = 0;
+done:
+    cx_free(c, roff);
+    cx_free(c, rsrc);
+    cx_free(c, stack);
+    cx_free(c, lid);
+    cx_free(c, T);
+    cx_free(c, Lb);
+    cx_free(c, H);
+    cx_free(c, block);
+    cx_free(c, rep);
+    cx_free(c, newid);
+    cx_free(c, order);
+    cx_free(c, alive);
+    cx_free(c, lacc);
+    if (rc) {
+        cx_free(c, out->trans);
+        cx_free(c, out->acc);
+        out->trans = NULL;
+        out->acc = NULL;
+    }
+    return rc;
+}
+
+/* ---- input NFA (validated copy) -------------------------------------------------------- */
+typedef struct {
+    int32_t lo, hi, dst;
+} Edge;
+
+typedef struct {
+    int32_t n, start;
+    int32_t *eoff, *eps; /* epsilon CSR (eoff NULL: no epsilons) */
+    int32_t *boff;       /* byte-edge CSR */
+    Edge *edges;
+    uint8_t *acc;
+} NFA;
+
+static int cmp_edge(const void *a, const void *b) {
+    const Edge *x = a, *y = b;
+    if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
+    if (x->hi != y->hi) return x->hi < y->hi ? -1 : 1;
+    return (x->dst > y->dst) - (x->dst < y->dst);
+}
+
+/* Epsilon elimination + subset construction + finish. */
+static int build(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
+    int rc = -1;
+    int32_t N = nfa->n;
+    /* epsilon-free NFA over the kept states */
+    int32_t *imp = NULL, *stamp = NULL, *single = NULL, *table = NULL, *cnt = NULL, *pos = NULL;
+    Vec order = {0}, stack = {0}, foff = {0}, pool = {0}, soff = {0}, slen = {0}, shash = {0}, trans = {0}, tmp = {0};
+    Edge *fe = NULL;
+    size_t fe_n = 0, fe_cap = 0;
+    Vec dacc = {0}, racc = {0};
+    imp = cx_alloc(c, sizeof(int32_t) * (size_t)N);
+    stamp = cx_calloc(c, (size_t)N, sizeof(int32_t));
+    if (c->err) goto done;
+    for (int32_t i = 0; i < N; i++) imp[i] = -1;
+    imp[nfa->start] = 0;
+    if (vpush(c, &order, nfa->start) || vpush(c, &foff, 0)) goto done;
+    for (size_t kk = 0; kk < order.n; kk++) {
+        if ((kk & 255) == 255 && timed_out(c)) goto done;
+        int32_t root = order.a[kk];
+        size_t first = fe_n;
+        stack.n = 0;
+        if (vpush(c, &stack, root)) goto done;
+        stamp[root] = (int32_t)kk + 1;
+        int acc = 0;
+        while (stack.n) {
+            int32_t s = stack.a[--stack.n];
+            acc |= nfa->acc[s];
+            int32_t ne = nfa->boff[s + 1] - nfa->boff[s];
+            if (fe_n + (size_t)ne > fe_cap) {
+                size_t cap = fe_cap ? fe_cap : 64;
+                while (cap < fe_n + (size_t)ne) cap *= 2;
+                Edge *p = cx_realloc(c, fe, cap * sizeof(Edge));
+                if (!p) goto done;
+                fe = p;
+                fe_cap = cap;
+            }
+            for (int32_t i = nfa->boff[s]; i < nfa->boff[s + 1]; i++) fe[fe_n++] = nfa->edges[i];
+            if (nfa->eoff)
+                for (int32_t i = nfa->eoff[s]; i < nfa->eoff[s + 1]; i++) {
+                    int32_t t = nfa->eps[i];
+                    if (stamp[t] != (int32_t)kk + 1) {
+                        stamp[t] = (int32_t)kk + 1;
+                        if (vpush(c, &stack, t)) goto done;
+                    }
+                }
+        }
+        /* sort + dedup this state's edges, map targets to kept-state ids */
+        size_t cntE = fe_n - first;
+        if (cntE > 1) {
+            qsort(fe + first, cntE, sizeof(Edge), cmp_edge);
+            size_t w = first + 1;
+            for (size_t i = first + 1; i < fe_n; i++)
+                if (cmp_edge(fe + i, fe + w - 1)) fe[w++] = fe[i];
+            fe_n = w;
+        }
+        for (size_t i = first; i < fe_n; i++) {
+            int32_t t = fe[i].dst;
+            if (imp[t] < 0) {
+                imp[t] = (int32_t)order.n;
+                if (vpush(c, &order, t)) goto done;
+            }
+            fe[i].dst = imp[t];
+        }
+        if (vpush(c, &foff, (int32_t)fe_n) || vpush(c, &dacc, acc)) goto done;
+        if (fe_n >= (size_t)INT32_MAX / 2) {
+            c->err = E_MEMORY;
+            c->err_value = -1;
+            goto done;
+        }
+    }
+    int32_t nf = (int32_t)order.n;
+    /* byte classes */
+    {
+        uint8_t cut[257] = {0};
+        for (size_t i = 0; i < fe_n; i++) {
+            cut[fe[i].lo] = 1;
+            cut[fe[i].hi + 1] = 1;
+        }
+        out->k = classes_from_cuts(cut, out->classmap);
+        for (size_t i = 0; i < fe_n; i++) {
+            fe[i].lo = out->classmap[fe[i].lo];
+            fe[i].hi = out->classmap[fe[i].hi];
+        }
+    }
+    int32_t K = out->k;
+    /* subset construction: state 0 = {} (dead), 1 = {0} */
+    single = cx_alloc(c, sizeof(int32_t) * (size_t)nf);
+    cnt = cx_alloc(c, sizeof(int32_t) * ((size_t)K + 1));
+    pos = cx_alloc(c, sizeof(int32_t) * ((size_t)K + 1));
+    size_t tcap = 64;
+    table = cx_calloc(c, tcap, sizeof(int32_t));
+    if (c->err) goto done;
+    for (int32_t i = 0; i < nf; i++) single[i] = -1;
+    single[0] = 1;
+    size_t tcount = 0;
+    if (vpush(c, &soff, 0) || vpush(c, &slen, 0) || vpush(c, &shash, 0) || vpush(c, &pool, 0) ||
+        vpush(c, &soff, 0) || vpush(c, &slen, 1) || vpush(c, &shash, 0))
+        goto done;
+    if (max_states < 2) {
+        c->err = E_LIMIT;
+        c->err_value = 2;
+        goto done;
+    }
+    if (vreserve(c, &trans, (size_t)2 * K)) goto done;
+    memset(trans.a, 0, sizeof(int32_t) * K); /* dead row */
+    if (vpush(c, &racc, 0)) goto done;
+    for (size_t j = 1; j < soff.n; j++) {
+        if ((j & 255) == 0 && timed_out(c)) goto done;
+        if (vreserve(c, &trans, (j + 1) * (size_t)K)) goto done;
+        int32_t off = soff.a[j], len = slen.a[j];
+        int acc = 0;
+        size_t total = 0;
+        memset(cnt, 0, sizeof(int32_t) * ((size_t)K + 1));
+        for (int32_t i = 0; i < len; i++) {
+            int32_t p = pool.a[off + i];
+            acc |= dacc.a[p];
+            for (int32_t e = foff.a[p]; e < foff.a[p + 1]; e++) {
+                for (int32_t a = fe[e].lo; a <= fe[e].hi; a++) cnt[a + 1]++;
+                total += (size_t)(fe[e].hi - fe[e].lo + 1);
+            }
+        }
+        if (vpush(c, &racc, acc)) goto done;
+        for (int32_t a = 0; a < K; a++) cnt[a + 1] += cnt[a];
+        if (vreserve(c, &tmp, total + 1)) goto done;
+        memcpy(pos, cnt, sizeof(int32_t) * ((size_t)K + 1));
+        for (int32_t i = 0; i < len; i++) {
+            int32_t p = pool.a[off + i];
+            for (int32_t e = foff.a[p]; e < foff.a[p + 1]; e++)
+                for (int32_t a = fe[e].lo; a <= fe[e].hi; a++) tmp.a[pos[a]++] = fe[e].dst;
+        }
+        int32_t *row = trans.a + j * (size_t)K;
+        int32_t prev_lo = -1, prev_len = -1, prev_id = 0;
+        for (int32_t a = 0; a < K; a++) {
+            int32_t lo = cnt[a], L = cnt[a + 1] - cnt[a];
+            int32_t *seg = tmp.a + lo;
+            int32_t id;
+            if (L == 0) {
+                id = 0;
+            } else {
+                sort_small(seg, (size_t)L);
+                int32_t w = 1;
+                for (int32_t i = 1; i < L; i++)
+                    if (seg[i] != seg[w - 1]) seg[w++] = seg[i];
+                L = w;
+                if (L == prev_len && !memcmp(seg, tmp.a + prev_lo, sizeof(int32_t) * (size_t)L)) {
+                    id = prev_id;
+                } else if (L == 1) {
+                    id = single[seg[0]];
+                    if (id < 0) {
+                        id = (int32_t)soff.n;
+                        if ((int64_t)soff.n + 1 > (int64_t)max_states) {
+                            c->err = E_LIMIT;
+                            c->err_value = (long long)soff.n + 1;
+                            goto done;
+                        }
+                        single[seg[0]] = id;
+                        if (vpush(c, &soff, (int32_t)pool.n) || vpush(c, &slen, 1) || vpush(c, &shash, 0) ||
+                            vpush(c, &pool, seg[0]))
+                            goto done;
+                    }
+                } else {
+                    uint32_t h = hash_ints(seg, (size_t)L, 0);
+                    size_t mask = tcap - 1, slot = h & mask;
+                    id = -1;
+                    while (table[slot]) {
+                        int32_t cand = table[slot] - 1;
+                        if ((uint32_t)shash.a[cand] == h && slen.a[cand] == L &&
+                            !memcmp(pool.a + soff.a[cand], seg, sizeof(int32_t) * (size_t)L)) {
+                            id = cand;
+                            break;
+                        }
+                        slot = (slot + 1) & mask;
+                    }
+                    if (id < 0) {
+                        id = (int32_t)soff.n;
+                        if ((int64_t)soff.n + 1 > (int64_t)max_states) {
+                            c->err = E_LIMIT;
+                            c->err_value = (long long)soff.n + 1;
+                            goto done;
+                        }
+                        if (vreserve(c, &pool, pool.n + (size_t)L)) goto done;
+                        if (pool.n + (size_t)L >= (size_t)INT32_MAX) {
+                            c->err = E_MEMORY;
+                            c->err_value = -1;
+                            goto done;
+                        }
+                        if (vpush(c, &soff, (int32_t)pool.n) || vpush(c, &slen, L) || vpush(c, &shash, (int32_t)h))
+                            goto done;
+                        memcpy(pool.a + pool.n, seg, sizeof(int32_t) * (size_t)L);
+                        pool.n += (size_t)L;
+                        table[slot] = id + 1;
+                        if (++tcount * 2 > tcap) { /* grow and rehash */
+                            size_t ncap = tcap * 2;
+                            int32_t *nt = cx_calloc(c, ncap, sizeof(int32_t));
+                            if (!nt) goto done;
+                            for (size_t i = 0; i < tcap; i++) {
+                                if (!table[i]) continue;
+                                size_t sl = (uint32_t)shash.a[table[i] - 1] & (ncap - 1);
+                                while (nt[sl]) sl = (sl + 1) & (ncap - 1);
+                                nt[sl] = table[i];
+                            }
+                            cx_free(c, table);
+                            table = nt;
+                            tcap = ncap;
+                        }
+                    }
+                }
+            }
+            row[a] = id;
+            prev_lo = lo;
+            prev_len = L;
+            prev_id = id;
+        }
+        trans.n = (j + 1) * (size_t)K;
+    }
+    {
+        int32_t S = (int32_t)soff.n;
+        uint8_t *acc8 = cx_alloc(c, (size_t)S);
+        if (!acc8) goto done;
+        for (int32_t s = 0; s < S; s++) acc8[s] = (uint8_t)racc.a[s];
+        /* free construction state before minimizing (memory budget) */
+        vfree(c, &pool);
+        vfree(c, &tmp);
+        cx_free(c, table);
+        table = NULL;
+        rc = finish(c, trans.a, acc8, S, K, out);
+        cx_free(c, acc8);
+    }
+done:
+    vfree(c, &racc);
+    cx_free(c, imp);
+    cx_free(c, stamp);
+    cx_free(c, single);
+    cx_free(c, table);
+    cx_free(c, cnt);
+    cx_free(c, pos);
+    cx_free(c, fe);
+    vfree(c, &order);
+    vfree(c, &stack);
+    vfree(c, &foff);
+    vfree(c, &pool);
+    vfree(c, &soff);
+    vfree(c, &slen);
+    vfree(c, &shash);
+    vfree(c, &trans);
+    vfree(c, &tmp);
+    vfree(c, &dacc);
+    return rc;
+}
+
+/* ---- finite string sets (Revuz) ---------------------------------------------------------- */
+static int build_strings(Ctx *c, const uint8_t *buf, const Py_ssize_t *soffs, Py_ssize_t count, int64_t max_nodes,
+                         Dense *out) {
+    int rc = -1;
+    Vec final = {0}, ep = {0}, ec = {0}, ech = {0}, pool = {0}, roff = {0}, rlen = {0}, rhash = {0}, reps = {0};
+    int64_t *hkeys = NULL;
+    int32_t *hvals = NULL, *canon = NULL, *srt = NULL, *srt2 = NULL, *coff = NULL, *ccount = NULL, *rtab = NULL;
+    int32_t *sig = NULL, *newid = NULL, *order = NULL;
+    size_t hcap = 1024, hcount = 0, rcap = 64, rcount = 0;
+    uint8_t cut[257] = {0};
+    for (Py_ssize_t i = 0; i < soffs[count]; i++) {
+        cut[buf[i]] = 1;
+        cut[buf[i] + 1] = 1;
+    }
+    int32_t K = out->k = classes_from_cuts(cut, out->classmap);
+    hkeys = cx_alloc(c, sizeof(int64_t) * hcap);
+    hvals = cx_alloc(c, sizeof(int32_t) * hcap);
+    if (c->err || vpush(c, &final, 0)) goto done;
+    for (size_t i = 0; i < hcap; i++) hkeys[i] = -1;
+    /* the trie: (node, class) -> child through an open-addressing table */
+    for (Py_ssize_t si = 0; si < count; si++) {
+        if ((si & 1023) == 1023 && timed_out(c)) goto done;
+        int32_t node = 0;
+        for (Py_ssize_t i = soffs[si]; i < soffs[si + 1]; i++) {
+            int32_t a = out->classmap[buf[i]];
+            int64_t key = (int64_t)node * K + a;
+            uint64_t h = (uint64_t)key * 0x9E3779B97F4A7C15ULL;
+            size_t slot = (size_t)(h >> 20) & (hcap - 1);
+            while (hkeys[slot] >= 0 && hkeys[slot] != key) slot = (slot + 1) & (hcap - 1);
+            if (hkeys[slot] == key) {
+                node = hvals[slot];
+                continue;
+            }
+            int32_t child = (int32_t)final.n;
+            if ((int64_t)final.n + 1 > max_nodes) {
+                c->err = E_LIMIT;
+                c->err_value = (long long)final.n + 1;
+                goto done;
+            }
+            if (vpush(c, &final, 0) || vpush(c, &ep, node) || vpush(c, &ec, a) || vpush(c, &ech, child)) goto done;
+            hkeys[slot] = key;
+            hvals[slot] = child;
+            if (++hcount * 2 > hcap) {
+                size_t ncap = hcap * 2;
+                int64_t *nk = cx_alloc(c, sizeof(int64_t) * ncap);
+                int32_t *nv = cx_alloc(c, sizeof(int32_t) * ncap);
+                if (c->err) {
+                    cx_free(c, nk);
+                    cx_free(c, nv);
+                    goto done;
+                }
+                for (size_t x = 0; x < ncap; x++) nk[x] = -1;
+                for (size_t x = 0; x < hcap; x++) {
+                    if (hkeys[x] < 0) continue;
+                    size_t sl = (size_t)(((uint64_t)hkeys[x] * 0x9E3779B97F4A7C15ULL) >> 20) & (ncap - 1);
+                    while (nk[sl] >= 0) sl = (sl + 1) & (ncap - 1);
+                    nk[sl] = hkeys[x];
+                    nv[sl] = hvals[x];
+                }
+                cx_free(c, hkeys);
+                cx_free(c, hvals);
+                hkeys = nk;
+                hvals = nv;
+                hcap = ncap;
+            }
+            node = child;
+        }
+        final.a[node] = 1;
+    }
+    int32_t n = (int32_t)final.n;
+    size_t ne = ep.n;
+    if (n == 1 && !final.a[0]) {
+        c->err = E_EMPTY;
+        goto done;
+    }
+    cx_free(c, hkeys);
+    cx_free(c, hvals);
+    hkeys = NULL;
+    hvals = NULL;
+    /* edges sorted by (parent, class): counting sort by class, then stable by parent */
+    srt = cx_alloc(c, sizeof(int32_t) * (ne + 1));
+    srt2 = cx_alloc(c, sizeof(int32_t) * (ne + 1));
+    ccount = cx_calloc(c, (size_t)K + 1, sizeof(int32_t));
+    coff = cx_calloc(c, (size_t)n + 1, sizeof(int32_t));
+    canon = cx_alloc(c, sizeof(int32_t) * (size_t)n);
+    sig = cx_alloc(c, sizeof(int32_t) * (2 * (size_t)K + 2));
+    rtab = cx_calloc(c, rcap, sizeof(int32_t));
+    if (c->err) goto done;
+    for (size_t e = 0; e < ne; e++) ccount[ec.a[e] + 1]++;
+    for (int32_t a = 0; a < K; a++) ccount[a + 1] += ccount[a];
+    for (size_t e = 0; e < ne; e++) srt[ccount[ec.a[e]]++] = (int32_t)e;
+    for (size_t e = 0; e < ne; e++) coff[ep.a[e] + 1]++;
+    for (int32_t q = 0; q < n; q++) coff[q + 1] += coff[q];
+    {
+        int32_t *cur = canon; /* reuse as fill cursor */
+        memcpy(cur, coff, sizeof(int32_t) * (size_t)n);
+        for (size_t i = 0; i < ne; i++) {
+            int32_t e = srt[i];
+            srt2[cur[ep.a[e]]++] = e;
+        }
+    }
+    /* register, bottom-up: children are created after their parent */
+    for (int32_t q = n - 1; q >= 0; q--) {
+        if ((q & 4095) == 0 && timed_out(c)) goto done;
+        int32_t L = 0;
+        sig[L++] = final.a[q];
+        for (int32_t i = coff[q]; i < coff[q + 1]; i++) {
+            int32_t e = srt2[i];
+            sig[L++] = ec.a[e];
+            sig[L++] = canon[ech.a[e]];
+        }
+        uint32_t h = hash_ints(sig, (size_t)L, 1);
+        size_t slot = h & (rcap - 1);
+        int32_t id = -1;
+        while (rtab[slot]) {
+            int32_t cand = rtab[slot] - 1;
+            if ((uint32_t)rhash.a[cand] == h && rlen.a[cand] == L &&
+                !memcmp(pool.a + roff.a[cand], sig, sizeof(int32_t) * (size_t)L)) {
+                id = cand;
+                break;
+            }
+            slot = (slot + 1) & (rcap - 1);
+        }
+        if (id < 0) {
+            id = (int32_t)reps.n;
+            if (vreserve(c, &pool, pool.n + (size_t)L)) goto done;
+            if (vpush(c, &roff, (int32_t)pool.n) || vpush(c, &rlen, L) || vpush(c, &rhash, (int32_t)h) ||
+                vpush(c, &reps, q))
+                goto done;
+            memcpy(pool.a + pool.n, sig, sizeof(int32_t) * (size_t)L);
+            pool.n += (size_t)L;
+            rtab[slot] = id + 1;
+            if (++rcount * 2 > rcap) {
+                size_t ncap = rcap * 2;
+                int32_t *nt = cx_calloc(c, ncap, sizeof(int32_t));
+                if (!nt) goto done;
+                for (size_t i = 0; i < rcap; i++) {
+                    if (!rtab[i]) continue;
+                    size_t sl = (uint32_t)rhash.a[rtab[i] - 1] & (ncap - 1);
+                    while (nt[sl]) sl = (sl + 1) & (ncap - 1);
+                    nt[sl] = rtab[i];
+                }
+                cx_free(c, rtab);
+                rtab = nt;
+                rcap = ncap;
+            }
+        }
+        canon[q] = id;
+    }
+    /* canonical numbering: BFS over classes from the root's register entry */
+    {
+        int32_t m = (int32_t)reps.n;
+        newid = cx_alloc(c, sizeof(int32_t) * (size_t)m);
+        order = cx_alloc(c, sizeof(int32_t) * (size_t)m);
+        out->num = m + 1;
+        out->trans = cx_calloc(c, (size_t)out->num * (size_t)K, sizeof(int32_t));
+        out->acc = cx_calloc(c, (size_t)out->num, 1);
+        if (c->err) goto done;
+        for (int32_t x = 0; x < m; x++) newid[x] = -1;
+        int32_t cntq = 0;
+        newid[canon[0]] = 1;
+        order[cntq++] = canon[0];
+        for (int32_t i = 0; i < cntq; i++) {
+            int32_t q = reps.a[order[i]];
+            int32_t sid = i + 1;
+            out->acc[sid] = (uint8_t)final.a[q];
+            int32_t *orow = out->trans + (size_t)sid * K;
+            for (int32_t j = coff[q]; j < coff[q + 1]; j++) {
+                int32_t e = srt2[j];
+                int32_t x = canon[ech.a[e]];
+                if (newid[x] < 0) {
+                    newid[x] = cntq + 1;
+                    order[cntq++] = x;
+                }
+                orow[ec.a[e]] = newid[x];
+            }
+        }
+        out->num = cntq + 1;
+    }
+    rc = 0;
+done:
+    vfree(c, &final);
+    vfree(c, &ep);
+    vfree(c, &ec);
+    vfree(c, &ech);
+    vfree(c, &pool);
+    vfree(c, &roff);
+    vfree(c, &rlen);
+    vfree(c, &rhash);
+    vfree(c, &reps);
+    cx_free(c, hkeys);
+    cx_free(c, hvals);
+    cx_free(c, canon);
+    cx_free(c, srt);
+    cx_free(c, srt2);
+    cx_free(c, coff);
+    cx_free(c, ccount);
+    cx_free(c, rtab);
+    cx_free(c, sig);
+    cx_free(c, newid);
+    cx_free(c, order);
+    if (rc) {
+        cx_free(c, out->trans);
+        cx_free(c, out->acc);
+        out->trans = NULL;
+        out->acc = NULL;
+    }
+    return rc;
+}
+
+/* ---- Python glue --------------------------------------------------------------------------- */
+static PyObject *result_of(Ctx *c, Dense *d, int rc) {
+    if (rc) {
+        int err = c->err ? c->err : E_MEMORY;
+        cx_free(c, d->trans);
+        cx_free(c, d->acc);
+        return Py_BuildValue("(iL)", err, c->err_value);
+    }
+    size_t cells = (size_t)d->num * (size_t)d->k;
+    PyObject *trans = PyByteArray_FromStringAndSize((const char *)d->trans, (Py_ssize_t)(cells * sizeof(int32_t)));
+    PyObject *cm = PyByteArray_FromStringAndSize((const char *)d->classmap, (Py_ssize_t)sizeof(d->classmap));
+    PyObject *acc = PyByteArray_FromStringAndSize((const char *)d->acc, (Py_ssize_t)d->num);
+    cx_free(c, d->trans);
+    cx_free(c, d->acc);
+    if (!trans || !cm || !acc) {
+        Py_XDECREF(trans);
+        Py_XDECREF(cm);
+        Py_XDECREF(acc);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNii)", trans, cm, acc, (int)d->num, (int)d->k);
+}
+
+static int parse_budget(PyObject *const *args, Ctx *c) {
+    double budget = PyFloat_AsDouble(args[0]);
+    if (budget == -1.0 && PyErr_Occurred()) return -1;
+    long long maxb = PyLong_AsLongLong(args[1]);
+    if (maxb == -1 && PyErr_Occurred()) return -1;
+    if (maxb < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_bytes must be >= 0");
+        return -1;
+    }
+    memset(c, 0, sizeof(*c));
+    c->limit = (size_t)maxb;
+    c->end = now_s() + (budget > 1e9 ? 1e9 : budget);
+    return 0;
+}
+
+static int32_t as_index(PyObject *o, int32_t n, const char *what) {
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0 || v >= n) {
+        PyErr_Format(PyExc_ValueError, "%s %ld out of range [0, %d)", what, v, (int)n);
+        return -1;
+    }
+    return (int32_t)v;
+}
+
+static void nfa_free(NFA *a) {
+    PyMem_Free(a->eoff);
+    PyMem_Free(a->eps);
+    PyMem_Free(a->boff);
+    PyMem_Free(a->edges);
+    PyMem_Free(a->acc);
+}
+
+/* Copy and validate the Python NFA (lists) into CSR arrays. */
+static int nfa_read(PyObject *eps, PyObject *edges, PyObject *start, PyObject *accepting, NFA *a) {
+    memset(a, 0, sizeof(*a));
+    if (!PyList_Check(edges) || (eps != Py_None && !PyList_Check(eps)) || !PyList_Check(accepting)) {
+        PyErr_SetString(PyExc_TypeError, "edges and accepting must be lists, eps a list or None");
+        return -1;
+    }
+    Py_ssize_t N = PyList_GET_SIZE(edges);
+    if (N < 1 || N >= INT32_MAX / 4) {
+        PyErr_SetString(PyExc_ValueError, "the NFA needs 1 .. 2**29 states");
+        return -1;
+    }
+    if (eps != Py_None && PyList_GET_SIZE(eps) != N) {
+        PyErr_SetString(PyExc_ValueError, "eps and edges must have one entry per state");
+        return -1;
+    }
+    a->n = (int32_t)N;
+    if ((a->start = as_index(start, a->n, "start")) < 0) return -1;
+    a->acc = PyMem_Calloc((size_t)N, 1);
+    a->boff = PyMem_Malloc(sizeof(int32_t) * ((size_t)N + 1));
+    if (!a->acc || !a->boff) goto nomem;
+    Py_ssize_t na = PyList_GET_SIZE(accepting);
+    for (Py_ssize_t i = 0; i < na; i++) {
+        int32_t s = as_index(PyList_GET_ITEM(accepting, i), a->n, "accepting state");
+        if (s < 0) goto fail;
+        a->acc[s] = 1;
+    }
+    size_t ne = 0;
+    for (Py_ssize_t s = 0; s < N; s++) {
+        PyObject *lst = PyList_GET_ITEM(edges, s);
+        if (!PyList_Check(lst)) {
+            PyErr_SetString(PyExc_TypeError, "edges[s] must be a list");
+            goto fail;
+        }
+        ne += (size_t)PyList_GET_SIZE(lst);
+    }
+    if (ne >= INT32_MAX / 4) {
+        PyErr_SetString(PyExc_ValueError, "too many NFA edges");
+        goto fail;
+    }
+    a->edges = PyMem_Malloc(sizeof(Edge) * (ne + 1));
+    if (!a->edges) goto nomem;
+    size_t w = 0;
+    for (Py_ssize_t s = 0; s < N; s++) {
+        PyObject *lst = PyList_GET_ITEM(edges, s);
+        a->boff[s] = (int32_t)w;
+        Py_ssize_t m = PyList_GET_SIZE(lst);
+        if (w + (size_t)m > ne) { /* the list grew since it was counted */
+            PyErr_SetString(PyExc_ValueError, "edges changed while being read");
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < m; i++) {
+            PyObject *e = PyList_GET_ITEM(lst, i);
+            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 3) {
+                PyErr_SetString(PyExc_TypeError, "an edge must be a (lo, hi, target) tuple");
+                goto fail;
+            }
+            int32_t lo = as_index(PyTuple_GET_ITEM(e, 0), 256, "edge lo");
+            if (lo < 0) goto fail;
+            int32_t hi = as_index(PyTuple_GET_ITEM(e, 1), 256, "edge hi");
+            if (hi < 0) goto fail;
+            int32_t t = as_index(PyTuple_GET_ITEM(e, 2), a->n, "edge target");
+            if (t < 0) goto fail;
+            if (lo > hi) {
+                PyErr_SetString(PyExc_ValueError, "edge lo > hi");
+                goto fail;
+            }
+            a->edges[w].lo = lo;
+            a->edges[w].hi = hi;
+            a->edges[w].dst = t;
+            w++;
+        }
+    }
+    a->boff[N] = (int32_t)w;
+    if (eps != Py_None) {
+        size_t nx = 0;
+        for (Py_ssize_t s = 0; s < N; s++) {
+            PyObject *lst = PyList_GET_ITEM(eps, s);
+            if (!PyList_Check(lst)) {
+                PyErr_SetString(PyExc_TypeError, "eps[s] must be a list");
+                goto fail;
+            }
+            nx += (size_t)PyList_GET_SIZE(lst);
+        }
+        if (nx >= INT32_MAX / 4) {
+            PyErr_SetString(PyExc_ValueError, "too many epsilon moves");
+            goto fail;
+        }
+        a->eoff = PyMem_Malloc(sizeof(int32_t) * ((size_t)N + 1));
+        a->eps = PyMem_Malloc(sizeof(int32_t) * (nx + 1));
+        if (!a->eoff || !a->eps) goto nomem;
+        size_t x = 0;
+        for (Py_ssize_t s = 0; s < N; s++) {
+            PyObject *lst = PyList_GET_ITEM(eps, s);
+            a->eoff[s] = (int32_t)x;
+            Py_ssize_t m = PyList_GET_SIZE(lst);
+            if (x + (size_t)m > nx) {
+                PyErr_SetString(PyExc_ValueError, "eps changed while being read");
+                goto fail;
+            }
+            for (Py_ssize_t i = 0; i < m; i++) {
+                int32_t t = as_index(PyList_GET_ITEM(lst, i), a->n, "epsilon target");
+                if (t < 0) goto fail;
+                a->eps[x++] = t;
+            }
+        }
+        a->eoff[N] = (int32_t)x;
+    }
+    return 0;
+nomem:
+    PyErr_NoMemory();
+fail:
+    nfa_free(a);
+    return -1;
+}
+
+static long as_count(PyObject *o, const char *what) {
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be >= 0", what);
+        return -1;
+    }
+    return v;
+}
+
+PyDoc_STRVAR(determinize_doc,
+             "determinize(eps, edges, start, accepting, max_states, budget_s, max_bytes)\n"
+             "-> (trans, classmap, accepting, num_states, num_classes) | (error code, value)");
+
+static PyObject *py_determinize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "determinize takes 7 arguments");
+        return NULL;
+    }
+    long max_states = as_count(args[4], "max_states");
+    if (max_states < 0) return NULL;
+    if (max_states > INT32_MAX / 2) max_states = INT32_MAX / 2;
+    Ctx c;
+    if (parse_budget(args + 5, &c)) return NULL;
+    NFA a;
+    if (nfa_read(args[0], args[1], args[2], args[3], &a)) return NULL;
+    Dense d;
+    memset(&d, 0, sizeof(d));
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = build(&c, &a, (int32_t)max_states, &d);
+    Py_END_ALLOW_THREADS
+    nfa_free(&a);
+    return result_of(&c, &d, rc);
+}
+
+PyDoc_STRVAR(from_strings_doc,
+             "from_strings(strings, max_nodes, budget_s, max_bytes)\n"
+             "-> (trans, classmap, accepting, num_states, num_classes) | (error code, value)");
+
+static PyObject *py_from_strings(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "from_strings takes 4 arguments");
+        return NULL;
+    }
+    if (!PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "strings must be a list of bytes");
+        return NULL;
+    }
+    long long max_nodes = PyLong_AsLongLong(args[1]);
+    if (max_nodes == -1 && PyErr_Occurred()) return NULL;
+    Ctx c;
+    if (parse_budget(args + 2, &c)) return NULL;
+    PyObject *lst = args[0];
+    Py_ssize_t count = PyList_GET_SIZE(lst);
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *s = PyList_GET_ITEM(lst, i);
+        if (!PyBytes_Check(s)) {
+            PyErr_SetString(PyExc_TypeError, "strings must be a list of bytes");
+            return NULL;
+        }
+        total += (size_t)PyBytes_GET_SIZE(s);
+    }
+    if (total > (size_t)INT32_MAX / 2) {
+        PyErr_SetString(PyExc_ValueError, "strings too long");
+        return NULL;
+    }
+    uint8_t *buf = PyMem_Malloc(total + 1);
+    Py_ssize_t *offs = PyMem_Malloc(sizeof(Py_ssize_t) * ((size_t)count + 1));
+    if (!buf || !offs) {
+        PyMem_Free(buf);
+        PyMem_Free(offs);
+        return PyErr_NoMemory();
+    }
+    size_t w = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *s = PyList_GET_ITEM(lst, i);
+        offs[i] = (Py_ssize_t)w;
+        memcpy(buf + w, PyBytes_AS_STRING(s), (size_t)PyBytes_GET_SIZE(s));
+        w += (size_t)PyBytes_GET_SIZE(s);
+    }
+    offs[count] = (Py_ssize_t)w;
+    if (max_nodes > INT32_MAX / 2) max_nodes = INT32_MAX / 2;
+    Dense d;
+    memset(&d, 0, sizeof(d));
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = build_strings(&c, buf, offs, count, max_nodes, &d);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(buf);
+    PyMem_Free(offs);
+    return result_of(&c, &d, rc);
+}
 
 static PyMethodDef methods[] = {
+    {"determinize", (PyCFunction)(void (*)(void))py_determinize, METH_FASTCALL, determinize_doc},
+    {"from_strings", (PyCFunction)(void (*)(void))py_from_strings, METH_FASTCALL, from_strings_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_dfa_native", NULL, -1, methods,
+    PyModuleDef_HEAD_INIT, "_dfa_native", "Regex/string-set automaton construction (see csrc/dfa_native.c).", -1,
+    methods,
 };
 
 PyMODINIT_FUNC PyInit__dfa_native(void) { return PyModule_Create(&module); }

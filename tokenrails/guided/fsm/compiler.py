@@ -7,8 +7,8 @@ from typing import Iterator
 
 from ..errors import GuideLimitError
 from ..limits import GuideLimits
-from .dfa import DFA, determinize, dfa_from_strings
-from .nfa import Deadline, build_nfa
+from .dfa import DFA, determinize, determinize_native, dfa_from_strings, native_module
+from .nfa import Deadline, build_nfa, build_thompson
 from .regex_ast import Node, expanded_size
 from .regex_parser import parse_regex
 
@@ -43,7 +43,11 @@ def compile_ast(node: Node, limits: GuideLimits, deadline: Deadline | None = Non
             "character positions (nested or large repetition counts)",
             limit="max_dfa_states", value=size,
         )
+    mod = native_module()
     with no_gc():
+        if mod is not None:  # epsilon elimination onwards in C
+            thompson, start, accept = build_thompson(node, max_nfa, deadline)
+            return determinize_native(mod, thompson.eps, thompson.edges, start, [accept], limits.max_dfa_states, deadline)
         nfa = build_nfa(node, max_nfa, deadline)
         return determinize(nfa, limits.max_dfa_states, deadline)
 

@@ -11,6 +11,7 @@ from dataclasses import InitVar, dataclass, field
 
 import numpy as np
 
+from ... import native
 from ..errors import GuideLimitError, InvalidGuideError
 from .nfa import ByteNFA, Deadline
 
@@ -18,6 +19,8 @@ DEAD = 0
 START = 1
 MINIMIZE_MAX_TRANSITIONS = 300_000  # beyond this many sparse edges Hopcroft (pure Python) is skipped
 SMALL_TABLE = 8192  # dense tables up to this many entries are written in Python, larger ones in numpy
+NATIVE_MAX_BYTES = 1 << 30  # working memory one native construction may allocate (refused beyond)
+EMPTY_LANGUAGE = "the pattern matches no string (its language is empty)"
 
 
 @dataclass
@@ -222,7 +225,7 @@ def prune_dead_ends(rows: list[Row], accepting: list[bool]) -> tuple[list[Row], 
                 alive[s] = True
                 stack.append(s)
     if not alive[START]:
-        raise InvalidGuideError("the pattern matches no string (its language is empty)")
+        raise InvalidGuideError(EMPTY_LANGUAGE)
     if n - 1 - sum(alive):
         rows = [[e for e in row if alive[e[2]]] if alive[s] else [] for s, row in enumerate(rows)]
     return rows, alive
@@ -321,7 +324,7 @@ def _dense(rows: list[Row], accepting: list[bool], k: int, classmap: np.ndarray,
     dead_block = block_of[DEAD]
     start_block = block_of[START]
     if start_block == dead_block:
-        raise InvalidGuideError("the pattern matches no string (its language is empty)")
+        raise InvalidGuideError(EMPTY_LANGUAGE)
     new_id = {dead_block: DEAD, start_block: START}
     order = [start_block]
     src: list[int] = []
@@ -380,12 +383,65 @@ def determinize_raw(nfa: ByteNFA) -> tuple[list[list[int]], list[bool], list[int
     return d.rows, d.accepting_list, d.cls
 
 
-def determinize(nfa: ByteNFA, max_states: int, deadline: Deadline) -> DFA:
+def native_module(use_native: bool | None = None):
+    """``tokenrails._dfa_native`` or None; ``use_native=True`` insists, False refuses it."""
+    if use_native is False:
+        return None
+    mod = native.load("dfa")
+    if use_native and mod is None:
+        raise RuntimeError("the native DFA builder (tokenrails._dfa_native) is not available")
+    return mod
+
+
+# error codes of tokenrails._dfa_native (see csrc/dfa_native.c)
+_E_LIMIT, _E_TIMEOUT, _E_MEMORY, _E_EMPTY = 1, 2, 3, 4
+
+
+def _native_dfa(result: tuple, max_states: int, deadline: Deadline, max_bytes: int) -> DFA:
+    """A native builder's result as a DFA, or its error code as the Python path's exception."""
+    if len(result) == 2:
+        code, value = result
+        if code == _E_LIMIT:
+            raise _limit(max_states, value)
+        if code == _E_TIMEOUT:
+            raise deadline.error()
+        if code == _E_EMPTY:
+            raise InvalidGuideError(EMPTY_LANGUAGE)
+        if code == _E_MEMORY:
+            raise GuideLimitError(
+                f"limit max_dfa_states={max_states} exceeded: building the automaton would need more "
+                f"than {max_bytes} bytes of working memory",
+                limit="max_dfa_states", value=value,
+            )
+        raise RuntimeError(f"tokenrails._dfa_native returned unknown error code {code}")
+    trans, classmap, accepting, num, k = result
+    return DFA(np.frombuffer(trans, dtype=np.int32).reshape(num, k), np.frombuffer(classmap, dtype=np.int32),
+               np.frombuffer(accepting, dtype=np.bool_))
+
+
+def determinize_native(mod, eps: list[list[int]] | None, edges: list[list[tuple[int, int, int]]], start: int,
+                       accepting: list[int], max_states: int, deadline: Deadline,
+                       max_bytes: int = NATIVE_MAX_BYTES) -> DFA:
+    """Epsilon elimination + subset construction + pruning + minimization in C (same DFA).
+
+    ``eps``/``edges`` are per-state lists (a Thompson NFA, or ``eps=None`` for an epsilon-free
+    one); the C side validates every index and reads the clock every few hundred states.
+    """
+    result = mod.determinize(eps, edges, start, accepting, max_states, max(deadline.remaining(), 0.0), max_bytes)
+    return _native_dfa(result, max_states, deadline, max_bytes)
+
+
+def determinize(nfa: ByteNFA, max_states: int, deadline: Deadline, *, use_native: bool | None = None) -> DFA:
+    mod = native_module(use_native)
+    if mod is not None:
+        acc = [i for i, a in enumerate(nfa.accepting) if a]
+        return determinize_native(mod, None, nfa.edges, 0, acc, max_states, deadline)
     rows, accepting, classmap = subset_construction(nfa, max_states, deadline)
     return minimize(rows, accepting, classmap, deadline)
 
 
-def dfa_from_strings(strings: list[bytes], max_states: int, deadline: Deadline) -> DFA:
+def dfa_from_strings(strings: list[bytes], max_states: int, deadline: Deadline, *,
+                     use_native: bool | None = None, max_bytes: int = NATIVE_MAX_BYTES) -> DFA:
     """The minimal DFA of a finite set of byte strings, built directly (no NFA, no Hopcroft).
 
     The trie of the strings is an acyclic DFA in which every node leads to a string end. Its
@@ -393,6 +449,10 @@ def dfa_from_strings(strings: list[bytes], max_states: int, deadline: Deadline) 
     creation order every child's class is known, and a node's class is the register entry of
     (final, [(byte class, child class)]).
     """
+    mod = native_module(use_native)
+    if mod is not None:
+        result = mod.from_strings(strings, max_states * 4, max(deadline.remaining(), 0.0), max_bytes)
+        return _native_dfa(result, max_states, deadline, max_bytes)
     used = set(b"".join(strings))
     cm = _classes_from_cuts(used | {b + 1 for b in used})
     classmap = np.asarray(cm, dtype=np.int32)
@@ -417,7 +477,7 @@ def dfa_from_strings(strings: list[bytes], max_states: int, deadline: Deadline) 
             raise _limit(max_states, len(children))
     n = len(children)
     if not children[0] and not final[0]:
-        raise InvalidGuideError("the pattern matches no string (its language is empty)")
+        raise InvalidGuideError(EMPTY_LANGUAGE)
     canon = [0] * n
     register: dict[tuple, int] = {}
     reps: list[int] = []

@@ -27,11 +27,18 @@ class Deadline:
 
     def check(self) -> None:
         if time.perf_counter() > self.end:
-            raise GuideTimeoutError(
-                f"limit compile_timeout_s={self.limit_s} exceeded while compiling the automaton",
-                limit="compile_timeout_s",
-                value=self.limit_s,
-            )
+            raise self.error()
+
+    def remaining(self) -> float:
+        """Seconds left (may be negative): the budget handed to native code."""
+        return self.end - time.perf_counter()
+
+    def error(self) -> GuideTimeoutError:
+        return GuideTimeoutError(
+            f"limit compile_timeout_s={self.limit_s} exceeded while compiling the automaton",
+            limit="compile_timeout_s",
+            value=self.limit_s,
+        )
 
 
 @lru_cache(maxsize=256)
@@ -256,7 +263,13 @@ def eliminate_epsilons(nfa: ThompsonNFA, start: int, accept: int) -> ByteNFA:
     return ByteNFA(out_edges, accepting)
 
 
-def build_nfa(node: Node, max_states: int, deadline: Deadline) -> ByteNFA:
+def build_thompson(node: Node, max_states: int, deadline: Deadline) -> tuple[ThompsonNFA, int, int]:
+    """The Thompson NFA of ``node`` with its start and accepting state."""
     nfa = ThompsonNFA(max_states, deadline)
     start, accept = nfa.build(node)
+    return nfa, start, accept
+
+
+def build_nfa(node: Node, max_states: int, deadline: Deadline) -> ByteNFA:
+    nfa, start, accept = build_thompson(node, max_states, deadline)
     return eliminate_epsilons(nfa, start, accept)
