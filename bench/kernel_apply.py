@@ -10,6 +10,7 @@ dispatch, the C kernel); "numpy" is the same checks + the numpy path, without th
 
     OMP_NUM_THREADS=1 python bench/kernel_apply.py [--vocab 49152 151936] [--batch 1 16 64 256]
         [--masks random grammar allowed] [--dtype float32 bfloat16] [--runs 30] [--no-reference]
+        [--fresh 8]
 
 Mask kinds: ``random`` (uniform random bits); ``structural`` (shaped like a real JSON mask at a
 structural position: ~0.5% of tokens allowed, scattered); ``instring`` (inside a JSON string: ~3%
@@ -19,6 +20,7 @@ of tokens disallowed, scattered); ``grammar`` (rows alternate structural / instr
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import time
@@ -82,6 +84,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30, help="minimum runs per cell (median)")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds per cell, at least --runs runs")
     parser.add_argument("--no-reference", action="store_true", help="skip the (slow) reference column")
+    parser.add_argument(
+        "--fresh", type=int, default=1,
+        help="cycle through this many different masks per cell (a new mask every call, as in decoding; "
+        "1 = one mask, which branch predictors can learn)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     import xgrammar as xgr
@@ -89,7 +96,10 @@ def main() -> None:
     if native.load("apply") is None:
         raise SystemExit("tokenrails._apply_native is not built (or TOKENRAILS_NATIVE=0): nothing to compare")
     rng = np.random.default_rng(0)
-    print(f"torch threads={torch.get_num_threads()}, half the rows guided; ms per call (median)")
+    print(
+        f"torch threads={torch.get_num_threads()}, half the rows guided, {args.fresh} mask(s) per cell; "
+        "ms per call (median)"
+    )
     header = (
         f"{'dtype':>8} {'vocab':>7} {'batch':>5} {'rows':>4} {'mask':>10} | {'native':>8} {'numpy':>8} "
         f"{'xgrammar':>9} {'reference':>9} | {'nat/xgr':>7} {'np/xgr':>7} {'ref/nat':>8}"
@@ -104,16 +114,21 @@ def main() -> None:
             for batch in args.batch:
                 guided = list(range(0, batch, 2)) if batch > 1 else [0]
                 for kind in args.masks:
-                    compact = mask_rows(kind, len(guided), vocab, rng)
-                    full = torch.full((batch, compact.shape[1]), -1, dtype=torch.int32)
-                    full[guided] = compact
+                    compacts = [mask_rows(kind, len(guided), vocab, rng) for _ in range(args.fresh)]
+                    fulls = []
+                    for compact in compacts:
+                        fulls.append(torch.full((batch, compact.shape[1]), -1, dtype=torch.int32))
+                        fulls[-1][guided] = compact
                     nat_logits = torch.randn(batch, vocab).to(dtype)
                     np_logits, xgr_logits, ref_logits = nat_logits.clone(), nat_logits.clone(), nat_logits.clone()
+                    turn = [itertools.cycle(range(args.fresh)) for _ in range(3)]  # same mask sequence each
                     nat, nump, theirs = interleaved_medians(
                         [
-                            lambda: apply_token_bitmask_inplace(nat_logits, compact, guided),
-                            lambda: apply_checked_numpy(check_apply_args(np_logits, compact, guided)),
-                            lambda: xgr.apply_token_bitmask_inplace(xgr_logits, full, indices=guided, backend="cpu"),
+                            lambda: apply_token_bitmask_inplace(nat_logits, compacts[next(turn[0])], guided),
+                            lambda: apply_checked_numpy(check_apply_args(np_logits, compacts[next(turn[1])], guided)),
+                            lambda: xgr.apply_token_bitmask_inplace(
+                                xgr_logits, fulls[next(turn[2])], indices=guided, backend="cpu"
+                            ),
                         ],
                         args.runs,
                         args.budget,
@@ -121,11 +136,12 @@ def main() -> None:
                     ref = float("nan")
                     if not args.no_reference:  # timed on its own: its traffic would evict the others' caches
                         (ref,) = interleaved_medians(
-                            [lambda: apply_token_bitmask_inplace_reference(ref_logits, compact, guided)],
+                            [lambda: apply_token_bitmask_inplace_reference(ref_logits, compacts[0], guided)],
                             max(3, args.runs // 5),
                             args.budget / 2,
                         )
-                        assert torch.equal(nat_logits.view(bits), ref_logits.view(bits))
+                        if args.fresh == 1:  # else it saw fewer masks than the others
+                            assert torch.equal(nat_logits.view(bits), ref_logits.view(bits))
                     assert torch.equal(nat_logits.view(bits), xgr_logits.view(bits))
                     assert torch.equal(nat_logits.view(bits), np_logits.view(bits))
                     worst = max(worst, nat / theirs)
