@@ -5,7 +5,8 @@
  *     lists of (lo, hi, target) byte ranges; accepting: list of accepting state ids.
  *     Epsilon elimination (kept: the start and every byte-edge target), byte classes from the
  *     edges' cut points, subset construction over classes, pruning of states that cannot reach
- *     acceptance, minimization (Valmari-Lehtinen partition refinement, O(m log n)) and the
+ *     acceptance, minimization (Hopcroft with whole blocks as splitters and class bitmasks as
+ *     signatures, over sparse runs of classes) and the
  *     canonical numbering: 0 = dead, 1 = start, the rest in breadth-first order over classes.
  *     Same result, state for state, as the Python path in tokenrails/guided/fsm/dfa.py.
  * from_strings(strings, max_nodes, budget_s, max_bytes)
@@ -194,191 +195,232 @@ static int32_t classes_from_cuts(const uint8_t cut[257], int32_t cm[256]) {
     return cls + 1;
 }
 
-/* ---- Valmari-Lehtinen refinable partitions ------------------------------------------- */
+/* ---- prune + minimize + canonical renumbering ---------------------------------------------- */
+/* The subset DFA comes as sparse rows: runs (lo, hi, dst) of consecutive classes with the same
+ * non-dead target, sorted by class. Wide edges ([^"\\] spans most classes of a JSON regex) stay
+ * one run, so pruning and minimization cost per run, not per class. */
 typedef struct {
-    int32_t z, *E, *L, *S, *F, *P;
-} Part;
+    int32_t *off;            /* [S + 1] */
+    int32_t *lo, *hi, *dst;  /* runs */
+} Runs;
+
+#define MAXW 4 /* 256 classes = 4 words */
 
 typedef struct {
-    int32_t *M, *W;
-    int32_t w;
-} Marks;
+    int32_t block, state;
+    uint64_t sig[MAXW];
+} Touch;
 
-static int part_init(Ctx *c, Part *p, int32_t n) {
-    p->E = cx_alloc(c, sizeof(int32_t) * (size_t)(n + 1));
-    p->L = cx_alloc(c, sizeof(int32_t) * (size_t)(n + 1));
-    p->S = cx_alloc(c, sizeof(int32_t) * (size_t)(n + 1));
-    p->F = cx_alloc(c, sizeof(int32_t) * (size_t)(n + 1));
-    p->P = cx_alloc(c, sizeof(int32_t) * (size_t)(n + 1));
-    if (c->err) return -1;
-    p->z = n > 0;
-    for (int32_t i = 0; i < n; i++) {
-        p->E[i] = p->L[i] = i;
-        p->S[i] = 0;
-    }
-    p->F[0] = 0;
-    p->P[0] = n;
+static int cmp_touch(const void *a, const void *b) {
+    const Touch *x = a, *y = b;
+    if (x->block != y->block) return x->block < y->block ? -1 : 1;
+    for (int w = 0; w < MAXW; w++)
+        if (x->sig[w] != y->sig[w]) return x->sig[w] < y->sig[w] ? -1 : 1;
     return 0;
 }
 
-static void part_free(Ctx *c, Part *p) {
-    cx_free(c, p->E);
-    cx_free(c, p->L);
-    cx_free(c, p->S);
-    cx_free(c, p->F);
-    cx_free(c, p->P);
+static inline int same_sig(const Touch *x, const Touch *y) {
+    return !memcmp(x->sig, y->sig, sizeof(x->sig));
 }
 
-static inline void part_mark(Part *p, Marks *m, int32_t e) {
-    int32_t s = p->S[e], i = p->L[e], j = p->F[s] + m->M[s];
-    p->E[i] = p->E[j];
-    p->L[p->E[i]] = i;
-    p->E[j] = e;
-    p->L[e] = j;
-    if (!m->M[s]++) m->W[m->w++] = s;
-}
-
-static void part_split(Part *p, Marks *m) {
-    while (m->w) {
-        int32_t s = m->W[--m->w], j = p->F[s] + m->M[s];
-        if (j == p->P[s]) {
-            m->M[s] = 0;
-            continue;
-        }
-        int32_t z = p->z;
-        if (m->M[s] <= p->P[s] - j) { /* the marked part is the smaller one: it becomes z */
-            p->F[z] = p->F[s];
-            p->P[z] = p->F[s] = j;
-        } else {
-            p->P[z] = p->P[s];
-            p->F[z] = p->P[s] = j;
-        }
-        for (int32_t i = p->F[z]; i < p->P[z]; i++) p->S[p->E[i]] = z;
-        m->M[s] = m->M[z] = 0;
-        p->z++;
+static void set_range(uint64_t *m, int32_t lo, int32_t hi) {
+    for (int32_t a = lo; a <= hi;) {
+        int32_t w = a >> 6, b = a & 63;
+        int32_t e = (hi >> 6) == w ? (hi & 63) : 63;
+        uint64_t bits = (e - b == 63) ? ~0ULL : (((1ULL << (e - b + 1)) - 1) << b);
+        m[w] |= bits;
+        a = (w + 1) << 6;
     }
 }
 
-/* Minimize a trimmed partial DFA (every state reachable and co-reachable): n states, m
- * transitions (T tail, Lb label in [0, k), H head), acc per state. Writes the block of every
- * state to block[]; returns the number of blocks, or -1 on error (c->err set). */
-static int32_t valmari(Ctx *c, int32_t n, int32_t m, int32_t k, const int32_t *T, const int32_t *Lb,
-                       const int32_t *H, const uint8_t *acc, int32_t *block) {
-    Part B = {0}, C = {0};
-    Marks mk = {0};
-    int32_t *A = NULL, *Fa = NULL, *cnt = NULL;
-    int32_t result = -1;
-    int32_t big = (n > m ? n : m) + 1;
-    mk.M = cx_calloc(c, (size_t)big, sizeof(int32_t));
-    mk.W = cx_alloc(c, sizeof(int32_t) * (size_t)big);
-    A = cx_alloc(c, sizeof(int32_t) * (size_t)(m + 1));
-    Fa = cx_calloc(c, (size_t)n + 1, sizeof(int32_t));
-    cnt = cx_calloc(c, (size_t)k + 1, sizeof(int32_t));
-    if (c->err || part_init(c, &B, n) || part_init(c, &C, m)) goto done;
-    mk.w = 0;
-    for (int32_t q = 0; q < n; q++)
-        if (acc[q]) part_mark(&B, &mk, q);
-    part_split(&B, &mk);
-    if (m) { /* cords: transitions grouped by label (counting sort) */
-        for (int32_t t = 0; t < m; t++) cnt[Lb[t] + 1]++;
-        for (int32_t a = 0; a < k; a++) cnt[a + 1] += cnt[a];
-        for (int32_t t = 0; t < m; t++) {
-            int32_t pos = cnt[Lb[t]]++;
-            C.E[pos] = t;
-            C.L[t] = pos;
-        }
-        C.z = 0;
-        int32_t a = Lb[C.E[0]];
-        C.F[0] = 0;
-        for (int32_t i = 0; i < m; i++) {
-            int32_t t = C.E[i];
-            if (Lb[t] != a) {
-                a = Lb[t];
-                C.P[C.z++] = i;
-                C.F[C.z] = i;
-            }
-            C.S[t] = C.z;
-        }
-        C.P[C.z++] = m;
-    } else {
-        C.z = 0;
+/* Refinable partition of 0..n-1: E lists states block by block, L = position in E, B = block,
+ * block z occupies E[F[z] .. P[z]). */
+typedef struct {
+    int32_t z, *E, *L, *B, *F, *P;
+} Part;
+
+/* Move the listed states (all in block y) to the end of y's range and make them block z = p->z. */
+static int32_t carve(Part *p, int32_t y, const Touch *t, int32_t cnt) {
+    int32_t end = p->P[y];
+    for (int32_t i = 0; i < cnt; i++) {
+        int32_t e = t[i].state, at = p->L[e], j = p->P[y] - 1;
+        int32_t other = p->E[j];
+        p->E[at] = other;
+        p->L[other] = at;
+        p->E[j] = e;
+        p->L[e] = j;
+        p->P[y]--;
     }
-    /* incoming transitions of every state */
-    for (int32_t t = 0; t < m; t++) Fa[H[t]]++;
-    for (int32_t q = 0; q < n; q++) Fa[q + 1] += Fa[q];
-    for (int32_t t = m; t--;) A[--Fa[H[t]]] = t;
-    {
-        int32_t b = 1, cc = 0;
-        uint32_t steps = 0;
-        while (cc < C.z) {
-            if ((++steps & 1023) == 0 && timed_out(c)) goto done;
-            for (int32_t i = C.F[cc]; i < C.P[cc]; i++) part_mark(&B, &mk, T[C.E[i]]);
-            part_split(&B, &mk);
-            cc++;
-            while (b < B.z) {
-                for (int32_t i = B.F[b]; i < B.P[b]; i++) {
-                    int32_t q = B.E[i];
-                    for (int32_t j = Fa[q]; j < Fa[q + 1]; j++) part_mark(&C, &mk, A[j]);
-                }
-                part_split(&C, &mk);
-                b++;
-            }
-        }
-    }
-    memcpy(block, B.S, sizeof(int32_t) * (size_t)n);
-    result = B.z;
-done:
-    part_free(c, &B);
-    part_free(c, &C);
-    cx_free(c, mk.M);
-    cx_free(c, mk.W);
-    cx_free(c, A);
-    cx_free(c, Fa);
-    cx_free(c, cnt);
-    return result;
+    int32_t z = p->z++;
+    p->F[z] = p->P[y];
+    p->P[z] = end;
+    for (int32_t i = 0; i < cnt; i++) p->B[t[i].state] = z;
+    return z;
 }
 
-/* ---- prune + minimize + canonical renumbering of a dense DFA ------------------------ */
-/* trans [S*k] (state 0 dead, 1 start), acc [S]. Fills out. Returns 0, or -1 (c->err set). */
-static int finish(Ctx *c, const int32_t *trans, const uint8_t *acc, int32_t S, int32_t k, Dense *out) {
+/* Hopcroft with whole blocks as splitters: the signature of a source state is the bitmask of
+ * classes leading into the splitter (all classes at once). A block splits by (signature, touched
+ * or not); the largest part keeps the block's id and queue status, every other part is queued
+ * (Hopcroft's "all but the largest"). n live states, np (source, target, mask) pairs with their
+ * incoming lists (inoff/inl). acc per state. Writes blocks into p; returns 0 or -1. */
+static int hopcroft(Ctx *c, int32_t n, int32_t W, const int32_t *psrc, const uint64_t *pmask, const int32_t *inoff,
+                    const int32_t *inl, const uint8_t *acc, Part *p) {
     int rc = -1;
-    int32_t *roff = NULL, *rsrc = NULL, *stack = NULL, *lid = NULL, *T = NULL, *Lb = NULL, *H = NULL;
-    int32_t *block = NULL, *rep = NULL, *newid = NULL, *order = NULL;
+    int32_t *queue = NULL, *tslot = NULL, *tstamp = NULL;
+    Touch *touch = NULL;
+    queue = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
+    tslot = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
+    tstamp = cx_calloc(c, (size_t)n + 1, sizeof(int32_t));
+    touch = cx_alloc(c, sizeof(Touch) * ((size_t)n + 1));
+    if (c->err) goto done;
+    /* initial partition: accepting first */
+    int32_t na = 0;
+    for (int32_t q = 0; q < n; q++)
+        if (acc[q]) {
+            p->E[na] = q;
+            p->L[q] = na++;
+        }
+    int32_t nr = na;
+    for (int32_t q = 0; q < n; q++)
+        if (!acc[q]) {
+            p->E[nr] = q;
+            p->L[q] = nr++;
+        }
+    p->z = 0;
+    int32_t qn = 0;
+    if (na) {
+        p->F[p->z] = 0;
+        p->P[p->z] = na;
+        for (int32_t i = 0; i < na; i++) p->B[p->E[i]] = p->z;
+        queue[qn++] = p->z++;
+    }
+    if (n - na) {
+        p->F[p->z] = na;
+        p->P[p->z] = n;
+        for (int32_t i = na; i < n; i++) p->B[p->E[i]] = p->z;
+        queue[qn++] = p->z++;
+    }
+    int32_t iter = 0;
+    while (qn) {
+        if ((++iter & 255) == 0 && timed_out(c)) goto done;
+        int32_t x = queue[--qn];
+        /* signatures of every source into x */
+        int32_t nt = 0;
+        for (int32_t i = p->F[x]; i < p->P[x]; i++) {
+            int32_t t = p->E[i];
+            for (int32_t j = inoff[t]; j < inoff[t + 1]; j++) {
+                int32_t pr = inl[j], s = psrc[pr];
+                Touch *tt;
+                if (tstamp[s] != iter) {
+                    tstamp[s] = iter;
+                    tslot[s] = nt;
+                    tt = &touch[nt++];
+                    tt->state = s;
+                    memset(tt->sig, 0, sizeof(tt->sig));
+                } else {
+                    tt = &touch[tslot[s]];
+                }
+                const uint64_t *m = pmask + (size_t)pr * W;
+                for (int32_t w = 0; w < W; w++) tt->sig[w] |= m[w];
+            }
+        }
+        if (!nt) continue;
+        for (int32_t i = 0; i < nt; i++) touch[i].block = p->B[touch[i].state];
+        if (nt > 1) qsort(touch, (size_t)nt, sizeof(Touch), cmp_touch);
+        for (int32_t g0 = 0; g0 < nt;) {
+            int32_t y = touch[g0].block, g1 = g0;
+            while (g1 < nt && touch[g1].block == y) g1++;
+            int32_t size = p->P[y] - p->F[y], touched = g1 - g0, rest = size - touched;
+            /* groups of equal signature within [g0, g1); find the biggest */
+            int32_t ngroups = 0, big_at = g0, big_len = 0;
+            for (int32_t a = g0; a < g1;) {
+                int32_t b = a + 1;
+                while (b < g1 && same_sig(&touch[a], &touch[b])) b++;
+                if (b - a > big_len) {
+                    big_len = b - a;
+                    big_at = a;
+                }
+                ngroups++;
+                a = b;
+            }
+            if (ngroups == 1 && !rest) {
+                g0 = g1;
+                continue;
+            }
+            if (rest >= big_len) { /* the untouched remainder stays as y */
+                for (int32_t a = g0; a < g1;) {
+                    int32_t b = a + 1;
+                    while (b < g1 && same_sig(&touch[a], &touch[b])) b++;
+                    int32_t z = carve(p, y, touch + a, b - a);
+                    queue[qn++] = z;
+                    a = b;
+                }
+            } else { /* the biggest touched group stays as y */
+                for (int32_t a = g0; a < g1;) {
+                    int32_t b = a + 1;
+                    while (b < g1 && same_sig(&touch[a], &touch[b])) b++;
+                    if (a != big_at) {
+                        int32_t z = carve(p, y, touch + a, b - a);
+                        queue[qn++] = z;
+                    }
+                    a = b;
+                }
+                if (rest) { /* big group to the front of y, the remainder becomes a new block */
+                    for (int32_t i = 0; i < big_len; i++) {
+                        int32_t e = touch[big_at + i].state, at = p->L[e], j = p->F[y] + i;
+                        int32_t other = p->E[j];
+                        p->E[at] = other;
+                        p->L[other] = at;
+                        p->E[j] = e;
+                        p->L[e] = j;
+                    }
+                    int32_t z = p->z++;
+                    p->F[z] = p->F[y] + big_len;
+                    p->P[z] = p->P[y];
+                    p->P[y] = p->F[z];
+                    for (int32_t i = p->F[z]; i < p->P[z]; i++) p->B[p->E[i]] = z;
+                    queue[qn++] = z;
+                }
+            }
+            g0 = g1;
+        }
+    }
+    rc = 0;
+done:
+    cx_free(c, queue);
+    cx_free(c, tslot);
+    cx_free(c, tstamp);
+    cx_free(c, touch);
+    return rc;
+}
+
+/* S states (0 dead, 1 start) as runs, acc per state. Fills out. Returns 0, or -1 (c->err set). */
+static int finish(Ctx *c, const Runs *r, const uint8_t *acc, int32_t S, int32_t k, Dense *out) {
+    int rc = -1;
+    int32_t W = (k + 63) / 64;
+    int32_t *roff = NULL, *rsrc = NULL, *stack = NULL, *lid = NULL, *pstamp = NULL, *pidx = NULL;
+    int32_t *inoff = NULL, *inl = NULL, *rep = NULL, *newid = NULL, *order = NULL;
     uint8_t *alive = NULL, *lacc = NULL;
-    size_t nrev = 0;
-    /* reverse edges (one per distinct consecutive target) for co-reachability */
+    uint64_t *pmask = NULL;
+    Vec psrc = {0}, pdst = {0};
+    Part p = {0};
+    size_t nruns = (size_t)r->off[S];
+    if (W > MAXW) {
+        c->err = E_MEMORY;
+        c->err_value = -1;
+        return -1;
+    }
+    /* co-reachability of acceptance over reversed runs */
     roff = cx_calloc(c, (size_t)S + 1, sizeof(int32_t));
     alive = cx_calloc(c, (size_t)S, 1);
     stack = cx_alloc(c, sizeof(int32_t) * (size_t)S);
+    rsrc = cx_alloc(c, sizeof(int32_t) * (nruns + 1));
     if (c->err) goto done;
-    for (int32_t s = 1; s < S; s++) {
-        const int32_t *row = trans + (size_t)s * k;
-        int32_t last = -1;
-        for (int32_t a = 0; a < k; a++) {
-            int32_t t = row[a];
-            if (t && t != last) {
-                roff[t + 1]++;
-                nrev++;
-            }
-            last = t;
-        }
-    }
-    rsrc = cx_alloc(c, sizeof(int32_t) * (nrev + 1));
-    if (c->err) goto done;
+    for (size_t i = 0; i < nruns; i++) roff[r->dst[i] + 1]++;
     for (int32_t s = 0; s < S; s++) roff[s + 1] += roff[s];
-    {
-        int32_t *pos = stack; /* reuse as fill cursor */
-        memcpy(pos, roff, sizeof(int32_t) * (size_t)S);
-        for (int32_t s = 1; s < S; s++) {
-            const int32_t *row = trans + (size_t)s * k;
-            int32_t last = -1;
-            for (int32_t a = 0; a < k; a++) {
-                int32_t t = row[a];
-                if (t && t != last) rsrc[pos[t]++] = s;
-                last = t;
-            }
-        }
-    }
+    memcpy(stack, roff, sizeof(int32_t) * (size_t)S); /* fill cursor */
+    for (int32_t s = 1; s < S; s++)
+        for (int32_t i = r->off[s]; i < r->off[s + 1]; i++) rsrc[stack[r->dst[i]]++] = s;
     {
         int32_t sp = 0;
         for (int32_t s = 1; s < S; s++)
@@ -401,84 +443,91 @@ static int finish(Ctx *c, const int32_t *trans, const uint8_t *acc, int32_t S, i
         c->err = E_EMPTY;
         goto done;
     }
-    /* live states 0..n-1 and their live transitions */
+    /* live states 0..n-1; (source, target) pairs with the class mask between them */
     lid = cx_alloc(c, sizeof(int32_t) * (size_t)S);
     if (c->err) goto done;
     int32_t n = 0;
-    size_t m = 0;
-    for (int32_t s = 0; s < S; s++) {
-        lid[s] = alive[s] ? n++ : -1;
-        if (alive[s]) {
-            const int32_t *row = trans + (size_t)s * k;
-            for (int32_t a = 0; a < k; a++) m += alive[row[a]];
-        }
-    }
-    if (m >= (size_t)INT32_MAX) {
-        c->err = E_MEMORY;
-        c->err_value = -1;
-        goto done;
-    }
-    T = cx_alloc(c, sizeof(int32_t) * (m + 1));
-    Lb = cx_alloc(c, sizeof(int32_t) * (m + 1));
-    H = cx_alloc(c, sizeof(int32_t) * (m + 1));
+    for (int32_t s = 0; s < S; s++) lid[s] = alive[s] ? n++ : -1;
     lacc = cx_alloc(c, (size_t)n + 1);
-    block = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
+    pstamp = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
+    pidx = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
     if (c->err) goto done;
-    {
-        size_t t = 0;
-        for (int32_t s = 0; s < S; s++) {
-            if (!alive[s]) continue;
-            lacc[lid[s]] = acc[s];
-            const int32_t *row = trans + (size_t)s * k;
-            for (int32_t a = 0; a < k; a++) {
-                int32_t d = row[a];
-                if (alive[d]) {
-                    T[t] = lid[s];
-                    Lb[t] = a;
-                    H[t] = lid[d];
-                    t++;
+    for (int32_t q = 0; q < n; q++) pstamp[q] = -1;
+    size_t mask_cap = 0;
+    for (int32_t s = 1; s < S; s++) {
+        if (!alive[s]) continue;
+        int32_t q = lid[s];
+        lacc[q] = acc[s];
+        for (int32_t i = r->off[s]; i < r->off[s + 1]; i++) {
+            int32_t d = r->dst[i];
+            if (!alive[d]) continue;
+            int32_t t = lid[d];
+            if (pstamp[t] != q) {
+                pstamp[t] = q;
+                pidx[t] = (int32_t)psrc.n;
+                if (vpush(c, &psrc, q) || vpush(c, &pdst, t)) goto done;
+                if (psrc.n * (size_t)W > mask_cap) {
+                    size_t cap = mask_cap ? mask_cap * 2 : 256;
+                    uint64_t *nm = cx_realloc(c, pmask, cap * sizeof(uint64_t));
+                    if (!nm) goto done;
+                    pmask = nm;
+                    mask_cap = cap;
                 }
+                memset(pmask + (psrc.n - 1) * W, 0, sizeof(uint64_t) * (size_t)W);
             }
+            set_range(pmask + (size_t)pidx[t] * W, r->lo[i], r->hi[i]);
         }
     }
-    int32_t nb = valmari(c, n, (int32_t)m, k, T, Lb, H, lacc, block);
-    if (nb < 0) goto done;
+    size_t np_ = psrc.n;
+    inoff = cx_calloc(c, (size_t)n + 1, sizeof(int32_t));
+    inl = cx_alloc(c, sizeof(int32_t) * (np_ + 1));
+    if (c->err) goto done;
+    for (size_t i = 0; i < np_; i++) inoff[pdst.a[i] + 1]++;
+    for (int32_t q = 0; q < n; q++) inoff[q + 1] += inoff[q];
+    memcpy(pstamp, inoff, sizeof(int32_t) * (size_t)n); /* fill cursor */
+    for (size_t i = 0; i < np_; i++) inl[pstamp[pdst.a[i]]++] = (int32_t)i;
+    p.E = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
+    p.L = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
+    p.B = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
+    p.F = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
+    p.P = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
+    if (c->err) goto done;
+    if (hopcroft(c, n, W, psrc.a, pmask, inoff, inl, lacc, &p)) goto done;
     /* canonical numbering: BFS over classes from the start's block */
+    int32_t nb = p.z;
     rep = cx_alloc(c, sizeof(int32_t) * (size_t)nb);
     newid = cx_alloc(c, sizeof(int32_t) * (size_t)nb);
     order = cx_alloc(c, sizeof(int32_t) * (size_t)nb);
     if (c->err) goto done;
     for (int32_t b = 0; b < nb; b++) rep[b] = newid[b] = -1;
     for (int32_t s = S - 1; s >= 1; s--)
-        if (alive[s]) rep[block[lid[s]]] = s;
+        if (alive[s]) rep[p.B[lid[s]]] = s;
     out->k = k;
-    out->num = nb + 1;
-    out->trans = cx_calloc(c, (size_t)out->num * (size_t)k, sizeof(int32_t));
-    out->acc = cx_calloc(c, (size_t)out->num, 1);
+    out->trans = cx_calloc(c, ((size_t)nb + 1) * (size_t)k, sizeof(int32_t));
+    out->acc = cx_calloc(c, (size_t)nb + 1, 1);
     if (c->err) goto done;
     {
         int32_t cnt = 0;
-        int32_t b0 = block[lid[1]];
+        int32_t b0 = p.B[lid[1]];
         newid[b0] = 1;
         order[cnt++] = b0;
         for (int32_t i = 0; i < cnt; i++) {
             int32_t s = rep[order[i]];
             int32_t sid = i + 1;
             out->acc[sid] = acc[s];
-            const int32_t *row = trans + (size_t)s * k;
             int32_t *orow = out->trans + (size_t)sid * k;
-            for (int32_t a = 0; a < k; a++) {
-                int32_t d = row[a];
+            for (int32_t j = r->off[s]; j < r->off[s + 1]; j++) {
+                int32_t d = r->dst[j];
                 if (!alive[d]) continue;
-                int32_t tb = block[lid[d]];
+                int32_t tb = p.B[lid[d]];
                 if (newid[tb] < 0) {
                     newid[tb] = cnt + 1;
                     order[cnt++] = tb;
                 }
-                orow[a] = newid[tb];
+                for (int32_t a = r->lo[j]; a <= r->hi[j]; a++) orow[a] = newid[tb];
             }
         }
-        out->num = cnt + 1; /* every block is reachable; kept exact regardless */
+        out->num = cnt + 1; /* every block is reachable from the start */
     }
     rc = 0;
 done:
@@ -486,15 +535,23 @@ done:
     cx_free(c, rsrc);
     cx_free(c, stack);
     cx_free(c, lid);
-    cx_free(c, T);
-    cx_free(c, Lb);
-    cx_free(c, H);
-    cx_free(c, block);
+    cx_free(c, pstamp);
+    cx_free(c, pidx);
+    cx_free(c, inoff);
+    cx_free(c, inl);
     cx_free(c, rep);
     cx_free(c, newid);
     cx_free(c, order);
     cx_free(c, alive);
     cx_free(c, lacc);
+    cx_free(c, pmask);
+    cx_free(c, p.E);
+    cx_free(c, p.L);
+    cx_free(c, p.B);
+    cx_free(c, p.F);
+    cx_free(c, p.P);
+    vfree(c, &psrc);
+    vfree(c, &pdst);
     if (rc) {
         cx_free(c, out->trans);
         cx_free(c, out->acc);
@@ -530,10 +587,12 @@ static int build(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
     int32_t N = nfa->n;
     /* epsilon-free NFA over the kept states */
     int32_t *imp = NULL, *stamp = NULL, *single = NULL, *table = NULL, *cnt = NULL, *pos = NULL;
-    Vec order = {0}, stack = {0}, foff = {0}, pool = {0}, soff = {0}, slen = {0}, shash = {0}, trans = {0}, tmp = {0};
+    Vec order = {0}, stack = {0}, foff = {0}, pool = {0}, soff = {0}, slen = {0}, shash = {0}, tmp = {0};
+    Vec roff = {0}, rlo = {0}, rhi = {0}, rdst = {0}; /* the subset DFA as runs */
     Edge *fe = NULL;
     size_t fe_n = 0, fe_cap = 0;
     Vec dacc = {0}, racc = {0};
+    uint8_t *disjoint = NULL;
     imp = cx_alloc(c, sizeof(int32_t) * (size_t)N);
     stamp = cx_calloc(c, (size_t)N, sizeof(int32_t));
     if (c->err) goto done;
@@ -611,6 +670,16 @@ static int build(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
     int32_t K = out->k;
     /* subset construction: state 0 = {} (dead), 1 = {0} */
     single = cx_alloc(c, sizeof(int32_t) * (size_t)nf);
+    disjoint = cx_alloc(c, (size_t)nf);
+    if (c->err) goto done;
+    for (int32_t p = 0; p < nf; p++) { /* edges sorted by lo: disjoint iff each starts after the last */
+        disjoint[p] = 1;
+        for (int32_t e = foff.a[p] + 1; e < foff.a[p + 1]; e++)
+            if (fe[e].lo <= fe[e - 1].hi) {
+                disjoint[p] = 0;
+                break;
+            }
+    }
     cnt = cx_alloc(c, sizeof(int32_t) * ((size_t)K + 1));
     pos = cx_alloc(c, sizeof(int32_t) * ((size_t)K + 1));
     size_t tcap = 64;
@@ -622,20 +691,39 @@ static int build(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
     if (vpush(c, &soff, 0) || vpush(c, &slen, 0) || vpush(c, &shash, 0) || vpush(c, &pool, 0) ||
         vpush(c, &soff, 0) || vpush(c, &slen, 1) || vpush(c, &shash, 0))
         goto done;
-    if (max_states < 2) {
-        c->err = E_LIMIT;
-        c->err_value = 2;
-        goto done;
-    }
-    if (vreserve(c, &trans, (size_t)2 * K)) goto done;
-    memset(trans.a, 0, sizeof(int32_t) * K); /* dead row */
+    if (vpush(c, &roff, 0) || vpush(c, &roff, 0)) goto done; /* the dead state: no runs */
     if (vpush(c, &racc, 0)) goto done;
     for (size_t j = 1; j < soff.n; j++) {
         if ((j & 255) == 0 && timed_out(c)) goto done;
-        if (vreserve(c, &trans, (j + 1) * (size_t)K)) goto done;
         int32_t off = soff.a[j], len = slen.a[j];
         int acc = 0;
         size_t total = 0;
+        if (len == 1 && disjoint[pool.a[off]]) { /* one NFA state, deterministic edges: runs directly */
+            int32_t p = pool.a[off];
+            if (vpush(c, &racc, dacc.a[p])) goto done;
+            for (int32_t e = foff.a[p]; e < foff.a[p + 1]; e++) {
+                int32_t d = fe[e].dst, id = single[d];
+                if (id < 0) {
+                    id = (int32_t)soff.n;
+                    if ((int64_t)soff.n + 1 > (int64_t)max_states) {
+                        c->err = E_LIMIT;
+                        c->err_value = (long long)soff.n + 1;
+                        goto done;
+                    }
+                    single[d] = id;
+                    if (vpush(c, &soff, (int32_t)pool.n) || vpush(c, &slen, 1) || vpush(c, &shash, 0) ||
+                        vpush(c, &pool, d))
+                        goto done;
+                }
+                if (rdst.n > (size_t)roff.a[j] && rdst.a[rdst.n - 1] == id && rhi.a[rhi.n - 1] == fe[e].lo - 1) {
+                    rhi.a[rhi.n - 1] = fe[e].hi;
+                } else if (vpush(c, &rlo, fe[e].lo) || vpush(c, &rhi, fe[e].hi) || vpush(c, &rdst, id)) {
+                    goto done;
+                }
+            }
+            if (vpush(c, &roff, (int32_t)rdst.n)) goto done;
+            continue;
+        }
         memset(cnt, 0, sizeof(int32_t) * ((size_t)K + 1));
         for (int32_t i = 0; i < len; i++) {
             int32_t p = pool.a[off + i];
@@ -654,7 +742,6 @@ static int build(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
             for (int32_t e = foff.a[p]; e < foff.a[p + 1]; e++)
                 for (int32_t a = fe[e].lo; a <= fe[e].hi; a++) tmp.a[pos[a]++] = fe[e].dst;
         }
-        int32_t *row = trans.a + j * (size_t)K;
         int32_t prev_lo = -1, prev_len = -1, prev_id = 0;
         for (int32_t a = 0; a < K; a++) {
             int32_t lo = cnt[a], L = cnt[a + 1] - cnt[a];
@@ -732,12 +819,18 @@ static int build(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
                     }
                 }
             }
-            row[a] = id;
+            if (id) { /* extend the open run or start one */
+                if (rdst.n > (size_t)roff.a[j] && rdst.a[rdst.n - 1] == id && rhi.a[rhi.n - 1] == a - 1) {
+                    rhi.a[rhi.n - 1] = a;
+                } else if (vpush(c, &rlo, a) || vpush(c, &rhi, a) || vpush(c, &rdst, id)) {
+                    goto done;
+                }
+            }
             prev_lo = lo;
             prev_len = L;
             prev_id = id;
         }
-        trans.n = (j + 1) * (size_t)K;
+        if (vpush(c, &roff, (int32_t)rdst.n)) goto done;
     }
     {
         int32_t S = (int32_t)soff.n;
@@ -749,7 +842,8 @@ static int build(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
         vfree(c, &tmp);
         cx_free(c, table);
         table = NULL;
-        rc = finish(c, trans.a, acc8, S, K, out);
+        Runs runs = {roff.a, rlo.a, rhi.a, rdst.a};
+        rc = finish(c, &runs, acc8, S, K, out);
         cx_free(c, acc8);
     }
 done:
@@ -761,6 +855,7 @@ done:
     cx_free(c, cnt);
     cx_free(c, pos);
     cx_free(c, fe);
+    cx_free(c, disjoint);
     vfree(c, &order);
     vfree(c, &stack);
     vfree(c, &foff);
@@ -768,7 +863,10 @@ done:
     vfree(c, &soff);
     vfree(c, &slen);
     vfree(c, &shash);
-    vfree(c, &trans);
+    vfree(c, &roff);
+    vfree(c, &rlo);
+    vfree(c, &rhi);
+    vfree(c, &rdst);
     vfree(c, &tmp);
     vfree(c, &dacc);
     return rc;

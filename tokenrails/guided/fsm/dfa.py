@@ -23,23 +23,48 @@ NATIVE_MAX_BYTES = 1 << 30  # working memory one native construction may allocat
 EMPTY_LANGUAGE = "the pattern matches no string (its language is empty)"
 
 
-@dataclass
+@dataclass(eq=False)
 class DFA:
-    """Minimal complete DFA over byte classes."""
+    """Minimal complete DFA over byte classes.
+
+    ``rows`` (``trans`` as Python lists, for scalar stepping) and ``forced`` are built on first
+    use, and ``walk`` converts only the rows it visits: a 500-state JSON DFA's full ``tolist`` costs
+    more than building the DFA natively, and a guided run visits a few dozen states.
+    """
 
     trans: np.ndarray        # int32 [S, K]
     classmap: np.ndarray     # int32 [256]: byte -> class
     accepting: np.ndarray    # bool [S]
-    rows: list[list[int]] = field(init=False, repr=False)   # trans as Python lists (scalar stepping)
     cls: list[int] = field(init=False, repr=False)
-    forced: list[int] = field(init=False, repr=False)       # per state: the only live byte, or -1
     rows_hint: InitVar[list[list[int]] | None] = None       # ``trans`` as lists, when already built
 
     def __post_init__(self, rows_hint: list[list[int]] | None = None) -> None:
-        self.rows = rows_hint if rows_hint is not None else self.trans.tolist()
+        self._row_cache: list[list[int] | None] = rows_hint if rows_hint is not None else [None] * len(self.trans)
+        self._all_rows = rows_hint is not None
+        self._forced: list[int] | None = None
         self.cls = self.classmap.tolist()
         self.accepting_list = self.accepting.tolist()
-        # forced byte per state: exactly one live class, of exactly one byte, and not accepting
+
+    @property
+    def rows(self) -> list[list[int]]:
+        """``trans`` as Python lists (every row)."""
+        if not self._all_rows:
+            self._row_cache[:] = self.trans.tolist()
+            self._all_rows = True
+        return self._row_cache
+
+    def _row(self, state: int) -> list[int]:
+        row = self._row_cache[state] = self.trans[state].tolist()
+        return row
+
+    @property
+    def forced(self) -> list[int]:
+        """Per state: the only live byte, or -1 (exactly one live class, of one byte, not accepting)."""
+        if self._forced is None:
+            self._forced = self._compute_forced()
+        return self._forced
+
+    def _compute_forced(self) -> list[int]:
         live = self.trans != DEAD
         n_live = live.sum(axis=1)
         only = live.argmax(axis=1)
@@ -48,7 +73,7 @@ class DFA:
         first_byte[self.classmap[::-1]] = np.arange(255, -1, -1)
         forced = np.where((n_live == 1) & (class_size[only] == 1) & ~self.accepting, first_byte[only], -1)
         forced[DEAD] = -1
-        self.forced = forced.tolist()
+        return forced.tolist()
 
     @property
     def num_states(self) -> int:
@@ -60,9 +85,12 @@ class DFA:
 
     def walk(self, state: int, data: bytes) -> int:
         """State after feeding ``data`` (DEAD once it dies)."""
-        rows, cls = self.rows, self.cls
+        rows, cls = self._row_cache, self.cls
         for b in data:
-            state = rows[state][cls[b]]
+            row = rows[state]
+            if row is None:
+                row = self._row(state)
+            state = row[cls[b]]
             if state == DEAD:
                 return DEAD
         return state
