@@ -114,7 +114,7 @@ TR_INLINE void blend16(uint16_t *x, uint64_t bits, int n, uint16_t ninf) {
  *    mispredictions hide behind the misses. Every such unit also prefetches its columns 8 KB
  *    ahead (2048 float32 / 4096 16-bit columns): the row then streams in at memory bandwidth
  *    instead of one store miss at a time (measured, in-string rows at batch 16-256: float32
- *    0.8-1.0x -> 0.5-0.55x xgrammar's time; 16-bit rows, whose lines nearly all take a store
+ *    0.75-0.85x -> 0.5-0.55x xgrammar's time; 16-bit rows, whose lines nearly all take a store
  *    anyway, gain ~7%). Units that are filled or blended do not prefetch: they touch every
  *    line, which the hardware prefetcher follows by itself (prefetching them measured slower).
  */
