@@ -144,7 +144,11 @@ def _check_indices(
         if indices.dim() != 1:
             raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
         if indices.is_cpu:
-            if indices.numel():
+            count = indices.numel()
+            if 0 < count <= 256:  # one tolist() beats two torch reductions on short tensors
+                values = indices.tolist()
+                _check_range(min(values), max(values), batch)
+            elif count:
                 _check_range(int(indices.min()), int(indices.max()), batch)
         elif indices.device != logits.device:
             raise ValueError(f"indices are on {indices.device} but logits are on {logits.device}")
