@@ -9,6 +9,11 @@
  *     signatures, over sparse runs of classes) and the
  *     canonical numbering: 0 = dead, 1 = start, the rest in breadth-first order over classes.
  *     Same result, state for state, as the Python path in tokenrails/guided/fsm/dfa.py.
+ * compile_ast(program, fragments, max_nfa, max_states, budget_s, max_bytes)
+ *     The same from a regex AST flattened in pre-order (see flatten_ast in nfa.py) plus the charset
+ *     fragments it references: the Thompson construction of ThompsonNFA, state for state, after
+ *     the expanded-size guard (5: more than max_nfa character positions; 6: more than max_nfa
+ *     NFA states), then as determinize.
  * from_strings(strings, max_nodes, budget_s, max_bytes)
  *     The minimal DFA of a finite set of byte strings: a trie over byte classes, minimized
  *     bottom-up (Revuz: a node's class is the register entry of (final, [(class, child class)])).
@@ -28,7 +33,7 @@
 #include <string.h>
 #include <time.h>
 
-enum { OK = 0, E_LIMIT = 1, E_TIMEOUT = 2, E_MEMORY = 3, E_EMPTY = 4 };
+enum { OK = 0, E_LIMIT = 1, E_TIMEOUT = 2, E_MEMORY = 3, E_EMPTY = 4, E_SIZE = 5, E_NFA = 6 };
 
 /* ---- context: error code, deadline, memory budget --------------------------------------- */
 typedef struct {
@@ -872,6 +877,303 @@ done:
     return rc;
 }
 
+/* ---- Thompson construction from a flattened regex AST ---------------------------------------- */
+/* Pre-order program: CharSet [0, fragment], Concat [1, n, children...], Alt [2, n, children...],
+ * Repeat [3, min, max (-1: unbounded), child], Empty [4]. Character sets are copies of cached
+ * fragments (the minimal byte DFA of the set: size, final state, edges (src, lo, hi, dst) with no
+ * edge into state 0). Mirrors ThompsonNFA in tokenrails/guided/fsm/nfa.py state for state. */
+enum { K_SET = 0, K_CAT = 1, K_ALT = 2, K_REP = 3, K_EMPTY = 4 };
+#define MAX_AST_DEPTH 4096
+#define SIZE_CAP ((int64_t)1 << 62)
+
+typedef struct {
+    int32_t src, lo, hi, dst;
+} FEdge;
+
+typedef struct {
+    int32_t nfrag;
+    int32_t *size, *final, *off; /* off: [nfrag + 1] into edges */
+    FEdge *edges;
+} Frags;
+
+/* Validates the subtree at i; returns the index after it, or -1 with a Python error set. */
+static Py_ssize_t prog_check(const int32_t *prog, Py_ssize_t len, Py_ssize_t i, int depth, int32_t nfrag, int32_t *next) {
+    if (depth > MAX_AST_DEPTH) {
+        PyErr_SetString(PyExc_ValueError, "regex AST nested too deeply");
+        return -1;
+    }
+    if (i >= len) goto truncated;
+    Py_ssize_t j;
+    switch (prog[i]) {
+    case K_SET:
+        if (i + 1 >= len) goto truncated;
+        if (prog[i + 1] < 0 || prog[i + 1] >= nfrag) {
+            PyErr_SetString(PyExc_ValueError, "fragment id out of range");
+            return -1;
+        }
+        j = i + 2;
+        break;
+    case K_CAT:
+    case K_ALT:
+        if (i + 1 >= len) goto truncated;
+        if (prog[i + 1] < (prog[i] == K_CAT ? 1 : 0)) {
+            PyErr_SetString(PyExc_ValueError, "bad item count");
+            return -1;
+        }
+        j = i + 2;
+        for (int32_t k = 0; k < prog[i + 1]; k++) {
+            j = prog_check(prog, len, j, depth + 1, nfrag, next);
+            if (j < 0) return -1;
+        }
+        break;
+    case K_REP:
+        if (i + 2 >= len) goto truncated;
+        if (prog[i + 1] < 0 || (prog[i + 2] != -1 && prog[i + 2] < prog[i + 1])) {
+            PyErr_SetString(PyExc_ValueError, "bad repetition bounds");
+            return -1;
+        }
+        j = prog_check(prog, len, i + 3, depth + 1, nfrag, next);
+        if (j < 0) return -1;
+        break;
+    case K_EMPTY:
+        j = i + 1;
+        break;
+    default:
+        PyErr_SetString(PyExc_ValueError, "unknown AST node kind");
+        return -1;
+    }
+    next[i] = (int32_t)j;
+    return j;
+truncated:
+    PyErr_SetString(PyExc_ValueError, "truncated AST program");
+    return -1;
+}
+
+static int64_t sat_add(int64_t a, int64_t b) { return a > SIZE_CAP - b ? SIZE_CAP : a + b; }
+static int64_t sat_mul(int64_t a, int64_t b) { return (b && a > SIZE_CAP / b) ? SIZE_CAP : a * b; }
+
+/* expanded_size() of regex_ast.py (character positions after expanding repeats), saturating. */
+static int64_t prog_size(const int32_t *prog, const int32_t *next, int32_t i) {
+    switch (prog[i]) {
+    case K_CAT:
+    case K_ALT: {
+        int64_t s = 1;
+        int32_t j = i + 2;
+        for (int32_t k = 0; k < prog[i + 1]; k++) {
+            s = sat_add(s, prog_size(prog, next, j));
+            j = next[j];
+        }
+        return s;
+    }
+    case K_REP: {
+        int64_t inner = prog_size(prog, next, i + 3);
+        int64_t copies = prog[i + 2] >= 0 ? prog[i + 2] : (prog[i + 1] > 1 ? prog[i + 1] : 1);
+        return sat_add(sat_mul(inner, copies > 1 ? copies : 1), 1);
+    }
+    default:
+        return 1;
+    }
+}
+
+typedef struct {
+    Ctx *c;
+    const int32_t *prog, *next;
+    const Frags *fr;
+    Vec xs, xd;             /* epsilon moves (src, dst) */
+    Vec es, elo, ehi, ed;   /* byte edges */
+    int32_t n, max_n;
+} TB;
+
+/* ``count`` fresh states; returns the first id, or -1 (c->err set). */
+static int32_t tb_new(TB *t, int32_t count) {
+    if ((int64_t)t->n + count > t->max_n) {
+        t->c->err = E_NFA;
+        t->c->err_value = (long long)t->n + count;
+        return -1;
+    }
+    if ((t->n & 4095) + count > 4095 && timed_out(t->c)) return -1;
+    int32_t first = t->n;
+    t->n += count;
+    return first;
+}
+
+static inline int tb_eps(TB *t, int32_t a, int32_t b) { return vpush(t->c, &t->xs, a) || vpush(t->c, &t->xd, b); }
+
+/* Copy fragment f; with at >= 0 its start state is ``at``. Returns 0 or -1. */
+static int tb_set(TB *t, int32_t f, int32_t at, int32_t *s, int32_t *e) {
+    const Frags *fr = t->fr;
+    int32_t size = fr->size[f], base;
+    if (at < 0) {
+        if ((base = tb_new(t, size)) < 0) return -1;
+        *s = base;
+    } else {
+        if ((base = tb_new(t, size - 1)) < 0) return -1;
+        base -= 1; /* fragment state i > 0 -> base + i */
+        *s = at;
+    }
+    for (int32_t i = fr->off[f]; i < fr->off[f + 1]; i++) {
+        const FEdge *x = &fr->edges[i];
+        int32_t src = (at >= 0 && x->src == 0) ? at : base + x->src;
+        if (vpush(t->c, &t->es, src) || vpush(t->c, &t->elo, x->lo) || vpush(t->c, &t->ehi, x->hi) ||
+            vpush(t->c, &t->ed, base + x->dst))
+            return -1;
+    }
+    *e = base + fr->final[f];
+    return 0;
+}
+
+static int tb_build(TB *t, int32_t i, int32_t *s, int32_t *e);
+
+/* Continue the fragment ending at ``end`` with node i; returns the new end or -1. */
+static int32_t tb_append(TB *t, int32_t end, int32_t i) {
+    int32_t s, e;
+    if (t->prog[i] == K_SET) {
+        if (tb_set(t, t->prog[i + 1], end, &s, &e)) return -1;
+        return e;
+    }
+    if (tb_build(t, i, &s, &e) || tb_eps(t, end, s)) return -1;
+    return e;
+}
+
+static int tb_build(TB *t, int32_t i, int32_t *s, int32_t *e) {
+    const int32_t *prog = t->prog;
+    switch (prog[i]) {
+    case K_SET:
+        return tb_set(t, prog[i + 1], -1, s, e);
+    case K_CAT: {
+        int32_t j = i + 2;
+        if (tb_build(t, j, s, e)) return -1;
+        for (int32_t k = 1; k < prog[i + 1]; k++) {
+            j = t->next[j];
+            if ((*e = tb_append(t, *e, j)) < 0) return -1;
+        }
+        return 0;
+    }
+    case K_ALT: {
+        int32_t start = tb_new(t, 1), end = start < 0 ? -1 : tb_new(t, 1), j = i + 2;
+        if (end < 0) return -1;
+        for (int32_t k = 0; k < prog[i + 1]; k++, j = t->next[j]) {
+            int32_t a, b;
+            if (tb_build(t, j, &a, &b) || tb_eps(t, start, a) || tb_eps(t, b, end)) return -1;
+        }
+        *s = start;
+        *e = end;
+        return 0;
+    }
+    case K_REP: {
+        int32_t mn = prog[i + 1], mx = prog[i + 2], item = i + 3;
+        int32_t start = tb_new(t, 1), end = start;
+        if (start < 0) return -1;
+        for (int32_t k = 0; k < mn; k++)
+            if ((end = tb_append(t, end, item)) < 0) return -1;
+        if (mx < 0) {
+            int32_t loop = tb_new(t, 1), a, b;
+            if (loop < 0 || tb_build(t, item, &a, &b) || tb_eps(t, end, loop) || tb_eps(t, loop, a) ||
+                tb_eps(t, b, loop))
+                return -1;
+            *s = start;
+            *e = loop;
+            return 0;
+        }
+        if (mx - mn) {
+            int32_t fin = tb_new(t, 1);
+            if (fin < 0) return -1;
+            for (int32_t k = 0; k < mx - mn; k++) {
+                if (tb_eps(t, end, fin)) return -1;
+                if ((end = tb_append(t, end, item)) < 0) return -1;
+            }
+            if (tb_eps(t, end, fin)) return -1;
+            end = fin;
+        }
+        *s = start;
+        *e = end;
+        return 0;
+    }
+    default: { /* K_EMPTY */
+        int32_t x = tb_new(t, 1);
+        if (x < 0) return -1;
+        *s = *e = x;
+        return 0;
+    }
+    }
+}
+
+/* CSR of a list of (src, ...) pairs: off [n + 1] and the order of the pairs by src. */
+static int csr(Ctx *c, const Vec *src, int32_t n, int32_t **off_out, int32_t **order_out) {
+    int32_t *off = cx_calloc(c, (size_t)n + 1, sizeof(int32_t));
+    int32_t *ord = cx_alloc(c, sizeof(int32_t) * (src->n + 1));
+    int32_t *cur = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
+    if (c->err) {
+        cx_free(c, off);
+        cx_free(c, ord);
+        cx_free(c, cur);
+        return -1;
+    }
+    for (size_t i = 0; i < src->n; i++) off[src->a[i] + 1]++;
+    for (int32_t q = 0; q < n; q++) off[q + 1] += off[q];
+    memcpy(cur, off, sizeof(int32_t) * (size_t)n);
+    for (size_t i = 0; i < src->n; i++) ord[cur[src->a[i]]++] = (int32_t)i;
+    cx_free(c, cur);
+    *off_out = off;
+    *order_out = ord;
+    return 0;
+}
+
+/* Thompson NFA of the program, then build(). */
+static int build_ast(Ctx *c, const int32_t *prog, const int32_t *next, const Frags *fr, int32_t max_nfa,
+                     int32_t max_states, Dense *out) {
+    int rc = -1;
+    TB t;
+    memset(&t, 0, sizeof(t));
+    t.c = c;
+    t.prog = prog;
+    t.next = next;
+    t.fr = fr;
+    t.max_n = max_nfa;
+    NFA a;
+    memset(&a, 0, sizeof(a));
+    int32_t *xord = NULL, *eord = NULL;
+    int32_t start, accept;
+    if (tb_build(&t, 0, &start, &accept)) goto done;
+    a.n = t.n;
+    a.start = start;
+    if (csr(c, &t.xs, t.n, &a.eoff, &xord) || csr(c, &t.es, t.n, &a.boff, &eord)) goto done;
+    a.eps = cx_alloc(c, sizeof(int32_t) * (t.xd.n + 1));
+    a.edges = cx_alloc(c, sizeof(Edge) * (t.ed.n + 1));
+    a.acc = cx_calloc(c, (size_t)t.n, 1);
+    if (c->err) goto done;
+    for (size_t i = 0; i < t.xd.n; i++) a.eps[i] = t.xd.a[xord[i]];
+    for (size_t i = 0; i < t.ed.n; i++) {
+        int32_t k = eord[i];
+        a.edges[i].lo = t.elo.a[k];
+        a.edges[i].hi = t.ehi.a[k];
+        a.edges[i].dst = t.ed.a[k];
+    }
+    a.acc[accept] = 1;
+    vfree(c, &t.xs);
+    vfree(c, &t.xd);
+    vfree(c, &t.es);
+    vfree(c, &t.elo);
+    vfree(c, &t.ehi);
+    vfree(c, &t.ed);
+    rc = build(c, &a, max_states, out);
+done:
+    vfree(c, &t.xs);
+    vfree(c, &t.xd);
+    vfree(c, &t.es);
+    vfree(c, &t.elo);
+    vfree(c, &t.ehi);
+    vfree(c, &t.ed);
+    cx_free(c, xord);
+    cx_free(c, eord);
+    cx_free(c, a.eoff);
+    cx_free(c, a.eps);
+    cx_free(c, a.boff);
+    cx_free(c, a.edges);
+    cx_free(c, a.acc);
+    return rc;
+}
+
 /* ---- finite string sets (Revuz) ---------------------------------------------------------- */
 static int build_strings(Ctx *c, const uint8_t *buf, const Py_ssize_t *soffs, Py_ssize_t count, int64_t max_nodes,
                          Dense *out) {
@@ -1351,8 +1653,159 @@ static PyObject *py_from_strings(PyObject *self, PyObject *const *args, Py_ssize
     return result_of(&c, &d, rc);
 }
 
+static int32_t as_i32(PyObject *o, int32_t lo, int32_t hi, const char *what) {
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) return INT32_MIN;
+    if (v < lo || v > hi) {
+        PyErr_Format(PyExc_ValueError, "%s %ld out of range [%d, %d]", what, v, (int)lo, (int)hi);
+        return INT32_MIN;
+    }
+    return (int32_t)v;
+}
+
+static void frags_free(Frags *f) {
+    PyMem_Free(f->size);
+    PyMem_Free(f->final);
+    PyMem_Free(f->off);
+    PyMem_Free(f->edges);
+}
+
+/* Copy and validate fragments: a list of (size, ((src, lo, hi, dst), ...), final). */
+static int frags_read(PyObject *lst, Frags *f) {
+    memset(f, 0, sizeof(*f));
+    if (!PyList_Check(lst)) {
+        PyErr_SetString(PyExc_TypeError, "fragments must be a list");
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(lst);
+    if (n >= INT32_MAX / 4) {
+        PyErr_SetString(PyExc_ValueError, "too many fragments");
+        return -1;
+    }
+    f->nfrag = (int32_t)n;
+    f->size = PyMem_Malloc(sizeof(int32_t) * ((size_t)n + 1));
+    f->final = PyMem_Malloc(sizeof(int32_t) * ((size_t)n + 1));
+    f->off = PyMem_Malloc(sizeof(int32_t) * ((size_t)n + 1));
+    if (!f->size || !f->final || !f->off) goto nomem;
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(lst, i);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(t, 1))) {
+            PyErr_SetString(PyExc_TypeError, "a fragment must be (size, edges tuple, final)");
+            goto fail;
+        }
+        total += (size_t)PyTuple_GET_SIZE(PyTuple_GET_ITEM(t, 1));
+    }
+    if (total >= INT32_MAX / 4) {
+        PyErr_SetString(PyExc_ValueError, "too many fragment edges");
+        goto fail;
+    }
+    f->edges = PyMem_Malloc(sizeof(FEdge) * (total + 1));
+    if (!f->edges) goto nomem;
+    size_t w = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(lst, i), *edges = PyTuple_GET_ITEM(t, 1);
+        int32_t size = as_i32(PyTuple_GET_ITEM(t, 0), 2, 1 << 24, "fragment size");
+        if (size == INT32_MIN) goto fail;
+        int32_t fin = as_i32(PyTuple_GET_ITEM(t, 2), 1, size - 1, "fragment final state");
+        if (fin == INT32_MIN) goto fail;
+        f->size[i] = size;
+        f->final[i] = fin;
+        f->off[i] = (int32_t)w;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(edges); k++) {
+            PyObject *e = PyTuple_GET_ITEM(edges, k);
+            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4) {
+                PyErr_SetString(PyExc_TypeError, "a fragment edge must be (src, lo, hi, dst)");
+                goto fail;
+            }
+            FEdge x;
+            if ((x.src = as_i32(PyTuple_GET_ITEM(e, 0), 0, size - 1, "fragment edge src")) == INT32_MIN ||
+                (x.lo = as_i32(PyTuple_GET_ITEM(e, 1), 0, 255, "fragment edge lo")) == INT32_MIN ||
+                (x.hi = as_i32(PyTuple_GET_ITEM(e, 2), x.lo, 255, "fragment edge hi")) == INT32_MIN ||
+                (x.dst = as_i32(PyTuple_GET_ITEM(e, 3), 1, size - 1, "fragment edge dst")) == INT32_MIN)
+                goto fail;
+            f->edges[w++] = x;
+        }
+    }
+    f->off[n] = (int32_t)w;
+    return 0;
+nomem:
+    PyErr_NoMemory();
+fail:
+    frags_free(f);
+    return -1;
+}
+
+PyDoc_STRVAR(compile_ast_doc,
+             "compile_ast(program, fragments, max_nfa, max_states, budget_s, max_bytes)\n"
+             "-> (trans, classmap, accepting, num_states, num_classes) | (error code, value)");
+
+static PyObject *py_compile_ast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "compile_ast takes 6 arguments");
+        return NULL;
+    }
+    if (!PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "program must be a list of ints");
+        return NULL;
+    }
+    long max_nfa = as_count(args[2], "max_nfa");
+    if (max_nfa < 0) return NULL;
+    long max_states = as_count(args[3], "max_states");
+    if (max_states < 0) return NULL;
+    if (max_nfa > INT32_MAX / 4) max_nfa = INT32_MAX / 4;
+    if (max_states > INT32_MAX / 2) max_states = INT32_MAX / 2;
+    Ctx c;
+    if (parse_budget(args + 4, &c)) return NULL;
+    Py_ssize_t len = PyList_GET_SIZE(args[0]);
+    if (len < 1 || len >= INT32_MAX / 4) {
+        PyErr_SetString(PyExc_ValueError, "empty or oversized AST program");
+        return NULL;
+    }
+    int32_t *prog = PyMem_Malloc(sizeof(int32_t) * (size_t)len);
+    int32_t *next = PyMem_Malloc(sizeof(int32_t) * (size_t)len);
+    Frags fr;
+    memset(&fr, 0, sizeof(fr));
+    PyObject *res = NULL;
+    if (!prog || !next) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        int32_t v = as_i32(PyList_GET_ITEM(args[0], i), -1, INT32_MAX, "program entry");
+        if (v == INT32_MIN) goto done;
+        prog[i] = v;
+    }
+    if (frags_read(args[1], &fr)) goto done;
+    Py_ssize_t end = prog_check(prog, len, 0, 0, fr.nfrag, next);
+    if (end < 0) goto done;
+    if (end != len) {
+        PyErr_SetString(PyExc_ValueError, "trailing entries after the AST program");
+        goto done;
+    }
+    int64_t size = prog_size(prog, next, 0);
+    if (size > max_nfa) {
+        res = Py_BuildValue("(iL)", E_SIZE, (long long)size);
+        goto done;
+    }
+    Dense d;
+    memset(&d, 0, sizeof(d));
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = build_ast(&c, prog, next, &fr, (int32_t)max_nfa, (int32_t)max_states, &d);
+    Py_END_ALLOW_THREADS
+    res = result_of(&c, &d, rc);
+done:
+    PyMem_Free(prog);
+    PyMem_Free(next);
+    frags_free(&fr);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"determinize", (PyCFunction)(void (*)(void))py_determinize, METH_FASTCALL, determinize_doc},
+    {"compile_ast", (PyCFunction)(void (*)(void))py_compile_ast, METH_FASTCALL, compile_ast_doc},
     {"from_strings", (PyCFunction)(void (*)(void))py_from_strings, METH_FASTCALL, from_strings_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -5,10 +5,9 @@ import gc
 from contextlib import contextmanager
 from typing import Iterator
 
-from ..errors import GuideLimitError
 from ..limits import GuideLimits
-from .dfa import DFA, determinize, determinize_native, dfa_from_strings, native_module
-from .nfa import Deadline, build_nfa, build_thompson
+from .dfa import DFA, compile_ast_native, determinize, dfa_from_strings, expanded_size_error, native_module
+from .nfa import Deadline, build_nfa
 from .regex_ast import Node, expanded_size
 from .regex_parser import parse_regex
 
@@ -36,18 +35,14 @@ def no_gc() -> Iterator[None]:
 def compile_ast(node: Node, limits: GuideLimits, deadline: Deadline | None = None) -> DFA:
     deadline = deadline or Deadline(limits.compile_timeout_s)
     max_nfa = max(NFA_STATES_PER_DFA_STATE * limits.max_dfa_states, 1024)
+    mod = native_module()
+    if mod is not None:  # Thompson construction onwards in C (same size guard, same DFA)
+        with no_gc():
+            return compile_ast_native(mod, node, max_nfa, limits.max_dfa_states, deadline)
     size = expanded_size(node)  # a lower bound on NFA states: refuse before building anything
     if size > max_nfa:
-        raise GuideLimitError(
-            f"limit max_dfa_states={limits.max_dfa_states} exceeded: the pattern expands to {size} "
-            "character positions (nested or large repetition counts)",
-            limit="max_dfa_states", value=size,
-        )
-    mod = native_module()
+        raise expanded_size_error(limits.max_dfa_states, size)
     with no_gc():
-        if mod is not None:  # epsilon elimination onwards in C
-            thompson, start, accept = build_thompson(node, max_nfa, deadline)
-            return determinize_native(mod, thompson.eps, thompson.edges, start, [accept], limits.max_dfa_states, deadline)
         nfa = build_nfa(node, max_nfa, deadline)
         return determinize(nfa, limits.max_dfa_states, deadline)
 

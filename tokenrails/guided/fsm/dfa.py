@@ -13,7 +13,8 @@ import numpy as np
 
 from ... import native
 from ..errors import GuideLimitError, InvalidGuideError
-from .nfa import ByteNFA, Deadline
+from .nfa import ByteNFA, Deadline, flatten_ast, nfa_limit_error
+from .regex_ast import Node
 
 DEAD = 0
 START = 1
@@ -422,15 +423,27 @@ def native_module(use_native: bool | None = None):
 
 
 # error codes of tokenrails._dfa_native (see csrc/dfa_native.c)
-_E_LIMIT, _E_TIMEOUT, _E_MEMORY, _E_EMPTY = 1, 2, 3, 4
+_E_LIMIT, _E_TIMEOUT, _E_MEMORY, _E_EMPTY, _E_SIZE, _E_NFA = 1, 2, 3, 4, 5, 6
 
 
-def _native_dfa(result: tuple, max_states: int, deadline: Deadline, max_bytes: int) -> DFA:
+def expanded_size_error(max_states: int, size: int) -> GuideLimitError:
+    return GuideLimitError(
+        f"limit max_dfa_states={max_states} exceeded: the pattern expands to {size} "
+        "character positions (nested or large repetition counts)",
+        limit="max_dfa_states", value=size,
+    )
+
+
+def _native_dfa(result: tuple, max_states: int, deadline: Deadline, max_bytes: int, max_nfa: int = 0) -> DFA:
     """A native builder's result as a DFA, or its error code as the Python path's exception."""
     if len(result) == 2:
         code, value = result
         if code == _E_LIMIT:
             raise _limit(max_states, value)
+        if code == _E_SIZE:
+            raise expanded_size_error(max_states, value)
+        if code == _E_NFA:
+            raise nfa_limit_error(max_nfa, value)
         if code == _E_TIMEOUT:
             raise deadline.error()
         if code == _E_EMPTY:
@@ -457,6 +470,15 @@ def determinize_native(mod, eps: list[list[int]] | None, edges: list[list[tuple[
     """
     result = mod.determinize(eps, edges, start, accepting, max_states, max(deadline.remaining(), 0.0), max_bytes)
     return _native_dfa(result, max_states, deadline, max_bytes)
+
+
+def compile_ast_native(mod, node: Node, max_nfa: int, max_states: int, deadline: Deadline,
+                       max_bytes: int = NATIVE_MAX_BYTES) -> DFA:
+    """The whole AST → minimal DFA step in C: Thompson construction (from the flattened AST and
+    the cached charset fragments), the size guard, then as ``determinize_native``."""
+    prog, frags = flatten_ast(node)
+    result = mod.compile_ast(prog, frags, max_nfa, max_states, max(deadline.remaining(), 0.0), max_bytes)
+    return _native_dfa(result, max_states, deadline, max_bytes, max_nfa)
 
 
 def determinize(nfa: ByteNFA, max_states: int, deadline: Deadline, *, use_native: bool | None = None) -> DFA:

@@ -41,6 +41,15 @@ class Deadline:
         )
 
 
+def nfa_limit_error(max_states: int, value: int) -> GuideLimitError:
+    return GuideLimitError(
+        f"limit max_dfa_states exceeded: the pattern expands to more than {max_states} "
+        "automaton states (large repetition counts?)",
+        limit="max_dfa_states",
+        value=value,
+    )
+
+
 @lru_cache(maxsize=256)
 def _sequences(ranges: Ranges) -> tuple[ByteSeq, ...]:
     return tuple(utf8_sequences(ranges))
@@ -67,12 +76,7 @@ class ThompsonNFA:
         """Append ``count`` fresh states; returns the first one's id."""
         n = len(self.eps)
         if n + count > self.max_states:
-            raise GuideLimitError(
-                f"limit max_dfa_states exceeded: the pattern expands to more than {self.max_states} "
-                "automaton states (large repetition counts?)",
-                limit="max_dfa_states",
-                value=n + count,
-            )
+            raise nfa_limit_error(self.max_states, n + count)
         if (n & 4095) + count > 4095:
             self.deadline.check()
         if count == 1:
@@ -261,6 +265,43 @@ def eliminate_epsilons(nfa: ThompsonNFA, start: int, accept: int) -> ByteNFA:
         out_edges.append(mapped)
         accepting.append(acc)
     return ByteNFA(out_edges, accepting)
+
+
+# node kinds of the flattened AST handed to tokenrails._dfa_native.compile_ast
+FLAT_SET, FLAT_CONCAT, FLAT_ALT, FLAT_REPEAT, FLAT_EMPTY = 0, 1, 2, 3, 4
+
+
+def flatten_ast(node: Node) -> tuple[list[int], list[tuple]]:
+    """Pre-order program of ``node`` plus the charset fragments it references (by index).
+
+    CharSet ``[0, fragment]``, Concat ``[1, n, items...]``, Alt ``[2, n, items...]``, Repeat
+    ``[3, min, max or -1, item]``, Empty ``[4]``; fragments are ``_charset_fragment`` results, so the
+    C Thompson construction copies exactly what ``ThompsonNFA`` would.
+    """
+    prog: list[int] = []
+    frags: list[tuple] = []
+    ids: dict[Ranges, int] = {}
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        t = type(n)
+        if t is CharSet:
+            fid = ids.get(n.ranges)
+            if fid is None:
+                fid = ids[n.ranges] = len(frags)
+                frags.append(_charset_fragment(n.ranges))
+            prog += (FLAT_SET, fid)
+        elif t is Concat or t is Alt:
+            prog += (FLAT_CONCAT if t is Concat else FLAT_ALT, len(n.items))
+            stack.extend(reversed(n.items))
+        elif t is Repeat:
+            prog += (FLAT_REPEAT, n.min, -1 if n.max is None else n.max)
+            stack.append(n.item)
+        elif t is Empty:
+            prog.append(FLAT_EMPTY)
+        else:
+            raise TypeError(f"unexpected AST node {n!r}")
+    return prog, frags
 
 
 def build_thompson(node: Node, max_states: int, deadline: Deadline) -> tuple[ThompsonNFA, int, int]:
