@@ -2,25 +2,18 @@
  *
  * One function, apply(), called by tokenrails/kernels/cpu.py with raw data pointers of tensors the
  * Python side has already validated (dtype, shapes, vocab_size, index range). This file re-checks
- * every size and index it relies on, so a bad call raises ValueError instead of writing out of
- * bounds -- before any logit is written.
+ * every size and index it relies on, so a bad call raises ValueError -- before any logit is
+ * written -- instead of writing out of bounds.
  *
- * Per masked row, the whole words of the bitmask are walked in units of 64 columns (two words),
- * grouped in blocks of 256 columns (eight words):
- *   - a block whose eight words are all -1 (every token allowed) is skipped after one AND/compare:
- *     a fresh bitmask or an "inside a JSON string" row costs little more than reading it;
- *   - in any other block, each unit's disallowed bits z = ~bits get four branch-free stores of -inf
- *     (bit positions from count-trailing-zeros; a missing bit stores into a dummy local instead),
- *     which covers a unit with up to four disallowed tokens without a data-dependent branch;
- *   - a unit with more than four disallowed tokens is redone whole: filled with -inf if no token
- *     is allowed, else blended, x = ((x ^ NINF) & keep) ^ NINF with keep = the bits widened to
- *     0 / -1 lanes by a small table (SIMD via GCC/clang vector extensions, scalar otherwise).
- * Allowed logits are never written except by the blend, which stores their own bits back, so they
- * stay bit-exact (NaN payloads, -0.0). The columns of an odd last whole word, the partial last
- * word and the columns from vocab_size to the end of the row follow. Repeated rows simply get each
- * mask in turn (stores of -inf only accumulate: the AND of the masks).
+ * Per masked row: all-allowed 512-column blocks are skipped; the other blocks are walked in
+ * 64-column units that are filled, blended or given single -inf stores (the strategies and why are
+ * described above DEFINE_ROW); then the partial last word, then the columns from vocab_size to the
+ * end of the row become -inf. Only the dtype's -inf bit pattern is ever stored, except by the blend,
+ * which stores allowed logits' own bits back, so allowed logits stay bit-exact (NaN payloads,
+ * -0.0). A repeated row gets each of its masks in turn (stores of -inf accumulate: their AND).
  *
- * No -march flags are needed: the vector code is baseline SSE2 / NEON width (16 bytes).
+ * No -march flags: the vector code uses 16-byte GCC/Clang vector extensions (SSE2 / NEON width);
+ * other compilers, or -DTR_FORCE_SCALAR, get scalar loops of the same algorithm.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
