@@ -604,6 +604,12 @@ static int build(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
     for (int32_t i = 0; i < N; i++) imp[i] = -1;
     imp[nfa->start] = 0;
     if (vpush(c, &order, nfa->start) || vpush(c, &foff, 0)) goto done;
+    if (!nfa->eoff) /* epsilon-free input: every state is kept, so every edge cuts classes (as dfa.py) */
+        for (int32_t i = 0; i < N; i++)
+            if (i != nfa->start) {
+                imp[i] = (int32_t)order.n;
+                if (vpush(c, &order, i)) goto done;
+            }
     for (size_t kk = 0; kk < order.n; kk++) {
         if ((kk & 255) == 255 && timed_out(c)) goto done;
         int32_t root = order.a[kk];
@@ -1208,11 +1214,6 @@ static int build_strings(Ctx *c, const uint8_t *buf, const Py_ssize_t *soffs, Py
                 continue;
             }
             int32_t child = (int32_t)final.n;
-            if ((int64_t)final.n + 1 > max_nodes) {
-                c->err = E_LIMIT;
-                c->err_value = (long long)final.n + 1;
-                goto done;
-            }
             if (vpush(c, &final, 0) || vpush(c, &ep, node) || vpush(c, &ec, a) || vpush(c, &ech, child)) goto done;
             hkeys[slot] = key;
             hvals[slot] = child;
@@ -1242,6 +1243,11 @@ static int build_strings(Ctx *c, const uint8_t *buf, const Py_ssize_t *soffs, Py
             node = child;
         }
         final.a[node] = 1;
+        if ((int64_t)final.n > max_nodes) { /* checked per string, as dfa.py does */
+            c->err = E_LIMIT;
+            c->err_value = (long long)final.n;
+            goto done;
+        }
     }
     int32_t n = (int32_t)final.n;
     size_t ne = ep.n;
@@ -1438,6 +1444,7 @@ static void nfa_free(NFA *a) {
     PyMem_Free(a->boff);
     PyMem_Free(a->edges);
     PyMem_Free(a->acc);
+    memset(a, 0, sizeof(*a));
 }
 
 /* Copy and validate the Python NFA (lists) into CSR arrays. */
@@ -1668,6 +1675,7 @@ static void frags_free(Frags *f) {
     PyMem_Free(f->final);
     PyMem_Free(f->off);
     PyMem_Free(f->edges);
+    memset(f, 0, sizeof(*f)); /* idempotent: the caller frees again on its way out */
 }
 
 /* Copy and validate fragments: a list of (size, ((src, lo, hi, dst), ...), final). */
