@@ -3,8 +3,11 @@
 Pieces: parse (regex → AST), automaton (AST/choices → minimal byte DFA: UTF-8 split, NFA,
 subset construction, minimization), index (TokenIndex construction + first row: the token-index
 side). Each piece is the median of ``--repeat`` runs after one warm-up compile, so per-process
-caches (Unicode tables, charset fragments, the vocabulary trie) are warm, as in a server; the
-last column is the fastest total (a less noisy number on a shared machine).
+caches (Unicode tables, charset fragments, the vocabulary trie) are warm, as in a server; "min ms"
+is the fastest total (a less noisy number on a shared machine).
+The automaton step is timed both ways in the same run, interleaved: "dfa ms" with the C builder
+(tokenrails._dfa_native, when built) and "py dfa ms" with the pure-Python path (only the DFA
+step is switched; the index always uses whatever is built); "py/C" is their ratio.
 ``--profile NAME`` prints a cProfile of the automaton step of one workload.
 Run: OMP_NUM_THREADS=1 python bench/fsm_compile_breakdown.py [--vocab qwen2] [--repeat 21]
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import sys
 import time
@@ -23,12 +27,29 @@ from bench._common import load_tokenizer  # noqa: E402
 from bench.fsm_vs_peers import workloads  # noqa: E402
 from tokenrails import Vocabulary  # noqa: E402
 from tokenrails.guided.fsm.compiler import compile_ast, compile_choices  # noqa: E402
-from tokenrails.guided.fsm.dfa import START  # noqa: E402
+from tokenrails.guided.fsm.dfa import START, native_module  # noqa: E402
 from tokenrails.guided.fsm.matcher import grammar_bytes  # noqa: E402
 from tokenrails.guided.fsm.regex_parser import parse_regex  # noqa: E402
 from tokenrails.guided.fsm.token_index import TokenIndex  # noqa: E402
 from tokenrails.guided.fsm.token_trie import token_trie  # noqa: E402
 from tokenrails.guided.limits import GuideLimits  # noqa: E402
+
+
+def automaton(regex, choices, limits, python: bool):
+    """(seconds of the AST/choices → DFA step, DFA), with the DFA step forced to Python or not."""
+    old = os.environ.get("TOKENRAILS_NATIVE")
+    if python:
+        os.environ["TOKENRAILS_NATIVE"] = "0"
+    try:
+        ast = None if choices else parse_regex(regex, limits.max_repeat)
+        t0 = time.perf_counter()
+        dfa = compile_choices(choices, limits) if choices else compile_ast(ast, limits)
+        return time.perf_counter() - t0, dfa
+    finally:
+        if old is None:
+            os.environ.pop("TOKENRAILS_NATIVE", None)
+        else:
+            os.environ["TOKENRAILS_NATIVE"] = old
 
 
 def pieces(regex, choices, limits, vocab, trie):
@@ -58,16 +79,22 @@ def main() -> None:
     trie = token_trie(vocab)
     grammar_bytes(vocab)
     limits = GuideLimits()
-    print(f"{'workload':12s} {'parse ms':>9s} {'dfa ms':>9s} {'index ms':>9s} {'total ms':>9s} {'states':>7s} {'classes':>7s} {'min ms':>8s}")
+    print(f"native DFA builder: {'on' if native_module() is not None else 'off (Python path)'}")
+    print(f"{'workload':12s} {'parse ms':>9s} {'dfa ms':>9s} {'index ms':>9s} {'total ms':>9s} {'states':>7s} "
+          f"{'classes':>7s} {'min ms':>8s} {'py dfa ms':>9s} {'py/C':>6s}")
     for name, regex, _text, choices in workloads():
         pieces(regex, choices, limits, vocab, trie)  # warm-up
-        runs = []
+        automaton(regex, choices, limits, python=True)
+        runs, py = [], []
         for _ in range(args.repeat):
             t, dfa = pieces(regex, choices, limits, vocab, trie)
             runs.append(t)
+            py.append(automaton(regex, choices, limits, python=True)[0])
         med = [sorted(r[i] for r in runs)[len(runs) // 2] for i in range(3)]
+        py_med = sorted(py)[len(py) // 2]
         print(f"{name:12s} {med[0]*1e3:9.3f} {med[1]*1e3:9.3f} {med[2]*1e3:9.3f} {sum(med)*1e3:9.3f} "
-              f"{dfa.num_states:7d} {dfa.num_classes:7d} {min(map(sum, runs))*1e3:8.3f}")
+              f"{dfa.num_states:7d} {dfa.num_classes:7d} {min(map(sum, runs))*1e3:8.3f} {py_med*1e3:9.3f} "
+              f"{py_med / med[1]:6.1f}")
         if args.profile == name:
             prof = cProfile.Profile()
             prof.enable()
