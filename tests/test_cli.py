@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tokenrails import native
 from tokenrails.cli import main, parse_spec_arg
 from tokenrails.guided.errors import InvalidGuideError
 
@@ -42,7 +43,7 @@ def test_check_json_output_and_rejection_exits_nonzero(tmp_path, capsys):
     bad.write_text('root ::= ( "a"\n')
     rc = main(["check", "--tokenizer", FIXTURE_TOKENIZER, "--backend", "xgrammar", "--json", str(bad), "regex:a+"])
     report = json.loads(capsys.readouterr().out)
-    assert set(report["native"]) == {"apply", "fsm"}
+    assert set(report["native"]) == set(native.MODULES)
     assert rc == 1
     bad_entry, good_entry = report["specs"]
     assert bad_entry["supported_by"] == [] and "InvalidGuideError" in bad_entry["backends"]["xgrammar"]["error"]
