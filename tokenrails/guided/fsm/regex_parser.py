@@ -23,6 +23,16 @@ _SIMPLE_ESCAPES = {"a": 7, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
 _FLAG_LETTERS = "aiLmsux"
 MAX_NESTING = 200  # group nesting depth; deeper patterns raise GuideLimitError (no recursion blow-up)
 _UNSUPPORTED_FLAGS = {"i": "case-insensitive flag (?i)", "x": "verbose flag (?x)", "L": "locale flag (?L)"}
+# Characters atom()/quantifier() treat specially; any other character is a literal (no flag changes
+# that: case-insensitive and verbose modes are refused), parsed by a fast path in sequence().
+_META = frozenset("\\()[]{}|.*+?^$")
+_LITERALS: dict[str, CharSet] = {}  # literal character -> its (immutable, shared) CharSet node
+# Parsed character classes by their exact text and the ASCII flag (the only flag they depend on):
+# JSON-lowered regexes repeat the same few classes dozens of times. Indexed by the first 3
+# characters (every class is at least "[x]" long). Bounded: parsing continues uncached when full.
+_CLASSES: dict[tuple[str, bool], CharSet] = {}
+_CLASS_TEXTS: dict[str, list[str]] = {}
+CACHE_MAX = 4096
 
 
 class RegexSyntaxError(InvalidGuideError):
@@ -92,7 +102,19 @@ class _Parser:
     def sequence(self, top: bool) -> Node:
         items: list[Node] = []
         last_repeat = False
-        while self.i < self.n and self.p[self.i] not in "|)":
+        p, n = self.p, self.n
+        while self.i < n and p[self.i] not in "|)":
+            c = p[self.i]
+            if c not in _META:  # a literal: what atom() returns, without quantifier()/atom() calls
+                node = _LITERALS.get(c)
+                if node is None:
+                    node = CharSet(((ord(c), ord(c)),))
+                    if len(_LITERALS) < CACHE_MAX:
+                        _LITERALS[c] = node
+                items.append(node)
+                self.i += 1
+                last_repeat = False
+                continue
             start = self.i
             quant = self.quantifier()
             if quant is not None:
@@ -413,6 +435,24 @@ class _Parser:
 
     # ---- character classes --------------------------------------------------------------
     def char_class(self) -> Node:
+        start = self.i
+        texts = _CLASS_TEXTS.get(self.p[start:start + 3])
+        if texts:
+            for text in texts:
+                if self.p.startswith(text, start):
+                    node = _CLASSES.get((text, self.ascii))
+                    if node is not None:
+                        self.i = start + len(text)
+                        return node
+        node = self._parse_class()
+        if len(_CLASSES) < CACHE_MAX:
+            text = self.p[start:self.i]
+            if (text, self.ascii) not in _CLASSES:
+                _CLASSES[(text, self.ascii)] = node
+                _CLASS_TEXTS.setdefault(text[:3], []).append(text)
+        return node
+
+    def _parse_class(self) -> Node:
         start = self.i
         self.i += 1
         negated = False
