@@ -245,3 +245,26 @@ def test_subset_and_minimization_respect_the_deadline():
         compile_regex(r"(a|b)*a(a|b){14}", LIMITS.replace(compile_timeout_s=0.002))
     with pytest.raises(GuideTimeoutError):
         compile_choices([f"{i:06d}" for i in range(5000)], LIMITS.replace(compile_timeout_s=0.0))
+
+
+# ---- parser caches ------------------------------------------------------------------------------
+def test_parser_caches_do_not_change_the_ast():
+    import tokenrails.guided.fsm.regex_parser as rp
+
+    patterns = CORPUS + [r'"[^"\\]*"(,"[^"\\]*")*', r"(?a:[\w])[\w]", r"(?a)[\w]+", r"[\w]+", r"a]b}c", r"[]a][]a]x"]
+    warm = [parse_regex(p, LIMITS.max_repeat) for p in patterns]  # fills the caches
+    again = [parse_regex(p, LIMITS.max_repeat) for p in patterns]
+    rp._LITERALS.clear()
+    rp._CLASSES.clear()
+    rp._CLASS_TEXTS.clear()
+    cold = [parse_regex(p, LIMITS.max_repeat) for p in patterns]
+    assert warm == again == cold
+
+
+def test_class_cache_respects_the_ascii_flag():
+    unicode_w = compile_regex(r"[\w]", LIMITS)
+    ascii_w = compile_regex(r"(?a)[\w]", LIMITS)
+    assert unicode_w.fullmatch("é".encode()) and not ascii_w.fullmatch("é".encode())
+    assert compile_regex(r"[\w]", LIMITS).fullmatch("é".encode())  # cached after the ASCII parse
+    scoped = compile_regex(r"(?a:[\w])[\w]", LIMITS)  # same class text, two flag states, one pattern
+    assert scoped.fullmatch("aé".encode()) and not scoped.fullmatch("éa".encode())
