@@ -271,12 +271,16 @@ static int32_t carve(Part *p, int32_t y, const Touch *t, int32_t cnt) {
 static int hopcroft(Ctx *c, int32_t n, int32_t W, const int32_t *psrc, const uint64_t *pmask, const int32_t *inoff,
                     const int32_t *inl, const uint8_t *acc, Part *p) {
     int rc = -1;
-    int32_t *queue = NULL, *tslot = NULL, *tstamp = NULL;
+    int32_t *queue = NULL, *tslot = NULL, *tstamp = NULL, *bcnt = NULL, *blist = NULL;
+    Touch *touch2 = NULL;
     Touch *touch = NULL;
     queue = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
     tslot = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
     tstamp = cx_calloc(c, (size_t)n + 1, sizeof(int32_t));
     touch = cx_alloc(c, sizeof(Touch) * ((size_t)n + 1));
+    touch2 = cx_alloc(c, sizeof(Touch) * ((size_t)n + 1));
+    bcnt = cx_calloc(c, (size_t)n + 1, sizeof(int32_t));
+    blist = cx_alloc(c, sizeof(int32_t) * ((size_t)n + 1));
     if (c->err) goto done;
     /* initial partition: accepting first */
     int32_t na = 0;
@@ -330,8 +334,36 @@ static int hopcroft(Ctx *c, int32_t n, int32_t W, const int32_t *psrc, const uin
             }
         }
         if (!nt) continue;
-        for (int32_t i = 0; i < nt; i++) touch[i].block = p->B[touch[i].state];
-        if (nt > 1) qsort(touch, (size_t)nt, sizeof(Touch), cmp_touch);
+        /* group by block (stable counting sort over the touched blocks), then by signature
+         * within a block: sorted only when its signatures differ (rare after the first rounds) */
+        int32_t nbl = 0;
+        for (int32_t i = 0; i < nt; i++) {
+            int32_t y = touch[i].block = p->B[touch[i].state];
+            if (!bcnt[y]++) blist[nbl++] = y;
+        }
+        if (nbl > 1) {
+            int32_t at = 0;
+            for (int32_t i = 0; i < nbl; i++) {
+                int32_t y = blist[i], k = bcnt[y];
+                bcnt[y] = at;
+                at += k;
+            }
+            for (int32_t i = 0; i < nt; i++) touch2[bcnt[touch[i].block]++] = touch[i];
+            Touch *sw = touch;
+            touch = touch2;
+            touch2 = sw;
+        }
+        for (int32_t i = 0; i < nbl; i++) bcnt[blist[i]] = 0;
+        for (int32_t g0 = 0; g0 < nt;) {
+            int32_t g1 = g0 + 1;
+            int sorted = 1;
+            while (g1 < nt && touch[g1].block == touch[g0].block) {
+                if (sorted && !same_sig(&touch[g1], &touch[g0])) sorted = 0;
+                g1++;
+            }
+            if (!sorted) qsort(touch + g0, (size_t)(g1 - g0), sizeof(Touch), cmp_touch);
+            g0 = g1;
+        }
         for (int32_t g0 = 0; g0 < nt;) {
             int32_t y = touch[g0].block, g1 = g0;
             while (g1 < nt && touch[g1].block == y) g1++;
@@ -396,6 +428,9 @@ done:
     cx_free(c, tslot);
     cx_free(c, tstamp);
     cx_free(c, touch);
+    cx_free(c, touch2);
+    cx_free(c, bcnt);
+    cx_free(c, blist);
     return rc;
 }
 
