@@ -268,3 +268,25 @@ def test_class_cache_respects_the_ascii_flag():
     assert compile_regex(r"[\w]", LIMITS).fullmatch("é".encode())  # cached after the ASCII parse
     scoped = compile_regex(r"(?a:[\w])[\w]", LIMITS)  # same class text, two flag states, one pattern
     assert scoped.fullmatch("aé".encode()) and not scoped.fullmatch("éa".encode())
+
+
+def test_gc_is_paused_during_compile_and_restored():
+    import gc
+
+    from tokenrails.guided.fsm.compiler import no_gc
+
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        with no_gc():
+            assert not gc.isenabled()
+            with no_gc():
+                assert not gc.isenabled()
+            assert not gc.isenabled()  # the inner exit keeps it paused
+            raise ValueError
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        compile_regex("a+b", LIMITS)
+        assert not gc.isenabled()  # not re-enabled when it was off on entry
+    finally:
+        gc.enable()

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import gc
-from contextlib import contextmanager
-from typing import Iterator
 
 from ..limits import GuideLimits
 from .dfa import DFA, compile_ast_native, determinize, dfa_from_strings, expanded_size_error, native_module
@@ -14,37 +12,42 @@ from .regex_parser import parse_regex
 NFA_STATES_PER_DFA_STATE = 2  # the Thompson NFA may be this many times max_dfa_states
 
 
-@contextmanager
-def no_gc() -> Iterator[None]:
-    """Pause the cyclic GC while building automata.
+class no_gc:
+    """Pause the cyclic GC while building automata (``with no_gc(): ...``).
 
     Construction allocates many short-lived lists and tuples (none of them in cycles); in a
     process holding a large vocabulary, each generation-2 pass they trigger walks hundreds of
     thousands of objects and costs milliseconds. Re-enabled only if it was enabled on entry.
+    A plain class, not ``contextlib.contextmanager``: this wraps every compile, and the generator
+    machinery costs more than the pause itself.
     """
-    was_enabled = gc.isenabled()
-    if was_enabled:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
+
+    __slots__ = ("was_enabled",)
+
+    def __enter__(self) -> None:
+        self.was_enabled = gc.isenabled()
+        if self.was_enabled:
+            gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.was_enabled:
             gc.enable()
 
 
 def compile_ast(node: Node, limits: GuideLimits, deadline: Deadline | None = None) -> DFA:
-    deadline = deadline or Deadline(limits.compile_timeout_s)
+    with no_gc():
+        return _compile_ast(node, limits, deadline or Deadline(limits.compile_timeout_s))
+
+
+def _compile_ast(node: Node, limits: GuideLimits, deadline: Deadline) -> DFA:
     max_nfa = max(NFA_STATES_PER_DFA_STATE * limits.max_dfa_states, 1024)
     mod = native_module()
     if mod is not None:  # Thompson construction onwards in C (same size guard, same DFA)
-        with no_gc():
-            return compile_ast_native(mod, node, max_nfa, limits.max_dfa_states, deadline)
+        return compile_ast_native(mod, node, max_nfa, limits.max_dfa_states, deadline)
     size = expanded_size(node)  # a lower bound on NFA states: refuse before building anything
     if size > max_nfa:
         raise expanded_size_error(limits.max_dfa_states, size)
-    with no_gc():
-        nfa = build_nfa(node, max_nfa, deadline)
-        return determinize(nfa, limits.max_dfa_states, deadline)
+    return determinize(build_nfa(node, max_nfa, deadline), limits.max_dfa_states, deadline)
 
 
 def compile_regex(pattern: str, limits: GuideLimits, *, check_length: bool = True) -> DFA:
@@ -53,7 +56,7 @@ def compile_regex(pattern: str, limits: GuideLimits, *, check_length: bool = Tru
         limits.check("max_regex_length", len(pattern))
     deadline = Deadline(limits.compile_timeout_s)
     with no_gc():
-        return compile_ast(parse_regex(pattern, limits.max_repeat), limits, deadline)
+        return _compile_ast(parse_regex(pattern, limits.max_repeat), limits, deadline)
 
 
 def compile_choices(choices: list[str], limits: GuideLimits) -> DFA:
