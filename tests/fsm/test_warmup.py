@@ -67,3 +67,13 @@ def test_warmup_does_not_keep_an_evicted_guide_alive(vocab, monkeypatch):
         gate.set()
     blocker.result(timeout=30)
     future.result(timeout=30)  # the job finds the index gone and returns
+
+
+def test_memory_counts_the_rows_a_warmup_will_add(vocab):
+    """A cache sizes a guide when it is inserted: before the warm-up has run, the estimate already
+    covers every row; reading it while the warm-up thread stores rows is safe."""
+    guide = compile_guide(GuideSpec.regex(PATTERNS[0]), vocab, backend="fsm")
+    planned = (guide.dfa.num_states - 1) * guide.index.words * 4
+    while not guide.index.warmup.done():
+        assert guide.index.memory_bytes >= planned
+    assert guide.index.memory_bytes >= planned

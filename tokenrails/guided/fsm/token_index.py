@@ -205,7 +205,12 @@ class TokenIndex:
 
     @property
     def memory_bytes(self) -> int:
-        total = sum(r.nbytes for bucket in self._unique.values() for r, _ in bucket)
+        """Bytes held now; with a warm-up queued, what the rows will take once it is done (caches
+        size guides when they are inserted, before the warm-up has run)."""
+        with self._lock:  # the warm-up thread adds rows concurrently
+            total = sum(r.nbytes for bucket in self._unique.values() for r, _ in bucket)
+        if self.warmup is not None:
+            total = max(total, (self.dfa.num_states - 1) * self.words * 4)
         if self._walker is not None:
             total += self._walker.nbytes
         if self._np_tables is not None:
