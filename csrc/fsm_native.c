@@ -364,17 +364,49 @@ static uint64_t row_key(const uint32_t *row, Py_ssize_t words, Py_ssize_t vocab_
     return mix(((uint64_t)s1 << 32 | s2) ^ (uint64_t)words);
 }
 
+/* One state's row, GIL released by the caller: zero, walk, EOS bits, dedup key. */
+static uint64_t fill_row(WalkerObject *self, int32_t state, uint32_t *row, Py_ssize_t words, int32_t *stk,
+                         int *full) {
+    memset(row, 0, words * 4);
+    if (state != 0) {
+        walk(self, state, row, stk);
+    }
+    if (self->accepting[state]) {
+        for (Py_ssize_t k = 0; k < self->num_eos; k++) {
+            int32_t t = self->eos[k];
+            row[t >> 5] |= 1u << (t & 31);
+        }
+    }
+    return row_key(row, words, self->vocab_size, full);
+}
+
+/* The depth stack: on the C stack for usual tries, else from the heap (NULL + MemoryError). */
+static int32_t *stack_for(WalkerObject *self, int32_t *local) {
+    if (self->trie->max_depth + 1 <= LOCAL_STACK) {
+        return local;
+    }
+    int32_t *stk = PyMem_RawMalloc(sizeof(int32_t) * (self->trie->max_depth + 1));
+    if (!stk) {
+        PyErr_NoMemory();
+    }
+    return stk;
+}
+
+static int check_state(WalkerObject *self, Py_ssize_t state) {
+    if (state < 0 || state >= self->num_states) {
+        PyErr_Format(PyExc_ValueError, "state %zd outside [0, %zd)", state, self->num_states);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *Walker_fill(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "fill(state, out) takes 2 arguments");
         return NULL;
     }
     Py_ssize_t state = PyLong_AsSsize_t(args[0]);
-    if (state == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (state < 0 || state >= self->num_states) {
-        PyErr_Format(PyExc_ValueError, "state %zd outside [0, %zd)", state, self->num_states);
+    if ((state == -1 && PyErr_Occurred()) || check_state(self, state) < 0) {
         return NULL;
     }
     Py_buffer out;
@@ -388,45 +420,68 @@ static PyObject *Walker_fill(WalkerObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     int32_t local[LOCAL_STACK];
-    int32_t *stk = local;
-    if (self->trie->max_depth + 1 > LOCAL_STACK) {
-        stk = PyMem_RawMalloc(sizeof(int32_t) * (self->trie->max_depth + 1));
-        if (!stk) {
-            PyBuffer_Release(&out);
-            return PyErr_NoMemory();
-        }
+    int32_t *stk = stack_for(self, local);
+    if (!stk) {
+        PyBuffer_Release(&out);
+        return NULL;
     }
-    uint32_t *row = out.buf;
     uint64_t h;
     int full;
     Py_BEGIN_ALLOW_THREADS
-    memset(row, 0, words * 4);
-    if (state != 0) {
-        walk(self, (int32_t)state, row, stk);
-    }
-    if (self->accepting[state]) {
-        for (Py_ssize_t k = 0; k < self->num_eos; k++) {
-            int32_t t = self->eos[k];
-            row[t >> 5] |= 1u << (t & 31);
-        }
-    }
-    h = row_key(row, words, self->vocab_size, &full);
+    h = fill_row(self, (int32_t)state, out.buf, words, stk, &full);
     Py_END_ALLOW_THREADS
     if (stk != local) {
         PyMem_RawFree(stk);
     }
     PyBuffer_Release(&out);
-    PyObject *hv = PyLong_FromUnsignedLongLong(h);
-    if (!hv) {
+    return Py_BuildValue("(KO)", (unsigned long long)h, full ? Py_True : Py_False);
+}
+
+/* fill_many(states int32[n], out int32[n * words], keys uint64[n], full uint8[n]): n rows in one
+ * GIL-free pass -- the background warm-up takes the GIL twice per batch instead of twice per row. */
+static PyObject *Walker_fill_many(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "fill_many(states, out, keys, full) takes 4 arguments");
         return NULL;
     }
-    PyObject *res = PyTuple_New(2);
-    if (!res) {
-        Py_DECREF(hv);
+    Py_buffer vs, vo, vk, vf;
+    if (get_buffer(args[0], &vs, 4, 0, "states") < 0) return NULL;
+    if (get_buffer(args[1], &vo, 4, 1, "out") < 0) { PyBuffer_Release(&vs); return NULL; }
+    if (get_buffer(args[2], &vk, 8, 1, "keys") < 0) { PyBuffer_Release(&vs); PyBuffer_Release(&vo); return NULL; }
+    if (get_buffer(args[3], &vf, 1, 1, "full") < 0) {
+        PyBuffer_Release(&vs); PyBuffer_Release(&vo); PyBuffer_Release(&vk);
         return NULL;
     }
-    PyTuple_SET_ITEM(res, 0, hv);
-    PyTuple_SET_ITEM(res, 1, PyBool_FromLong(full));
+    PyObject *res = NULL;
+    Py_ssize_t n = vs.len / 4, words = self->trie->num_bits / 32;
+    const int32_t *states = vs.buf;
+    int32_t local[LOCAL_STACK];
+    int32_t *stk = NULL;
+    if (vo.len != n * words * 4 || vk.len != n * 8 || vf.len != n) {
+        PyErr_Format(PyExc_ValueError, "fill_many: %zd states need out of %zd words, %zd keys, %zd flags",
+                     n, n * words, n, n);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (check_state(self, states[i]) < 0) goto done;
+    }
+    stk = stack_for(self, local);
+    if (!stk) goto done;
+    uint32_t *rows = vo.buf;
+    uint64_t *keys = vk.buf;
+    uint8_t *fulls = vf.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int full;
+        keys[i] = fill_row(self, states[i], rows + i * words, words, stk, &full);
+        fulls[i] = (uint8_t)full;
+    }
+    Py_END_ALLOW_THREADS
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    if (stk && stk != local) PyMem_RawFree(stk);
+    PyBuffer_Release(&vs); PyBuffer_Release(&vo); PyBuffer_Release(&vk); PyBuffer_Release(&vf);
     return res;
 }
 
@@ -440,6 +495,8 @@ static PyObject *Walker_get_words(WalkerObject *self, void *closure) {
 static PyMethodDef Walker_methods[] = {
     {"fill", (PyCFunction)(void (*)(void))Walker_fill, METH_FASTCALL,
      "fill(state, out) -> (hash, full): write state's packed mask row into out (words int32)"},
+    {"fill_many", (PyCFunction)(void (*)(void))Walker_fill_many, METH_FASTCALL,
+     "fill_many(states, out, keys, full): rows of int32 states into out [n, words]; keys uint64, full uint8"},
     {NULL},
 };
 

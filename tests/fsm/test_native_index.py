@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from tokenrails import GuideSpec, Vocabulary, native
+from tokenrails import GuideSpec, Vocabulary, compile_guide, native
 from tokenrails.guided.fsm.compiler import compile_choices, compile_regex
 from tokenrails.guided.fsm.dfa import DEAD, DFA
 from tokenrails.guided.fsm.token_index import TokenIndex, eos_row
@@ -288,3 +288,31 @@ def test_walker_and_fill_refuse_malformed_input():
         w.fill(1, np.empty(1, np.int32)[::1].view(np.int16))
     with pytest.raises((ValueError, TypeError, BufferError)):
         w.fill(1, bytes(4))                     # read-only
+
+
+def test_fill_many_equals_fill_and_refuses_bad_batches(vocab):
+    """The warm-up's batched call gives the same rows, keys and flags as one fill per state, and
+    checks every state and buffer size before writing."""
+    dfa = compile_guide(GuideSpec.regex(r"[a-z]+@[a-z]+\.(com|org)|\d{3}"), vocab, backend="fsm").dfa
+    index = TokenIndex(dfa, vocab, use_native=True)
+    walker, words = index._walker, index.words
+    states = np.arange(dfa.num_states, dtype=np.int32)[::-1].copy()
+    out = np.empty((states.size, words), np.int32)
+    keys = np.empty(states.size, np.uint64)
+    full = np.empty(states.size, np.uint8)
+    walker.fill_many(states, out, keys, full)
+    for i, state in enumerate(states.tolist()):
+        row = np.empty(words, np.int32)
+        key, one_full = walker.fill(state, row)
+        assert np.array_equal(out[i], row) and int(keys[i]) == key and bool(full[i]) == one_full
+    sentinel = np.full((2, words), 7, np.int32)
+    for bad_states in (np.array([1, dfa.num_states], np.int32), np.array([-1, 1], np.int32)):
+        with pytest.raises(ValueError):
+            walker.fill_many(bad_states, sentinel, np.empty(2, np.uint64), np.empty(2, np.uint8))
+        assert (sentinel == 7).all()
+    with pytest.raises(ValueError):  # out too small for the states
+        walker.fill_many(np.array([1, 1], np.int32), np.empty((1, words), np.int32),
+                         np.empty(2, np.uint64), np.empty(2, np.uint8))
+    with pytest.raises(ValueError):  # keys of the wrong width
+        walker.fill_many(np.array([1], np.int32), np.empty((1, words), np.int32),
+                         np.empty(1, np.uint32), np.empty(1, np.uint8))

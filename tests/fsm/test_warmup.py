@@ -19,8 +19,19 @@ def _native_available() -> bool:
 
 pytestmark = pytest.mark.skipif(not _native_available(), reason="warm-up needs the native walker")
 
+
+@pytest.fixture(autouse=True)
+def _warmup_on(monkeypatch):
+    monkeypatch.setenv(PRECOMPUTE_ENV, "1")  # opt-in
+
 PATTERNS = [r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", r"(25[0-5]|2[0-4]\d|1?\d?\d)(\.(25[0-5]|2[0-4]\d|1?\d?\d)){3}",
             r"[a-z]+@[a-z]+\.(com|org)"]
+
+
+def test_warmup_is_off_by_default(vocab, monkeypatch):
+    monkeypatch.delenv(PRECOMPUTE_ENV)
+    guide = compile_guide(GuideSpec.regex(PATTERNS[0]), vocab, backend="fsm")
+    assert guide.index.warmup is None and guide.index.cached_states == 1
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)

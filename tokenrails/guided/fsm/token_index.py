@@ -30,11 +30,16 @@ BATCH_STATES = 32  # states packed together by the numpy ``precompute``
 SPARSE_OUTPUT_NODES = 1 << 15  # fewer alive nodes than this: set token bits directly
 DENSE_FRACTION = 16  # walk a trie level densely once >= 1/16 of its nodes are alive
 BYTE_TABLE_MAX_BYTES = 0  # C walker: expand the DFA to [states, 256] up to this size (measured: no faster than classes)
-# Background warm-up: after the first row, the rows of a small DFA are computed on one shared
-# daemon thread (the C walk releases the GIL), so decoding rarely meets a first visit. Bounded by
-# the bytes the rows could take, so large DFAs (long JSON lowerings) stay lazy.
+# Background warm-up (opt-in): after the first row, the rows of a small DFA are computed on one
+# shared daemon thread (the C walk releases the GIL), so decoding rarely meets a first visit.
+# Bounded by the bytes the rows could take, so large DFAs (long JSON lowerings) stay lazy. Off by
+# default: in a tight loop with no model forward between steps (bench/fsm_vs_peers.py, 2 cores) it
+# measured slower than computing rows on first visit (qwen2 datetime total 0.88 -> 1.26 ms, IPv4
+# 0.39 -> 0.94 ms: GIL hand-offs and rows computed twice); it pays only when steps are separated
+# by forward passes that leave the CPU idle (GPU engines).
 PRECOMPUTE_MAX_BYTES = 2 << 20
-PRECOMPUTE_ENV = "TOKENRAILS_FSM_PRECOMPUTE"  # "0" turns the warm-up off
+PRECOMPUTE_ENV = "TOKENRAILS_FSM_PRECOMPUTE"  # "1" turns the warm-up on
+WARM_BATCH = 64  # rows per GIL-free warm-up call
 _WARMUP_POOL: list[ThreadPoolExecutor] = []
 _WARMUP_LOCK = threading.Lock()
 
@@ -47,19 +52,25 @@ def _warmup_pool() -> ThreadPoolExecutor:
 
 
 def _warm(ref: "weakref.ref[TokenIndex]") -> None:
-    """Compute the missing rows in breadth-first order from the start state; stop if the index
-    is gone (its guide was evicted) or a row fails."""
+    """Compute the missing rows, breadth-first from the start state, in batches of one GIL-free C
+    call each (a per-row loop would contend for the GIL with the decoding thread once per row);
+    stop if the index is gone (its guide was evicted)."""
     index = ref()
     if index is None:
         return
-    order = index.reachable_states()
+    todo = [s for s in index.reachable_states() if s not in index._rows]
+    walker, words = index._walker, index.words
     del index
-    for state in order:
+    for i in range(0, len(todo), WARM_BATCH):
+        chunk = todo[i : i + WARM_BATCH]
+        out = np.empty((len(chunk), words), dtype=np.int32)
+        keys = np.empty(len(chunk), dtype=np.uint64)
+        full = np.empty(len(chunk), dtype=np.uint8)
+        walker.fill_many(np.asarray(chunk, dtype=np.int32), out, keys, full)
         index = ref()
         if index is None:
             return
-        if state not in index._rows:
-            index._native_row(state)
+        index._store_many(chunk, out, keys, full)
         del index
 
 
@@ -159,7 +170,7 @@ class TokenIndex:
     def warm_in_background(self) -> bool:
         """Queue the rows of every reachable state on the warm-up thread (native walker and small
         DFAs only; returns whether it was queued). Matchers never wait for it."""
-        if self._walker is None or os.environ.get(PRECOMPUTE_ENV, "1") == "0":
+        if self._walker is None or os.environ.get(PRECOMPUTE_ENV, "0") != "1":
             return False
         if (self.dfa.num_states - 1) * self.words * 4 > PRECOMPUTE_MAX_BYTES:
             return False
@@ -221,20 +232,29 @@ class TokenIndex:
     def _store(self, state: int, data: np.ndarray, key: object, full: bool) -> torch.Tensor:
         """Cache ``data`` as ``state``'s row, sharing the tensor of an identical earlier row."""
         with self._lock:
-            row = self._rows.get(state)
-            if row is not None:  # another thread got there first
-                return row
-            bucket = self._unique.setdefault(key, [])
-            for arr, tensor in bucket:
-                if np.array_equal(arr, data):
-                    row = tensor
-                    break
-            else:
-                row = torch.from_numpy(data)
-                bucket.append((data, row))
-            if full:
-                self._full.add(state)
-            self._rows[state] = row
+            return self._store_locked(state, data, key, full)
+
+    def _store_many(self, states: list[int], data: np.ndarray, keys: np.ndarray, full: np.ndarray) -> None:
+        """``_store`` for a batch of rows under one lock (the warm-up's single GIL-holding step)."""
+        with self._lock:
+            for i, state in enumerate(states):
+                self._store_locked(state, data[i], int(keys[i]), bool(full[i]))
+
+    def _store_locked(self, state: int, data: np.ndarray, key: object, full: bool) -> torch.Tensor:
+        row = self._rows.get(state)
+        if row is not None:  # another thread got there first
+            return row
+        bucket = self._unique.setdefault(key, [])
+        for arr, tensor in bucket:
+            if np.array_equal(arr, data):
+                row = tensor
+                break
+        else:
+            row = torch.from_numpy(data)
+            bucket.append((data, row))
+        if full:
+            self._full.add(state)
+        self._rows[state] = row
         return row
 
     def _native_row(self, state: int) -> torch.Tensor:
