@@ -1,0 +1,54 @@
+"""xgrammar's native batch fill (serial and threaded matcher) equals per-row fills bit for bit."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from tokenrails import GuideSpec, allocate_token_bitmask, compile_guide
+from tokenrails.guided.backends import xgrammar_backend
+from tokenrails.guided.backends.xgrammar_backend import XGrammarMatcher
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "n", "tags"]}
+DOC = json.dumps({"name": "Ada L.", "n": 36, "tags": ["x", "yz"]}, separators=(", ", ": "))
+
+
+def _matchers(vocab, tokenizer, count: int, seed: int) -> list[XGrammarMatcher]:
+    """Matchers spread over the positions of one valid output, some terminated."""
+    guide = compile_guide(GuideSpec.json_schema(SCHEMA, any_whitespace=False), vocab, backend="xgrammar")
+    ids = tokenizer.encode(DOC, add_special_tokens=False) + [vocab.eos_ids[0]]
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        m = guide.matcher()
+        for t in ids[: rng.randint(0, len(ids))]:
+            assert m.accept_token(t)
+        out.append(m)
+    assert any(m.is_terminated() for m in out) and not all(m.is_terminated() for m in out)
+    return out
+
+
+@pytest.mark.parametrize("count,cpus", [(9, 2), (70, 2), (70, 8)])
+def test_batch_fill_equals_row_fill(vocab, smollm2_tokenizer, monkeypatch, count, cpus):
+    monkeypatch.setattr(xgrammar_backend.os, "cpu_count", lambda: cpus)
+    matchers = _matchers(vocab, smollm2_tokenizer, count, seed=count + cpus)
+    rows = list(range(count))[::-1]  # scattered: row i of the group goes to bitmask row count-1-i
+    batch = allocate_token_bitmask(count, vocab.vocab_size)
+    batch.fill_(0x5A5A5A5A)  # stale contents must be overwritten
+    XGrammarMatcher.batch_fill(matchers, batch, rows)
+    single = allocate_token_bitmask(count, vocab.vocab_size)
+    for m, r in zip(matchers, rows):
+        m.fill_next_token_bitmask(single, r)
+    assert torch.equal(batch, single)
+
+
+def test_threaded_matcher_only_for_large_groups_on_big_machines(monkeypatch):
+    monkeypatch.setattr(xgrammar_backend.os, "cpu_count", lambda: 2)
+    assert xgrammar_backend._batch_matcher(256) is xgrammar_backend._batch_matcher(1)
+    monkeypatch.setattr(xgrammar_backend.os, "cpu_count", lambda: 16)
+    assert xgrammar_backend._batch_matcher(256) is not xgrammar_backend._batch_matcher(8)
+    assert xgrammar_backend._batch_matcher(8) is xgrammar_backend._batch_matcher(1)
