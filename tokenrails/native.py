@@ -8,18 +8,21 @@ every :func:`load`, so tests can compare both in one process).
 from __future__ import annotations
 
 import importlib
-import os
 from types import ModuleType
 from typing import Optional
+
+from ._env import env_lookup
 
 NATIVE_ENV = "TOKENRAILS_NATIVE"
 MODULES = ("apply", "fsm", "dfa")
 _LOADED: dict[str, Optional[ModuleType]] = {}
+_switch = env_lookup(NATIVE_ENV)  # read on every load(): the CPU apply asks once per decoding step
 
 
 def enabled() -> bool:
     """False when ``TOKENRAILS_NATIVE`` is set to 0/false/off."""
-    return os.environ.get(NATIVE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    value = _switch()
+    return value is None or value.strip().lower() not in ("0", "false", "off", "no")
 
 
 def load(name: str) -> Optional[ModuleType]:

@@ -23,7 +23,7 @@ from tokenrails.kernels import (
     check_apply_args,
 )
 from tokenrails.kernels import cpu as cpu_module
-from tokenrails.kernels._common import env_lookup
+from tokenrails._env import env_lookup
 
 from .cases import DTYPES, MASK_KINDS, bits_equal, make_bitmask, make_logits, mask_row
 

@@ -7,7 +7,6 @@ significant bit of int32 word ``t // 32``.
 from __future__ import annotations
 
 import operator
-import os
 from typing import NamedTuple, Optional, Sequence, Union
 
 import numpy as np
@@ -20,26 +19,6 @@ LOGITS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Bit pattern of -inf for each logits dtype, as the signed integer of the same width.
 NEG_INF_BITS = {torch.float32: -0x00800000, torch.float16: -0x0400, torch.bfloat16: -0x0080}
 INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
-
-
-def env_lookup(name: str):
-    """A function returning ``os.environ.get(name)`` for a fixed ``name``, minus its cost.
-
-    ``os.environ.get`` of an unset variable takes ~1 us (a ``KeyError`` raised and caught inside
-    ``os._Environ``), a visible share of a batch-1 apply that is called every decoding step. The
-    returned function looks the encoded key up in the dict behind ``os.environ`` (kept in sync by
-    every ``os.environ`` write, e.g. pytest's ``monkeypatch.setenv``) and decodes only when set.
-    """
-    data = getattr(os.environ, "_data", None)
-    encodekey = getattr(os.environ, "encodekey", None)
-    if not isinstance(data, dict) or encodekey is None:  # not CPython's os._Environ
-        return lambda: os.environ.get(name)
-    key = encodekey(name)
-
-    def lookup():
-        return None if key not in data else os.environ.get(name)
-
-    return lookup
 
 
 class KernelArgumentError(ValueError, TypeError):

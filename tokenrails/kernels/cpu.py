@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .. import native
-from ._common import INT_VIEW, NEG_INF_BITS, ApplyArgs, Indices, check_apply_args, env_lookup
+from ._common import INT_VIEW, NEG_INF_BITS, ApplyArgs, Indices, check_apply_args
 
 # Cost model of the three paths, ns: per mixed word scanned, per -inf store of a scattered
 # disallowed bit, per allowed logit saved and restored, per column filled, per column blended.
@@ -66,7 +66,7 @@ def apply_checked_cpu(args: ApplyArgs) -> None:
 
     Called every decoding step, so each tensor attribute is read once (~0.2 us a read).
     """
-    module = _native_apply()
+    module = native.load("apply")
     if module is None:
         apply_checked_numpy(args)
         return
@@ -93,19 +93,6 @@ def apply_checked_cpu(args: ApplyArgs) -> None:
         logits.data_ptr(), batch, row_stride, width, _DTYPE_CODE[logits.dtype],
         bitmask.data_ptr(), bitmask.stride(0), bitmask.shape[1], num_rows, address, itemsize, vocab,
     )  # ``rows`` (the local) keeps any contiguous copy alive during the call
-
-
-_native_switch = env_lookup(native.NATIVE_ENV)
-_NATIVE_DEFAULT: list = []  # [native.load("apply")] with the switch unset, once known
-
-
-def _native_apply():
-    """``native.load("apply")``, skipping its ~1 us environment read while the switch is unset."""
-    if _native_switch() is not None:
-        return native.load("apply")
-    if not _NATIVE_DEFAULT:
-        _NATIVE_DEFAULT.append(native.load("apply"))
-    return _NATIVE_DEFAULT[0]
 
 
 def apply_checked_numpy(args: ApplyArgs) -> None:

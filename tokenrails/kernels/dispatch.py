@@ -11,7 +11,8 @@ from typing import Optional
 
 import torch
 
-from ._common import ApplyArgs, Indices, check_apply_args, env_lookup
+from .._env import env_lookup
+from ._common import ApplyArgs, Indices, check_apply_args
 from .cpu import apply_checked_cpu
 from .reference import apply_token_bitmask_inplace_reference
 
