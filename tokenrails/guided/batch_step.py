@@ -124,7 +124,7 @@ class BatchedGuidedStep:
         k = len(guided)
         self._ensure(k, logits.device)
         mgr = self.manager
-        states = [mgr.state_for(r.session_id, r.seq_id, r.spec, reasoning=r.reasoning) for _, r in guided]
+        states = [self.state_of(r) for _, r in guided]
         bitmask = self._host[:k]
         self._fill_grouped(states, bitmask, k)
         for j, (i, _) in enumerate(guided):
@@ -193,15 +193,16 @@ class BatchedGuidedStep:
             token_ids = token_ids.reshape(-1).tolist()
         if len(token_ids) != len(rows):
             raise ValueError(f"{len(token_ids)} tokens for {len(rows)} rows")
-        mgr = self.manager
-        eos = set(mgr.vocab.eos_ids)
+        eos = set(self.manager.vocab.eos_ids)
         out: list[RowStatus | None] = [None] * len(rows)
         for i, (tok, row) in enumerate(zip(token_ids, rows)):
-            if row is None:
-                continue
-            st = mgr.state_for(row.session_id, row.seq_id, row.spec, reasoning=row.reasoning)
-            out[i] = self.accept_one(st, int(tok), eos)
+            if row is not None:
+                out[i] = self.accept_one(self.state_of(row), int(tok), eos)
         return out
+
+    def state_of(self, row: GuidedRow) -> "SequenceState":
+        """The manager's state for a guided row (created, and its compile started, on first sight)."""
+        return self.manager.state_for(row.session_id, row.seq_id, row.spec, reasoning=row.reasoning)
 
     def accept_one(self, st: "SequenceState", tok: int, eos: set[int]) -> RowStatus:
         if st.error is not None:

@@ -45,8 +45,7 @@ def fill_and_apply_spec(
     offset = mask_rows = 0
     for i, (row, d) in enumerate(zip(rows, drafts)):
         if row is not None:
-            st = mgr.state_for(row.session_id, row.seq_id, row.spec, reasoning=row.reasoning)
-            blocks.append((i, offset, mask_rows, st, d))
+            blocks.append((i, offset, mask_rows, step.state_of(row), d))
             mask_rows += 1 + len(d)
         offset += 1 + len(d)
     if not blocks:
@@ -167,13 +166,12 @@ def accept_tokens_spec(
     """Accept each row's verified tokens in order; stop at the first rejected one (fail closed)."""
     if len(accepted) != len(rows):
         raise ValueError(f"{len(accepted)} token lists for {len(rows)} rows")
-    mgr = step.manager
-    eos = set(mgr.vocab.eos_ids)
+    eos = set(step.manager.vocab.eos_ids)
     out: list[RowStatus | None] = [None] * len(rows)
     for i, (toks, row) in enumerate(zip(accepted, rows)):
         if row is None:
             continue
-        st = mgr.state_for(row.session_id, row.seq_id, row.spec, reasoning=row.reasoning)
+        st = step.state_of(row)
         toks = toks.tolist() if isinstance(toks, torch.Tensor) else list(toks)
         status = RowStatus(StepStatus.ERROR, st.error) if st.error is not None else RowStatus(StepStatus.OK)
         n = 0
