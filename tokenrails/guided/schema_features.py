@@ -415,12 +415,9 @@ def xgrammar_unenforced(schema: Any) -> list[str]:
             findings.append(f"{path}: oneOf with overlapping branches is enforced as anyOf")
         if isinstance(sub.get("$ref"), str) and _constraining_siblings(sub, "$ref"):
             findings.append(f"{path}: keywords next to $ref are dropped")
-        req = sub.get("required")
-        if isinstance(req, list) and req:
-            props = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
-            missing = [r for r in req if r not in props]
-            if missing:
-                findings.append(f"{path}: required {missing[:3]} not listed in properties is not enforced")
+        missing = required_without_property(sub)
+        if missing:
+            findings.append(f"{path}: required {missing[:3]} not listed in properties is not enforced")
         if isinstance(sub.get("items"), list):
             findings.append(f"{path}: array-form items (draft 4 tuples) is not supported")
         for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
@@ -546,6 +543,15 @@ def json_key(value: Any) -> str:
 def _is_string_schema(sub: dict) -> bool:
     t = sub.get("type")
     return t is None or t == "string" or (isinstance(t, list) and "string" in t)
+
+
+def required_without_property(sub: dict) -> list:
+    """Names in ``required`` with no ``properties`` entry (neither lowering enforces them)."""
+    required = sub.get("required")
+    if not isinstance(required, list) or not required:
+        return []
+    props = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
+    return [name for name in required if name not in props]
 
 
 def constrains_nothing(key: str, value: Any) -> bool:

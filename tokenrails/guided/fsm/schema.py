@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
-from ..schema_features import constrains_nothing, iter_subschemas
+from ..schema_features import constrains_nothing, iter_subschemas, required_without_property
 from ..spec import GuideSpec
 from .charset import Ranges
 from .regex_ast import Alt, CharSet, Concat, Node, Repeat
@@ -58,12 +58,9 @@ def outlines_unenforced(schema: Any) -> list[str]:
         one_of = sub.get("oneOf")
         if isinstance(one_of, list) and len(one_of) > 1:
             findings.append(f"{path}: oneOf is lowered as anyOf (exclusivity is not enforced)")
-        required = sub.get("required")
-        if isinstance(required, list) and required:
-            props = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
-            missing = [name for name in required if name not in props]
-            if missing:
-                findings.append(f"{path}: required names without a properties entry are not enforced: {missing[:3]}")
+        missing = required_without_property(sub)
+        if missing:
+            findings.append(f"{path}: required names without a properties entry are not enforced: {missing[:3]}")
         pattern = sub.get("pattern")
         if isinstance(pattern, str):
             if "minLength" in sub or "maxLength" in sub:
