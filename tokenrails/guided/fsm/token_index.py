@@ -51,26 +51,32 @@ def _warmup_pool() -> ThreadPoolExecutor:
         return _WARMUP_POOL[0]
 
 
-def _warm(ref: "weakref.ref[TokenIndex]") -> None:
-    """Compute the missing rows, breadth-first from the start state, in batches of one GIL-free C
-    call each (a per-row loop would contend for the GIL with the decoding thread once per row);
-    stop if the index is gone (its guide was evicted)."""
-    index = ref()
-    if index is None:
-        return
-    todo = [s for s in index.reachable_states() if s not in index._rows]
-    walker, words = index._walker, index.words
-    del index
-    for i in range(0, len(todo), WARM_BATCH):
-        chunk = todo[i : i + WARM_BATCH]
+def _native_batches(walker, words: int, states: list[int]):
+    """``(states, rows, keys, full)`` for ``states`` in batches of one GIL-free C call each."""
+    for i in range(0, len(states), WARM_BATCH):
+        chunk = states[i : i + WARM_BATCH]
         out = np.empty((len(chunk), words), dtype=np.int32)
         keys = np.empty(len(chunk), dtype=np.uint64)
         full = np.empty(len(chunk), dtype=np.uint8)
         walker.fill_many(np.asarray(chunk, dtype=np.int32), out, keys, full)
+        yield chunk, out, keys, full
+
+
+def _warm(ref: "weakref.ref[TokenIndex]") -> None:
+    """Compute the missing rows, breadth-first from the start state, in batched C calls (a per-row
+    loop would contend for the GIL with the decoding thread once per row); hold the index only
+    between batches, and stop if it is gone (its guide was evicted)."""
+    index = ref()
+    if index is None:
+        return
+    todo = [s for s in index.reachable_states() if s not in index._rows]
+    batches = _native_batches(index._walker, index.words, todo)
+    del index
+    for batch in batches:
         index = ref()
         if index is None:
             return
-        index._store_many(chunk, out, keys, full)
+        index._store_many(*batch)
         del index
 
 
@@ -200,8 +206,8 @@ class TokenIndex:
         """Compute the rows of ``states`` (default: every live state)."""
         todo = [s for s in (states if states is not None else range(1, self.dfa.num_states)) if s not in self._rows]
         if self._walker is not None:
-            for s in todo:
-                self._native_row(s)
+            for batch in _native_batches(self._walker, self.words, todo):
+                self._store_many(*batch)
             return
         for i in range(0, len(todo), BATCH_STATES):
             self._compute(todo[i : i + BATCH_STATES])
