@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Hashable, Sequence
 import torch
 
 from ..kernels import apply_token_bitmask_inplace
+from ..kernels._common import eos_only_row
 from .errors import GuideError, TokenRejectedError
 from .reasoning import ReasoningConfig
 from .spec import GuideSpec
@@ -61,16 +62,6 @@ class RowStatus:
 
 
 _OK = RowStatus(StepStatus.OK)
-
-
-def eos_only_row(row: torch.Tensor, eos_ids: Sequence[int]) -> None:
-    """Write a bitmask row that allows only the EOS ids."""
-    row.zero_()
-    for e in eos_ids:
-        word = row[e // 32].item()
-        bit = e % 32
-        value = (word | (1 << bit)) & 0xFFFFFFFF
-        row[e // 32] = value - (1 << 32) if value >= 1 << 31 else value
 
 
 class BatchedGuidedStep:

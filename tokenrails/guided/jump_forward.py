@@ -144,7 +144,7 @@ def _only_eos(mgr: "GuidedDecodingManager", matcher) -> bool:
     mask = torch.zeros((1, words), dtype=torch.int32)
     matcher.fill_next_token_bitmask(mask, 0)
     expect = torch.zeros((1, words), dtype=torch.int32)
-    from .batch_step import eos_only_row
+    from ..kernels._common import eos_only_row
 
     eos_only_row(expect[0], mgr.vocab.eos_ids)
     return torch.equal(mask, expect)

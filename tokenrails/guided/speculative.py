@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from ..kernels import apply_token_bitmask_inplace
-from .batch_step import GuidedRow, RowStatus, StepStatus, eos_only_row
+from ..kernels._common import eos_only_row
+from .batch_step import GuidedRow, RowStatus, StepStatus
 
 if TYPE_CHECKING:
     from .batch_step import BatchedGuidedStep

@@ -54,6 +54,16 @@ def allocate_token_bitmask(
     return torch.full((rows, (vocab_size + 31) // 32), -1, dtype=torch.int32, device=device)
 
 
+def eos_only_row(row: torch.Tensor, eos_ids: Sequence[int]) -> None:
+    """Write a bitmask row that allows only the EOS ids."""
+    row.zero_()
+    for e in eos_ids:
+        word = row[e // 32].item()
+        bit = e % 32
+        value = (word | (1 << bit)) & 0xFFFFFFFF
+        row[e // 32] = value - (1 << 32) if value >= 1 << 31 else value
+
+
 def check_apply_args(
     logits: torch.Tensor,
     bitmask: torch.Tensor,

@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import torch
 
-from ...guided.batch_step import GuidedRow, eos_only_row
+from ...guided.batch_step import GuidedRow
+from ...kernels._common import eos_only_row
 from ...guided.errors import GuideError
 from ...kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 from . import step_context

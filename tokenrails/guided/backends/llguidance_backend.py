@@ -15,6 +15,7 @@ import llguidance as llg
 import numpy as np
 import torch
 
+from ...kernels._common import eos_only_row
 from ..backend import CompiledGuide, GuideBackend, Matcher
 from ..errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
@@ -217,12 +218,6 @@ def _executor() -> "llg.LLExecutor":
     return ex
 
 
-def _eos_row(vocab: Vocabulary, row: torch.Tensor) -> None:
-    row.zero_()
-    for e in vocab.eos_ids:
-        row[e // 32] |= -(1 << 31) if e % 32 == 31 else 1 << (e % 32)
-
-
 class LLGuidanceMatcher(Matcher):
     """One sequence's parser state; refuses special ids and anything past EOS."""
 
@@ -240,7 +235,7 @@ class LLGuidanceMatcher(Matcher):
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
         row = bitmask[index]
         if self._terminated or self._m.is_error():
-            _eos_row(self.vocab, row)  # fail closed: an errored parser may only end the sequence
+            eos_only_row(row, self.vocab.eos_ids)  # fail closed: an errored parser may only end the sequence
             return True
         if not row.is_contiguous() or row.dtype != torch.int32 or row.device.type != "cpu":
             raise ValueError("bitmask rows must be contiguous int32 CPU memory")
@@ -249,10 +244,10 @@ class LLGuidanceMatcher(Matcher):
             raise ValueError(f"bitmask row has {row.numel()} words; this vocabulary needs {special.width}")
         self._m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
         if self._m.is_error():
-            _eos_row(self.vocab, row)
+            eos_only_row(row, self.vocab.eos_ids)
             return True
         if not special.apply_row(row.numpy()):  # only special ids wanted: end, never go unconstrained
-            _eos_row(self.vocab, row)
+            eos_only_row(row, self.vocab.eos_ids)
         return True
 
     @classmethod
@@ -293,7 +288,7 @@ class LLGuidanceMatcher(Matcher):
         for m, r, ok in zip(live_ms, live_rows, nonempty):
             # fail closed exactly like the per-row path: errored parser or nothing but specials
             if not ok or m._m.is_error():
-                _eos_row(m.vocab, bitmask[r])
+                eos_only_row(bitmask[r], m.vocab.eos_ids)
 
     def accept_token(self, token_id: int) -> bool:
         token_id = int(token_id)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ... import native
+from ...kernels._common import eos_only_row
 from ..vocabulary import Vocabulary
 from .dfa import DEAD, DFA, START
 from .token_trie import TokenTrie, token_trie
@@ -109,11 +110,9 @@ def eos_row(vocab: Vocabulary) -> torch.Tensor:
     """The packed row allowing exactly the EOS ids (per vocabulary; read-only, shared)."""
 
     def build() -> torch.Tensor:
-        words = (vocab.vocab_size + 31) // 32
-        row = np.zeros(words, dtype=np.int64)
-        for e in vocab.eos_ids:
-            row[e >> 5] |= 1 << (e & 31)
-        return torch.from_numpy(row.astype(np.uint32).view(np.int32))
+        row = torch.zeros((vocab.vocab_size + 31) // 32, dtype=torch.int32)
+        eos_only_row(row, vocab.eos_ids)
+        return row
 
     return vocab.cached("fsm:eos_row", build)
 
