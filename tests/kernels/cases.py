@@ -54,3 +54,13 @@ def make_bitmask(rng: np.random.Generator, kinds: list, words: int) -> torch.Ten
     """int32 ``[len(kinds), words]``, row ``i`` of density ``kinds[i]``."""
     rows = [mask_row(rng, words, k) for k in kinds]
     return torch.from_numpy(np.stack(rows) if rows else np.zeros((0, words), np.int32))
+
+
+def assert_matches_reference(apply, logits, bitmask, indices, vocab_size=None) -> None:
+    """``apply`` (any implementation) changes ``logits`` exactly like the reference, bit for bit."""
+    from tokenrails.kernels import apply_token_bitmask_inplace_reference
+
+    expected = logits.clone()
+    apply_token_bitmask_inplace_reference(expected, bitmask, indices, vocab_size)
+    apply(logits, bitmask, indices, vocab_size)
+    assert bits_equal(logits, expected)

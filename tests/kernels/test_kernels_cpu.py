@@ -12,7 +12,7 @@ from tokenrails.kernels import apply_token_bitmask_inplace_cpu, apply_token_bitm
 from tokenrails import native
 from tokenrails.kernels import cpu as cpu_module
 
-from .cases import DTYPES, MASK_KINDS, bits_equal, make_bitmask, make_logits
+from .cases import DTYPES, MASK_KINDS, assert_matches_reference, bits_equal, make_bitmask, make_logits
 
 VOCABS = [(1, 1), (31, 31), (33, 33), (1000, 1000), (1000, 1024), (49152 + 7, 49152 + 7), (4096, 4160)]
 
@@ -29,10 +29,7 @@ def cpu_path(request, monkeypatch):
 
 
 def check_against_reference(logits, bitmask, indices, vocab_size=None) -> None:
-    expected = logits.clone()
-    apply_token_bitmask_inplace_reference(expected, bitmask, indices, vocab_size)
-    apply_token_bitmask_inplace_cpu(logits, bitmask, indices, vocab_size)
-    assert bits_equal(logits, expected)
+    assert_matches_reference(apply_token_bitmask_inplace_cpu, logits, bitmask, indices, vocab_size)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -22,16 +22,13 @@ triton = pytest.importorskip("triton")
 
 from tokenrails.kernels import apply_token_bitmask_inplace_reference, apply_token_bitmask_inplace_triton  # noqa: E402
 
-from .cases import DTYPES, MASK_KINDS, bits_equal, make_bitmask, make_logits  # noqa: E402
+from .cases import DTYPES, MASK_KINDS, assert_matches_reference, bits_equal, make_bitmask, make_logits  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def check_against_reference(logits, bitmask, indices, vocab_size=None) -> None:
-    expected = logits.clone()
-    apply_token_bitmask_inplace_reference(expected, bitmask, indices, vocab_size)
-    apply_token_bitmask_inplace_triton(logits, bitmask, indices, vocab_size)
-    assert bits_equal(logits, expected)
+    assert_matches_reference(apply_token_bitmask_inplace_triton, logits, bitmask, indices, vocab_size)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
