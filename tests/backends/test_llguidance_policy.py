@@ -115,7 +115,7 @@ def _unevaluated_oracle(schema):
         explicit = "additionalProperties" in node or "unevaluatedProperties" in node or any(
             isinstance(p, dict) and "additionalProperties" in p for p in node.get("allOf", []))
         decl = declares(node)
-        if value and decl and not explicit and not (isinstance(ref := node.get("$ref"), str) and len(node) == 1):
+        if value and decl and not explicit and not (isinstance(node.get("$ref"), str) and len(node) == 1):
             node["unevaluatedProperties"] = False
         if value and prefix(node):
             node["unevaluatedItems"] = False
