@@ -14,6 +14,9 @@ from typing import Any, Iterable, Sequence
 from .errors import InvalidGuideError
 
 
+# backend_cache key of the model's transformers tokenizer (backends that must tokenize text)
+HF_TOKENIZER_KEY = "hf_tokenizer"
+
 @dataclass(eq=False)
 class Vocabulary:
     """Token ``i`` decodes to ``token_bytes[i]``; ids in ``special_ids`` are never grammar tokens."""
@@ -105,5 +108,5 @@ class Vocabulary:
             name=getattr(tokenizer, "name_or_path", "") or "",
         )
         # backends that must tokenize text (jump-forward) use the model's own canonical encoding
-        vocab.backend_cache["hf_tokenizer"] = tokenizer
+        vocab.backend_cache[HF_TOKENIZER_KEY] = tokenizer
         return vocab

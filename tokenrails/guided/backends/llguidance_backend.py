@@ -29,7 +29,7 @@ from ..schema_features import (
     scan_repeat_bounds,
 )
 from ..spec import GuideSpec
-from ..vocabulary import Vocabulary
+from ..vocabulary import HF_TOKENIZER_KEY, Vocabulary
 
 # llguidance marks special tokens by a leading 0xFF byte (never valid UTF-8). Names are private so
 # a grammar cannot refer to them by their real text (``<|im_start|>`` is then plain text).
@@ -65,7 +65,6 @@ class _Wrapper:
         return self._encode(text)
 
 
-HF_TOKENIZER_KEY = "hf_tokenizer"  # vocab.backend_cache key: the model's transformers tokenizer
 
 
 class CanonicalEncoder:
@@ -94,7 +93,9 @@ class CanonicalEncoder:
             self.set_tokenizer(vocab.backend_cache[HF_TOKENIZER_KEY])
 
     def set_tokenizer(self, tokenizer: Any) -> None:
-        """Use ``tokenizer``'s canonical encoding from now on."""
+        """Use ``tokenizer``'s canonical encoding from now on. Built here, at compile time in the
+        manager's pool (~1 s once per 152k vocabulary), not at the first forced text, which
+        would stall a decoding step."""
         real: Callable[[str], Sequence[int]]
         try:
             from llguidance.hf import from_tokenizer
@@ -151,7 +152,7 @@ def build_lltokenizer(vocab: Vocabulary) -> "tuple[llg.LLTokenizer, CanonicalEnc
 def attach_tokenizer(vocab: Vocabulary, tokenizer: Any) -> None:
     """Give the llguidance backend the model's transformers tokenizer for ``vocab``, so forced
     text is tokenized canonically. Works before or after the backend was first used (masks
-    computed afterwards use it). ``Vocabulary`` itself keeps no tokenizer."""
+    computed afterwards use it). ``Vocabulary.from_huggingface`` attaches its tokenizer itself."""
     with _TABLES_LOCK:
         vocab.backend_cache[HF_TOKENIZER_KEY] = tokenizer
         tables = vocab.backend_cache.get("llguidance:tables")
