@@ -10,6 +10,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from .errors import UnsupportedGuideError
 from .limits import GuideLimits
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
@@ -105,8 +106,6 @@ class GuideBackend(ABC):
 
     def check(self, spec: GuideSpec) -> None:
         """Cheap analysis before compiling: raise ``UnsupportedGuideError``/``GuideLimitError``."""
-        from .errors import UnsupportedGuideError
-
         if spec.kind not in self.kinds:
             raise UnsupportedGuideError(
                 f"backend {self.name!r} does not support {spec.kind} constraints",

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Iterable, Literal, Mapping
 
 from .errors import InvalidGuideError
@@ -21,23 +22,83 @@ KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "choice", "gram
 _ORDERED_MAPS = frozenset({"properties"})
 
 
+# Exact types ``_canonical`` returns unchanged; checked by identity before the (slow) ABC check.
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+# ``json.dumps(x, separators=(",", ":"), ensure_ascii=False, allow_nan=False)`` without building
+# an encoder per call (the encoder keeps no state between calls, so sharing it is thread-safe).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# UTF-8 bytes that JSON escapes inside a string (ensure_ascii=False): controls, '\\' and '"'.
+_JSON_ESCAPED = bytes(range(0x20)) + b'\\"'
+
+
 def _canonical(value: Any, ordered: bool = False) -> Any:
     """Sort object keys, except inside ``properties`` maps, whose order decides output order."""
-    if isinstance(value, Mapping):
+    t = type(value)
+    if t in _SCALARS:
+        return value
+    if t is dict or (t is not list and t is not tuple and isinstance(value, Mapping)):
         items = list(value.items()) if ordered else sorted(value.items(), key=lambda kv: str(kv[0]))
         return {str(k): _canonical(v, str(k) in _ORDERED_MAPS and not ordered) for k, v in items}
-    if isinstance(value, (list, tuple)):
+    if t is list or t is tuple or isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
     return value
 
 
 def _canonical_json(value: Any) -> str:
     try:
-        text = json.dumps(_canonical(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        text.encode("utf-8")  # lone surrogates ("\ud800") cannot be hashed, compiled or sent on
+        text = _ENCODER.encode(_canonical(value))
+        if not text.isascii():
+            text.encode("utf-8")  # lone surrogates ("\ud800") cannot be hashed, compiled or sent on
         return text
     except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
         raise InvalidGuideError(f"value is not JSON-serializable: {exc}") from exc
+
+
+def _plain_str(value: Any) -> bool:
+    """True for a ``str`` that JSON-encodes (no lone surrogate)."""
+    if type(value) is not str:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _simple_options(options: Any) -> bool:
+    """True when ``options`` are (str, scalar) pairs that JSON-encode without error.
+
+    Such options (every constructor's) need no canonical JSON at construction: nothing in them
+    can fail to serialize, so the key can be computed later, when a cache first asks for it.
+    """
+    if type(options) is not tuple:
+        return False
+    for pair in options:
+        if type(pair) is not tuple or len(pair) != 2 or not _plain_str(pair[0]):
+            return False
+        t = type(pair[1])
+        if not (t is bool or t is int or pair[1] is None or _plain_str(pair[1])):
+            return False
+    return True
+
+
+def _fast_choice_payload(options: list | tuple) -> str | None:
+    """``_canonical_json(list(options))`` for a non-empty list of plain strings that JSON writes
+    verbatim (no quote, backslash or control character, no lone surrogate); None otherwise.
+
+    One join and one byte scan instead of per-item encoding: 200 choices in ~4 µs, not ~150 µs.
+    """
+    try:
+        joined = '","'.join(options)  # TypeError unless every item is a str
+        raw = joined.encode("utf-8")  # UnicodeEncodeError on a lone surrogate
+    except (TypeError, UnicodeEncodeError):
+        return None
+    # every byte JSON would escape is deleted; only the separators' quotes may be among them
+    if len(raw) - len(raw.translate(None, _JSON_ESCAPED)) != 2 * (len(options) - 1):
+        return None
+    return '["' + joined + '"]'
 
 
 def _schema_to_dict(schema: Any) -> dict:
@@ -69,20 +130,32 @@ def _schema_to_dict(schema: Any) -> dict:
 
 @dataclass(frozen=True)
 class GuideSpec:
-    """A normalized constraint. ``payload`` is canonical text; ``options`` are sorted pairs."""
+    """A normalized constraint. ``payload`` is canonical text; ``options`` are sorted pairs.
+
+    ``key`` is ``"<kind>:"`` + the first 32 hex digits of the SHA-256 of the UTF-8 canonical JSON
+    of ``[kind, payload, [list(pair) for pair in options]]``. It is computed on first access
+    (only caches read it); anything that would make it fail is still rejected at construction.
+    """
 
     kind: GuideKind
     payload: str
     options: tuple[tuple[str, Any], ...] = ()
-    key: str = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise InvalidGuideError(f"unknown guide kind {self.kind!r}; expected one of {KINDS}")
-        digest = hashlib.sha256(
-            _canonical_json([self.kind, self.payload, list(map(list, self.options))]).encode()
-        ).hexdigest()[:32]
-        object.__setattr__(self, "key", f"{self.kind}:{digest}")
+        if not (_plain_str(self.payload) and _simple_options(self.options)):
+            # the general case: serialize now (raising what the key would raise) and keep the text
+            text = _canonical_json([self.kind, self.payload, list(map(list, self.options))])
+            object.__setattr__(self, "_key_text", text)
+
+    @cached_property
+    def key(self) -> str:
+        """Cache key: equal for equal specs (see the class docstring for the recipe)."""
+        text = self.__dict__.get("_key_text")
+        if text is None:  # checked plain strings and scalars: canonical as they are, and encodable
+            text = _ENCODER.encode([self.kind, self.payload, [list(p) for p in self.options]])
+        return f"{self.kind}:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
     # ---- constructors -------------------------------------------------------------------
     @classmethod
@@ -109,12 +182,19 @@ class GuideSpec:
 
     @classmethod
     def choice(cls, options: Iterable[Any]) -> "GuideSpec":
+        # Order is kept: it is visible to users (outlines' regex alternation order).
+        if (type(options) is list or type(options) is tuple) and options:
+            payload = _fast_choice_payload(options)
+            if payload is not None:
+                spec = cls("choice", payload)
+                # the strings, for ``choices``: the payload minus its brackets, split at '","'
+                object.__setattr__(spec, "_choices_joined", payload[2:-2])
+                return spec
         if isinstance(options, (str, bytes)) or not isinstance(options, Iterable):
             raise InvalidGuideError("choice needs a list of strings")
         values = [str(o) if not isinstance(o, str) else o for o in options]
         if not values:
             raise InvalidGuideError("choice list is empty")
-        # Order is kept: it is visible to users (outlines' regex alternation order).
         return cls("choice", _canonical_json(values))
 
     @classmethod
@@ -167,9 +247,22 @@ class GuideSpec:
 
     @property
     def choices(self) -> list[str]:
+        """The choice strings (a new list each call); parsed once per spec, then copied."""
         if self.kind != "choice":
             raise AttributeError(f"{self.kind} spec has no choices")
-        return json.loads(self.payload)
+        d = self.__dict__
+        cached = d.get("_choices")
+        if cached is None:
+            joined = d.get("_choices_joined")
+            if joined is not None:  # the fast constructor's strings contain no '"'
+                cached = tuple(joined.split('","'))
+            else:
+                value = json.loads(self.payload)
+                if type(value) is not list or not all(type(v) is str for v in value):
+                    return value  # a hand-built payload: parsed each time, as before
+                cached = tuple(value)
+            d["_choices"] = cached
+        return list(cached)
 
     @property
     def ebnf(self) -> str:

@@ -7,7 +7,8 @@ Numbering: 0 = dead, 1 = start, the rest in breadth-first order.
 """
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar, dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -28,23 +29,31 @@ EMPTY_LANGUAGE = "the pattern matches no string (its language is empty)"
 class DFA:
     """Minimal complete DFA over byte classes.
 
-    ``rows`` (``trans`` as Python lists, for scalar stepping) and ``forced`` are built on first
-    use, and ``walk`` converts only the rows it visits: a 500-state JSON DFA's full ``tolist`` costs
-    more than building the DFA natively, and a guided run visits a few dozen states.
+    ``rows`` (``trans`` as Python lists, for scalar stepping), ``forced``, ``cls`` and
+    ``accepting_list`` are built on first use, and ``walk`` converts only the rows it visits: a
+    500-state JSON DFA's full ``tolist`` costs more than building the DFA natively, a guided run
+    visits a few dozen states, and a compile whose stepping runs in C never needs the lists.
     """
 
     trans: np.ndarray        # int32 [S, K]
     classmap: np.ndarray     # int32 [256]: byte -> class
     accepting: np.ndarray    # bool [S]
-    cls: list[int] = field(init=False, repr=False)
     rows_hint: InitVar[list[list[int]] | None] = None       # ``trans`` as lists, when already built
 
     def __post_init__(self, rows_hint: list[list[int]] | None = None) -> None:
         self._row_cache: list[list[int] | None] = rows_hint if rows_hint is not None else [None] * len(self.trans)
         self._all_rows = rows_hint is not None
         self._forced: list[int] | None = None
-        self.cls = self.classmap.tolist()
-        self.accepting_list = self.accepting.tolist()
+
+    @cached_property
+    def cls(self) -> list[int]:
+        """``classmap`` as a list: byte -> class."""
+        return self.classmap.tolist()
+
+    @cached_property
+    def accepting_list(self) -> list[bool]:
+        """``accepting`` as a list."""
+        return self.accepting.tolist()
 
     @property
     def rows(self) -> list[list[int]]:
@@ -424,6 +433,10 @@ def native_module(use_native: bool | None = None):
     return mod
 
 
+# dtype instances: ``frombuffer(b, dtype=np.int32)`` converts the type on every call (~0.2 µs)
+_INT32 = np.dtype(np.int32)
+_BOOL = np.dtype(np.bool_)
+
 # error codes of tokenrails._dfa_native (see csrc/dfa_native.c)
 _E_LIMIT, _E_TIMEOUT, _E_MEMORY, _E_EMPTY, _E_SIZE, _E_NFA = 1, 2, 3, 4, 5, 6
 
@@ -458,8 +471,8 @@ def _native_dfa(result: tuple, max_states: int, deadline: Deadline, max_bytes: i
             )
         raise RuntimeError(f"tokenrails._dfa_native returned unknown error code {code}")
     trans, classmap, accepting, num, k = result
-    return DFA(np.frombuffer(trans, dtype=np.int32).reshape(num, k), np.frombuffer(classmap, dtype=np.int32),
-               np.frombuffer(accepting, dtype=np.bool_))
+    return DFA(np.frombuffer(trans, _INT32).reshape(num, k), np.frombuffer(classmap, _INT32),
+               np.frombuffer(accepting, _BOOL))
 
 
 def determinize_native(mod, eps: list[list[int]] | None, edges: list[list[tuple[int, int, int]]], start: int,
