@@ -40,10 +40,26 @@ typedef struct {
     Node *nodes;
     Py_ssize_t n;
     int32_t *tok_next;
+    int32_t *parent;      /* per node: its parent node, -1 at depth 1 (rebuilds a token's bytes) */
+    int32_t *tok_node;    /* per id: the node its bytes end at, -1 for ids not in the trie */
     Py_ssize_t num_ids;   /* length of tok_next; every token id is below it */
     Py_ssize_t num_bits;  /* row width in bits (a multiple of 32) */
     int max_depth;
 } TrieObject;
+
+/* One cached mask row. Sparse rows (few allowed ids, the usual case for tight regexes) keep the ids
+ * in trie pre-order: a fill zeroes the target and sets their bits, and equal rows have equal id
+ * sequences because the walk order does not depend on the state. Dense rows keep the packed words. */
+typedef struct {
+    uint64_t hash;
+    uint32_t *data;  /* sparse: ids; dense: words */
+    int32_t count;   /* sparse: number of ids; DENSE_ROW: packed */
+    uint8_t full;    /* every id below vocab_size allowed (dense rows only) */
+} Row;
+
+#define DENSE_ROW (-1)
+#define NO_ROW (-1)
+#define EOS_ONLY (-1) /* state argument of fill_into: the EOS-only row of a terminated matcher */
 
 typedef struct {
     PyObject_HEAD
@@ -57,6 +73,14 @@ typedef struct {
     int32_t width;     /* row width of table: 256 or num_classes */
     Py_ssize_t vocab_size;
     int byte_table;
+    /* row cache, mutated only with the GIL held */
+    int32_t *row_of;      /* per state: index into rows, NO_ROW until computed */
+    Row *rows;            /* distinct rows, at most one per state */
+    Py_ssize_t num_rows;
+    int32_t *slots;       /* open addressing over rows by hash (power-of-two size, -1 = empty) */
+    Py_ssize_t num_slots;
+    Py_ssize_t cached;    /* states with a row */
+    Py_ssize_t row_bytes; /* bytes held by row data */
 } WalkerObject;
 
 /* ---- buffer helpers ------------------------------------------------------------------------- */
@@ -79,6 +103,8 @@ static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int w
 static void Trie_dealloc(TrieObject *self) {
     PyMem_RawFree(self->nodes);
     PyMem_RawFree(self->tok_next);
+    PyMem_RawFree(self->parent);
+    PyMem_RawFree(self->tok_node);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -92,6 +118,7 @@ static int build_trie(TrieObject *self, const uint8_t *bytes, const int32_t *dep
             return -1;
         }
         self->tok_next[t] = x;
+        self->tok_node[t] = -1;
     }
     int32_t *open = PyMem_RawMalloc(sizeof(int32_t) * (MAX_DEPTH + 1));
     if (!open) {
@@ -119,6 +146,15 @@ static int build_trie(TrieObject *self, const uint8_t *bytes, const int32_t *dep
         cur = d;
         if (d > max_depth) {
             max_depth = d;
+        }
+        self->parent[i] = d > 1 ? open[d - 1] : -1;
+        for (int32_t id = t; id >= 0; id = self->tok_next[id]) {
+            if (self->tok_node[id] != -1) {
+                PyErr_Format(PyExc_ValueError, "token id %d ends at two nodes", id);
+                PyMem_RawFree(open);
+                return -1;
+            }
+            self->tok_node[id] = (int32_t)i;
         }
         Node *nd = &self->nodes[i];
         nd->tok = t >= 0 ? t : 0;
@@ -162,7 +198,9 @@ static PyObject *Trie_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         self->num_bits = num_bits;
         self->nodes = PyMem_RawMalloc(sizeof(Node) * (n ? n : 1));
         self->tok_next = PyMem_RawMalloc(sizeof(int32_t) * (m ? m : 1));
-        if (!self->nodes || !self->tok_next) {
+        self->parent = PyMem_RawMalloc(sizeof(int32_t) * (n ? n : 1));
+        self->tok_node = PyMem_RawMalloc(sizeof(int32_t) * (m ? m : 1));
+        if (!self->nodes || !self->tok_next || !self->parent || !self->tok_node) {
             PyErr_NoMemory();
             Py_CLEAR(self);
         } else if (build_trie(self, vb.buf, vd.buf, vt.buf, vn.buf) < 0) {
@@ -177,7 +215,7 @@ static PyObject *Trie_get_num_nodes(TrieObject *self, void *closure) { return Py
 static PyObject *Trie_get_max_depth(TrieObject *self, void *closure) { return PyLong_FromLong(self->max_depth); }
 static PyObject *Trie_get_num_bits(TrieObject *self, void *closure) { return PyLong_FromSsize_t(self->num_bits); }
 static PyObject *Trie_get_nbytes(TrieObject *self, void *closure) {
-    return PyLong_FromSsize_t(self->n * (Py_ssize_t)sizeof(Node) + self->num_ids * 4);
+    return PyLong_FromSsize_t(self->n * (Py_ssize_t)(sizeof(Node) + 4) + self->num_ids * 8);
 }
 
 static PyGetSetDef Trie_getset[] = {
@@ -205,6 +243,14 @@ static void Walker_dealloc(WalkerObject *self) {
     PyMem_RawFree(self->table);
     PyMem_RawFree(self->accepting);
     PyMem_RawFree(self->eos);
+    if (self->rows) {
+        for (Py_ssize_t i = 0; i < self->num_rows; i++) {
+            PyMem_RawFree(self->rows[i].data);
+        }
+    }
+    PyMem_RawFree(self->rows);
+    PyMem_RawFree(self->row_of);
+    PyMem_RawFree(self->slots);
     Py_XDECREF(self->trie);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -293,7 +339,19 @@ static PyObject *Walker_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         self->table = PyMem_RawMalloc(sizeof(int32_t) * S * width);
         self->accepting = PyMem_RawMalloc(S);
         self->eos = PyMem_RawMalloc(sizeof(int32_t) * (self->num_eos ? self->num_eos : 1));
-        if (!self->table || !self->accepting || !self->eos) {
+        Py_ssize_t slots = 4;
+        while (slots < 2 * S) {
+            slots <<= 1;
+        }
+        self->num_slots = slots;
+        self->row_of = PyMem_RawMalloc(sizeof(int32_t) * S);
+        self->rows = PyMem_RawCalloc(S, sizeof(Row));
+        self->slots = PyMem_RawMalloc(sizeof(int32_t) * slots);
+        if (self->row_of && self->slots) {
+            memset(self->row_of, 0xff, sizeof(int32_t) * S); /* NO_ROW */
+            memset(self->slots, 0xff, sizeof(int32_t) * slots);
+        }
+        if (!self->table || !self->accepting || !self->eos || !self->row_of || !self->rows || !self->slots) {
             PyErr_NoMemory();
             Py_CLEAR(self);
         } else if (build_walker(self, vtr.buf, S, K, vcm.buf, vacc.buf, veos.buf) < 0) {
@@ -437,57 +495,379 @@ static PyObject *Walker_fill(WalkerObject *self, PyObject *const *args, Py_ssize
     return Py_BuildValue("(KO)", (unsigned long long)h, full ? Py_True : Py_False);
 }
 
-/* fill_many(states int32[n], out int32[n * words], keys uint64[n], full uint8[n]): n rows in one
- * GIL-free pass -- the background warm-up takes the GIL twice per batch instead of twice per row. */
-static PyObject *Walker_fill_many(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "fill_many(states, out, keys, full) takes 4 arguments");
-        return NULL;
+/* ---- the row cache ----------------------------------------------------------------------------- */
+
+/* The sparse walk: allowed ids in pre-order into ids[0..cap); -1 as soon as more than cap are allowed. */
+static Py_ssize_t walk_ids(const WalkerObject *w, int32_t state, int32_t *ids, Py_ssize_t cap, int32_t *stk) {
+    const TrieObject *tr = w->trie;
+    const Node *nodes = tr->nodes;
+    const int32_t *table = w->table, *cmap = w->cmap, *next = tr->tok_next;
+    const int32_t n = (int32_t)tr->n;
+    Py_ssize_t count = 0;
+    stk[0] = state * w->width;
+    int32_t i = 0;
+    while (i < n) {
+        const Node *nd = &nodes[i];
+        int32_t ns = table[stk[nd->depth - 1] + cmap[nd->byte]];
+        if (!ns) {
+            i = nd->end;
+            continue;
+        }
+        stk[nd->depth] = ns;
+        if (nd->flags & HAS_TOK) {
+            if (count == cap) {
+                return -1;
+            }
+            ids[count++] = nd->tok;
+            if (nd->flags & DUP) {
+                for (int32_t t = next[nd->tok]; t >= 0; t = next[t]) {
+                    if (count == cap) {
+                        return -1;
+                    }
+                    ids[count++] = t;
+                }
+            }
+        }
+        i++;
     }
-    Py_buffer vs, vo, vk, vf;
-    if (get_buffer(args[0], &vs, 4, 0, "states") < 0) return NULL;
-    if (get_buffer(args[1], &vo, 4, 1, "out") < 0) { PyBuffer_Release(&vs); return NULL; }
-    if (get_buffer(args[2], &vk, 8, 1, "keys") < 0) { PyBuffer_Release(&vs); PyBuffer_Release(&vo); return NULL; }
-    if (get_buffer(args[3], &vf, 1, 1, "full") < 0) {
-        PyBuffer_Release(&vs); PyBuffer_Release(&vo); PyBuffer_Release(&vk);
-        return NULL;
+    return count;
+}
+
+static uint64_t hash_ids(const int32_t *ids, Py_ssize_t n) {
+    uint64_t h = 0x6a09e667f3bcc909ULL ^ (uint64_t)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        h = (h ^ (uint32_t)ids[i]) * 0x100000001b3ULL;
     }
-    PyObject *res = NULL;
-    Py_ssize_t n = vs.len / 4, words = self->trie->num_bits / 32;
-    const int32_t *states = vs.buf;
+    return mix(h);
+}
+
+/* Most ids a sparse row holds: a quarter of the packed row's words, so a fill from a sparse row
+ * (zero the target, set the bits) costs about what copying a packed row does. Below vocab_size,
+ * so a sparse row never allows every id. */
+static Py_ssize_t sparse_cap(const WalkerObject *w) {
+    Py_ssize_t cap = w->trie->num_bits / 128;
+    if (cap >= w->vocab_size) {
+        cap = w->vocab_size - 1;
+    }
+    return cap > 0 ? cap : 0;
+}
+
+/* Sparse attempt (cheap, no allocation beyond cap ids): 0 = done, 1 = too many ids (use
+ * compute_dense), -1 = out of memory. Safe without the GIL (touches only `out`). */
+static int compute_sparse(const WalkerObject *w, int32_t state, Row *out, int32_t *stk) {
+    Py_ssize_t cap = sparse_cap(w);
+    int32_t *ids = PyMem_RawMalloc(sizeof(int32_t) * (cap ? cap : 1));
+    if (!ids) {
+        return -1;
+    }
+    Py_ssize_t count = state ? walk_ids(w, state, ids, cap, stk) : 0;
+    if (count >= 0 && w->accepting[state]) {
+        if (count + w->num_eos > cap) {
+            count = -1;
+        } else {
+            for (Py_ssize_t k = 0; k < w->num_eos; k++) {
+                ids[count++] = w->eos[k];
+            }
+        }
+    }
+    if (count < 0) {
+        PyMem_RawFree(ids);
+        return 1;
+    }
+    if (count && count < cap) {
+        int32_t *fit = PyMem_RawRealloc(ids, sizeof(int32_t) * count);
+        if (fit) {
+            ids = fit;
+        }
+    }
+    out->data = (uint32_t *)ids;
+    out->count = (int32_t)count;
+    out->full = 0;
+    out->hash = hash_ids(ids, count);
+    return 0;
+}
+
+/* Packed row (the walk of `fill`). Safe without the GIL. */
+static int compute_dense(WalkerObject *w, int32_t state, Row *out, int32_t *stk) {
+    Py_ssize_t words = w->trie->num_bits / 32;
+    uint32_t *row = PyMem_RawMalloc(words * 4);
+    if (!row) {
+        return -1;
+    }
+    int full;
+    out->hash = ~fill_row(w, state, row, words, stk, &full);
+    out->data = row;
+    out->count = DENSE_ROW;
+    out->full = (uint8_t)full;
+    return 0;
+}
+
+static Py_ssize_t row_words(const WalkerObject *w, const Row *row) {
+    return row->count == DENSE_ROW ? w->trie->num_bits / 32 : row->count;
+}
+
+/* Cache `row` as the state's row (taking its data), sharing an identical stored row. GIL held. */
+static int32_t store_row(WalkerObject *w, int32_t state, Row *row) {
+    if (w->row_of[state] != NO_ROW) { /* another thread stored it while this one computed */
+        PyMem_RawFree(row->data);
+        return w->row_of[state];
+    }
+    Py_ssize_t mask = w->num_slots - 1, j = (Py_ssize_t)(row->hash & (uint64_t)mask);
+    Py_ssize_t n = row_words(w, row);
+    for (; w->slots[j] >= 0; j = (j + 1) & mask) {
+        int32_t r = w->slots[j];
+        const Row *o = &w->rows[r];
+        if (o->hash == row->hash && o->count == row->count && !memcmp(o->data, row->data, n * 4)) {
+            PyMem_RawFree(row->data);
+            w->row_of[state] = r;
+            w->cached++;
+            return r;
+        }
+    }
+    int32_t r = (int32_t)w->num_rows++; /* at most one new row per state: fits rows[S], slots >= 2S */
+    w->rows[r] = *row;
+    w->slots[j] = r;
+    w->row_of[state] = r;
+    w->cached++;
+    w->row_bytes += n * 4;
+    return r;
+}
+
+/* The state's row index, computing it on first visit (GIL held; released for a dense walk). */
+static int32_t ensure_row(WalkerObject *w, int32_t state) {
+    int32_t r = w->row_of[state];
+    if (r != NO_ROW) {
+        return r;
+    }
     int32_t local[LOCAL_STACK];
-    int32_t *stk = NULL;
-    if (vo.len != n * words * 4 || vk.len != n * 8 || vf.len != n) {
-        PyErr_Format(PyExc_ValueError, "fill_many: %zd states need out of %zd words, %zd keys, %zd flags",
-                     n, n * words, n, n);
-        goto done;
+    int32_t *stk = stack_for(w, local);
+    if (!stk) {
+        return -1;
+    }
+    Row row;
+    int rc = compute_sparse(w, state, &row, stk);
+    if (rc == 1) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = compute_dense(w, state, &row, stk);
+        Py_END_ALLOW_THREADS
+    }
+    if (stk != local) {
+        PyMem_RawFree(stk);
+    }
+    if (rc < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return store_row(w, state, &row);
+}
+
+static int get_state(WalkerObject *self, PyObject *arg, Py_ssize_t *state, int allow_eos_only) {
+    *state = PyLong_AsSsize_t(arg);
+    if (*state == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (allow_eos_only && *state == EOS_ONLY) {
+        return 0;
+    }
+    return check_state(self, *state);
+}
+
+/* fill_into(state, address, words) -> bool: write the state's row (computed on first visit) at
+ * `address`, an int32 row of `words` >= the row width (the tail is zeroed); state -1 writes the
+ * EOS-only row. Returns whether anything is masked. The caller vouches for the address (the
+ * Python side checks the tensor: CPU, int32, row-contiguous, row index in range). */
+static PyObject *Walker_fill_into(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "fill_into(state, address, words) takes 3 arguments");
+        return NULL;
+    }
+    Py_ssize_t state;
+    if (get_state(self, args[0], &state, 1) < 0) {
+        return NULL;
+    }
+    uintptr_t addr = (uintptr_t)PyLong_AsVoidPtr(args[1]);
+    if (!addr) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "fill_into: null address");
+        }
+        return NULL;
+    }
+    Py_ssize_t dst_words = PyLong_AsSsize_t(args[2]), words = self->trie->num_bits / 32;
+    if (dst_words == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (dst_words < words || addr % 4) {
+        PyErr_Format(PyExc_ValueError, "bitmask row has %zd words; this vocabulary needs %zd (and 4-byte alignment)",
+                     dst_words, words);
+        return NULL;
+    }
+    uint32_t *dst = (uint32_t *)addr;
+    if (state == EOS_ONLY) {
+        memset(dst, 0, dst_words * 4);
+        for (Py_ssize_t k = 0; k < self->num_eos; k++) {
+            dst[self->eos[k] >> 5] |= 1u << (self->eos[k] & 31);
+        }
+        Py_RETURN_TRUE;
+    }
+    int32_t r = ensure_row(self, (int32_t)state);
+    if (r < 0) {
+        return NULL;
+    }
+    const Row *row = &self->rows[r];
+    if (row->count == DENSE_ROW) {
+        memcpy(dst, row->data, words * 4);
+        if (dst_words > words) {
+            memset(dst + words, 0, (dst_words - words) * 4);
+        }
+        return PyBool_FromLong(!row->full);
+    }
+    memset(dst, 0, dst_words * 4);
+    const int32_t *ids = (const int32_t *)row->data;
+    for (int32_t i = 0; i < row->count; i++) {
+        dst[ids[i] >> 5] |= 1u << (ids[i] & 31);
+    }
+    Py_RETURN_TRUE;
+}
+
+/* advance(state, token) -> state after the token's bytes; 0 (dead) for an id outside the trie
+ * (specials, EOS, empty or out-of-range ids) or a byte the DFA refuses. */
+static PyObject *Walker_advance(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "advance(state, token) takes 2 arguments");
+        return NULL;
+    }
+    Py_ssize_t state;
+    if (get_state(self, args[0], &state, 0) < 0) {
+        return NULL;
+    }
+    Py_ssize_t token = PyLong_AsSsize_t(args[1]);
+    if (token == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return NULL;
+        }
+        PyErr_Clear(); /* an id beyond any vocabulary: not allowed */
+        return PyLong_FromLong(0);
+    }
+    const TrieObject *tr = self->trie;
+    if (token < 0 || token >= tr->num_ids || tr->tok_node[token] < 0 || state == 0) {
+        return PyLong_FromLong(0);
+    }
+    uint8_t local[LOCAL_STACK], *path = local;
+    int32_t node = tr->tok_node[token];
+    int depth = tr->nodes[node].depth;
+    if (depth > LOCAL_STACK && !(path = PyMem_RawMalloc(depth))) {
+        return PyErr_NoMemory();
+    }
+    for (int32_t x = node, k = depth - 1; x >= 0 && k >= 0; x = tr->parent[x], k--) {
+        path[k] = tr->nodes[x].byte;
+    }
+    int32_t s = (int32_t)state * self->width;
+    for (int k = 0; k < depth && s; k++) {
+        s = self->table[s + self->cmap[path[k]]];
+    }
+    if (path != local) {
+        PyMem_RawFree(path);
+    }
+    return PyLong_FromLong(s / self->width);
+}
+
+/* row_index(state) -> index of the state's distinct row (computed on first visit): equal rows, equal index. */
+static PyObject *Walker_row_index(WalkerObject *self, PyObject *arg) {
+    Py_ssize_t state;
+    if (get_state(self, arg, &state, 0) < 0) {
+        return NULL;
+    }
+    int32_t r = ensure_row(self, (int32_t)state);
+    return r < 0 ? NULL : PyLong_FromLong(r);
+}
+
+static PyObject *Walker_is_cached(WalkerObject *self, PyObject *arg) {
+    Py_ssize_t state;
+    if (get_state(self, arg, &state, 0) < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(self->row_of[state] != NO_ROW);
+}
+
+static PyObject *Walker_allows_everything(WalkerObject *self, PyObject *arg) {
+    Py_ssize_t state;
+    if (get_state(self, arg, &state, 0) < 0) {
+        return NULL;
+    }
+    int32_t r = ensure_row(self, (int32_t)state);
+    return r < 0 ? NULL : PyBool_FromLong(self->rows[r].full);
+}
+
+/* precompute(states int32[n]): compute the missing rows in one GIL-free pass, then store them
+ * (a background warm-up takes the GIL twice per batch, not twice per row). */
+static PyObject *Walker_precompute(WalkerObject *self, PyObject *arg) {
+    Py_buffer vs;
+    if (get_buffer(arg, &vs, 4, 0, "states") < 0) {
+        return NULL;
+    }
+    Py_ssize_t n = vs.len / 4, todo = 0;
+    const int32_t *states = vs.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (check_state(self, states[i]) < 0) {
+            PyBuffer_Release(&vs);
+            return NULL;
+        }
+    }
+    int32_t *want = PyMem_RawMalloc(sizeof(int32_t) * (n ? n : 1));
+    Row *rows = PyMem_RawCalloc(n ? n : 1, sizeof(Row));
+    int32_t local[LOCAL_STACK];
+    int32_t *stk = (want && rows) ? stack_for(self, local) : NULL;
+    if (!want || !rows || !stk) {
+        PyMem_RawFree(want);
+        PyMem_RawFree(rows);
+        PyBuffer_Release(&vs);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (check_state(self, states[i]) < 0) goto done;
+        if (self->row_of[states[i]] == NO_ROW) {
+            want[todo++] = states[i];
+        }
     }
-    stk = stack_for(self, local);
-    if (!stk) goto done;
-    uint32_t *rows = vo.buf;
-    uint64_t *keys = vk.buf;
-    uint8_t *fulls = vf.buf;
+    PyBuffer_Release(&vs);
+    Py_ssize_t done = 0;
+    int rc = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int full;
-        keys[i] = fill_row(self, states[i], rows + i * words, words, stk, &full);
-        fulls[i] = (uint8_t)full;
+    for (; done < todo; done++) {
+        rc = compute_sparse(self, want[done], &rows[done], stk);
+        if (rc == 1) {
+            rc = compute_dense(self, want[done], &rows[done], stk);
+        }
+        if (rc < 0) {
+            break;
+        }
     }
     Py_END_ALLOW_THREADS
-    res = Py_None;
-    Py_INCREF(res);
-done:
-    if (stk && stk != local) PyMem_RawFree(stk);
-    PyBuffer_Release(&vs); PyBuffer_Release(&vo); PyBuffer_Release(&vk); PyBuffer_Release(&vf);
-    return res;
+    if (stk != local) {
+        PyMem_RawFree(stk);
+    }
+    for (Py_ssize_t i = 0; i < done; i++) {
+        if (rc < 0) {
+            PyMem_RawFree(rows[i].data);
+        } else {
+            store_row(self, want[i], &rows[i]);
+        }
+    }
+    PyMem_RawFree(want);
+    PyMem_RawFree(rows);
+    if (rc < 0) {
+        return PyErr_NoMemory();
+    }
+    Py_RETURN_NONE;
 }
 
 static PyObject *Walker_get_nbytes(WalkerObject *self, void *closure) {
-    return PyLong_FromSsize_t(self->num_states * (Py_ssize_t)self->width * 4 + self->num_states + self->num_eos * 4);
+    Py_ssize_t tables = self->num_states * (Py_ssize_t)self->width * 4 + self->num_states + self->num_eos * 4;
+    Py_ssize_t cache = self->num_states * (Py_ssize_t)(4 + sizeof(Row)) + self->num_slots * 4 + self->row_bytes;
+    return PyLong_FromSsize_t(tables + cache);
 }
+static PyObject *Walker_get_cached_states(WalkerObject *self, void *closure) { return PyLong_FromSsize_t(self->cached); }
+static PyObject *Walker_get_distinct_rows(WalkerObject *self, void *closure) { return PyLong_FromSsize_t(self->num_rows); }
+static PyObject *Walker_get_row_bytes(WalkerObject *self, void *closure) { return PyLong_FromSsize_t(self->row_bytes); }
 static PyObject *Walker_get_words(WalkerObject *self, void *closure) {
     return PyLong_FromSsize_t(self->trie->num_bits / 32);
 }
@@ -495,13 +875,23 @@ static PyObject *Walker_get_words(WalkerObject *self, void *closure) {
 static PyMethodDef Walker_methods[] = {
     {"fill", (PyCFunction)(void (*)(void))Walker_fill, METH_FASTCALL,
      "fill(state, out) -> (hash, full): write state's packed mask row into out (words int32)"},
-    {"fill_many", (PyCFunction)(void (*)(void))Walker_fill_many, METH_FASTCALL,
-     "fill_many(states, out, keys, full): rows of int32 states into out [n, words]; keys uint64, full uint8"},
+    {"fill_into", (PyCFunction)(void (*)(void))Walker_fill_into, METH_FASTCALL,
+     "fill_into(state, address, words) -> bool: copy the cached row (state -1: EOS only) to an int32 row"},
+    {"advance", (PyCFunction)(void (*)(void))Walker_advance, METH_FASTCALL,
+     "advance(state, token) -> next state, 0 when the token is not allowed"},
+    {"row_index", (PyCFunction)Walker_row_index, METH_O, "row_index(state) -> index of its distinct cached row"},
+    {"is_cached", (PyCFunction)Walker_is_cached, METH_O, "is_cached(state) -> whether its row is cached"},
+    {"allows_everything", (PyCFunction)Walker_allows_everything, METH_O,
+     "allows_everything(state) -> whether its row allows every id below vocab_size"},
+    {"precompute", (PyCFunction)Walker_precompute, METH_O, "precompute(states int32): cache the missing rows"},
     {NULL},
 };
 
 static PyGetSetDef Walker_getset[] = {
-    {"nbytes", (getter)Walker_get_nbytes, NULL, "memory held by the transition table", NULL},
+    {"nbytes", (getter)Walker_get_nbytes, NULL, "memory held: transition table and row cache", NULL},
+    {"cached_states", (getter)Walker_get_cached_states, NULL, "states whose row is cached", NULL},
+    {"distinct_rows", (getter)Walker_get_distinct_rows, NULL, "distinct rows stored", NULL},
+    {"row_bytes", (getter)Walker_get_row_bytes, NULL, "bytes of row data stored", NULL},
     {"words", (getter)Walker_get_words, NULL, "int32 words per row", NULL},
     {NULL},
 };

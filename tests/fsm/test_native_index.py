@@ -290,29 +290,105 @@ def test_walker_and_fill_refuse_malformed_input():
         w.fill(1, bytes(4))                     # read-only
 
 
-def test_fill_many_equals_fill_and_refuses_bad_batches(vocab):
-    """The warm-up's batched call gives the same rows, keys and flags as one fill per state, and
-    checks every state and buffer size before writing."""
+def test_precompute_caches_the_rows_fill_computes_and_refuses_bad_states(vocab):
+    """The warm-up's batched call caches exactly the rows one ``fill`` per state computes, and checks
+    every state before computing anything."""
     dfa = compile_guide(GuideSpec.regex(r"[a-z]+@[a-z]+\.(com|org)|\d{3}"), vocab, backend="fsm").dfa
     index = TokenIndex(dfa, vocab, use_native=True)
-    walker, words = index._walker, index.words
-    states = np.arange(dfa.num_states, dtype=np.int32)[::-1].copy()
-    out = np.empty((states.size, words), np.int32)
-    keys = np.empty(states.size, np.uint64)
-    full = np.empty(states.size, np.uint8)
-    walker.fill_many(states, out, keys, full)
-    for i, state in enumerate(states.tolist()):
-        row = np.empty(words, np.int32)
-        key, one_full = walker.fill(state, row)
-        assert np.array_equal(out[i], row) and int(keys[i]) == key and bool(full[i]) == one_full
-    sentinel = np.full((2, words), 7, np.int32)
+    walker, words = index.walker, index.words
     for bad_states in (np.array([1, dfa.num_states], np.int32), np.array([-1, 1], np.int32)):
         with pytest.raises(ValueError):
-            walker.fill_many(bad_states, sentinel, np.empty(2, np.uint64), np.empty(2, np.uint8))
-        assert (sentinel == 7).all()
-    with pytest.raises(ValueError):  # out too small for the states
-        walker.fill_many(np.array([1, 1], np.int32), np.empty((1, words), np.int32),
-                         np.empty(2, np.uint64), np.empty(2, np.uint8))
-    with pytest.raises(ValueError):  # keys of the wrong width
-        walker.fill_many(np.array([1], np.int32), np.empty((1, words), np.int32),
-                         np.empty(1, np.uint32), np.empty(1, np.uint8))
+            walker.precompute(bad_states)
+        assert walker.cached_states == 0
+    with pytest.raises(ValueError):  # states of the wrong width
+        walker.precompute(np.array([1], np.int64))
+    states = np.arange(dfa.num_states, dtype=np.int32)[::-1].copy()
+    walker.precompute(states)
+    assert walker.cached_states == dfa.num_states
+    for state in states.tolist():
+        raw = np.empty(words, np.int32)
+        _, full = walker.fill(state, raw)
+        got = np.full(words, -1, np.int32)
+        assert walker.fill_into(state, got.ctypes.data, words) is (not full)
+        assert np.array_equal(got, raw), state
+
+
+def _all_rows(dfa, vocab):
+    """Every state's row through fill_into (into garbage-filled, wider targets) next to the raw walk."""
+    index = TokenIndex(dfa, vocab, use_native=True)
+    walker, words = index.walker, index.words
+    for state in list(range(dfa.num_states)) * 2:  # second pass: cached rows
+        raw = np.empty(words, np.int32)
+        _, full = walker.fill(state, raw)
+        wide = np.full(words + 3, 0x5A5A5A5A, np.int32)
+        masked = walker.fill_into(state, wide.ctypes.data, words + 3)
+        assert np.array_equal(wide[:words], raw), state
+        assert not wide[words:].any()
+        assert masked is (not full) and walker.allows_everything(state) is full
+    return index
+
+
+@pytest.mark.parametrize("pattern", PATTERNS + [r"[^\"]*", r"(.|\n)*"])
+def test_cached_rows_equal_the_walk(vocab, pattern):
+    """Sparse rows (id lists) and packed rows write the same bits as the raw walk, every time."""
+    dfa = compile_regex(pattern, LIMITS)
+    index = _all_rows(dfa, vocab)
+    walker = index.walker
+    assert walker.cached_states == dfa.num_states
+    assert walker.distinct_rows <= dfa.num_states
+    assert walker.row_bytes <= walker.distinct_rows * index.words * 4
+
+
+def test_rows_of_both_kinds_are_stored(vocab):
+    """A tight state is kept as an id list (far smaller than a packed row), an open one packed."""
+    words = (vocab.vocab_size + 31) // 32
+    tight = TokenIndex(compile_regex(r"[0-9]", LIMITS), vocab, use_native=True)
+    tight.ensure(1)
+    assert 0 < tight.walker.row_bytes < words * 4 // 8
+    wide = TokenIndex(compile_regex(r"[^\"]", LIMITS), vocab, use_native=True)
+    wide.ensure(1)
+    assert wide.walker.row_bytes == words * 4
+
+
+def test_eos_only_fill(vocab):
+    index = TokenIndex(compile_regex("abc", LIMITS), vocab, use_native=True)
+    out = np.full(index.words, -1, np.int32)
+    assert index.fill_into(-1, out.ctypes.data, index.words) is True
+    assert np.array_equal(out, eos_row(vocab).numpy())
+
+
+def test_advance_equals_the_python_step(vocab):
+    """The native step over a token's bytes equals ``dfa.walk`` over ``grammar_bytes`` for every id,
+    including specials, EOS and ids beyond the vocabulary (all dead)."""
+    from tokenrails.guided.fsm.matcher import grammar_bytes
+
+    dfa = compile_regex(PATTERNS[0] + "|" + PATTERNS[6] + "|" + PATTERNS[4], LIMITS)
+    walker = TokenIndex(dfa, vocab, use_native=True).walker
+    data = grammar_bytes(vocab)
+    for state in range(dfa.num_states):
+        for t in range(vocab.vocab_size):
+            want = DEAD if data[t] is None else dfa.walk(state, data[t])
+            assert walker.advance(state, t) == want, (state, t)
+        for t in (-1, -(1 << 40), vocab.vocab_size, len(data) + 5, 1 << 40, 1 << 80):
+            assert walker.advance(state, t) == DEAD
+    for state in (-1, dfa.num_states):
+        with pytest.raises(ValueError):
+            walker.advance(state, 0)
+    with pytest.raises(TypeError):
+        walker.advance(1, "a")
+
+
+def test_fill_into_refuses_bad_targets(vocab):
+    index = TokenIndex(compile_regex("abc", LIMITS), vocab, use_native=True)
+    walker, words = index.walker, index.words
+    out = np.zeros(words, np.int32)
+    with pytest.raises(ValueError, match="this vocabulary needs"):
+        walker.fill_into(1, out.ctypes.data, words - 1)
+    with pytest.raises(ValueError):
+        walker.fill_into(1, 0, words)                       # null address
+    with pytest.raises(ValueError):
+        walker.fill_into(1, out.ctypes.data + 2, words)     # misaligned
+    for state in (-2, 5, 1 << 40):
+        with pytest.raises((ValueError, OverflowError)):
+            walker.fill_into(state, out.ctypes.data, words)
+    assert not out.any()

@@ -78,6 +78,6 @@ class FSMBackend(GuideBackend):
             dfa = compile_regex(regex, self.limits, check_length=False)
         grammar_bytes(self.vocab)
         index = TokenIndex(dfa, self.vocab, token_trie(self.vocab))
-        index.row(START)  # the first mask is needed immediately
+        index.ensure(START)  # the first mask is needed immediately
         index.warm_in_background()  # the rest of a small DFA's rows, off the decoding thread
         return FSMGuide(spec, self.vocab, dfa, index, regex)

@@ -1,4 +1,9 @@
-"""``FSMMatcher``: one sequence's DFA state; a fill is a copy of the state's cached mask row."""
+"""``FSMMatcher``: one sequence's DFA state; a fill is a copy of the state's cached mask row.
+
+With the native walker a fill is one C call writing the cached row straight into a CPU int32
+bitmask and an accept is one C call stepping the DFA over the token's bytes; other targets
+(GPU bitmasks, odd dtypes or layouts) and the numpy fallback copy a cached row tensor.
+"""
 from __future__ import annotations
 
 from typing import Sequence
@@ -11,6 +16,8 @@ from .dfa import DEAD, START
 from .token_index import TokenIndex
 
 MAX_JUMP_BYTES = 4096  # bound on one jump-forward string
+_INT32 = torch.int32
+EOS_ONLY = -1  # the native fill's state for "terminated: only EOS"
 
 
 def grammar_bytes(vocab: Vocabulary) -> list[bytes | None]:
@@ -26,17 +33,21 @@ def grammar_bytes(vocab: Vocabulary) -> list[bytes | None]:
 class FSMMatcher(Matcher):
     """State + exact undo history. Not thread-safe (one sequence, one thread), like xgrammar's."""
 
-    __slots__ = ("vocab", "_index", "_dfa", "_bytes", "_eos", "_state", "_history", "_terminated")
+    __slots__ = ("vocab", "_index", "_dfa", "_bytes", "_eos", "_state", "_history", "_terminated", "_fill_into",
+                 "_advance")
 
     def __init__(self, index: TokenIndex):
         self.vocab = index.vocab
         self._index = index
         self._dfa = index.dfa
         self._bytes = grammar_bytes(index.vocab)
-        self._eos = frozenset(index.vocab.eos_ids)
+        self._eos = index.eos_set
         self._state = START
         self._history: list[int] = []
         self._terminated = False
+        walker = index.walker
+        self._fill_into = walker.fill_into if walker is not None else None  # C: row -> address
+        self._advance = walker.advance if walker is not None else None  # C: (state, token) -> state
 
     # ---- masks --------------------------------------------------------------------------
     def current_row(self) -> torch.Tensor:
@@ -46,6 +57,11 @@ class FSMMatcher(Matcher):
         return self._index.row(self._state)
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
+        fill = self._fill_into
+        if (fill is not None and type(index) is int and bitmask.dtype is _INT32 and bitmask.is_cpu
+                and bitmask.dim() == 2 and 0 <= index < bitmask.shape[0] and bitmask.stride(1) == 1):
+            return fill(EOS_ONLY if self._terminated else self._state,
+                        bitmask.data_ptr() + index * bitmask.stride(0) * 4, bitmask.shape[1])
         idx = self._index
         if self._terminated:
             row, everything = idx.eos_row, False
@@ -67,8 +83,9 @@ class FSMMatcher(Matcher):
 
     @classmethod
     def batch_fill(cls, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
-        """One indexed copy for the whole group (rows are cached tensors)."""
-        if len(matchers) < 4 or any(not isinstance(m, FSMMatcher) for m in matchers):
+        """CPU: one native row write per matcher. Elsewhere one indexed copy for the whole group
+        (rows are cached tensors; one host-to-device transfer)."""
+        if bitmask.is_cpu or len(matchers) < 4 or any(not isinstance(m, FSMMatcher) for m in matchers):
             for m, r in zip(matchers, rows):
                 m.fill_next_token_bitmask(bitmask, r)
             return
@@ -82,7 +99,8 @@ class FSMMatcher(Matcher):
 
     # ---- stepping -----------------------------------------------------------------------
     def _next(self, state: int, token_id: int) -> int:
-        """State after ``token_id`` from ``state`` (grammar tokens only); DEAD if not allowed."""
+        """State after ``token_id`` from ``state`` (grammar tokens only); DEAD if not allowed.
+        The Python twin of the native ``advance``."""
         if not 0 <= token_id < len(self._bytes):
             return DEAD
         data = self._bytes[token_id]
@@ -100,7 +118,8 @@ class FSMMatcher(Matcher):
             self._history.append(self._state)
             self._terminated = True
             return True
-        nxt = self._next(self._state, token_id)
+        advance = self._advance
+        nxt = advance(self._state, token_id) if advance is not None else self._next(self._state, token_id)
         if nxt == DEAD:
             return False
         self._history.append(self._state)
@@ -112,6 +131,7 @@ class FSMMatcher(Matcher):
             return 0
         state = self._state
         accepting = self._dfa.accepting_list
+        step = self._advance or self._next
         n = 0
         for t in tokens:
             t = int(t)
@@ -119,7 +139,7 @@ class FSMMatcher(Matcher):
                 if accepting[state]:
                     n += 1
                 break
-            state = self._next(state, t)
+            state = step(state, t)
             if state == DEAD:
                 break
             n += 1

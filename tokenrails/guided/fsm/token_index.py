@@ -5,9 +5,12 @@ Masks are computed on first visit and cached; identical rows are stored once. Tw
 bit-identical rows:
 
 * native (``tokenrails._fsm_native``): one pre-order pass over the vocabulary's flat trie in C,
-  skipping the subtree under every dead transition and writing the packed row directly;
+  skipping the subtree under every dead transition. The C object also owns the row cache (rows
+  with few allowed ids kept as id lists, the rest packed; both de-duplicated), writes a row
+  straight into the caller's bitmask (``fill_into``) and steps the DFA over a token's bytes
+  (``advance``): a decoding step is two C calls, with no Python-side row objects;
 * numpy (fallback): level by level with gathers over the transition table, dead prefixes pruned,
-  then ``packbits`` into xgrammar's int32 layout.
+  then ``packbits`` into xgrammar's int32 layout; rows cached as tensors here.
 
 Decoding then only copies rows.
 """
@@ -52,17 +55,6 @@ def _warmup_pool() -> ThreadPoolExecutor:
         return _WARMUP_POOL[0]
 
 
-def _native_batches(walker, words: int, states: list[int]):
-    """``(states, rows, keys, full)`` for ``states`` in batches of one GIL-free C call each."""
-    for i in range(0, len(states), WARM_BATCH):
-        chunk = states[i : i + WARM_BATCH]
-        out = np.empty((len(chunk), words), dtype=np.int32)
-        keys = np.empty(len(chunk), dtype=np.uint64)
-        full = np.empty(len(chunk), dtype=np.uint8)
-        walker.fill_many(np.asarray(chunk, dtype=np.int32), out, keys, full)
-        yield chunk, out, keys, full
-
-
 def _warm(ref: "weakref.ref[TokenIndex]") -> None:
     """Compute the missing rows, breadth-first from the start state, in batched C calls (a per-row
     loop would contend for the GIL with the decoding thread once per row); hold the index only
@@ -70,14 +62,13 @@ def _warm(ref: "weakref.ref[TokenIndex]") -> None:
     index = ref()
     if index is None:
         return
-    todo = [s for s in index.reachable_states() if s not in index._rows]
-    batches = _native_batches(index._walker, index.words, todo)
+    todo = [s for s in index.reachable_states() if not index.is_cached(s)]
     del index
-    for batch in batches:
+    for i in range(0, len(todo), WARM_BATCH):
         index = ref()
         if index is None:
             return
-        index._store_many(*batch)
+        index._walker.precompute(np.asarray(todo[i : i + WARM_BATCH], dtype=np.int32))
         del index
 
 
@@ -132,12 +123,14 @@ class TokenIndex:
         self._padded = self.words * 32
         self._k = dfa.num_classes
         self._eos = np.asarray(vocab.eos_ids, dtype=np.int64)
-        self._rows: dict[int, torch.Tensor] = {}
+        self._rows: dict[int, torch.Tensor] = {}  # numpy walker: state -> row
         self._unique: dict[object, list[tuple[np.ndarray, torch.Tensor]]] = {}  # key -> distinct rows
         self._full: set[int] = set()  # states whose row allows every id below vocab_size
+        self._tensors: dict[int, torch.Tensor] = {}  # native: distinct row index -> tensor made by row()
         self._lock = threading.Lock()
         self._np_tables = None  # numpy walker tables, built on first use
         self.eos_row = eos_row(vocab)
+        self.eos_set = frozenset(vocab.eos_ids)
         self.warmup = None  # Future of the background warm-up, if one was queued
         self._walker = self._make_walker() if use_native is not False else None
         if use_native and self._walker is None:
@@ -161,16 +154,42 @@ class TokenIndex:
         """Whether rows come from the C walker."""
         return self._walker is not None
 
+    @property
+    def walker(self):
+        """The C walker (``_fsm_native.Walker``: row cache, ``fill_into``, ``advance``), or None."""
+        return self._walker
+
     # ---- public -------------------------------------------------------------------------
     def row(self, state: int) -> torch.Tensor:
-        """The packed int32 mask row of ``state`` (computed once)."""
+        """The packed int32 mask row of ``state`` (computed once; equal rows are the same tensor).
+
+        Decoding does not need this with the native walker (``fill_into`` writes the bitmask).
+        """
+        walker = self._walker
+        if walker is not None:
+            return self._native_row(walker, state)
         row = self._rows.get(state)
         if row is None:
-            if self._walker is not None:
-                row = self._native_row(state)
-            else:
-                row = self._compute([state])[0]
+            row = self._compute([state])[0]
         return row
+
+    def ensure(self, state: int) -> None:
+        """Compute ``state``'s row now if it is not cached (e.g. the start state right after compile)."""
+        if self._walker is not None:
+            self._walker.row_index(state)
+        else:
+            self.row(state)
+
+    def fill_into(self, state: int, address: int, words: int) -> bool:
+        """Native only: write ``state``'s row (-1: EOS only) at ``address`` (``words`` int32 words,
+        at least ``self.words``; the caller checked the target). Returns whether anything is masked."""
+        return self._walker.fill_into(state, address, words)
+
+    def is_cached(self, state: int) -> bool:
+        """Whether ``state``'s row has been computed."""
+        if self._walker is not None:
+            return self._walker.is_cached(state)
+        return state in self._rows
 
     def warm_in_background(self) -> bool:
         """Queue the rows of every reachable state on the warm-up thread (native walker and small
@@ -179,7 +198,7 @@ class TokenIndex:
             return False
         if (self.dfa.num_states - 1) * self.words * 4 > PRECOMPUTE_MAX_BYTES:
             return False
-        if len(self._rows) >= self.dfa.num_states - 1:
+        if self.cached_states >= self.dfa.num_states - 1:
             return False
         self.warmup = _warmup_pool().submit(_warm, weakref.ref(self))
         return True
@@ -197,26 +216,29 @@ class TokenIndex:
         return order
 
     def cached_row(self, state: int) -> torch.Tensor:
-        """``row(state)`` with the cache hit inlined (the per-token fill path)."""
+        """``row(state)`` with the cache hit inlined (the numpy walker's per-token fill path)."""
         row = self._rows.get(state)
         return row if row is not None else self.row(state)
 
     def precompute(self, states: list[int] | None = None) -> None:
         """Compute the rows of ``states`` (default: every live state)."""
-        todo = [s for s in (states if states is not None else range(1, self.dfa.num_states)) if s not in self._rows]
+        todo = [s for s in (states if states is not None else range(1, self.dfa.num_states)) if not self.is_cached(s)]
         if self._walker is not None:
-            for batch in _native_batches(self._walker, self.words, todo):
-                self._store_many(*batch)
+            self._walker.precompute(np.asarray(todo, dtype=np.int32))
             return
         for i in range(0, len(todo), BATCH_STATES):
             self._compute(todo[i : i + BATCH_STATES])
 
     def allows_everything(self, state: int) -> bool:
         """Whether ``state``'s row allows every token id (then a fill reports "nothing masked")."""
+        if self._walker is not None:
+            return self._walker.allows_everything(state)
         return state in self._full
 
     @property
     def cached_states(self) -> int:
+        if self._walker is not None:
+            return self._walker.cached_states
         return len(self._rows)
 
     @property
@@ -225,47 +247,47 @@ class TokenIndex:
         size guides when they are inserted, before the warm-up has run)."""
         with self._lock:  # the warm-up thread adds rows concurrently
             total = sum(r.nbytes for bucket in self._unique.values() for r, _ in bucket)
+            total += sum(t.nbytes for t in self._tensors.values())
+        walker = self._walker
+        if walker is not None:
+            total += walker.row_bytes
         if self.warmup is not None:
             total = max(total, (self.dfa.num_states - 1) * self.words * 4)
-        if self._walker is not None:
-            total += self._walker.nbytes
+        if walker is not None:
+            total += walker.nbytes - walker.row_bytes
         if self._np_tables is not None:
             total += self._np_tables[0].nbytes + self._np_tables[1].nbytes
         return int(total)
 
     # ---- storage ------------------------------------------------------------------------
     def _store(self, state: int, data: np.ndarray, key: object, full: bool) -> torch.Tensor:
-        """Cache ``data`` as ``state``'s row, sharing the tensor of an identical earlier row."""
+        """Numpy walker: cache ``data`` as ``state``'s row, sharing the tensor of an identical earlier row."""
         with self._lock:
-            return self._store_locked(state, data, key, full)
-
-    def _store_many(self, states: list[int], data: np.ndarray, keys: np.ndarray, full: np.ndarray) -> None:
-        """``_store`` for a batch of rows under one lock (the warm-up's single GIL-holding step)."""
-        with self._lock:
-            for i, state in enumerate(states):
-                self._store_locked(state, data[i], int(keys[i]), bool(full[i]))
-
-    def _store_locked(self, state: int, data: np.ndarray, key: object, full: bool) -> torch.Tensor:
-        row = self._rows.get(state)
-        if row is not None:  # another thread got there first
+            row = self._rows.get(state)
+            if row is not None:  # another thread got there first
+                return row
+            bucket = self._unique.setdefault(key, [])
+            for arr, tensor in bucket:
+                if np.array_equal(arr, data):
+                    row = tensor
+                    break
+            else:
+                row = torch.from_numpy(data)
+                bucket.append((data, row))
+            if full:
+                self._full.add(state)
+            self._rows[state] = row
             return row
-        bucket = self._unique.setdefault(key, [])
-        for arr, tensor in bucket:
-            if np.array_equal(arr, data):
-                row = tensor
-                break
-        else:
-            row = torch.from_numpy(data)
-            bucket.append((data, row))
-        if full:
-            self._full.add(state)
-        self._rows[state] = row
-        return row
 
-    def _native_row(self, state: int) -> torch.Tensor:
-        data = np.empty(self.words, dtype=np.int32)
-        key, full = self._walker.fill(state, data)
-        return self._store(state, data, key, full)
+    def _native_row(self, walker, state: int) -> torch.Tensor:
+        key = walker.row_index(state)
+        row = self._tensors.get(key)
+        if row is None:
+            made = torch.empty(self.words, dtype=torch.int32)
+            walker.fill_into(state, made.data_ptr(), self.words)
+            with self._lock:
+                row = self._tensors.setdefault(key, made)
+        return row
 
     # ---- computation --------------------------------------------------------------------
     def allowed(self, state: int) -> np.ndarray:
