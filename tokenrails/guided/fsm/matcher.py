@@ -58,10 +58,14 @@ class FSMMatcher(Matcher):
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
         fill = self._fill_into
-        if (fill is not None and type(index) is int and bitmask.dtype is _INT32 and bitmask.is_cpu
-                and bitmask.dim() == 2 and 0 <= index < bitmask.shape[0] and bitmask.stride(1) == 1):
-            return fill(EOS_ONLY if self._terminated else self._state,
-                        bitmask.data_ptr() + index * bitmask.stride(0) * 4, bitmask.shape[1])
+        # the cheapest torch checks that pin down the address: a contiguous 2-D int32 CPU tensor
+        # has row i at data_ptr + i * width * 4 (about 0.3 us; strides cost 0.2 us each)
+        if fill is not None and type(index) is int and bitmask.dtype is _INT32 and bitmask.is_cpu \
+                and bitmask.is_contiguous():
+            shape = bitmask.shape
+            if len(shape) == 2 and 0 <= index < shape[0]:
+                width = shape[1]
+                return fill(EOS_ONLY if self._terminated else self._state, bitmask.data_ptr() + index * width * 4, width)
         idx = self._index
         if self._terminated:
             row, everything = idx.eos_row, False

@@ -16,7 +16,6 @@ Decoding then only copies rows.
 """
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from ... import native
+from ..._env import env_lookup
 from ...kernels._common import eos_only_row
 from ..vocabulary import Vocabulary
 from .dfa import DEAD, DFA, START
@@ -43,6 +43,7 @@ BYTE_TABLE_MAX_BYTES = 0  # C walker: expand the DFA to [states, 256] up to this
 # by forward passes that leave the CPU idle (GPU engines).
 PRECOMPUTE_MAX_BYTES = 2 << 20
 PRECOMPUTE_ENV = "TOKENRAILS_FSM_PRECOMPUTE"  # "1" turns the warm-up on
+_precompute_env = env_lookup(PRECOMPUTE_ENV)  # read on every compile
 WARM_BATCH = 64  # rows per GIL-free warm-up call
 _WARMUP_POOL: list[ThreadPoolExecutor] = []
 _WARMUP_LOCK = threading.Lock()
@@ -194,7 +195,7 @@ class TokenIndex:
     def warm_in_background(self) -> bool:
         """Queue the rows of every reachable state on the warm-up thread (native walker and small
         DFAs only; returns whether it was queued). Matchers never wait for it."""
-        if self._walker is None or os.environ.get(PRECOMPUTE_ENV, "0") != "1":
+        if self._walker is None or _precompute_env() != "1":
             return False
         if (self.dfa.num_states - 1) * self.words * 4 > PRECOMPUTE_MAX_BYTES:
             return False
