@@ -45,6 +45,7 @@ typedef struct {
     Py_ssize_t num_ids;   /* length of tok_next; every token id is below it */
     Py_ssize_t num_bits;  /* row width in bits (a multiple of 32) */
     int max_depth;
+    int32_t root[256];    /* per byte: its depth-1 node, -1 if none (walks start from the live ones) */
 } TrieObject;
 
 /* One cached mask row. Sparse rows (few allowed ids, the usual case for tight regexes) keep the ids
@@ -126,6 +127,7 @@ static int build_trie(TrieObject *self, const uint8_t *bytes, const int32_t *dep
         return -1;
     }
     int cur = 0, max_depth = 0;
+    memset(self->root, 0xff, sizeof(self->root));
     for (Py_ssize_t i = 0; i < n; i++) {
         int32_t d = depth[i], t = tok[i];
         if (d < 1 || d > cur + 1 || d > MAX_DEPTH) {
@@ -148,6 +150,14 @@ static int build_trie(TrieObject *self, const uint8_t *bytes, const int32_t *dep
             max_depth = d;
         }
         self->parent[i] = d > 1 ? open[d - 1] : -1;
+        if (d == 1) {
+            if (self->root[bytes[i]] != -1) {
+                PyErr_Format(PyExc_ValueError, "node %zd: a second depth-1 node for byte %d", i, bytes[i]);
+                PyMem_RawFree(open);
+                return -1;
+            }
+            self->root[bytes[i]] = (int32_t)i;
+        }
         for (int32_t id = t; id >= 0; id = self->tok_next[id]) {
             if (self->tok_node[id] != -1) {
                 PyErr_Format(PyExc_ValueError, "token id %d ends at two nodes", id);
@@ -362,31 +372,40 @@ static PyObject *Walker_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     return (PyObject *)self;
 }
 
-/* The walk: pre-order over the trie; stk[d] = scaled state after the first d bytes of the current path. */
+/* The walk: pre-order over the subtrees of the live depth-1 nodes (found through trie->root, so
+ * the dead ones -- usually almost all of the ~256, scattered over the node array -- cost no cache
+ * miss); stk[d] = scaled state after the first d bytes of the current path. */
+static inline int32_t live_subtree(const WalkerObject *w, int32_t scaled, int b, int32_t *end) {
+    int32_t first = w->trie->root[b];
+    *end = (first < 0 || !w->table[scaled + w->cmap[b]]) ? first : w->trie->nodes[first].end;
+    return first;
+}
+
 static void walk(const WalkerObject *w, int32_t state, uint32_t *row, int32_t *stk) {
     const TrieObject *tr = w->trie;
     const Node *nodes = tr->nodes;
     const int32_t *table = w->table, *cmap = w->cmap, *next = tr->tok_next;
-    const int32_t n = (int32_t)tr->n;
     stk[0] = state * w->width;
-    int32_t i = 0;
-    while (i < n) {
-        const Node *nd = &nodes[i];
-        int32_t ns = table[stk[nd->depth - 1] + cmap[nd->byte]];
-        if (!ns) {
-            i = nd->end;
-            continue;
-        }
-        stk[nd->depth] = ns;
-        int32_t t = nd->tok;
-        /* branch-free: about half the nodes end a token, in no predictable pattern */
-        row[t >> 5] |= (uint32_t)(nd->flags & HAS_TOK) << (t & 31);
-        if (nd->flags & DUP) {
-            for (t = next[t]; t >= 0; t = next[t]) {
-                row[t >> 5] |= 1u << (t & 31);
+    for (int b = 0; b < 256; b++) {
+        int32_t end, i = live_subtree(w, stk[0], b, &end);
+        while (i < end) {
+            const Node *nd = &nodes[i];
+            int32_t ns = table[stk[nd->depth - 1] + cmap[nd->byte]];
+            if (!ns) {
+                i = nd->end;
+                continue;
             }
+            stk[nd->depth] = ns;
+            int32_t t = nd->tok;
+            /* branch-free: about half the nodes end a token, in no predictable pattern */
+            row[t >> 5] |= (uint32_t)(nd->flags & HAS_TOK) << (t & 31);
+            if (nd->flags & DUP) {
+                for (t = next[t]; t >= 0; t = next[t]) {
+                    row[t >> 5] |= 1u << (t & 31);
+                }
+            }
+            i++;
         }
-        i++;
     }
 }
 
@@ -502,33 +521,34 @@ static Py_ssize_t walk_ids(const WalkerObject *w, int32_t state, int32_t *ids, P
     const TrieObject *tr = w->trie;
     const Node *nodes = tr->nodes;
     const int32_t *table = w->table, *cmap = w->cmap, *next = tr->tok_next;
-    const int32_t n = (int32_t)tr->n;
     Py_ssize_t count = 0;
     stk[0] = state * w->width;
-    int32_t i = 0;
-    while (i < n) {
-        const Node *nd = &nodes[i];
-        int32_t ns = table[stk[nd->depth - 1] + cmap[nd->byte]];
-        if (!ns) {
-            i = nd->end;
-            continue;
-        }
-        stk[nd->depth] = ns;
-        if (nd->flags & HAS_TOK) {
-            if (count == cap) {
-                return -1;
+    for (int b = 0; b < 256; b++) {
+        int32_t end, i = live_subtree(w, stk[0], b, &end);
+        while (i < end) {
+            const Node *nd = &nodes[i];
+            int32_t ns = table[stk[nd->depth - 1] + cmap[nd->byte]];
+            if (!ns) {
+                i = nd->end;
+                continue;
             }
-            ids[count++] = nd->tok;
-            if (nd->flags & DUP) {
-                for (int32_t t = next[nd->tok]; t >= 0; t = next[t]) {
-                    if (count == cap) {
-                        return -1;
+            stk[nd->depth] = ns;
+            if (nd->flags & HAS_TOK) {
+                if (count == cap) {
+                    return -1;
+                }
+                ids[count++] = nd->tok;
+                if (nd->flags & DUP) {
+                    for (int32_t t = next[nd->tok]; t >= 0; t = next[t]) {
+                        if (count == cap) {
+                            return -1;
+                        }
+                        ids[count++] = t;
                     }
-                    ids[count++] = t;
                 }
             }
+            i++;
         }
-        i++;
     }
     return count;
 }
