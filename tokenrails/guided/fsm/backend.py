@@ -16,7 +16,6 @@ from .dfa import DFA, START
 from .matcher import FSMMatcher, grammar_bytes
 from .schema import schema_to_regex
 from .token_index import TokenIndex
-from .token_trie import token_trie
 
 
 class FSMGuide(CompiledGuide):
@@ -76,8 +75,9 @@ class FSMBackend(GuideBackend):
             regex = schema_to_regex(spec)
             # the lowered regex can be long for a large schema; it is bounded by the schema limits
             dfa = compile_regex(regex, self.limits, check_length=False)
-        grammar_bytes(self.vocab)
-        index = TokenIndex(dfa, self.vocab, token_trie(self.vocab))
+        index = TokenIndex(dfa, self.vocab)
+        if not index.native:
+            grammar_bytes(self.vocab)  # the Python step's table, built here rather than in decoding
         index.ensure(START)  # the first mask is needed immediately
         index.warm_in_background()  # the rest of a small DFA's rows, off the decoding thread
         return FSMGuide(spec, self.vocab, dfa, index, regex)

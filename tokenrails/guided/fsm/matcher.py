@@ -40,12 +40,12 @@ class FSMMatcher(Matcher):
         self.vocab = index.vocab
         self._index = index
         self._dfa = index.dfa
-        self._bytes = grammar_bytes(index.vocab)
+        walker = index.walker
+        self._bytes = grammar_bytes(index.vocab) if walker is None else None  # the Python step's table
         self._eos = index.eos_set
         self._state = START
         self._history: list[int] = []
         self._terminated = False
-        walker = index.walker
         self._fill_into = walker.fill_into if walker is not None else None  # C: row -> address
         self._advance = walker.advance if walker is not None else None  # C: (state, token) -> state
 

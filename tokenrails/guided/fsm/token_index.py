@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import NamedTuple
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -98,6 +99,25 @@ def _ragged_arange(starts: np.ndarray, counts: np.ndarray, total: int) -> np.nda
     return np.repeat(shift, counts) + np.arange(total)
 
 
+class _VocabTables(NamedTuple):
+    """What every index over one vocabulary shares (one memo lookup per compile)."""
+
+    trie: TokenTrie
+    eos64: np.ndarray
+    eos32: np.ndarray
+    eos_set: frozenset
+    eos_row: torch.Tensor
+
+
+def _vocab_tables(vocab: Vocabulary) -> _VocabTables:
+    def build() -> _VocabTables:
+        eos = np.asarray(vocab.eos_ids, dtype=np.int64)
+        return _VocabTables(token_trie(vocab), eos, eos.astype(np.int32), frozenset(vocab.eos_ids), eos_row(vocab))
+
+    tables = vocab.backend_cache.get("fsm:index_tables")  # lock-free hit; built once under the memo lock
+    return tables if tables is not None else vocab.cached("fsm:index_tables", build)
+
+
 def eos_row(vocab: Vocabulary) -> torch.Tensor:
     """The packed row allowing exactly the EOS ids (per vocabulary; read-only, shared)."""
 
@@ -117,37 +137,40 @@ class TokenIndex:
     """
 
     def __init__(self, dfa: DFA, vocab: Vocabulary, trie: TokenTrie | None = None, use_native: bool | None = None):
+        tables = _vocab_tables(vocab)
         self.dfa = dfa
         self.vocab = vocab
-        self.trie = trie if trie is not None else token_trie(vocab)
+        self.trie = trie if trie is not None else tables.trie
         self.words = (vocab.vocab_size + 31) // 32
         self._padded = self.words * 32
         self._k = dfa.num_classes
-        self._eos = np.asarray(vocab.eos_ids, dtype=np.int64)
+        self._eos = tables.eos64
         self._rows: dict[int, torch.Tensor] = {}  # numpy walker: state -> row
         self._unique: dict[object, list[tuple[np.ndarray, torch.Tensor]]] = {}  # key -> distinct rows
         self._full: set[int] = set()  # states whose row allows every id below vocab_size
         self._tensors: dict[int, torch.Tensor] = {}  # native: distinct row index -> tensor made by row()
         self._lock = threading.Lock()
         self._np_tables = None  # numpy walker tables, built on first use
-        self.eos_row = eos_row(vocab)
-        self.eos_set = frozenset(vocab.eos_ids)
+        self.eos_row = tables.eos_row
+        self.eos_set = tables.eos_set
         self.warmup = None  # Future of the background warm-up, if one was queued
-        self._walker = self._make_walker() if use_native is not False else None
+        self._walker = self._make_walker(tables.eos32) if use_native is not False else None
         if use_native and self._walker is None:
             raise RuntimeError("the native FSM walker (tokenrails._fsm_native) is not available")
 
-    def _make_walker(self):
+    def _make_walker(self, eos32: np.ndarray):
         ntrie = self.trie.native()
         if ntrie is None:
             return None
         mod = native.load("fsm")
         dfa = self.dfa
         s = dfa.num_states
+        accepting = dfa.accepting
+        accepting = accepting.view(np.uint8) if accepting.dtype == np.bool_ else accepting.astype(np.uint8)
         return mod.Walker(
             ntrie, np.ascontiguousarray(dfa.trans, dtype=np.int32), s, self._k,
-            np.ascontiguousarray(dfa.classmap, dtype=np.int32), np.ascontiguousarray(dfa.accepting, dtype=np.uint8),
-            self._eos.astype(np.int32), self.vocab.vocab_size, s * 256 * 4 <= BYTE_TABLE_MAX_BYTES,
+            np.ascontiguousarray(dfa.classmap, dtype=np.int32), np.ascontiguousarray(accepting),
+            eos32, self.vocab.vocab_size, s * 256 * 4 <= BYTE_TABLE_MAX_BYTES,
         )
 
     @property
