@@ -1713,6 +1713,34 @@ static void frags_free(Frags *f) {
     memset(f, 0, sizeof(*f)); /* idempotent: the caller frees again on its way out */
 }
 
+/* Fragment i of ``f`` from a checked (size, edges tuple, final) tuple ``t``, its edges written from
+ * f->edges[*w] (room reserved by the caller); validates every number. 0 or -1 (Python error). */
+static int frag_fill(Frags *f, int32_t i, PyObject *t, size_t *w) {
+    PyObject *edges = PyTuple_GET_ITEM(t, 1);
+    int32_t size = as_i32(PyTuple_GET_ITEM(t, 0), 2, 1 << 24, "fragment size");
+    if (size == INT32_MIN) return -1;
+    int32_t fin = as_i32(PyTuple_GET_ITEM(t, 2), 1, size - 1, "fragment final state");
+    if (fin == INT32_MIN) return -1;
+    f->size[i] = size;
+    f->final[i] = fin;
+    f->off[i] = (int32_t)*w;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(edges); k++) {
+        PyObject *e = PyTuple_GET_ITEM(edges, k);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4) {
+            PyErr_SetString(PyExc_TypeError, "a fragment edge must be (src, lo, hi, dst)");
+            return -1;
+        }
+        FEdge x;
+        if ((x.src = as_i32(PyTuple_GET_ITEM(e, 0), 0, size - 1, "fragment edge src")) == INT32_MIN ||
+            (x.lo = as_i32(PyTuple_GET_ITEM(e, 1), 0, 255, "fragment edge lo")) == INT32_MIN ||
+            (x.hi = as_i32(PyTuple_GET_ITEM(e, 2), x.lo, 255, "fragment edge hi")) == INT32_MIN ||
+            (x.dst = as_i32(PyTuple_GET_ITEM(e, 3), 1, size - 1, "fragment edge dst")) == INT32_MIN)
+            return -1;
+        f->edges[(*w)++] = x;
+    }
+    return 0;
+}
+
 /* Copy and validate fragments: a list of (size, ((src, lo, hi, dst), ...), final). */
 static int frags_read(PyObject *lst, Frags *f) {
     memset(f, 0, sizeof(*f));
@@ -1746,30 +1774,8 @@ static int frags_read(PyObject *lst, Frags *f) {
     f->edges = PyMem_Malloc(sizeof(FEdge) * (total + 1));
     if (!f->edges) goto nomem;
     size_t w = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = PyList_GET_ITEM(lst, i), *edges = PyTuple_GET_ITEM(t, 1);
-        int32_t size = as_i32(PyTuple_GET_ITEM(t, 0), 2, 1 << 24, "fragment size");
-        if (size == INT32_MIN) goto fail;
-        int32_t fin = as_i32(PyTuple_GET_ITEM(t, 2), 1, size - 1, "fragment final state");
-        if (fin == INT32_MIN) goto fail;
-        f->size[i] = size;
-        f->final[i] = fin;
-        f->off[i] = (int32_t)w;
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(edges); k++) {
-            PyObject *e = PyTuple_GET_ITEM(edges, k);
-            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4) {
-                PyErr_SetString(PyExc_TypeError, "a fragment edge must be (src, lo, hi, dst)");
-                goto fail;
-            }
-            FEdge x;
-            if ((x.src = as_i32(PyTuple_GET_ITEM(e, 0), 0, size - 1, "fragment edge src")) == INT32_MIN ||
-                (x.lo = as_i32(PyTuple_GET_ITEM(e, 1), 0, 255, "fragment edge lo")) == INT32_MIN ||
-                (x.hi = as_i32(PyTuple_GET_ITEM(e, 2), x.lo, 255, "fragment edge hi")) == INT32_MIN ||
-                (x.dst = as_i32(PyTuple_GET_ITEM(e, 3), 1, size - 1, "fragment edge dst")) == INT32_MIN)
-                goto fail;
-            f->edges[w++] = x;
-        }
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (frag_fill(f, (int32_t)i, PyList_GET_ITEM(lst, i), &w)) goto fail;
     f->off[n] = (int32_t)w;
     return 0;
 nomem:
@@ -1777,6 +1783,26 @@ nomem:
 fail:
     frags_free(f);
     return -1;
+}
+
+/* Validate the program, apply the expanded-size guard, build (GIL released): the result tuple. */
+static PyObject *run_prog(Ctx *c, const int32_t *prog, int32_t *next, Py_ssize_t len, const Frags *fr,
+                          int32_t max_nfa, int32_t max_states) {
+    Py_ssize_t end = prog_check(prog, len, 0, 0, fr->nfrag, next);
+    if (end < 0) return NULL;
+    if (end != len) {
+        PyErr_SetString(PyExc_ValueError, "trailing entries after the AST program");
+        return NULL;
+    }
+    int64_t size = prog_size(prog, next, 0);
+    if (size > max_nfa) return Py_BuildValue("(iL)", E_SIZE, (long long)size);
+    Dense d;
+    memset(&d, 0, sizeof(d));
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = build_ast(c, prog, next, fr, max_nfa, max_states, &d);
+    Py_END_ALLOW_THREADS
+    return result_of(c, &d, rc);
 }
 
 PyDoc_STRVAR(compile_ast_doc,
@@ -1821,24 +1847,7 @@ static PyObject *py_compile_ast(PyObject *self, PyObject *const *args, Py_ssize_
         prog[i] = v;
     }
     if (frags_read(args[1], &fr)) goto done;
-    Py_ssize_t end = prog_check(prog, len, 0, 0, fr.nfrag, next);
-    if (end < 0) goto done;
-    if (end != len) {
-        PyErr_SetString(PyExc_ValueError, "trailing entries after the AST program");
-        goto done;
-    }
-    int64_t size = prog_size(prog, next, 0);
-    if (size > max_nfa) {
-        res = Py_BuildValue("(iL)", E_SIZE, (long long)size);
-        goto done;
-    }
-    Dense d;
-    memset(&d, 0, sizeof(d));
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = build_ast(&c, prog, next, &fr, (int32_t)max_nfa, (int32_t)max_states, &d);
-    Py_END_ALLOW_THREADS
-    res = result_of(&c, &d, rc);
+    res = run_prog(&c, prog, next, len, &fr, (int32_t)max_nfa, (int32_t)max_states);
 done:
     PyMem_Free(prog);
     PyMem_Free(next);
@@ -1846,10 +1855,847 @@ done:
     return res;
 }
 
+/* ---- regex fast path: pattern -> flattened AST in C ------------------------------------------- */
+/* compile_regex(pattern, max_repeat, max_nfa, max_states, budget_s, max_bytes, fragment_fn) parses
+ * the common subset of tokenrails/guided/fsm/regex_parser.py's syntax (literals, escaped
+ * metacharacters, \d \w \s \D \W \S, \a \f \n \r \t \v \xHH \uXXXX \UXXXXXXXX, classes with ranges
+ * and negation, '.', ( ) and (?: ) groups, alternation, * + ? {m} {m,} {,n} {m,n} and their lazy
+ * forms) into exactly the AST that parser builds -- node for node, so the program is flatten_ast's
+ * -- then builds as compile_ast. Everything else (anchors, flags, named groups, comments,
+ * octal/backreference/\N escapes, '{' read as a literal, possessive quantifiers, repeat counts above
+ * max_repeat, group nesting beyond 200, any syntax error) returns None without raising, and the
+ * caller runs the Python parser, which gives every error its type, message and position.
+ * Character sets all of whose code points are ASCII get their fragment here (one byte per
+ * character, as _charset_fragment builds it); the others from fragment_fn(ranges) (the cached
+ * _charset_fragment). \d \w \s use the Unicode tables installed once by set_class_ranges(index,
+ * ranges); a pattern needing a missing one returns the int bitmask of the missing ones (1 d, 2 w,
+ * 4 s) and is to be retried once they are installed.
+ * parse_regex_program(pattern, max_repeat) -> None | int | (program list, [ranges tuple per set]):
+ * the parse alone, for tests. */
+#define RX_MAX_DEPTH 200         /* regex_parser.MAX_NESTING */
+#define RX_MAX_COUNT 100000000LL /* brace counts above this decline (program entries are int32) */
+#define RX_MAX_CP 0x10FFFF
+#define RX_END ((Py_UCS4)0xFFFFFFFFu) /* rx_peek past the end */
+
+typedef struct {
+    int32_t lo, hi;
+} CR;
+
+/* \d \w \s (0..2) and their complements (3..5): sorted, disjoint, non-adjacent ranges */
+static CR *rx_tab[6];
+static int32_t rx_tab_n[6];
+
+typedef struct {
+    int32_t kind;  /* K_* */
+    int32_t a, b;  /* SET: set id; REP: min, max (-1: unbounded) */
+    int32_t child; /* CAT/ALT: first kid in kids; REP: the repeated node */
+    int32_t nkid;
+} RNode;
+
+typedef struct {
+    int ukind;
+    const void *udata;
+    Py_ssize_t n, i;
+    int64_t max_repeat;
+    int depth, decline, need;
+    RNode *nodes;
+    int32_t nn, ncap;
+    int32_t *kids, nkids, kcap; /* children of CAT/ALT nodes */
+    int32_t *st, nst, stcap;    /* items of the open sequences/alternations (a stack) */
+    CR *rng;                    /* ranges of every set: set s at rng[soff[s] .. soff[s + 1]) */
+    int32_t nr, rcap;
+    int32_t *soff, socap;       /* ns + 1 entries */
+    uint32_t *shash;
+    int32_t shcap, ns;
+    int32_t *htab, hcap;        /* open addressing over set ids (-1: empty) */
+    CR *parts;                  /* a class's items before normalization */
+    int32_t np, pcap;
+} RX;
+
+static int rx_grow(RX *p, void **arr, int32_t *cap, int64_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    int64_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *q = c > ((int64_t)1 << 28) ? NULL : PyMem_Realloc(*arr, (size_t)c * elem);
+    if (!q) {
+        p->decline = 1;
+        return -1;
+    }
+    *arr = q;
+    *cap = (int32_t)c;
+    return 0;
+}
+
+static void rx_free(RX *p) {
+    PyMem_Free(p->nodes);
+    PyMem_Free(p->kids);
+    PyMem_Free(p->st);
+    PyMem_Free(p->rng);
+    PyMem_Free(p->soff);
+    PyMem_Free(p->shash);
+    PyMem_Free(p->htab);
+    PyMem_Free(p->parts);
+}
+
+#define RX_AT(p, j) PyUnicode_READ((p)->ukind, (p)->udata, (j))
+
+static inline Py_UCS4 rx_peek(const RX *p) { return p->i < p->n ? RX_AT(p, p->i) : RX_END; }
+
+static int32_t rx_node(RX *p, int32_t kind, int32_t a, int32_t b, int32_t child, int32_t nkid) {
+    if (rx_grow(p, (void **)&p->nodes, &p->ncap, (int64_t)p->nn + 1, sizeof(RNode))) return -1;
+    RNode *x = &p->nodes[p->nn];
+    x->kind = kind;
+    x->a = a;
+    x->b = b;
+    x->child = child;
+    x->nkid = nkid;
+    return p->nn++;
+}
+
+static int rx_rehash(RX *p, int32_t cap) {
+    int32_t *t = PyMem_Malloc(sizeof(int32_t) * (size_t)cap);
+    if (!t) {
+        p->decline = 1;
+        return -1;
+    }
+    for (int32_t j = 0; j < cap; j++) t[j] = -1;
+    for (int32_t s = 0; s < p->ns; s++) {
+        uint32_t j = p->shash[s] & (uint32_t)(cap - 1);
+        while (t[j] >= 0) j = (j + 1) & (uint32_t)(cap - 1);
+        t[j] = s;
+    }
+    PyMem_Free(p->htab);
+    p->htab = t;
+    p->hcap = cap;
+    return 0;
+}
+
+/* A SET node for these (normalized) ranges; equal sets share an id, ids in order of first
+ * appearance (= flatten_ast's pre-order numbering). -1: decline. */
+static int32_t rx_set(RX *p, const CR *r, int32_t cnt) {
+    if ((p->ns + 1) * 2 > p->hcap) {
+        if (rx_rehash(p, p->hcap ? p->hcap * 2 : 64)) return -1;
+        if (!p->ns) {
+            if (rx_grow(p, (void **)&p->soff, &p->socap, 2, sizeof(int32_t))) return -1;
+            p->soff[0] = 0;
+        }
+    }
+    uint32_t h = hash_ints((const int32_t *)r, 2 * (size_t)cnt, 7), mask = (uint32_t)(p->hcap - 1);
+    uint32_t j = h & mask;
+    int32_t id = -1;
+    while (p->htab[j] >= 0) {
+        int32_t s = p->htab[j];
+        if (p->shash[s] == h && p->soff[s + 1] - p->soff[s] == cnt &&
+            (cnt == 0 || !memcmp(p->rng + p->soff[s], r, sizeof(CR) * (size_t)cnt))) {
+            id = s;
+            break;
+        }
+        j = (j + 1) & mask;
+    }
+    if (id < 0) {
+        if (rx_grow(p, (void **)&p->rng, &p->rcap, (int64_t)p->nr + cnt + 1, sizeof(CR)) ||
+            rx_grow(p, (void **)&p->soff, &p->socap, (int64_t)p->ns + 2, sizeof(int32_t)) ||
+            rx_grow(p, (void **)&p->shash, &p->shcap, (int64_t)p->ns + 1, sizeof(uint32_t)))
+            return -1;
+        if (cnt) memcpy(p->rng + p->nr, r, sizeof(CR) * (size_t)cnt);
+        p->nr += cnt;
+        id = p->ns++;
+        p->soff[p->ns] = p->nr;
+        p->shash[id] = h;
+        p->htab[j] = id;
+    }
+    return rx_node(p, K_SET, id, 0, -1, 0);
+}
+
+static int32_t rx_lit(RX *p, Py_UCS4 c) {
+    CR r = {(int32_t)c, (int32_t)c};
+    return rx_set(p, &r, 1);
+}
+
+static inline int rx_push(RX *p, int32_t node) {
+    if (rx_grow(p, (void **)&p->st, &p->stcap, (int64_t)p->nst + 1, sizeof(int32_t))) return -1;
+    p->st[p->nst++] = node;
+    return 0;
+}
+
+/* The items st[base..] as one node of ``kind`` (one item: itself; none: Empty); pops them. */
+static int32_t rx_close(RX *p, int32_t base, int32_t kind) {
+    int32_t cnt = p->nst - base, node;
+    if (cnt == 0)
+        node = rx_node(p, K_EMPTY, 0, 0, -1, 0);
+    else if (cnt == 1)
+        node = p->st[base];
+    else {
+        if (rx_grow(p, (void **)&p->kids, &p->kcap, (int64_t)p->nkids + cnt, sizeof(int32_t))) return -1;
+        memcpy(p->kids + p->nkids, p->st + base, sizeof(int32_t) * (size_t)cnt);
+        node = rx_node(p, kind, 0, 0, p->nkids, cnt);
+        p->nkids += cnt;
+    }
+    p->nst = base;
+    return node;
+}
+
+static inline int rx_is_meta(Py_UCS4 c) {
+    switch (c) {
+    case '\\': case '(': case ')': case '[': case ']': case '{': case '}':
+    case '|': case '.': case '*': case '+': case '?': case '^': case '$':
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static inline int rx_digit(Py_UCS4 c) { return c >= '0' && c <= '9'; }
+static inline int rx_alpha(Py_UCS4 c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+static int rx_hexval(Py_UCS4 c) {
+    if (c >= '0' && c <= '9') return (int)(c - '0');
+    if (c >= 'a' && c <= 'f') return (int)(c - 'a' + 10);
+    if (c >= 'A' && c <= 'F') return (int)(c - 'A' + 10);
+    return -1;
+}
+
+/* Digits at j (saturating at RX_MAX_COUNT + 1); *end: the index after them. -1: none. */
+static int64_t rx_number(const RX *p, Py_ssize_t j, Py_ssize_t *end) {
+    int64_t v = -1;
+    while (j < p->n && rx_digit(RX_AT(p, j))) {
+        v = (v < 0 ? 0 : v) * 10 + (int64_t)(RX_AT(p, j) - '0');
+        if (v > RX_MAX_COUNT) v = RX_MAX_COUNT + 1;
+        j++;
+    }
+    *end = j;
+    return v;
+}
+
+/* _brace(): 1 with the bounds (hi -1: unbounded) and the cursor past it; 0 when '{' is a literal. */
+static int rx_brace(RX *p, int64_t *lo, int64_t *hi) {
+    Py_ssize_t j = p->i + 1, k, m;
+    if (j < p->n && RX_AT(p, j) == '}') return 0;
+    int64_t a = rx_number(p, j, &k), b;
+    if (k < p->n && RX_AT(p, k) == ',') {
+        b = rx_number(p, k + 1, &m);
+        k = m;
+    } else {
+        b = a;
+    }
+    if (k >= p->n || RX_AT(p, k) != '}') return 0;
+    p->i = k + 1;
+    *lo = a < 0 ? 0 : a;
+    *hi = b;
+    return 1;
+}
+
+/* A class-escape table (index 0..5) as ranges; NULL (need recorded) when not installed. */
+static const CR *rx_table(RX *p, int idx, int32_t *cnt) {
+    if (!rx_tab[idx]) {
+        p->need |= 1 << (idx % 3);
+        p->decline = 1;
+        return NULL;
+    }
+    *cnt = rx_tab_n[idx];
+    return rx_tab[idx];
+}
+
+/* _common_escape() at the cursor (the letter after the backslash): 1 = code point in *cp, 2 = the
+ * ranges in *r / *cnt, 0 = not a common escape (cursor kept), -1 = decline. */
+static int rx_common(RX *p, Py_UCS4 c, Py_UCS4 *cp, const CR **r, int32_t *cnt) {
+    int digits = 0;
+    switch (c) {
+    case 'a': *cp = 7; break;
+    case 'f': *cp = 12; break;
+    case 'n': *cp = 10; break;
+    case 'r': *cp = 13; break;
+    case 't': *cp = 9; break;
+    case 'v': *cp = 11; break;
+    case 'd': case 'w': case 's': case 'D': case 'W': case 'S': {
+        int idx = (c == 'd' || c == 'D') ? 0 : (c == 'w' || c == 'W') ? 1 : 2;
+        if (c < 'a') idx += 3;
+        p->i++;
+        *r = rx_table(p, idx, cnt);
+        return *r ? 2 : -1;
+    }
+    case 'x': digits = 2; break;
+    case 'u': digits = 4; break;
+    case 'U': digits = 8; break;
+    case 'N': p->decline = 1; return -1;
+    default: return 0;
+    }
+    p->i++;
+    if (!digits) return 1;
+    if (p->i + digits > p->n) {
+        p->decline = 1;
+        return -1;
+    }
+    uint32_t v = 0;
+    for (int k = 0; k < digits; k++) {
+        int h = rx_hexval(RX_AT(p, p->i + k));
+        if (h < 0) {
+            p->decline = 1;
+            return -1;
+        }
+        v = v * 16 + (uint32_t)h;
+    }
+    if (v > RX_MAX_CP) {
+        p->decline = 1;
+        return -1;
+    }
+    p->i += digits;
+    *cp = v;
+    return 1;
+}
+
+/* escape() outside a class: a node, or -1. */
+static int32_t rx_escape(RX *p) {
+    p->i++;
+    Py_UCS4 c = rx_peek(p), cp = 0;
+    if (c == RX_END) return p->decline = 1, -1;
+    const CR *r = NULL;
+    int32_t cnt = 0;
+    int k = rx_common(p, c, &cp, &r, &cnt);
+    if (k == 1) return rx_lit(p, cp);
+    if (k == 2) return rx_set(p, r, cnt);
+    if (k < 0) return -1;
+    if (rx_digit(c) || rx_alpha(c)) return p->decline = 1, -1; /* anchors, \b, octal, refs, bad escapes */
+    p->i++;
+    return rx_lit(p, c);
+}
+
+/* _class_item(): 1 = code point, 2 = ranges, -1 = decline. */
+static int rx_class_item(RX *p, Py_UCS4 *cp, const CR **r, int32_t *cnt) {
+    Py_UCS4 c = RX_AT(p, p->i);
+    if (c != '\\') {
+        p->i++;
+        *cp = c;
+        return 1;
+    }
+    p->i++;
+    c = rx_peek(p);
+    if (c == RX_END) return p->decline = 1, -1;
+    int k = rx_common(p, c, cp, r, cnt);
+    if (k) return k;
+    if (c == 'b') {
+        p->i++;
+        *cp = 8;
+        return 1;
+    }
+    if (rx_digit(c) || rx_alpha(c)) return p->decline = 1, -1; /* octal or bad escapes */
+    p->i++;
+    *cp = c;
+    return 1;
+}
+
+static int rx_add_part(RX *p, int32_t lo, int32_t hi) {
+    if (rx_grow(p, (void **)&p->parts, &p->pcap, (int64_t)p->np + 1, sizeof(CR))) return -1;
+    p->parts[p->np].lo = lo;
+    p->parts[p->np].hi = hi;
+    p->np++;
+    return 0;
+}
+
+static int cmp_cr(const void *a, const void *b) {
+    const CR *x = a, *y = b;
+    if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
+    return (x->hi > y->hi) - (x->hi < y->hi);
+}
+
+/* charset.normalize of parts[0..np) in place; returns the new count. */
+static int32_t rx_normalize(CR *a, int32_t n) {
+    if (n > 1) {
+        if (n <= 16) {
+            for (int32_t i = 1; i < n; i++) {
+                CR x = a[i];
+                int32_t j = i;
+                while (j && cmp_cr(&a[j - 1], &x) > 0) {
+                    a[j] = a[j - 1];
+                    j--;
+                }
+                a[j] = x;
+            }
+        } else {
+            qsort(a, (size_t)n, sizeof(CR), cmp_cr);
+        }
+    }
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (m && (int64_t)a[i].lo <= (int64_t)a[m - 1].hi + 1) {
+            if (a[i].hi > a[m - 1].hi) a[m - 1].hi = a[i].hi;
+        } else {
+            a[m++] = a[i];
+        }
+    }
+    return m;
+}
+
+/* charset.negate of a normalized a[0..n) into out (room for n + 1); returns the count. */
+static int32_t rx_negate(const CR *a, int32_t n, CR *out) {
+    int32_t m = 0, nxt = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (a[i].lo > nxt) {
+            out[m].lo = nxt;
+            out[m].hi = a[i].lo - 1;
+            m++;
+        }
+        nxt = a[i].hi + 1;
+    }
+    if (nxt <= RX_MAX_CP) {
+        out[m].lo = nxt;
+        out[m].hi = RX_MAX_CP;
+        m++;
+    }
+    return m;
+}
+
+/* _parse_class(): a SET node, or -1. */
+static int32_t rx_class(RX *p) {
+    p->i++;
+    int negated = 0;
+    if (rx_peek(p) == '^') {
+        negated = 1;
+        p->i++;
+    }
+    Py_ssize_t first = p->i;
+    p->np = 0;
+    for (;;) {
+        if (p->i >= p->n) return p->decline = 1, -1;
+        if (RX_AT(p, p->i) == ']' && p->i != first) {
+            p->i++;
+            break;
+        }
+        Py_UCS4 cp1 = 0, cp2 = 0;
+        const CR *r = NULL;
+        int32_t cnt = 0;
+        int k1 = rx_class_item(p, &cp1, &r, &cnt);
+        if (k1 < 0) return -1;
+        if (rx_peek(p) == '-' && p->i + 1 < p->n && RX_AT(p, p->i + 1) != ']') {
+            p->i++;
+            const CR *r2 = NULL;
+            int32_t cnt2 = 0;
+            int k2 = rx_class_item(p, &cp2, &r2, &cnt2);
+            if (k2 < 0) return -1;
+            if (k1 != 1 || k2 != 1 || cp2 < cp1) return p->decline = 1, -1; /* bad character range */
+            if (rx_add_part(p, (int32_t)cp1, (int32_t)cp2)) return -1;
+        } else {
+            if (rx_peek(p) == '-' && p->i + 1 >= p->n) return p->decline = 1, -1; /* unterminated */
+            if (k1 == 1) {
+                if (rx_add_part(p, (int32_t)cp1, (int32_t)cp1)) return -1;
+            } else {
+                if (rx_grow(p, (void **)&p->parts, &p->pcap, (int64_t)p->np + cnt, sizeof(CR))) return -1;
+                memcpy(p->parts + p->np, r, sizeof(CR) * (size_t)cnt);
+                p->np += cnt;
+            }
+        }
+    }
+    int32_t m = rx_normalize(p->parts, p->np);
+    if (!negated) return rx_set(p, p->parts, m);
+    /* the complement goes after the class's own ranges in the same scratch buffer */
+    if (rx_grow(p, (void **)&p->parts, &p->pcap, (int64_t)2 * m + 1, sizeof(CR))) return -1;
+    int32_t k = rx_negate(p->parts, m, p->parts + m);
+    return rx_set(p, p->parts + m, k);
+}
+
+static int32_t rx_alternation(RX *p);
+
+/* group(): only ( ) and (?: ); its body's node, or -1. */
+static int32_t rx_group(RX *p) {
+    p->i++;
+    if (rx_peek(p) == '?') {
+        if (p->i + 1 < p->n && RX_AT(p, p->i + 1) == ':')
+            p->i += 2;
+        else
+            return p->decline = 1, -1;
+    }
+    if (++p->depth > RX_MAX_DEPTH) return p->decline = 1, -1;
+    int32_t body = rx_alternation(p);
+    p->depth--;
+    if (body < 0) return -1;
+    if (rx_peek(p) != ')') return p->decline = 1, -1;
+    p->i++;
+    return body;
+}
+
+static int32_t rx_sequence(RX *p) {
+    int32_t base = p->nst;
+    int last_repeat = 0;
+    while (p->i < p->n) {
+        Py_UCS4 c = RX_AT(p, p->i);
+        if (c == '|' || c == ')') break;
+        int32_t node;
+        if (!rx_is_meta(c)) {
+            p->i++;
+            if ((node = rx_lit(p, c)) < 0 || rx_push(p, node)) return -1;
+            last_repeat = 0;
+            continue;
+        }
+        int64_t lo = -2, hi = -1;
+        if (c == '*') {
+            lo = 0;
+            p->i++;
+        } else if (c == '+') {
+            lo = 1;
+            p->i++;
+        } else if (c == '?') {
+            lo = 0;
+            hi = 1;
+            p->i++;
+        } else if (c == '{') {
+            if (!rx_brace(p, &lo, &hi)) return p->decline = 1, -1; /* '{' as a literal */
+            if ((hi >= 0 && hi < lo) || lo > p->max_repeat || hi > p->max_repeat) return p->decline = 1, -1;
+        }
+        if (lo != -2) { /* a quantifier */
+            Py_UCS4 d = rx_peek(p);
+            if (d == '?')
+                p->i++;
+            else if (d == '+')
+                return p->decline = 1, -1; /* possessive */
+            if (p->nst == base || last_repeat) return p->decline = 1, -1; /* nothing to / multiple repeat */
+            node = rx_node(p, K_REP, (int32_t)lo, (int32_t)hi, p->st[p->nst - 1], 0);
+            if (node < 0) return -1;
+            p->st[p->nst - 1] = node;
+            last_repeat = 1;
+            continue;
+        }
+        switch (c) {
+        case '(':
+            node = rx_group(p);
+            break;
+        case '[':
+            node = rx_class(p);
+            break;
+        case '.': {
+            static const CR dot[2] = {{0, 9}, {11, RX_MAX_CP}};
+            p->i++;
+            node = rx_set(p, dot, 2);
+            break;
+        }
+        case '\\':
+            node = rx_escape(p);
+            break;
+        case ']':
+        case '}':
+            p->i++;
+            node = rx_lit(p, c);
+            break;
+        default: /* ^ $ */
+            return p->decline = 1, -1;
+        }
+        if (node < 0 || rx_push(p, node)) return -1;
+        last_repeat = 0;
+    }
+    return rx_close(p, base, K_CAT);
+}
+
+static int32_t rx_alternation(RX *p) {
+    int32_t base = p->nst, node = rx_sequence(p);
+    if (node < 0 || rx_push(p, node)) return -1;
+    while (rx_peek(p) == '|') {
+        p->i++;
+        if ((node = rx_sequence(p)) < 0 || rx_push(p, node)) return -1;
+    }
+    return rx_close(p, base, K_ALT);
+}
+
+/* Pre-order program of node x appended to prog. */
+static int rx_emit(RX *p, Vec *prog, Ctx *c, int32_t x) {
+    const RNode *r = &p->nodes[x];
+    switch (r->kind) {
+    case K_SET:
+        return vpush(c, prog, K_SET) || vpush(c, prog, r->a);
+    case K_CAT:
+    case K_ALT:
+        if (vpush(c, prog, r->kind) || vpush(c, prog, r->nkid)) return -1;
+        for (int32_t k = 0; k < r->nkid; k++)
+            if (rx_emit(p, prog, c, p->kids[r->child + k])) return -1;
+        return 0;
+    case K_REP:
+        return vpush(c, prog, K_REP) || vpush(c, prog, r->a) || vpush(c, prog, r->b) || rx_emit(p, prog, c, r->child);
+    default:
+        return vpush(c, prog, K_EMPTY);
+    }
+}
+
+/* Parse; 0 with p's tree (root in *root), 1 declined (p->need may be set), -1 Python error. */
+static int rx_parse(RX *p, PyObject *pattern, PyObject *max_repeat, int32_t *root) {
+    memset(p, 0, sizeof(*p));
+    if (!PyUnicode_Check(pattern)) return 1;
+    long long mr = PyLong_AsLongLong(max_repeat);
+    if (mr == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    p->max_repeat = mr < 0 ? -1 : (mr > RX_MAX_COUNT ? RX_MAX_COUNT : mr);
+    p->ukind = PyUnicode_KIND(pattern);
+    p->udata = PyUnicode_DATA(pattern);
+    p->n = PyUnicode_GET_LENGTH(pattern);
+    if (p->n > (1 << 24)) return 1;
+    int32_t r = rx_alternation(p);
+    if (r < 0 || p->decline || p->i < p->n) return 1; /* p->i < n: a stray ')' */
+    *root = r;
+    return 0;
+}
+
+/* Set s's ranges as a tuple of (lo, hi) tuples (what _charset_fragment takes). */
+static PyObject *rx_ranges_tuple(const RX *p, int32_t s) {
+    int32_t a = p->soff[s], b = p->soff[s + 1];
+    PyObject *t = PyTuple_New(b - a);
+    if (!t) return NULL;
+    for (int32_t k = a; k < b; k++) {
+        PyObject *pair = Py_BuildValue("(ii)", (int)p->rng[k].lo, (int)p->rng[k].hi);
+        if (!pair) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, k - a, pair);
+    }
+    return t;
+}
+
+/* Fragments of every set: ASCII-only sets built here (2 states, one edge per range, final 1, as
+ * _charset_fragment does), the others from fragment_fn. 0 or -1 (Python error). */
+static int rx_frags(const RX *p, PyObject *fn, Frags *f) {
+    int32_t n = p->ns;
+    PyObject **got = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    f->nfrag = n;
+    f->size = PyMem_Malloc(sizeof(int32_t) * ((size_t)n + 1));
+    f->final = PyMem_Malloc(sizeof(int32_t) * ((size_t)n + 1));
+    f->off = PyMem_Malloc(sizeof(int32_t) * ((size_t)n + 1));
+    int rc = -1;
+    if (!got || !f->size || !f->final || !f->off) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t total = 0;
+    for (int32_t s = 0; s < n; s++) {
+        int32_t a = p->soff[s], b = p->soff[s + 1];
+        if (a == b || p->rng[b - 1].hi <= 0x7F) {
+            total += (size_t)(b - a);
+            continue;
+        }
+        PyObject *ranges = rx_ranges_tuple(p, s);
+        if (!ranges) goto done;
+        got[s] = PyObject_CallOneArg(fn, ranges);
+        Py_DECREF(ranges);
+        if (!got[s]) goto done;
+        if (!PyTuple_Check(got[s]) || PyTuple_GET_SIZE(got[s]) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(got[s], 1))) {
+            PyErr_SetString(PyExc_TypeError, "a fragment must be (size, edges tuple, final)");
+            goto done;
+        }
+        total += (size_t)PyTuple_GET_SIZE(PyTuple_GET_ITEM(got[s], 1));
+    }
+    if (total >= INT32_MAX / 4) {
+        PyErr_SetString(PyExc_ValueError, "too many fragment edges");
+        goto done;
+    }
+    f->edges = PyMem_Malloc(sizeof(FEdge) * (total + 1));
+    if (!f->edges) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t w = 0;
+    for (int32_t s = 0; s < n; s++) {
+        if (got[s]) {
+            if (frag_fill(f, s, got[s], &w)) goto done;
+            continue;
+        }
+        f->size[s] = 2;
+        f->final[s] = 1;
+        f->off[s] = (int32_t)w;
+        for (int32_t k = p->soff[s]; k < p->soff[s + 1]; k++) {
+            FEdge x = {0, p->rng[k].lo, p->rng[k].hi, 1};
+            f->edges[w++] = x;
+        }
+    }
+    f->off[n] = (int32_t)w;
+    rc = 0;
+done:
+    if (got)
+        for (int32_t s = 0; s < n; s++) Py_XDECREF(got[s]);
+    PyMem_Free(got);
+    return rc;
+}
+
+/* The program of a parsed tree as a fresh int32 array (PyMem), its length in *len. */
+static int32_t *rx_program(RX *p, int32_t root, Py_ssize_t *len) {
+    Ctx c;
+    memset(&c, 0, sizeof(c));
+    c.limit = (size_t)1 << 40;
+    Vec prog = {0};
+    if (rx_emit(p, &prog, &c, root)) {
+        vfree(&c, &prog);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    int32_t *out = PyMem_Malloc(sizeof(int32_t) * (prog.n + 1));
+    if (!out) {
+        vfree(&c, &prog);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(out, prog.a, sizeof(int32_t) * prog.n);
+    *len = (Py_ssize_t)prog.n;
+    vfree(&c, &prog);
+    return out;
+}
+
+static PyObject *rx_declined(const RX *p) {
+    if (p->need) return PyLong_FromLong(p->need);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(compile_regex_doc,
+             "compile_regex(pattern, max_repeat, max_nfa, max_states, budget_s, max_bytes, fragment_fn)\n"
+             "-> None (not handled: use the Python parser) | int (bitmask of class tables to install)\n"
+             "   | (trans, classmap, accepting, num_states, num_classes) | (error code, value)");
+
+static PyObject *py_compile_regex(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "compile_regex takes 7 arguments");
+        return NULL;
+    }
+    long max_nfa = as_count(args[2], "max_nfa");
+    if (max_nfa < 0) return NULL;
+    long max_states = as_count(args[3], "max_states");
+    if (max_states < 0) return NULL;
+    if (max_nfa > INT32_MAX / 4) max_nfa = INT32_MAX / 4;
+    if (max_states > INT32_MAX / 2) max_states = INT32_MAX / 2;
+    if (!PyCallable_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "fragment_fn must be callable");
+        return NULL;
+    }
+    Ctx c;
+    if (parse_budget(args + 4, &c)) return NULL;
+    RX p;
+    int32_t root = -1;
+    int rc = rx_parse(&p, args[0], args[1], &root);
+    PyObject *res = NULL;
+    int32_t *prog = NULL, *next = NULL;
+    Frags fr;
+    memset(&fr, 0, sizeof(fr));
+    if (rc) {
+        res = rc > 0 ? rx_declined(&p) : NULL;
+        goto done;
+    }
+    Py_ssize_t len = 0;
+    if (!(prog = rx_program(&p, root, &len))) goto done;
+    if (!(next = PyMem_Malloc(sizeof(int32_t) * ((size_t)len + 1)))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (rx_frags(&p, args[6], &fr)) goto done;
+    res = run_prog(&c, prog, next, len, &fr, (int32_t)max_nfa, (int32_t)max_states);
+done:
+    rx_free(&p);
+    PyMem_Free(prog);
+    PyMem_Free(next);
+    frags_free(&fr);
+    return res;
+}
+
+PyDoc_STRVAR(parse_regex_program_doc,
+             "parse_regex_program(pattern, max_repeat) -> None | int (missing class tables)\n"
+             "   | (program, [ranges tuple of each set])  -- the fast-path parse alone (tests)");
+
+static PyObject *py_parse_regex_program(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "parse_regex_program takes 2 arguments");
+        return NULL;
+    }
+    RX p;
+    int32_t root = -1;
+    int rc = rx_parse(&p, args[0], args[1], &root);
+    PyObject *res = NULL, *plist = NULL, *sets = NULL;
+    int32_t *prog = NULL;
+    if (rc) {
+        res = rc > 0 ? rx_declined(&p) : NULL;
+        goto done;
+    }
+    Py_ssize_t len = 0;
+    if (!(prog = rx_program(&p, root, &len))) goto done;
+    if (!(plist = PyList_New(len)) || !(sets = PyList_New(p.ns))) goto done;
+    for (Py_ssize_t k = 0; k < len; k++) {
+        PyObject *v = PyLong_FromLong(prog[k]);
+        if (!v) goto done;
+        PyList_SET_ITEM(plist, k, v);
+    }
+    for (int32_t s = 0; s < p.ns; s++) {
+        PyObject *t = rx_ranges_tuple(&p, s);
+        if (!t) goto done;
+        PyList_SET_ITEM(sets, s, t);
+    }
+    res = PyTuple_Pack(2, plist, sets);
+done:
+    Py_XDECREF(plist);
+    Py_XDECREF(sets);
+    rx_free(&p);
+    PyMem_Free(prog);
+    return res;
+}
+
+PyDoc_STRVAR(set_class_ranges_doc,
+             "set_class_ranges(index, ranges) -- install the \\d (0), \\w (1) or \\s (2) table: normalized\n"
+             "(lo, hi) code-point ranges (the complement is derived here)");
+
+static PyObject *py_set_class_ranges(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_class_ranges takes 2 arguments");
+        return NULL;
+    }
+    int32_t idx = as_i32(args[0], 0, 2, "class index");
+    if (idx == INT32_MIN) return NULL;
+    PyObject *seq = PySequence_Fast(args[1], "ranges must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    CR *a = NULL, *neg = NULL;
+    if (n > RX_MAX_CP) {
+        PyErr_SetString(PyExc_ValueError, "too many ranges");
+        goto fail;
+    }
+    a = PyMem_Malloc(sizeof(CR) * ((size_t)n + 1));
+    neg = PyMem_Malloc(sizeof(CR) * ((size_t)n + 2));
+    if (!a || !neg) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *pr = PySequence_Fast_GET_ITEM(seq, k);
+        if (!PyTuple_Check(pr) || PyTuple_GET_SIZE(pr) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a range must be a (lo, hi) tuple");
+            goto fail;
+        }
+        /* normalized: sorted, disjoint and not adjacent to the previous range */
+        int32_t lo = as_i32(PyTuple_GET_ITEM(pr, 0), k ? a[k - 1].hi + 2 : 0, RX_MAX_CP, "range start");
+        if (lo == INT32_MIN) goto fail;
+        int32_t hi = as_i32(PyTuple_GET_ITEM(pr, 1), lo, RX_MAX_CP, "range end");
+        if (hi == INT32_MIN) goto fail;
+        a[k].lo = lo;
+        a[k].hi = hi;
+    }
+    Py_DECREF(seq);
+    int32_t m = rx_negate(a, (int32_t)n, neg);
+    PyMem_Free(rx_tab[idx]);
+    PyMem_Free(rx_tab[idx + 3]);
+    rx_tab[idx] = a;
+    rx_tab_n[idx] = (int32_t)n;
+    rx_tab[idx + 3] = neg;
+    rx_tab_n[idx + 3] = m;
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    PyMem_Free(a);
+    PyMem_Free(neg);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"determinize", (PyCFunction)(void (*)(void))py_determinize, METH_FASTCALL, determinize_doc},
     {"compile_ast", (PyCFunction)(void (*)(void))py_compile_ast, METH_FASTCALL, compile_ast_doc},
     {"from_strings", (PyCFunction)(void (*)(void))py_from_strings, METH_FASTCALL, from_strings_doc},
+    {"compile_regex", (PyCFunction)(void (*)(void))py_compile_regex, METH_FASTCALL, compile_regex_doc},
+    {"parse_regex_program", (PyCFunction)(void (*)(void))py_parse_regex_program, METH_FASTCALL,
+     parse_regex_program_doc},
+    {"set_class_ranges", (PyCFunction)(void (*)(void))py_set_class_ranges, METH_FASTCALL, set_class_ranges_doc},
     {NULL, NULL, 0, NULL},
 };
 

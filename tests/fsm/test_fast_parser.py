@@ -1,0 +1,261 @@
+"""The C fast-path regex parser (``_dfa_native.compile_regex``) against the Python parser.
+
+For every pattern the fast path either declines (None: the Python parser runs) or produces exactly
+what ``flatten_ast(parse_regex(pattern))`` would (same program, same character sets in the same
+order), hence the identical DFA. End to end, ``compile_regex`` with the fast path must return the
+same tables as the pure-Python path (``TOKENRAILS_NATIVE=0``) and raise the same errors (type,
+message, limit, value). The bench workloads must really take the fast path.
+"""
+from __future__ import annotations
+
+import json
+import string
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tokenrails import GuideLimitError, GuideTimeoutError
+from tokenrails.guided.fsm import compiler
+from tokenrails.guided.fsm.compiler import compile_regex
+from tokenrails.guided.fsm.nfa import _charset_fragment, flatten_ast
+from tokenrails.guided.fsm.regex_parser import parse_regex
+from tokenrails.guided.fsm.unicode_classes import unicode_digit, unicode_space, unicode_word
+from tokenrails.guided.limits import GuideLimits
+
+from .regex_strategies import anchored, regexes
+
+mod = pytest.importorskip("tokenrails._dfa_native")
+if not hasattr(mod, "compile_regex"):
+    pytest.skip("stale _dfa_native build without the fast-path parser", allow_module_level=True)
+
+LIMITS = GuideLimits()
+SMALL = LIMITS.replace(max_dfa_states=40, max_repeat=50)
+
+WORKLOADS = {
+    "email": r"[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}",
+    "datetime": r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})",
+    "ipv4": r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
+    "phone": r"\+?[0-9]{1,3}[ -]?\(?[0-9]{3}\)?[ -]?[0-9]{3}-[0-9]{4}",
+    "choice5": r"(positive|negative|neutral|mixed|unknown)",
+}
+SCHEMAS = {  # bench/fsm_vs_peers.py's JSON workloads
+    "json_person": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
+        "email": {"type": "string", "format": "email"}}, "required": ["name", "age", "email"]},
+    "json_order": {"type": "object", "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "items": {"type": "array", "items": {"type": "object", "properties": {
+            "sku": {"type": "string"}, "qty": {"type": "integer"}, "price": {"type": "number"}},
+            "required": ["sku", "qty", "price"]}, "minItems": 1, "maxItems": 5},
+        "status": {"enum": ["new", "paid", "shipped"]}}, "required": ["id", "items", "status"]},
+    "json_event": {"type": "object", "properties": {
+        "title": {"type": "string"}, "date": {"type": "string", "format": "date"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}},
+        "public": {"type": "boolean"}, "location": {"anyOf": [{"type": "null"}, {"type": "string"}]}},
+        "required": ["title", "date", "tags", "public", "location"]},
+}
+
+
+def _install_tables() -> None:
+    for index, table in enumerate((unicode_digit, unicode_word, unicode_space)):
+        mod.set_class_ranges(index, table())
+
+
+def _python_flat(pattern: str, max_repeat: int):
+    try:
+        return flatten_ast(parse_regex(pattern, max_repeat))
+    except Exception as exc:  # noqa: BLE001 -- the caller checks the fast path declined
+        return exc
+
+
+def check_parse(pattern: str, max_repeat: int = 1000) -> bool:
+    """The fast parse declines or equals the Python parse; returns whether it handled the pattern."""
+    fast = mod.parse_regex_program(pattern, max_repeat)
+    if fast is None:
+        return False
+    if isinstance(fast, int):  # tables missing: install, then it must answer
+        _install_tables()
+        fast = mod.parse_regex_program(pattern, max_repeat)
+        assert not isinstance(fast, int)
+        if fast is None:
+            return False
+    py = _python_flat(pattern, max_repeat)
+    assert not isinstance(py, Exception), f"fast path accepted {pattern!r}, Python raised {py!r}"
+    prog, sets = fast
+    assert prog == py[0], pattern
+    assert [_charset_fragment(r) for r in sets] == py[1], pattern
+    return True
+
+
+def _run(monkeypatch, native: bool, pattern, limits):
+    monkeypatch.setenv("TOKENRAILS_NATIVE", "1" if native else "0")
+    try:
+        return compile_regex(pattern, limits)
+    except Exception as exc:  # noqa: BLE001 -- compared by the caller
+        return exc
+    finally:
+        monkeypatch.setenv("TOKENRAILS_NATIVE", "1")
+
+
+def check_compile(monkeypatch, pattern, limits=LIMITS) -> None:
+    """compile_regex with the fast path == the pure-Python path: tables or error."""
+    py = _run(monkeypatch, False, pattern, limits)
+    fast = _run(monkeypatch, True, pattern, limits)
+    if isinstance(py, Exception) or isinstance(fast, Exception):
+        assert type(py) is type(fast), (pattern, py, fast)
+        assert str(py) == str(fast), pattern
+        assert getattr(py, "limit", None) == getattr(fast, "limit", None)
+        assert getattr(py, "value", None) == getattr(fast, "value", None)
+        return
+    assert np.array_equal(py.trans, fast.trans), pattern
+    assert np.array_equal(py.classmap, fast.classmap), pattern
+    assert np.array_equal(py.accepting, fast.accepting), pattern
+
+
+# ---- the fast path is really taken ---------------------------------------------------------------
+def _no_python_parser(monkeypatch):
+    def boom(*_a, **_k):
+        raise AssertionError("the Python parser ran: the fast path declined")
+
+    monkeypatch.setattr(compiler, "parse_regex", boom)
+
+
+def _json_regexes():
+    core = pytest.importorskip("outlines_core.json_schema")
+    return {name: core.build_regex_from_schema(json.dumps(schema)) for name, schema in SCHEMAS.items()}
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS) + sorted(SCHEMAS))
+def test_bench_workloads_take_the_fast_path(monkeypatch, name):
+    pattern = WORKLOADS[name] if name in WORKLOADS else _json_regexes()[name]
+    assert check_parse(pattern)
+    monkeypatch.setenv("TOKENRAILS_NATIVE", "0")
+    expected = compile_regex(pattern, LIMITS)
+    monkeypatch.setenv("TOKENRAILS_NATIVE", "1")
+    _no_python_parser(monkeypatch)
+    got = compile_regex(pattern, LIMITS)
+    assert np.array_equal(expected.trans, got.trans)
+    assert np.array_equal(expected.classmap, got.classmap)
+    assert np.array_equal(expected.accepting, got.accepting)
+
+
+def test_native_off_never_calls_the_fast_path(monkeypatch):
+    def boom(*_a, **_k):
+        raise AssertionError("fast path used with TOKENRAILS_NATIVE=0")
+
+    monkeypatch.setattr(mod, "compile_regex", boom)
+    monkeypatch.setenv("TOKENRAILS_NATIVE", "0")
+    assert compile_regex(WORKLOADS["datetime"], LIMITS).fullmatch(b"2024-05-17T13:45:09.123+02:00")
+
+
+# ---- random and adversarial patterns ---------------------------------------------------------------
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(anchored)
+def test_generated_patterns(monkeypatch, pattern):
+    check_parse(pattern)
+    check_compile(monkeypatch, pattern)
+
+
+META = "\\()[]{}|.*+?^$-,:<>=!#P0123456789dDwWsSxuUNbBAZntaf"
+junk = st.text(alphabet=st.sampled_from(list(META) + ["é", "😀", "\ud800", " ", "\n", "\x00"]), max_size=14)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(junk)
+def test_malformed_and_adversarial_strings(monkeypatch, pattern):
+    check_parse(pattern, 50)
+    check_compile(monkeypatch, pattern, SMALL)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(regexes, st.sampled_from(["*", "+", "?", "{2}", "{0,3}", "{2,}", "{,2}", "*?", "{1,2}?", "{3,1}", "{}",
+                                 "{,}", "{x}", "*+", "**", "{2}{3}", "??"]))
+def test_nested_quantifiers(monkeypatch, pattern, quant):
+    for p in ("(" + pattern + ")" + quant, "(?:" + pattern + quant + ")" + quant, pattern + quant):
+        check_parse(p)
+        check_compile(monkeypatch, p, SMALL)
+
+
+ESCAPE_CHARS = string.printable + "é€😀\u3000٣"
+
+
+@pytest.mark.parametrize("c", list(ESCAPE_CHARS))
+def test_every_escape_letter(monkeypatch, c):
+    for p in ("\\" + c, "a\\" + c + "b", "[\\" + c + "]", "[^\\" + c + "x]", "[a-\\" + c + "]", "[\\" + c + "-z]",
+              "\\" + c + "12", "\\" + c + "0041", "\\" + c + "0001F600", "\\" + c + "{LATIN SMALL LETTER A}",
+              "[\\" + c + "4a]", "\\" + c + "ffffffff", "\\" + c + "zz"):
+        check_parse(p)
+        check_compile(monkeypatch, p)
+
+
+EDGE_CASES = [
+    "", "()", "(?:)", "a|", "|", "||a", "(|)", "a**", "a*?", "a+?b", "a{3", "a{3,", "a{,3}", "a{,}", "a{}", "{3}",
+    "a{3}{2}", "a{2,1}", "a{1001}", "a{1000}", "a{0,1001}", "a{99999999999999999999}", "a{007}", "x{0}", "x{0,0}",
+    "(a)(b)", "a)", "(a", "((a)", "[", "[]", "[]]", "[^]]", "[^]", "[a-]", "[-a]", "[a-\\d]", "[\\d-a]", "[z-a]",
+    "[\\", "[a", "[a-", "]", "}", "a]b}", "\\", "a\\", ".", ".*", "[.]", "\\x4", "\\xg0", "\\u12", "\\U0011ffff",
+    "\\U0010ffff", "\\ud800", "[\\ud800-\\udfff]", "é+", "😀{2}", "[😀-😂]+", "\\N{EM DASH}", "\\0", "\\1", "\\08",
+    "[\\0]", "[\\8]", "[\\b]", "\\b", "^a$", "a^", "$", "(?i)a", "(?s).", "(?a)\\w", "(?P<n>a)", "(?<n>a)", "(?#c)a",
+    "(?=a)", "(?!a)", "(?<=a)b", "(?>a)", "a++", "a?+", "(?P=n)", "(?x", "(?", "(?:a|b)*c",
+    "[\\w\\s\\d]", "[^\\W\\S]", "\\D\\W\\S", "[\\D]", "[^\\D0-9]", "a{2}?", "a??b", "(a|b)*a(a|b){8}",
+    "[^\\x00-\\U0010ffff]", "[^\\x00-\\x7f]", "[\\x00-\\x7f]", "[\\t\\n\\r\\f\\v\\a]", "\\[\\]\\{\\}\\(\\)",
+]
+
+
+@pytest.mark.parametrize("pattern", EDGE_CASES)
+def test_edge_cases(monkeypatch, pattern):
+    check_parse(pattern)
+    check_compile(monkeypatch, pattern)
+    check_compile(monkeypatch, pattern, SMALL)
+
+
+@pytest.mark.parametrize("depth", [1, 50, 199, 200, 201, 400])
+@pytest.mark.parametrize("opener", ["(", "(?:"])
+def test_deep_nesting(monkeypatch, depth, opener):
+    pattern = opener * depth + "a" + ")" * depth
+    handled = check_parse(pattern)
+    assert handled == (depth <= 200)
+    check_compile(monkeypatch, pattern)
+
+
+def test_handles_the_common_subset():
+    """Things the fast path must not decline (else it would silently fall back everywhere)."""
+    for p in ["abc", "a|b|c", "(a|b)*", "(?:ab)+?", "[^\"\\\\]*", r"\d+\.\d*", r"\w\s\W\S\D", ".{2,5}", r"\x41\u00e9",
+              r"\U0001F600", r"[\]\-\\]", "a{,3}", "[]a]", "[a-]", r"\t\n\r\f\v\a", "é😀", "}]"]:
+        assert check_parse(p), p
+
+
+def test_limit_errors_match(monkeypatch):
+    check_compile(monkeypatch, "a{1001}")  # max_repeat: raised by the Python parser after the decline
+    check_compile(monkeypatch, "(a|b)*a(a|b){12}", LIMITS.replace(max_dfa_states=100))  # state limit in C
+    check_compile(monkeypatch, "(((a{1000}){1000}){1000})")  # expanded-size guard
+    check_compile(monkeypatch, "[0-9]{1000}[a-z]{1000}", LIMITS.replace(max_dfa_states=500))  # NFA size
+    monkeypatch.setenv("TOKENRAILS_NATIVE", "1")
+    _no_python_parser(monkeypatch)
+    with pytest.raises(GuideTimeoutError):  # handled by the fast path, deadline in C
+        compile_regex("(a|b)*a(a|b){18}", LIMITS.replace(compile_timeout_s=0.002, max_dfa_states=10**6))
+    with pytest.raises(GuideLimitError) as err:
+        compile_regex("(a|b)*a(a|b){12}", LIMITS.replace(max_dfa_states=100))
+    assert err.value.limit == "max_dfa_states"
+
+
+def test_non_str_and_bad_arguments():
+    assert mod.parse_regex_program(b"abc", 10) is None
+    assert mod.compile_regex(123, 10, 1024, 100, 1.0, 1 << 20, _charset_fragment) is None
+    with pytest.raises(TypeError):
+        mod.compile_regex("a", 10, 1024, 100, 1.0, 1 << 20, None)
+    with pytest.raises(ValueError):
+        mod.compile_regex("a", 10, -1, 100, 1.0, 1 << 20, _charset_fragment)
+    with pytest.raises(TypeError):  # a bad fragment from the callback raises, never crashes
+        mod.compile_regex("é", 10, 1024, 100, 1.0, 1 << 20, lambda r: "nope")
+    with pytest.raises(ValueError):
+        mod.compile_regex("é", 10, 1024, 100, 1.0, 1 << 20, lambda r: (2, ((0, 0, 300, 1),), 1))
+    with pytest.raises(ValueError):
+        mod.set_class_ranges(3, ())
+    with pytest.raises(ValueError):  # not normalized
+        mod.set_class_ranges(0, ((5, 9), (1, 2)))
+    with pytest.raises(TypeError):
+        mod.set_class_ranges(0, [[1, 2]])
+    _install_tables()  # leave the real tables installed
+    assert check_parse(r"\d\w\s")
