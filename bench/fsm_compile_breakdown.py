@@ -8,6 +8,11 @@ is the fastest total (a less noisy number on a shared machine).
 The automaton step is timed both ways in the same run, interleaved: "dfa ms" with the C builder
 (tokenrails._dfa_native, when built) and "py dfa ms" with the pure-Python path (only the DFA
 step is switched; the index always uses whatever is built); "py/C" is their ratio.
+A second table times the whole regex → DFA step as ``compile_regex`` does it: "fast us" with the
+C fast-path parser (``_dfa_native.compile_regex``: parse and build in one call), "parser us" with
+the Python parser + the C builder (``parse_regex`` → ``flatten_ast`` → ``compile_ast``: the path
+before the fast parser, and the one every declined pattern still takes), "pure us" all in Python
+(``TOKENRAILS_NATIVE=0``); interleaved, medians, with "parser/fast" and "pure/fast" ratios.
 ``--profile NAME`` prints a cProfile of the automaton step of one workload.
 Run: OMP_NUM_THREADS=1 python bench/fsm_compile_breakdown.py [--vocab qwen2] [--repeat 21]
 """
@@ -26,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import load_tokenizer  # noqa: E402
 from bench.fsm_vs_peers import workloads  # noqa: E402
 from tokenrails import Vocabulary  # noqa: E402
-from tokenrails.guided.fsm.compiler import compile_ast, compile_choices  # noqa: E402
+from tokenrails.guided.fsm.compiler import _compile_ast, compile_ast, compile_choices, compile_regex, no_gc  # noqa: E402
 from tokenrails.guided.fsm.dfa import START, native_module  # noqa: E402
 from tokenrails.guided.fsm.matcher import grammar_bytes  # noqa: E402
+from tokenrails.guided.fsm.nfa import Deadline  # noqa: E402
 from tokenrails.guided.fsm.regex_parser import parse_regex  # noqa: E402
 from tokenrails.guided.fsm.token_index import TokenIndex  # noqa: E402
 from tokenrails.guided.fsm.token_trie import token_trie  # noqa: E402
@@ -50,6 +56,49 @@ def automaton(regex, choices, limits, python: bool):
             os.environ.pop("TOKENRAILS_NATIVE", None)
         else:
             os.environ["TOKENRAILS_NATIVE"] = old
+
+
+def via_parser(regex, limits):
+    """``compile_regex`` without the fast path: the Python parser, then the (C) builder."""
+    deadline = Deadline(limits.compile_timeout_s)
+    with no_gc():
+        return _compile_ast(parse_regex(regex, limits.max_repeat), limits, deadline)
+
+
+def fast_path_handles(regex, limits) -> bool:
+    mod = native_module()
+    return mod is not None and hasattr(mod, "parse_regex_program") and isinstance(
+        mod.parse_regex_program(regex, limits.max_repeat), tuple)
+
+
+def regex_table(limits, repeat: int) -> None:
+    """regex → DFA: fast path vs Python parser (+ C builder) vs pure Python, interleaved."""
+    print()
+    print(f"{'regex->DFA':12s} {'fast us':>9s} {'parser us':>9s} {'parser/fast':>11s} {'pure us':>9s} "
+          f"{'pure/fast':>9s} {'handled':>7s}")
+    n = max(repeat, 21) * 5
+    for name, regex, _text, choices in workloads():
+        if choices:
+            continue
+        ways = {"fast": lambda: compile_regex(regex, limits), "parser": lambda: via_parser(regex, limits),
+                "pure": lambda: compile_regex(regex, limits)}
+        times: dict[str, list[float]] = {k: [] for k in ways}
+        old = os.environ.get("TOKENRAILS_NATIVE")
+        try:
+            for _ in range(n + 1):  # the first round warms caches and is dropped
+                for key, fn in ways.items():
+                    os.environ["TOKENRAILS_NATIVE"] = "0" if key == "pure" else "1"
+                    t0 = time.perf_counter()
+                    fn()
+                    times[key].append(time.perf_counter() - t0)
+        finally:
+            if old is None:
+                os.environ.pop("TOKENRAILS_NATIVE", None)
+            else:
+                os.environ["TOKENRAILS_NATIVE"] = old
+        med = {k: sorted(v[1:])[n // 2] * 1e6 for k, v in times.items()}
+        print(f"{name:12s} {med['fast']:9.1f} {med['parser']:9.1f} {med['parser'] / med['fast']:11.2f} "
+              f"{med['pure']:9.1f} {med['pure'] / med['fast']:9.1f} {'yes' if fast_path_handles(regex, limits) else 'no':>7s}")
 
 
 def pieces(regex, choices, limits, vocab, trie):
@@ -74,7 +123,11 @@ def main() -> None:
     ap.add_argument("--vocab", default="qwen2")
     ap.add_argument("--repeat", type=int, default=21)
     ap.add_argument("--profile", default="")
+    ap.add_argument("--regex-only", action="store_true", help="only the regex -> DFA table (no vocabulary)")
     args = ap.parse_args()
+    if args.regex_only:
+        regex_table(GuideLimits(), args.repeat)
+        return
     vocab = Vocabulary.from_huggingface(load_tokenizer(args.vocab))
     trie = token_trie(vocab)
     grammar_bytes(vocab)
@@ -105,6 +158,7 @@ def main() -> None:
                     compile_ast(parse_regex(regex, limits.max_repeat), limits)
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    regex_table(limits, args.repeat)
 
 
 if __name__ == "__main__":
