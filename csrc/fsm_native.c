@@ -1,20 +1,27 @@
-/* tokenrails._fsm_native -- the FSM backend's per-state token mask, computed by a pre-order trie walk.
+/* tokenrails._fsm_native -- the FSM backend's per-state token masks and DFA stepping.
  *
  * Trie(node_byte, node_depth, node_tok, tok_next, num_bits)
  *     A vocabulary's grammar tokens as a flat pre-order (DFS) trie: per node its edge byte, depth
  *     (1-based) and one token id ending there (-1 if none); tok_next chains further ids with the
- *     same bytes (ascending, -1 ends). Validated and copied once; the subtree end of every node is
- *     derived here from the depths, so no input can make a walk leave the arrays.
+ *     same bytes (ascending, -1 ends). Validated and copied once; the subtree end, parent and
+ *     per-byte depth-1 node are derived here, so no input can make a walk leave the arrays.
  * Walker(trie, trans, num_states, num_classes, classmap, accepting, eos_ids, vocab_size, byte_table)
  *     One DFA over that trie (trans: int32 [S*K] row-major, 0 = dead). Every table value is
  *     validated; states are stored pre-multiplied by the row width so a step is one load.
  *     byte_table=True expands the table to [S, 256] (one load per node, no class lookup).
+ *     Token t is allowed in state s iff feeding its bytes from s never reaches the dead state; the
+ *     EOS ids iff s accepts. A walk visits only the subtrees under live transitions.
  * Walker.fill(state, out) -> (hash, full)
- *     Zeroes ``out`` (a writable buffer of words*4 bytes) and writes the packed mask row in
- *     xgrammar's layout: token t allowed iff feeding its bytes from ``state`` never reaches the dead
- *     state; EOS ids iff ``state`` accepts. A dead transition skips the node's whole subtree.
- *     Returns a 64-bit hash of the row (for de-duplication) and whether every id below
- *     vocab_size is allowed. The GIL is released during the walk.
+ *     The raw walk, uncached: zeroes ``out`` (words int32) and writes the packed row in xgrammar's
+ *     layout. Returns a 64-bit hash of the row and whether every id below vocab_size is allowed.
+ * Walker.fill_into(state, address, words) -> masked
+ *     The decoding path: the state's row from the walker's cache (computed on first visit; rows
+ *     with few ids kept as id lists, the rest packed; equal rows stored once) written at a raw
+ *     address (state -1: the EOS-only row). The Python caller checks the target tensor.
+ * Walker.advance(state, token) -> state (0 = not allowed), row_index / is_cached / allows_everything /
+ * precompute(states): stepping over a token's bytes, cache queries, and a GIL-free batch fill of the
+ * cache (the background warm-up).
+ * The cache is only mutated with the GIL held; walks of packed rows release it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
