@@ -259,3 +259,33 @@ def test_non_str_and_bad_arguments():
         mod.set_class_ranges(0, [[1, 2]])
     _install_tables()  # leave the real tables installed
     assert check_parse(r"\d\w\s")
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="needs /proc")
+def test_no_memory_growth_over_repeated_calls():
+    _install_tables()
+    args = (1000, 1 << 20, 10**5, 60.0, 1 << 30)
+    handled = "[^\"\\\\]{0,4}\\d+é|[a-z]{2,}" * 3
+    declined_late = "[a-z]+(abc|\\w)*[é-ü]{2}(?i)x"  # declines after sets, nodes and a class were built
+
+    def work():
+        assert isinstance(mod.compile_regex(handled, *args, _charset_fragment), tuple)
+        assert mod.compile_regex(declined_late, *args, _charset_fragment) is None
+        assert mod.compile_regex("(a|b)*a(a|b){12}", 1000, 1 << 20, 100, 60.0, 1 << 30, _charset_fragment)[0] == 1
+        assert mod.parse_regex_program(handled, 1000)[0]
+        try:
+            mod.compile_regex(handled, *args, lambda r: None)
+        except TypeError:
+            pass
+
+    for _ in range(200):  # warm up allocator pools
+        work()
+    before = _rss_kb()
+    for _ in range(1500):
+        work()
+    assert _rss_kb() - before < 2048, "RSS grew by more than 2 MB over 1,500 rounds"
