@@ -41,7 +41,11 @@ typedef struct {
     double end;
     int err;
     long long err_value;
+    char *ar; /* optional bump arena for the many small blocks of a small build (NULL: none) */
+    size_t ar_off, ar_cap;
 } Ctx;
+
+#define ARENA_BYTES ((size_t)64 << 10)
 
 static double now_s(void) {
     struct timespec ts;
@@ -58,6 +62,11 @@ static int timed_out(Ctx *c) {
 }
 
 #define HDR 16 /* keeps 16-byte alignment; holds the block size for the accounting */
+#define ARENA_SPAN(n) (((n) + HDR + 15) & ~(size_t)15)
+
+/* Blocks come from the arena while it has room, else from malloc; the accounting (used against
+ * limit, err_value) is the same either way. Arena space is reclaimed only for the last block. */
+static inline int in_arena(const Ctx *c, const char *p) { return c->ar && p >= c->ar && p < c->ar + c->ar_cap; }
 
 static void *cx_alloc(Ctx *c, size_t n) {
     if (c->err) return NULL;
@@ -66,8 +75,11 @@ static void *cx_alloc(Ctx *c, size_t n) {
         c->err_value = (long long)(c->used + n);
         return NULL;
     }
-    char *p = malloc(n + HDR);
-    if (!p) {
+    char *p;
+    if (c->ar && n < c->ar_cap && ARENA_SPAN(n) <= c->ar_cap - c->ar_off) {
+        p = c->ar + c->ar_off;
+        c->ar_off += ARENA_SPAN(n);
+    } else if (!(p = malloc(n + HDR))) {
         c->err = E_MEMORY;
         c->err_value = (long long)(c->used + n);
         return NULL;
@@ -98,6 +110,23 @@ static void *cx_realloc(Ctx *c, void *q, size_t n) {
         c->err_value = (long long)(c->used + n - old);
         return NULL;
     }
+    if (in_arena(c, p)) {
+        size_t at = (size_t)(p - c->ar);
+        if (at + ARENA_SPAN(old) == c->ar_off && n < c->ar_cap && at + ARENA_SPAN(n) <= c->ar_cap) {
+            c->ar_off = at + ARENA_SPAN(n); /* the last block: grow or shrink in place */
+            *(size_t *)p = n;
+            c->used = c->used - old + n;
+            return q;
+        }
+        c->used -= old; /* moved: the old block is dropped */
+        void *r = cx_alloc(c, n);
+        if (!r) {
+            c->used += old;
+            return NULL;
+        }
+        memcpy(r, q, old < n ? old : n);
+        return r;
+    }
     char *np_ = realloc(p, n + HDR);
     if (!np_) {
         c->err = E_MEMORY;
@@ -112,7 +141,12 @@ static void *cx_realloc(Ctx *c, void *q, size_t n) {
 static void cx_free(Ctx *c, void *q) {
     if (!q) return;
     char *p = (char *)q - HDR;
-    c->used -= *(size_t *)p;
+    size_t n = *(size_t *)p;
+    c->used -= n;
+    if (in_arena(c, p)) {
+        if ((size_t)(p - c->ar) + ARENA_SPAN(n) == c->ar_off) c->ar_off = (size_t)(p - c->ar);
+        return;
+    }
     free(p);
 }
 
@@ -1799,10 +1833,17 @@ static PyObject *run_prog(Ctx *c, const int32_t *prog, int32_t *next, Py_ssize_t
     Dense d;
     memset(&d, 0, sizeof(d));
     int rc;
+    char *arena = malloc(ARENA_BYTES); /* NULL: every block from malloc */
+    c->ar = arena;
+    c->ar_off = 0;
+    c->ar_cap = arena ? ARENA_BYTES : 0;
     Py_BEGIN_ALLOW_THREADS
     rc = build_ast(c, prog, next, fr, max_nfa, max_states, &d);
     Py_END_ALLOW_THREADS
-    return result_of(c, &d, rc);
+    PyObject *res = result_of(c, &d, rc); /* copies out of (and releases) blocks that may be in the arena */
+    c->ar = NULL;
+    free(arena);
+    return res;
 }
 
 PyDoc_STRVAR(compile_ast_doc,
