@@ -11,8 +11,9 @@ step is switched; the index always uses whatever is built); "py/C" is their rati
 A second table times the whole regex → DFA step as ``compile_regex`` does it: "fast us" with the
 C fast-path parser (``_dfa_native.compile_regex``: parse and build in one call), "parser us" with
 the Python parser + the C builder (``parse_regex`` → ``flatten_ast`` → ``compile_ast``: the path
-before the fast parser, and the one every declined pattern still takes), "pure us" all in Python
-(``TOKENRAILS_NATIVE=0``); interleaved, medians, with "parser/fast" and "pure/fast" ratios.
+before the fast parser, and the one every declined pattern still takes), interleaved in the same
+run; "pure us" all in Python
+(``TOKENRAILS_NATIVE=0``, timed after the other two); medians, with "parser/fast" and "pure/fast".
 ``--profile NAME`` prints a cProfile of the automaton step of one workload.
 Run: OMP_NUM_THREADS=1 python bench/fsm_compile_breakdown.py [--vocab qwen2] [--repeat 21]
 """
@@ -71,34 +72,49 @@ def fast_path_handles(regex, limits) -> bool:
         mod.parse_regex_program(regex, limits.max_repeat), tuple)
 
 
+def _median_us(fn, n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[n // 2] * 1e6
+
+
 def regex_table(limits, repeat: int) -> None:
-    """regex → DFA: fast path vs Python parser (+ C builder) vs pure Python, interleaved."""
+    """regex → DFA: fast path vs Python parser (+ C builder), interleaved; pure Python after them
+    (its allocations would evict the caches the other two run in, so it is not interleaved)."""
     print()
     print(f"{'regex->DFA':12s} {'fast us':>9s} {'parser us':>9s} {'parser/fast':>11s} {'pure us':>9s} "
           f"{'pure/fast':>9s} {'handled':>7s}")
-    n = max(repeat, 21) * 5
-    for name, regex, _text, choices in workloads():
-        if choices:
-            continue
-        ways = {"fast": lambda: compile_regex(regex, limits), "parser": lambda: via_parser(regex, limits),
-                "pure": lambda: compile_regex(regex, limits)}
-        times: dict[str, list[float]] = {k: [] for k in ways}
-        old = os.environ.get("TOKENRAILS_NATIVE")
-        try:
-            for _ in range(n + 1):  # the first round warms caches and is dropped
-                for key, fn in ways.items():
-                    os.environ["TOKENRAILS_NATIVE"] = "0" if key == "pure" else "1"
+    n = max(repeat, 21) * 10
+    old = os.environ.get("TOKENRAILS_NATIVE")
+    try:
+        for name, regex, _text, choices in workloads():
+            if choices:
+                continue
+            os.environ["TOKENRAILS_NATIVE"] = "1"
+            fast = lambda: compile_regex(regex, limits)  # noqa: E731
+            parser = lambda: via_parser(regex, limits)  # noqa: E731
+            fast(), parser()  # warm caches
+            times: dict[str, list[float]] = {"fast": [], "parser": []}
+            for i in range(n):  # interleaved, alternating which goes first
+                for key, fn in ((("fast", fast), ("parser", parser)) if i % 2 else (("parser", parser), ("fast", fast))):
                     t0 = time.perf_counter()
                     fn()
                     times[key].append(time.perf_counter() - t0)
-        finally:
-            if old is None:
-                os.environ.pop("TOKENRAILS_NATIVE", None)
-            else:
-                os.environ["TOKENRAILS_NATIVE"] = old
-        med = {k: sorted(v[1:])[n // 2] * 1e6 for k, v in times.items()}
-        print(f"{name:12s} {med['fast']:9.1f} {med['parser']:9.1f} {med['parser'] / med['fast']:11.2f} "
-              f"{med['pure']:9.1f} {med['pure'] / med['fast']:9.1f} {'yes' if fast_path_handles(regex, limits) else 'no':>7s}")
+            med = {k: sorted(v)[n // 2] * 1e6 for k, v in times.items()}
+            handled = fast_path_handles(regex, limits)
+            os.environ["TOKENRAILS_NATIVE"] = "0"
+            fast()
+            pure = _median_us(fast, max(repeat, 21))
+            print(f"{name:12s} {med['fast']:9.1f} {med['parser']:9.1f} {med['parser'] / med['fast']:11.2f} "
+                  f"{pure:9.1f} {pure / med['fast']:9.1f} {'yes' if handled else 'no':>7s}")
+    finally:
+        if old is None:
+            os.environ.pop("TOKENRAILS_NATIVE", None)
+        else:
+            os.environ["TOKENRAILS_NATIVE"] = old
 
 
 def pieces(regex, choices, limits, vocab, trie):

@@ -289,3 +289,29 @@ def test_no_memory_growth_over_repeated_calls():
     for _ in range(1500):
         work()
     assert _rss_kb() - before < 2048, "RSS grew by more than 2 MB over 1,500 rounds"
+
+
+def test_first_use_of_class_escapes_in_a_fresh_process():
+    """Without installed tables the fast path asks for them, compile_regex installs them and
+    retries; the Python parser never runs and the DFA is the pure-Python one."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, numpy as np\n"
+        "from tokenrails import _dfa_native as mod\n"
+        "from tokenrails.guided.fsm import compiler\n"
+        "from tokenrails.guided.limits import GuideLimits\n"
+        "assert mod.parse_regex_program(r'\\d', 10) == 1 and mod.parse_regex_program(r'[\\s\\W]', 10) in (2, 4)\n"
+        "orig = compiler.parse_regex\n"
+        "compiler.parse_regex = lambda *a: (_ for _ in ()).throw(AssertionError('Python parser ran'))\n"
+        "fast = compiler.compile_regex(r'\\d+[\\w-]\\s\\S\\D', GuideLimits())\n"
+        "compiler.parse_regex = orig\n"
+        "os.environ['TOKENRAILS_NATIVE'] = '0'\n"
+        "pure = compiler.compile_regex(r'\\d+[\\w-]\\s\\S\\D', GuideLimits())\n"
+        "assert all(np.array_equal(getattr(fast, k), getattr(pure, k)) for k in ('trans', 'classmap', 'accepting'))\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "TOKENRAILS_NATIVE": "1"})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

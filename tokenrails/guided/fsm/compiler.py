@@ -64,12 +64,12 @@ def compile_regex(pattern: str, limits: GuideLimits, *, check_length: bool = Tru
     if check_length:
         limits.check("max_regex_length", len(pattern))
     deadline = Deadline(limits.compile_timeout_s)
+    mod = native_module()
+    if mod is not None and hasattr(mod, "compile_regex"):  # a handful of Python objects: no GC pause
+        dfa = _compile_regex_native(mod, pattern, limits, deadline)
+        if dfa is not None:
+            return dfa
     with no_gc():
-        mod = native_module()
-        if mod is not None and hasattr(mod, "compile_regex"):
-            dfa = _compile_regex_native(mod, pattern, limits, deadline)
-            if dfa is not None:
-                return dfa
         return _compile_ast(parse_regex(pattern, limits.max_repeat), limits, deadline)
 
 
@@ -80,7 +80,7 @@ _CLASS_TABLES = ((1, 0, unicode_digit), (2, 1, unicode_word), (4, 2, unicode_spa
 def _compile_regex_native(mod, pattern: str, limits: GuideLimits, deadline: Deadline) -> DFA | None:
     """The C fast path (parse + build), or None when it does not handle ``pattern``."""
     max_nfa = max(NFA_STATES_PER_DFA_STATE * limits.max_dfa_states, 1024)
-    while True:
+    for _ in range(4):  # at most one round per missing table, then it answers
         result = mod.compile_regex(pattern, limits.max_repeat, max_nfa, limits.max_dfa_states,
                                    max(deadline.remaining(), 0.0), NATIVE_MAX_BYTES, _charset_fragment)
         if type(result) is not int:
@@ -88,7 +88,7 @@ def _compile_regex_native(mod, pattern: str, limits: GuideLimits, deadline: Dead
         for bit, index, table in _CLASS_TABLES:  # first use of \d/\w/\s in this process
             if result & bit:
                 mod.set_class_ranges(index, table())
-    if result is None:
+    if result is None or type(result) is int:
         return None
     return _native_dfa(result, limits.max_dfa_states, deadline, NATIVE_MAX_BYTES, max_nfa)
 
