@@ -14,6 +14,10 @@
  *     fragments it references: the Thompson construction of ThompsonNFA, state for state, after
  *     the expanded-size guard (5: more than max_nfa character positions; 6: more than max_nfa
  *     NFA states), then as determinize.
+ * compile_regex(pattern, max_repeat, max_nfa, max_states, budget_s, max_bytes, fragment_fn)
+ *     A C parser for the common subset of regex_parser.py's syntax producing compile_ast's program
+ *     directly, then as compile_ast; None for anything it does not handle (the Python parser runs).
+ *     See "regex fast path" below.
  * from_strings(strings, max_nodes, budget_s, max_bytes)
  *     The minimal DFA of a finite set of byte strings: a trie over byte classes, minimized
  *     bottom-up (Revuz: a node's class is the register entry of (final, [(class, child class)])).

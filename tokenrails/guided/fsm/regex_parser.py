@@ -6,6 +6,12 @@ here what they mean in Python. Non-regular or engine-specific constructs (backre
 lookaround, ``\\b``, possessive/atomic, conditionals, case-insensitive/verbose flags) raise
 ``UnsupportedGuideError`` naming the construct; malformed patterns raise ``RegexSyntaxError``
 (an ``InvalidGuideError``) carrying the position.
+
+``compile_regex`` first tries a C parser (``_dfa_native.compile_regex`` in csrc/dfa_native.c) that
+mirrors this one node for node on the common subset (literals, escapes, classes, groups,
+alternation, quantifiers) and declines everything else, errors included, to this parser. A change
+to the AST this parser builds for that subset must be made there too:
+tests/fsm/test_fast_parser.py compares the two.
 """
 from __future__ import annotations
 
