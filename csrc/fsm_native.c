@@ -388,10 +388,15 @@ static inline int32_t live_subtree(const WalkerObject *w, int32_t scaled, int b,
     return first;
 }
 
-static void walk(const WalkerObject *w, int32_t state, uint32_t *row, int32_t *stk) {
+/* Dense (ids == NULL): set the bit of every allowed id in row; returns 0. Sparse: append the
+ * allowed ids in pre-order to ids[0..cap) and return how many, or -1 as soon as there are more.
+ * Inlined into both callers, so each gets a loop without the other mode's branches. */
+static inline Py_ssize_t walk(const WalkerObject *w, int32_t state, int32_t *stk, uint32_t *row, int32_t *ids,
+                              Py_ssize_t cap) {
     const TrieObject *tr = w->trie;
     const Node *nodes = tr->nodes;
     const int32_t *table = w->table, *cmap = w->cmap, *next = tr->tok_next;
+    Py_ssize_t count = 0;
     stk[0] = state * w->width;
     for (int b = 0; b < 256; b++) {
         int32_t end, i = live_subtree(w, stk[0], b, &end);
@@ -403,17 +408,31 @@ static void walk(const WalkerObject *w, int32_t state, uint32_t *row, int32_t *s
                 continue;
             }
             stk[nd->depth] = ns;
+            i++;
             int32_t t = nd->tok;
-            /* branch-free: about half the nodes end a token, in no predictable pattern */
-            row[t >> 5] |= (uint32_t)(nd->flags & HAS_TOK) << (t & 31);
+            if (!ids) {
+                /* branch-free: about half the nodes end a token, in no predictable pattern */
+                row[t >> 5] |= (uint32_t)(nd->flags & HAS_TOK) << (t & 31);
+            } else if (nd->flags & HAS_TOK) {
+                if (count == cap) {
+                    return -1;
+                }
+                ids[count++] = t;
+            }
             if (nd->flags & DUP) {
                 for (t = next[t]; t >= 0; t = next[t]) {
-                    row[t >> 5] |= 1u << (t & 31);
+                    if (!ids) {
+                        row[t >> 5] |= 1u << (t & 31);
+                    } else if (count == cap) {
+                        return -1;
+                    } else {
+                        ids[count++] = t;
+                    }
                 }
             }
-            i++;
         }
     }
+    return count;
 }
 
 static uint64_t mix(uint64_t h) {
@@ -453,7 +472,7 @@ static uint64_t fill_row(WalkerObject *self, int32_t state, uint32_t *row, Py_ss
                          int *full) {
     memset(row, 0, words * 4);
     if (state != 0) {
-        walk(self, state, row, stk);
+        walk(self, state, stk, row, NULL, 0);
     }
     if (self->accepting[state]) {
         for (Py_ssize_t k = 0; k < self->num_eos; k++) {
@@ -523,43 +542,6 @@ static PyObject *Walker_fill(WalkerObject *self, PyObject *const *args, Py_ssize
 
 /* ---- the row cache ----------------------------------------------------------------------------- */
 
-/* The sparse walk: allowed ids in pre-order into ids[0..cap); -1 as soon as more than cap are allowed. */
-static Py_ssize_t walk_ids(const WalkerObject *w, int32_t state, int32_t *ids, Py_ssize_t cap, int32_t *stk) {
-    const TrieObject *tr = w->trie;
-    const Node *nodes = tr->nodes;
-    const int32_t *table = w->table, *cmap = w->cmap, *next = tr->tok_next;
-    Py_ssize_t count = 0;
-    stk[0] = state * w->width;
-    for (int b = 0; b < 256; b++) {
-        int32_t end, i = live_subtree(w, stk[0], b, &end);
-        while (i < end) {
-            const Node *nd = &nodes[i];
-            int32_t ns = table[stk[nd->depth - 1] + cmap[nd->byte]];
-            if (!ns) {
-                i = nd->end;
-                continue;
-            }
-            stk[nd->depth] = ns;
-            if (nd->flags & HAS_TOK) {
-                if (count == cap) {
-                    return -1;
-                }
-                ids[count++] = nd->tok;
-                if (nd->flags & DUP) {
-                    for (int32_t t = next[nd->tok]; t >= 0; t = next[t]) {
-                        if (count == cap) {
-                            return -1;
-                        }
-                        ids[count++] = t;
-                    }
-                }
-            }
-            i++;
-        }
-    }
-    return count;
-}
-
 static uint64_t hash_ids(const int32_t *ids, Py_ssize_t n) {
     uint64_t h = 0x6a09e667f3bcc909ULL ^ (uint64_t)n;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -587,7 +569,7 @@ static int compute_sparse(const WalkerObject *w, int32_t state, Row *out, int32_
     if (!ids) {
         return -1;
     }
-    Py_ssize_t count = state ? walk_ids(w, state, ids, cap, stk) : 0;
+    Py_ssize_t count = state ? walk(w, state, stk, NULL, ids, cap) : 0;
     if (count >= 0 && w->accepting[state]) {
         if (count + w->num_eos > cap) {
             count = -1;
