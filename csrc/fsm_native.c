@@ -503,13 +503,30 @@ static int check_state(WalkerObject *self, Py_ssize_t state) {
     return 0;
 }
 
-static PyObject *Walker_fill(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "fill(state, out) takes 2 arguments");
-        return NULL;
+static int get_state(WalkerObject *self, PyObject *arg, Py_ssize_t *state, int allow_eos_only) {
+    *state = PyLong_AsSsize_t(arg);
+    if (*state == -1 && PyErr_Occurred()) {
+        return -1;
     }
-    Py_ssize_t state = PyLong_AsSsize_t(args[0]);
-    if ((state == -1 && PyErr_Occurred()) || check_state(self, state) < 0) {
+    if (allow_eos_only && *state == EOS_ONLY) {
+        return 0;
+    }
+    return check_state(self, *state);
+}
+
+/* The head of every (state, ...) METH_FASTCALL method: the argument count, then a valid state. */
+static int state_args(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage,
+                      Py_ssize_t *state, int allow_eos_only) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", usage, want);
+        return -1;
+    }
+    return get_state(self, args[0], state, allow_eos_only);
+}
+
+static PyObject *Walker_fill(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t state;
+    if (state_args(self, args, nargs, 2, "fill(state, out)", &state, 0) < 0) {
         return NULL;
     }
     Py_buffer out;
@@ -670,28 +687,13 @@ static int32_t ensure_row(WalkerObject *w, int32_t state) {
     return store_row(w, state, &row);
 }
 
-static int get_state(WalkerObject *self, PyObject *arg, Py_ssize_t *state, int allow_eos_only) {
-    *state = PyLong_AsSsize_t(arg);
-    if (*state == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (allow_eos_only && *state == EOS_ONLY) {
-        return 0;
-    }
-    return check_state(self, *state);
-}
-
 /* fill_into(state, address, words) -> bool: write the state's row (computed on first visit) at
  * `address`, an int32 row of `words` >= the row width (the tail is zeroed); state -1 writes the
  * EOS-only row. Returns whether anything is masked. The caller vouches for the address (the
  * Python side checks the tensor: CPU, int32, row-contiguous, row index in range). */
 static PyObject *Walker_fill_into(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "fill_into(state, address, words) takes 3 arguments");
-        return NULL;
-    }
     Py_ssize_t state;
-    if (get_state(self, args[0], &state, 1) < 0) {
+    if (state_args(self, args, nargs, 3, "fill_into(state, address, words)", &state, 1) < 0) {
         return NULL;
     }
     uintptr_t addr = (uintptr_t)PyLong_AsVoidPtr(args[1]);
@@ -741,12 +743,8 @@ static PyObject *Walker_fill_into(WalkerObject *self, PyObject *const *args, Py_
 /* advance(state, token) -> state after the token's bytes; 0 (dead) for an id outside the trie
  * (specials, EOS, empty or out-of-range ids) or a byte the DFA refuses. */
 static PyObject *Walker_advance(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "advance(state, token) takes 2 arguments");
-        return NULL;
-    }
     Py_ssize_t state;
-    if (get_state(self, args[0], &state, 0) < 0) {
+    if (state_args(self, args, nargs, 2, "advance(state, token)", &state, 0) < 0) {
         return NULL;
     }
     Py_ssize_t token = PyLong_AsSsize_t(args[1]);
