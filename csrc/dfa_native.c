@@ -1823,6 +1823,18 @@ fail:
     return -1;
 }
 
+/* (max_nfa, max_states, budget_s, max_bytes) of the AST/regex entry points: counts clamped to
+ * what int32 indices allow, then the budget into a fresh context. */
+static int parse_build_limits(PyObject *const *args, int32_t *max_nfa, int32_t *max_states, Ctx *c) {
+    long nfa = as_count(args[0], "max_nfa");
+    if (nfa < 0) return -1;
+    long states = as_count(args[1], "max_states");
+    if (states < 0) return -1;
+    *max_nfa = (int32_t)(nfa > INT32_MAX / 4 ? INT32_MAX / 4 : nfa);
+    *max_states = (int32_t)(states > INT32_MAX / 2 ? INT32_MAX / 2 : states);
+    return parse_budget(args + 2, c);
+}
+
 /* Validate the program, apply the expanded-size guard, build (GIL released): the result tuple. */
 static PyObject *run_prog(Ctx *c, const int32_t *prog, int32_t *next, Py_ssize_t len, const Frags *fr,
                           int32_t max_nfa, int32_t max_states) {
@@ -1864,14 +1876,9 @@ static PyObject *py_compile_ast(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "program must be a list of ints");
         return NULL;
     }
-    long max_nfa = as_count(args[2], "max_nfa");
-    if (max_nfa < 0) return NULL;
-    long max_states = as_count(args[3], "max_states");
-    if (max_states < 0) return NULL;
-    if (max_nfa > INT32_MAX / 4) max_nfa = INT32_MAX / 4;
-    if (max_states > INT32_MAX / 2) max_states = INT32_MAX / 2;
+    int32_t max_nfa, max_states;
     Ctx c;
-    if (parse_budget(args + 4, &c)) return NULL;
+    if (parse_build_limits(args + 2, &max_nfa, &max_states, &c)) return NULL;
     Py_ssize_t len = PyList_GET_SIZE(args[0]);
     if (len < 1 || len >= INT32_MAX / 4) {
         PyErr_SetString(PyExc_ValueError, "empty or oversized AST program");
@@ -1892,7 +1899,7 @@ static PyObject *py_compile_ast(PyObject *self, PyObject *const *args, Py_ssize_
         prog[i] = v;
     }
     if (frags_read(args[1], &fr)) goto done;
-    res = run_prog(&c, prog, next, len, &fr, (int32_t)max_nfa, (int32_t)max_states);
+    res = run_prog(&c, prog, next, len, &fr, max_nfa, max_states);
 done:
     PyMem_Free(prog);
     PyMem_Free(next);
@@ -2597,18 +2604,13 @@ static PyObject *py_compile_regex(PyObject *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "compile_regex takes 7 arguments");
         return NULL;
     }
-    long max_nfa = as_count(args[2], "max_nfa");
-    if (max_nfa < 0) return NULL;
-    long max_states = as_count(args[3], "max_states");
-    if (max_states < 0) return NULL;
-    if (max_nfa > INT32_MAX / 4) max_nfa = INT32_MAX / 4;
-    if (max_states > INT32_MAX / 2) max_states = INT32_MAX / 2;
+    int32_t max_nfa, max_states;
+    Ctx c;
+    if (parse_build_limits(args + 2, &max_nfa, &max_states, &c)) return NULL;
     if (!PyCallable_Check(args[6])) {
         PyErr_SetString(PyExc_TypeError, "fragment_fn must be callable");
         return NULL;
     }
-    Ctx c;
-    if (parse_budget(args + 4, &c)) return NULL;
     RX p;
     int32_t root = -1;
     int rc = rx_parse(&p, args[0], args[1], &root);
@@ -2627,7 +2629,7 @@ static PyObject *py_compile_regex(PyObject *self, PyObject *const *args, Py_ssiz
         goto done;
     }
     if (rx_frags(&p, args[6], &fr)) goto done;
-    res = run_prog(&c, prog, next, len, &fr, (int32_t)max_nfa, (int32_t)max_states);
+    res = run_prog(&c, prog, next, len, &fr, max_nfa, max_states);
 done:
     rx_free(&p);
     PyMem_Free(prog);
