@@ -26,6 +26,7 @@ from tokenrails.guided.limits import GuideLimits
 
 from .regex_strategies import anchored
 from .test_compile_construction import CORPUS, _reference_minimal_form, dfa_form
+from tests.fsm.leaks import assert_flat_rss, needs_proc
 
 mod = pytest.importorskip("tokenrails._dfa_native")
 LIMITS = GuideLimits()
@@ -302,12 +303,7 @@ def test_determinize_fuzz_never_crashes(n, edges, eps, start, acc):
 
 
 # ---- resources ----------------------------------------------------------------------------------
-def _rss_kb() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4
-
-
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="needs /proc")
+@needs_proc
 def test_no_memory_growth_over_repeated_compiles():
     pattern = _json_regex(JSON_SCHEMAS[0])
     node = parse_regex(pattern, LIMITS.max_repeat)
@@ -325,12 +321,7 @@ def test_no_memory_growth_over_repeated_compiles():
         except ValueError:
             pass
 
-    for _ in range(200):  # warm up allocator pools
-        work()
-    before = _rss_kb()
-    for _ in range(1500):
-        work()
-    assert _rss_kb() - before < 2048, "RSS grew by more than 2 MB over 1,500 compiles"
+    assert_flat_rss(work)
 
 
 def test_concurrent_compiles_agree():

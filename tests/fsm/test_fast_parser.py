@@ -25,6 +25,7 @@ from tokenrails.guided.fsm.unicode_classes import unicode_digit, unicode_space, 
 from tokenrails.guided.limits import GuideLimits
 
 from .regex_strategies import anchored, regexes
+from tests.fsm.leaks import assert_flat_rss, needs_proc
 
 mod = pytest.importorskip("tokenrails._dfa_native")
 if not hasattr(mod, "compile_regex"):
@@ -261,12 +262,7 @@ def test_non_str_and_bad_arguments():
     assert check_parse(r"\d\w\s")
 
 
-def _rss_kb() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4
-
-
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="needs /proc")
+@needs_proc
 def test_no_memory_growth_over_repeated_calls():
     _install_tables()
     args = (1000, 1 << 20, 10**5, 60.0, 1 << 30)
@@ -283,12 +279,7 @@ def test_no_memory_growth_over_repeated_calls():
         except TypeError:
             pass
 
-    for _ in range(200):  # warm up allocator pools
-        work()
-    before = _rss_kb()
-    for _ in range(1500):
-        work()
-    assert _rss_kb() - before < 2048, "RSS grew by more than 2 MB over 1,500 rounds"
+    assert_flat_rss(work)
 
 
 def test_first_use_of_class_escapes_in_a_fresh_process():
