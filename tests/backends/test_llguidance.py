@@ -12,12 +12,10 @@ pytest.importorskip("llguidance")
 
 from tokenrails import GuideSpec, Vocabulary, allocate_token_bitmask, compile_guide
 from tokenrails.guided.errors import (
-    GuideError,
     GuideLimitError,
     InvalidGuideError,
     UnsupportedGuideError,
 )
-from tokenrails.guided.limits import GuideLimits
 from tests.guided.helpers import adversarial_decode, allowed_ids, decode_text
 
 BACKEND = "llguidance"

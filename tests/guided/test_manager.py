@@ -1,5 +1,4 @@
 """GuidedDecodingManager: lifecycle, caching, mixed batches, fail-closed rows."""
-import gc
 import json
 import threading
 import time

@@ -2,7 +2,6 @@
 and the next ordinary request still works (the process stays healthy)."""
 from __future__ import annotations
 
-import json
 import resource
 import time
 
