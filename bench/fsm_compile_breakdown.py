@@ -14,8 +14,11 @@ the Python parser + the C builder (``parse_regex`` → ``flatten_ast`` → ``com
 before the fast parser, and the one every declined pattern still takes), interleaved in the same
 run; "pure us" all in Python
 (``TOKENRAILS_NATIVE=0``, timed after the other two); medians, with "parser/fast" and "pure/fast".
+With ``--variants`` (or ``--regex-only``) the second table also times ``VARIANTS``: anchored forms
+of typical user patterns (``^...$``, ``\\A...\\Z``) and non-ASCII character sets (Unicode ``\\w``,
+``[^"\\\\]``, ``.``, ``[é-ü]``), the shapes the fast path once declined or paid a Python callback for.
 ``--profile NAME`` prints a cProfile of the automaton step of one workload.
-Run: OMP_NUM_THREADS=1 python bench/fsm_compile_breakdown.py [--vocab qwen2] [--repeat 21]
+Run: OMP_NUM_THREADS=1 python bench/fsm_compile_breakdown.py [--vocab qwen2] [--repeat 21] [--variants]
 """
 from __future__ import annotations
 
@@ -40,6 +43,23 @@ from tokenrails.guided.fsm.regex_parser import parse_regex  # noqa: E402
 from tokenrails.guided.fsm.token_index import TokenIndex  # noqa: E402
 from tokenrails.guided.fsm.token_trie import token_trie  # noqa: E402
 from tokenrails.guided.limits import GuideLimits  # noqa: E402
+
+
+# (name, regex) timed by regex_table besides the fsm_vs_peers workloads with --variants/--regex-only
+VARIANTS = [
+    ("^phone$", r"^\d{3}-\d{4}$"),
+    ("^upper$", r"^[A-Z]+$"),
+    ("^email$", r"^[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}$"),
+    ("\\Adate\\Z", r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}\Z"),
+    ("^a|b$", r"^(yes|no)$|^maybe$"),
+    ("\\w+", r"\w+"),
+    ("[^\"\\]*", r'[^"\\]*'),
+    (".{1,5}", r".{1,5}"),
+    ("[é-ü]+", r"[é-ü]+"),
+    ("\\d{3}", r"\d{3}"),
+    ("^\\w+$", r"^\w+@\w+\.com$"),
+    ("a{b", r"a{b}c"),
+]
 
 
 def automaton(regex, choices, limits, python: bool):
@@ -81,7 +101,7 @@ def _median_us(fn, n: int) -> float:
     return sorted(times)[n // 2] * 1e6
 
 
-def regex_table(limits, repeat: int) -> None:
+def regex_table(limits, repeat: int, variants: bool = False) -> None:
     """regex → DFA: fast path vs Python parser (+ C builder), interleaved; pure Python after them
     (its allocations would evict the caches the other two run in, so it is not interleaved)."""
     print()
@@ -90,9 +110,8 @@ def regex_table(limits, repeat: int) -> None:
     n = max(repeat, 21) * 10
     old = os.environ.get("TOKENRAILS_NATIVE")
     try:
-        for name, regex, _text, choices in workloads():
-            if choices:
-                continue
+        cases = [(name, regex) for name, regex, _text, choices in workloads() if not choices]
+        for name, regex in cases + (VARIANTS if variants else []):
             os.environ["TOKENRAILS_NATIVE"] = "1"
             fast = lambda: compile_regex(regex, limits)  # noqa: E731
             parser = lambda: via_parser(regex, limits)  # noqa: E731
@@ -140,9 +159,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=21)
     ap.add_argument("--profile", default="")
     ap.add_argument("--regex-only", action="store_true", help="only the regex -> DFA table (no vocabulary)")
+    ap.add_argument("--variants", action="store_true", help="also time VARIANTS (anchored, Unicode sets)")
     args = ap.parse_args()
     if args.regex_only:
-        regex_table(GuideLimits(), args.repeat)
+        regex_table(GuideLimits(), args.repeat, variants=True)
         return
     vocab = Vocabulary.from_huggingface(load_tokenizer(args.vocab))
     trie = token_trie(vocab)
@@ -174,7 +194,7 @@ def main() -> None:
                     compile_ast(parse_regex(regex, limits.max_repeat), limits)
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-    regex_table(limits, args.repeat)
+    regex_table(limits, args.repeat, args.variants)
 
 
 if __name__ == "__main__":

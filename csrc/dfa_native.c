@@ -1913,10 +1913,13 @@ done:
  * metacharacters, \d \w \s \D \W \S, \a \f \n \r \t \v \xHH \uXXXX \UXXXXXXXX, classes with ranges
  * and negation, '.', ( ) and (?: ) groups, alternation, * + ? {m} {m,} {,n} {m,n} and their lazy
  * forms) into exactly the AST that parser builds -- node for node, so the program is flatten_ast's
- * -- then builds as compile_ast. Everything else (anchors, flags, named groups, comments,
- * octal/backreference/\N escapes, '{' read as a literal, possessive quantifiers, repeat counts above
- * max_repeat, group nesting beyond 200, any syntax error) returns None without raising, and the
- * caller runs the Python parser, which gives every error its type, message and position.
+ * -- then builds as compile_ast. Anchors (^ $ \A \Z) are parsed as regex_parser does and removed by
+ * rx_strip (_strip_anchors) where full-match semantics make them empty; '{' not starting a valid
+ * quantifier is a literal (sre's rule, as _brace). Everything else (anchors _strip_anchors refuses,
+ * flags, named groups, comments, octal/backreference/\N escapes, possessive quantifiers, repeat
+ * counts above max_repeat, group nesting beyond 200, any syntax error) returns None without
+ * raising, and the caller runs the Python parser, which gives every error its type, message and
+ * position.
  * Character sets all of whose code points are ASCII get their fragment here (one byte per
  * character, as _charset_fragment builds it); the others from fragment_fn(ranges) (the cached
  * _charset_fragment). \d \w \s use the Unicode tables installed once by set_class_ranges(index,
@@ -1937,9 +1940,13 @@ typedef struct {
 static CR *rx_tab[6];
 static int32_t rx_tab_n[6];
 
+/* An anchor (^ \A: a = 0, $ \Z: a = 1) while parsing; rx_strip turns each into K_EMPTY or declines,
+ * so programs never contain one. */
+#define K_ANCHOR 5
+
 typedef struct {
-    int32_t kind;  /* K_* */
-    int32_t a, b;  /* SET: set id; REP: min, max (-1: unbounded) */
+    int32_t kind;  /* K_* or K_ANCHOR */
+    int32_t a, b;  /* SET: set id; REP: min, max (-1: unbounded); ANCHOR: 0 start, 1 end */
     int32_t child; /* CAT/ALT: first kid in kids; REP: the repeated node */
     int32_t nkid;
 } RNode;
@@ -1949,7 +1956,7 @@ typedef struct {
     const void *udata;
     Py_ssize_t n, i;
     int64_t max_repeat;
-    int depth, decline, need;
+    int depth, decline, need, anchors; /* anchors: any ^ $ \A \Z seen (rx_strip then runs) */
     RNode *nodes;
     int32_t nn, ncap;
     int32_t *kids, nkids, kcap; /* children of CAT/ALT nodes */
@@ -2207,7 +2214,12 @@ static int32_t rx_escape(RX *p) {
     if (k == 1) return rx_lit(p, cp);
     if (k == 2) return rx_set(p, r, cnt);
     if (k < 0) return -1;
-    if (rx_digit(c) || rx_alpha(c)) return p->decline = 1, -1; /* anchors, \b, octal, refs, bad escapes */
+    if (c == 'A' || c == 'Z') {
+        p->i++;
+        p->anchors = 1;
+        return rx_node(p, K_ANCHOR, c == 'Z', 0, -1, 0);
+    }
+    if (rx_digit(c) || rx_alpha(c)) return p->decline = 1, -1; /* \b, octal, refs, bad escapes */
     p->i++;
     return rx_lit(p, c);
 }
@@ -2389,8 +2401,7 @@ static int32_t rx_sequence(RX *p) {
             lo = 0;
             hi = 1;
             p->i++;
-        } else if (c == '{') {
-            if (!rx_brace(p, &lo, &hi)) return p->decline = 1, -1; /* '{' as a literal */
+        } else if (c == '{' && rx_brace(p, &lo, &hi)) { /* else '{' is a literal (lo stays -2) */
             if ((hi >= 0 && hi < lo) || lo > p->max_repeat || hi > p->max_repeat) return p->decline = 1, -1;
         }
         if (lo != -2) { /* a quantifier */
@@ -2399,7 +2410,8 @@ static int32_t rx_sequence(RX *p) {
                 p->i++;
             else if (d == '+')
                 return p->decline = 1, -1; /* possessive */
-            if (p->nst == base || last_repeat) return p->decline = 1, -1; /* nothing to / multiple repeat */
+            if (p->nst == base || last_repeat || p->nodes[p->st[p->nst - 1]].kind == K_ANCHOR)
+                return p->decline = 1, -1; /* nothing to repeat (an anchor counts as nothing) / multiple repeat */
             node = rx_node(p, K_REP, (int32_t)lo, (int32_t)hi, p->st[p->nst - 1], 0);
             if (node < 0) return -1;
             p->st[p->nst - 1] = node;
@@ -2423,12 +2435,15 @@ static int32_t rx_sequence(RX *p) {
             node = rx_escape(p);
             break;
         case ']':
+        case '{': /* not a quantifier (rx_brace said so): atom() reads it as a literal */
         case '}':
             p->i++;
             node = rx_lit(p, c);
             break;
         default: /* ^ $ */
-            return p->decline = 1, -1;
+            p->i++;
+            p->anchors = 1;
+            node = rx_node(p, K_ANCHOR, c == '$', 0, -1, 0);
         }
         if (node < 0 || rx_push(p, node)) return -1;
         last_repeat = 0;
@@ -2444,6 +2459,49 @@ static int32_t rx_alternation(RX *p) {
         if ((node = rx_sequence(p)) < 0 || rx_push(p, node)) return -1;
     }
     return rx_close(p, base, K_ALT);
+}
+
+static inline int rx_empty_like(const RX *p, int32_t x) {
+    int32_t k = p->nodes[x].kind;
+    return k == K_ANCHOR || k == K_EMPTY;
+}
+
+/* regex_parser._strip_anchors in place: an anchor where full-match semantics make it empty (a start
+ * anchor with nothing but anchors/empties before it up to the pattern's start, through
+ * alternatives and repeats of at most one; an end anchor likewise) becomes K_EMPTY, as Python's
+ * becomes EMPTY; any other anchor declines (Python raises UnsupportedGuideError). Rewriting in
+ * place keeps every node empty-like or not, so later siblings see what Python sees. 0 or -1. */
+static int rx_strip(RX *p, int32_t x, int at_start, int at_end) {
+    RNode *r = &p->nodes[x];
+    switch (r->kind) {
+    case K_ANCHOR:
+        if (r->a ? !at_end : !at_start) return p->decline = 1, -1;
+        r->kind = K_EMPTY;
+        return 0;
+    case K_ALT:
+        for (int32_t k = 0; k < r->nkid; k++)
+            if (rx_strip(p, p->kids[r->child + k], at_start, at_end)) return -1;
+        return 0;
+    case K_CAT: {
+        const int32_t *kid = p->kids + r->child;
+        int32_t n = r->nkid, last = -1; /* the last item that is not empty-like */
+        for (int32_t k = 0; k < n; k++)
+            if (!rx_empty_like(p, kid[k])) last = k;
+        int s = at_start;
+        for (int32_t k = 0; k < n; k++) {
+            int empty = rx_empty_like(p, kid[k]);
+            if (rx_strip(p, kid[k], s, at_end && k >= last)) return -1;
+            s = s && empty;
+        }
+        return 0;
+    }
+    case K_REP: {
+        int inherit = r->b >= 0 && r->b <= 1;
+        return rx_strip(p, r->child, at_start && inherit, at_end && inherit);
+    }
+    default:
+        return 0;
+    }
 }
 
 /* Pre-order program of node x appended to prog. */
@@ -2481,6 +2539,7 @@ static int rx_parse(RX *p, PyObject *pattern, PyObject *max_repeat, int32_t *roo
     if (p->n > (1 << 24)) return 1;
     int32_t r = rx_alternation(p);
     if (r < 0 || p->decline || p->i < p->n) return 1; /* p->i < n: a stray ')' */
+    if (p->anchors && rx_strip(p, r, 1, 1)) return 1;
     *root = r;
     return 0;
 }
@@ -2501,17 +2560,84 @@ static PyObject *rx_ranges_tuple(const RX *p, int32_t s) {
     return t;
 }
 
+/* ---- fragment cache: (fragment_fn, non-ASCII ranges) -> the fragment fragment_fn returned -----
+ * fragment_fn (_charset_fragment) is a pure function of the ranges, and calling it costs a tuple of
+ * (lo, hi) tuples plus the lru_cache hash over them (~2.5 us for \d, ~25 us for Unicode \w): the
+ * validated result is kept here, keyed by the function (a strong reference: its address cannot be
+ * reused) and the ranges. Bounded (FC_MAX entries, FC_MAX_BYTES of ranges + edges): beyond that
+ * fragments are simply not cached. Entries are never changed or freed, so a pointer to one stays
+ * valid across the Python calls (which may switch threads) of the same rx_frags; the table is only
+ * touched with the GIL held. Not freed at interpreter exit. */
+typedef struct {
+    PyObject *fn;
+    uint32_t hash;
+    int32_t nr, size, final, nedge;
+    CR *ranges;
+    FEdge *edges;
+} FragEntry;
+
+#define FC_SLOTS 512 /* power of two, at least 2 * FC_MAX */
+#define FC_MAX 256
+#define FC_MAX_BYTES ((size_t)8 << 20)
+static FragEntry *fc_tab[FC_SLOTS];
+static int32_t fc_count;
+static size_t fc_bytes;
+
+static inline uint32_t fc_hash(PyObject *fn, uint32_t ranges_hash) {
+    uint64_t h = ((uint64_t)(uintptr_t)fn ^ ((uint64_t)ranges_hash << 17)) * 0x9E3779B97F4A7C15ULL;
+    return (uint32_t)(h >> 32);
+}
+
+/* The cached fragment of set s under fn, or NULL. */
+static const FragEntry *fc_find(const RX *p, int32_t s, PyObject *fn, uint32_t h) {
+    const CR *r = p->rng + p->soff[s];
+    int32_t nr = p->soff[s + 1] - p->soff[s];
+    for (uint32_t j = h & (FC_SLOTS - 1);; j = (j + 1) & (FC_SLOTS - 1)) {
+        const FragEntry *e = fc_tab[j];
+        if (!e) return NULL;
+        if (e->hash == h && e->fn == fn && e->nr == nr && !memcmp(e->ranges, r, sizeof(CR) * (size_t)nr)) return e;
+    }
+}
+
+/* Remember fragment s of f (just validated) under (fn, set s's ranges), if within the bounds. */
+static void fc_add(const RX *p, int32_t s, PyObject *fn, uint32_t h, const Frags *f) {
+    int32_t nr = p->soff[s + 1] - p->soff[s], nedge = f->off[s + 1] - f->off[s];
+    size_t bytes = sizeof(FragEntry) + sizeof(CR) * (size_t)nr + sizeof(FEdge) * (size_t)nedge;
+    if (fc_count >= FC_MAX || fc_bytes + bytes > FC_MAX_BYTES || fc_find(p, s, fn, h)) return;
+    FragEntry *e = PyMem_Malloc(sizeof(FragEntry));
+    CR *r = PyMem_Malloc(sizeof(CR) * ((size_t)nr + 1));
+    FEdge *x = PyMem_Malloc(sizeof(FEdge) * ((size_t)nedge + 1));
+    if (!e || !r || !x) { /* not cached; no error */
+        PyMem_Free(e);
+        PyMem_Free(r);
+        PyMem_Free(x);
+        return;
+    }
+    memcpy(r, p->rng + p->soff[s], sizeof(CR) * (size_t)nr);
+    memcpy(x, f->edges + f->off[s], sizeof(FEdge) * (size_t)nedge);
+    Py_INCREF(fn);
+    *e = (FragEntry){fn, h, nr, f->size[s], f->final[s], nedge, r, x};
+    uint32_t j = h & (FC_SLOTS - 1);
+    while (fc_tab[j]) j = (j + 1) & (FC_SLOTS - 1);
+    fc_tab[j] = e;
+    fc_count++;
+    fc_bytes += bytes;
+}
+
 /* Fragments of every set: ASCII-only sets built here (2 states, one edge per range, final 1, as
- * _charset_fragment does), the others from fragment_fn. 0 or -1 (Python error). */
+ * _charset_fragment does), the others from the fragment cache or fragment_fn (then cached).
+ * f->off[s + 1] is set as each fragment is written, so fc_add can read fragment s's edges.
+ * 0 or -1 (Python error). */
 static int rx_frags(const RX *p, PyObject *fn, Frags *f) {
     int32_t n = p->ns;
     PyObject **got = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    const FragEntry **hit = PyMem_Calloc((size_t)n + 1, sizeof(FragEntry *));
     f->nfrag = n;
     f->size = PyMem_Malloc(sizeof(int32_t) * ((size_t)n + 1));
     f->final = PyMem_Malloc(sizeof(int32_t) * ((size_t)n + 1));
     f->off = PyMem_Malloc(sizeof(int32_t) * ((size_t)n + 1));
     int rc = -1;
-    if (!got || !f->size || !f->final || !f->off) {
+    if (!got || !hit || !f->size || !f->final || !f->off) {
         PyErr_NoMemory();
         goto done;
     }
@@ -2520,6 +2646,10 @@ static int rx_frags(const RX *p, PyObject *fn, Frags *f) {
         int32_t a = p->soff[s], b = p->soff[s + 1];
         if (a == b || p->rng[b - 1].hi <= 0x7F) {
             total += (size_t)(b - a);
+            continue;
+        }
+        if ((hit[s] = fc_find(p, s, fn, fc_hash(fn, p->shash[s])))) {
+            total += (size_t)hit[s]->nedge;
             continue;
         }
         PyObject *ranges = rx_ranges_tuple(p, s);
@@ -2546,11 +2676,20 @@ static int rx_frags(const RX *p, PyObject *fn, Frags *f) {
     for (int32_t s = 0; s < n; s++) {
         if (got[s]) {
             if (frag_fill(f, s, got[s], &w)) goto done;
+            f->off[s + 1] = (int32_t)w;
+            fc_add(p, s, fn, fc_hash(fn, p->shash[s]), f);
+            continue;
+        }
+        f->off[s] = (int32_t)w;
+        if (hit[s]) {
+            f->size[s] = hit[s]->size;
+            f->final[s] = hit[s]->final;
+            memcpy(f->edges + w, hit[s]->edges, sizeof(FEdge) * (size_t)hit[s]->nedge);
+            w += (size_t)hit[s]->nedge;
             continue;
         }
         f->size[s] = 2;
         f->final[s] = 1;
-        f->off[s] = (int32_t)w;
         for (int32_t k = p->soff[s]; k < p->soff[s + 1]; k++) {
             FEdge x = {0, p->rng[k].lo, p->rng[k].hi, 1};
             f->edges[w++] = x;
@@ -2562,7 +2701,17 @@ done:
     if (got)
         for (int32_t s = 0; s < n; s++) Py_XDECREF(got[s]);
     PyMem_Free(got);
+    PyMem_Free(hit);
     return rc;
+}
+
+PyDoc_STRVAR(fragment_cache_info_doc,
+             "fragment_cache_info() -> (entries, bytes): the C fragment cache's size (tests, benchmarks)");
+
+static PyObject *py_fragment_cache_info(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return Py_BuildValue("(in)", (int)fc_count, (Py_ssize_t)fc_bytes);
 }
 
 /* The program of a parsed tree as a fresh int32 array (PyMem), its length in *len. */
@@ -2743,6 +2892,7 @@ static PyMethodDef methods[] = {
     {"parse_regex_program", (PyCFunction)(void (*)(void))py_parse_regex_program, METH_FASTCALL,
      parse_regex_program_doc},
     {"set_class_ranges", (PyCFunction)(void (*)(void))py_set_class_ranges, METH_FASTCALL, set_class_ranges_doc},
+    {"fragment_cache_info", py_fragment_cache_info, METH_NOARGS, fragment_cache_info_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -220,10 +220,186 @@ def test_deep_nesting(monkeypatch, depth, opener):
     check_compile(monkeypatch, pattern)
 
 
+# ---- anchors ---------------------------------------------------------------------------------------
+# Every anchor placement _strip_anchors accepts (left) and refuses or the parser rejects (right); the
+# fast path must handle exactly the accepted ones (else it silently falls back to the Python parser).
+ANCHOR_CASES = [
+    "^$", "^", "$", "\\A", "\\Z", "\\A\\Z", "^^", "$$", "^$^$", "^a|b$", "^a$|^b$", "(^a)", "(a$)", "(^a$)", "((^a))b",
+    "(?:^a|b)?c", "(?:a|b$)?", "a(?:b$|c$)", "(^a)?b", "(^a){0,1}b", "(^a){0}b", "x(a$){1}", "()^a", "(?:)^a$()",
+    "^()a", "^(|)a", "(^)a", "(^)(^)a($)", "^(a|^b)", "(a|b$)$", "^\\d{3}-\\d{4}$", "^[A-Z]+$", "\\A[0-9]+\\Z",
+    "^(?:[a-z]+\\.)*[a-z]+$", "^é+$", "^😀$", "^\\w+@\\w+$", "(^a|b)(c|d$)", "^a{2}$", "^.$",
+    "a^", "$a", "a\\A", "\\Zb", "^*", "$+", "^?", "^{2}", "\\A*", "(^)*", "(?:^)+", "(^|a)*", "(a$)*", "(^a)+",
+    "(^a){2}", "(^a){1,2}", "a(^b)", "(a$)b", "(^$)a", "a(^$)", "(^)b(^)", "a|b^c", "[^]", "[$]", "[^$]", "^[^^]$",
+    "\\$^", "^\\^", "(?:^)", "a(?:^|b)", "(?i)^a", "^(?P<n>a)$", "^a(?=b)", "^\\b", "^a\\1", "^[",
+]
+
+
+def _python_accepts(pattern: str) -> bool:
+    return not isinstance(_python_flat(pattern, 1000), Exception)
+
+
+@pytest.mark.parametrize("pattern", ANCHOR_CASES)
+def test_anchor_cases(monkeypatch, pattern):
+    handled = check_parse(pattern)
+    in_subset = not any(x in pattern for x in ("(?i)", "(?P", "(?=", "\\b", "\\1"))
+    assert handled == (_python_accepts(pattern) and in_subset), pattern
+    check_compile(monkeypatch, pattern)
+
+
+_ANCHOR_TOKENS = st.sampled_from(["^", "$", "\\A", "\\Z"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(regexes, st.lists(st.tuples(st.integers(0, 40), _ANCHOR_TOKENS), min_size=1, max_size=3))
+def test_anchors_anywhere(monkeypatch, pattern, inserts):
+    """Anchors spliced in at random places (inside groups, classes, before quantifiers, ...)."""
+    for pos, tok in sorted(inserts, reverse=True):
+        pos = min(pos, len(pattern))
+        pattern = pattern[:pos] + tok + pattern[pos:]
+    check_parse(pattern)
+    check_compile(monkeypatch, pattern, SMALL)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(regexes, st.sampled_from(["^", "\\A", ""]), st.sampled_from(["$", "\\Z", ""]))
+def test_anchoring_keeps_the_fast_path(pattern, start, end):
+    """Anchoring a pattern at its ends never makes the fast path decline it."""
+    assert check_parse(start + pattern + end) == check_parse(pattern)
+    assert check_parse("(?:" + start + pattern + end + ")") == check_parse(pattern)
+
+
+# ---- '{' as a literal -----------------------------------------------------------------------------------
+BRACE_CASES = ["{", "a{", "a{b", "a{b}c", "{}", "a{}", "a{,", "a{1", "a{1,", "a{1,2", "a{x}", "a{1x}", "a{,x}", "{a}",
+               "a{ 1}", "a{1 }", "a{-1}", "{{", "a{{1}", "a{1}}", "[{]{2}", "({)", "(a{)+", "a|{", "{|}", "\\d{", "é{é",
+               "a{٣}", "{0}", "{,}", "a{{", "^{$"]
+
+
+@pytest.mark.parametrize("pattern", BRACE_CASES)
+def test_brace_literals(monkeypatch, pattern):
+    handled = check_parse(pattern)
+    assert handled == _python_accepts(pattern), pattern
+    check_compile(monkeypatch, pattern)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(regexes, st.lists(st.tuples(st.integers(0, 40), st.sampled_from(["{", "}", "{1", "{,", "{2,3", "{x"])),
+                         min_size=1, max_size=3))
+def test_braces_anywhere(monkeypatch, pattern, inserts):
+    for pos, tok in sorted(inserts, reverse=True):
+        pos = min(pos, len(pattern))
+        pattern = pattern[:pos] + tok + pattern[pos:]
+    check_parse(pattern)
+    check_compile(monkeypatch, pattern, SMALL)
+
+
+# ---- the C fragment cache -------------------------------------------------------------------------------
+class _Counting:
+    """A fragment function that counts its calls (a fresh object: its own cache entries)."""
+
+    def __init__(self, fn=_charset_fragment):
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, ranges):
+        self.calls += 1
+        return self.fn(ranges)
+
+
+BUILD = (1000, 1 << 20, 10**5, 60.0, 1 << 30)
+
+
+def test_fragment_cache_skips_the_callback_and_gives_the_same_dfa():
+    _install_tables()
+    pattern = "\\w+[^\"\\\\]*.{1,3}[é-ü]|😀[\\d٣]"
+    fn = _Counting()
+    first = mod.compile_regex(pattern, *BUILD, fn)
+    assert fn.calls == 6  # \w, [^"\\], ., [é-ü], 😀, [\d٣] (\d is Unicode)
+    entries = mod.fragment_cache_info()[0]
+    for _ in range(3):
+        again = mod.compile_regex(pattern, *BUILD, fn)
+        assert fn.calls == 6
+        assert all(a == b for a, b in zip(first, again))
+    assert mod.fragment_cache_info()[0] == entries
+    assert tuple(first) == tuple(mod.compile_regex(pattern, *BUILD, _charset_fragment))
+
+
+def test_fragment_cache_is_per_function():
+    """Another function's fragments are never served for this one (a bad one still raises)."""
+    mod.compile_regex("é", *BUILD, _charset_fragment)
+    with pytest.raises(TypeError):
+        mod.compile_regex("é", *BUILD, lambda r: "nope")
+    with pytest.raises(ValueError):  # nor is an invalid fragment cached
+        mod.compile_regex("é", *BUILD, _Counting(lambda r: (2, ((0, 0, 300, 1),), 1)))
+    bad = _Counting(lambda r: (2, ((0, 0, 300, 1),), 1))
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            mod.compile_regex("é", *BUILD, bad)
+    assert bad.calls == 2
+
+
+def test_fragment_cache_under_threads(monkeypatch):
+    """Threads compiling non-ASCII sets at once (callbacks switch threads) get pure-Python DFAs."""
+    import threading
+
+    patterns = ["[à-ÿ]{1,3}", "[^\"\\\\]+é", "\\w\\s\\d", ".{2}€", "[Ā-ſ]|[Ѐ-ӿ]+", "(?:😀|😁)*[一-龥]"]
+    monkeypatch.setenv("TOKENRAILS_NATIVE", "0")
+    expected = {p: compile_regex(p, LIMITS) for p in patterns}
+    monkeypatch.setenv("TOKENRAILS_NATIVE", "1")
+    errors: list[str] = []
+
+    def work(k: int) -> None:
+        for i in range(60):
+            p = patterns[(i + k) % len(patterns)]
+            got = compile_regex(p, LIMITS)
+            if not (np.array_equal(got.trans, expected[p].trans) and np.array_equal(got.accepting, expected[p].accepting)):
+                errors.append(p)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_fragment_cache_is_bounded_in_a_fresh_process():
+    """Past its entry bound the cache stops growing; fragments still come from the callback and
+    the programs still equal the Python parser's."""
+    import subprocess
+    import sys
+
+    code = (
+        "from tokenrails import _dfa_native as mod\n"
+        "from tokenrails.guided.fsm.nfa import _charset_fragment, flatten_ast\n"
+        "from tokenrails.guided.fsm.regex_parser import parse_regex\n"
+        "args = (1000, 1 << 20, 10**5, 60.0, 1 << 30)\n"
+        "calls = [0]\n"
+        "def fn(r):\n"
+        "    calls[0] += 1\n"
+        "    return _charset_fragment(r)\n"
+        "for i in range(300):\n"
+        "    p = '[' + chr(0x100 + 3 * i) + '-' + chr(0x101 + 3 * i) + ']'\n"
+        "    assert isinstance(mod.compile_regex(p, *args, fn), tuple)\n"
+        "    assert mod.parse_regex_program(p, 1000)[0] == flatten_ast(parse_regex(p))[0]\n"
+        "entries, size = mod.fragment_cache_info()\n"
+        "assert entries == 256 and 0 < size <= 8 << 20, (entries, size)\n"
+        "assert calls[0] == 300\n"
+        "mod.compile_regex('[' + chr(0x100 + 3 * 299) + '-' + chr(0x101 + 3 * 299) + ']', *args, fn)\n"
+        "assert calls[0] == 301 and mod.fragment_cache_info()[0] == 256\n"
+        "mod.compile_regex('[' + chr(0x100) + '-' + chr(0x101) + ']', *args, fn)\n"
+        "assert calls[0] == 301\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "TOKENRAILS_NATIVE": "1"})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 def test_handles_the_common_subset():
     """Things the fast path must not decline (else it would silently fall back everywhere)."""
     for p in ["abc", "a|b|c", "(a|b)*", "(?:ab)+?", "[^\"\\\\]*", r"\d+\.\d*", r"\w\s\W\S\D", ".{2,5}", r"\x41\u00e9",
-              r"\U0001F600", r"[\]\-\\]", "a{,3}", "[]a]", "[a-]", r"\t\n\r\f\v\a", "é😀", "}]"]:
+              r"\U0001F600", r"[\]\-\\]", "a{,3}", "[]a]", "[a-]", r"\t\n\r\f\v\a", "é😀", "}]", "^a$", r"\A\d+\Z",
+              "^(a|b)$|^c$", "a{b}", "{"]:
         assert check_parse(p), p
 
 
@@ -269,8 +445,12 @@ def test_no_memory_growth_over_repeated_calls():
     handled = "[^\"\\\\]{0,4}\\d+é|[a-z]{2,}" * 3
     declined_late = "[a-z]+(abc|\\w)*[é-ü]{2}(?i)x"  # declines after sets, nodes and a class were built
 
+    anchored = "^(?:[^\"\\\\]{0,4}\\d+é$|\\A[a-z]{2,}$)|x{y"
+
     def work():
         assert isinstance(mod.compile_regex(handled, *args, _charset_fragment), tuple)
+        assert isinstance(mod.compile_regex(anchored, *args, _charset_fragment), tuple)
+        assert mod.compile_regex("^a(b^c)*d$" + handled, *args, _charset_fragment) is None  # refused anchor
         assert mod.compile_regex(declined_late, *args, _charset_fragment) is None
         assert mod.compile_regex("(a|b)*a(a|b){12}", 1000, 1 << 20, 100, 60.0, 1 << 30, _charset_fragment)[0] == 1
         assert mod.parse_regex_program(handled, 1000)[0]
@@ -279,7 +459,10 @@ def test_no_memory_growth_over_repeated_calls():
         except TypeError:
             pass
 
+    work()
+    cached = mod.fragment_cache_info()
     assert_flat_rss(work)
+    assert mod.fragment_cache_info() == cached
 
 
 def test_first_use_of_class_escapes_in_a_fresh_process():
