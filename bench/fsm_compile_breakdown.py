@@ -17,13 +17,18 @@ run; "pure us" all in Python
 With ``--variants`` (or ``--regex-only``) the second table also times ``VARIANTS``: anchored forms
 of typical user patterns (``^...$``, ``\\A...\\Z``) and non-ASCII character sets (Unicode ``\\w``,
 ``[^"\\\\]``, ``.``, ``[é-ü]``), the shapes the fast path once declined or paid a Python callback for.
+``--baseline-so PATH`` (another build of ``_dfa_native``, e.g. the previous commit's) adds "base us":
+``compile_regex`` with that module swapped in, interleaved with the other two, and "base/fast" --
+a same-run before/after of a change to the C module.
 ``--profile NAME`` prints a cProfile of the automaton step of one workload.
 Run: OMP_NUM_THREADS=1 python bench/fsm_compile_breakdown.py [--vocab qwen2] [--repeat 21] [--variants]
+     [--regex-only] [--baseline-so PATH]
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import os
 import pstats
 import sys
@@ -34,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import load_tokenizer  # noqa: E402
 from bench.fsm_vs_peers import workloads  # noqa: E402
-from tokenrails import Vocabulary  # noqa: E402
+from tokenrails import Vocabulary, native  # noqa: E402
 from tokenrails.guided.fsm.compiler import _compile_ast, compile_ast, compile_choices, compile_regex, no_gc  # noqa: E402
 from tokenrails.guided.fsm.dfa import START, native_module  # noqa: E402
 from tokenrails.guided.fsm.matcher import grammar_bytes  # noqa: E402
@@ -101,12 +106,33 @@ def _median_us(fn, n: int) -> float:
     return sorted(times)[n // 2] * 1e6
 
 
-def regex_table(limits, repeat: int, variants: bool = False) -> None:
-    """regex → DFA: fast path vs Python parser (+ C builder), interleaved; pure Python after them
-    (its allocations would evict the caches the other two run in, so it is not interleaved)."""
+def load_baseline(path: str):
+    """Another build of ``_dfa_native`` loaded beside the current one (its own class tables/caches)."""
+    spec = importlib.util.spec_from_file_location("baseline._dfa_native", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _with_module(mod, fn):
+    """``fn`` run with ``mod`` as the loaded ``_dfa_native`` (what compile_regex calls)."""
+    def run():
+        current = native._LOADED.get("dfa")
+        native._LOADED["dfa"] = mod
+        try:
+            return fn()
+        finally:
+            native._LOADED["dfa"] = current
+    return run
+
+
+def regex_table(limits, repeat: int, variants: bool = False, baseline=None) -> None:
+    """regex → DFA: fast path vs Python parser (+ C builder) [vs the baseline build], interleaved;
+    pure Python after them (its allocations would evict the caches the other two run in, so it is
+    not interleaved)."""
     print()
     print(f"{'regex->DFA':12s} {'fast us':>9s} {'parser us':>9s} {'parser/fast':>11s} {'pure us':>9s} "
-          f"{'pure/fast':>9s} {'handled':>7s}")
+          f"{'pure/fast':>9s} {'handled':>7s}" + (f" {'base us':>9s} {'base/fast':>9s}" if baseline else ""))
     n = max(repeat, 21) * 10
     old = os.environ.get("TOKENRAILS_NATIVE")
     try:
@@ -115,10 +141,15 @@ def regex_table(limits, repeat: int, variants: bool = False) -> None:
             os.environ["TOKENRAILS_NATIVE"] = "1"
             fast = lambda: compile_regex(regex, limits)  # noqa: E731
             parser = lambda: via_parser(regex, limits)  # noqa: E731
-            fast(), parser()  # warm caches
-            times: dict[str, list[float]] = {"fast": [], "parser": []}
-            for i in range(n):  # interleaved, alternating which goes first
-                for key, fn in ((("fast", fast), ("parser", parser)) if i % 2 else (("parser", parser), ("fast", fast))):
+            runners = [("fast", fast), ("parser", parser)]
+            if baseline is not None:
+                runners.append(("base", _with_module(baseline, fast)))
+            for _key, fn in runners:  # warm caches
+                fn()
+            times: dict[str, list[float]] = {key: [] for key, _fn in runners}
+            for i in range(n):  # interleaved, rotating which goes first
+                k = i % len(runners)
+                for key, fn in runners[k:] + runners[:k]:
                     t0 = time.perf_counter()
                     fn()
                     times[key].append(time.perf_counter() - t0)
@@ -127,8 +158,9 @@ def regex_table(limits, repeat: int, variants: bool = False) -> None:
             os.environ["TOKENRAILS_NATIVE"] = "0"
             fast()
             pure = _median_us(fast, max(repeat, 21))
+            base = f" {med['base']:9.1f} {med['base'] / med['fast']:9.2f}" if baseline is not None else ""
             print(f"{name:12s} {med['fast']:9.1f} {med['parser']:9.1f} {med['parser'] / med['fast']:11.2f} "
-                  f"{pure:9.1f} {pure / med['fast']:9.1f} {'yes' if handled else 'no':>7s}")
+                  f"{pure:9.1f} {pure / med['fast']:9.1f} {'yes' if handled else 'no':>7s}" + base)
     finally:
         if old is None:
             os.environ.pop("TOKENRAILS_NATIVE", None)
@@ -160,9 +192,11 @@ def main() -> None:
     ap.add_argument("--profile", default="")
     ap.add_argument("--regex-only", action="store_true", help="only the regex -> DFA table (no vocabulary)")
     ap.add_argument("--variants", action="store_true", help="also time VARIANTS (anchored, Unicode sets)")
+    ap.add_argument("--baseline-so", default="", help="another _dfa_native build to time beside this one")
     args = ap.parse_args()
+    baseline = load_baseline(args.baseline_so) if args.baseline_so else None
     if args.regex_only:
-        regex_table(GuideLimits(), args.repeat, variants=True)
+        regex_table(GuideLimits(), args.repeat, variants=True, baseline=baseline)
         return
     vocab = Vocabulary.from_huggingface(load_tokenizer(args.vocab))
     trie = token_trie(vocab)
@@ -194,7 +228,7 @@ def main() -> None:
                     compile_ast(parse_regex(regex, limits.max_repeat), limits)
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-    regex_table(limits, args.repeat, args.variants)
+    regex_table(limits, args.repeat, args.variants, baseline)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ lookaround, ``\\b``, possessive/atomic, conditionals, case-insensitive/verbose f
 
 ``compile_regex`` first tries a C parser (``_dfa_native.compile_regex`` in csrc/dfa_native.c) that
 mirrors this one node for node on the common subset (literals, escapes, classes, groups,
-alternation, quantifiers) and declines everything else, errors included, to this parser. A change
-to the AST this parser builds for that subset must be made there too:
+alternation, quantifiers, '{' as a literal, anchors with its own copy of ``_strip_anchors``) and
+declines everything else, errors included, to this parser. A change to the AST this parser builds
+for that subset, or to where anchors are accepted, must be made there too:
 tests/fsm/test_fast_parser.py compares the two.
 """
 from __future__ import annotations
