@@ -17,7 +17,7 @@ import torch
 from ..kernels import apply_token_bitmask_inplace
 from ..kernels._common import eos_only_row
 from .errors import GuideError, TokenRejectedError
-from .reasoning import ReasoningConfig
+from .reasoning import ReasoningConfig, open_step
 from .spec import GuideSpec
 
 if TYPE_CHECKING:
@@ -165,6 +165,18 @@ class BatchedGuidedStep:
     def fill_row(self, st: "SequenceState", think: "ThinkState | None", bitmask: torch.Tensor, j: int) -> None:
         """Row ``j`` for ``st`` in thinking state ``think`` (may differ from ``st.think`` when
         looking ahead through drafts). Failed rows get EOS only."""
+        if st.error is None and think is not None and think.opening:
+            # optional thinking, undecided: the grammar's row (after the tentatively fed marker
+            # prefix) OR the start marker's continuation; only the latter once the grammar refused
+            matcher = self.manager.resolve_matcher(st)
+            if matcher is not None:
+                assert st.tracker is not None
+                t0 = time.perf_counter()
+                if think.answer_ok:
+                    matcher.fill_next_token_bitmask(bitmask, j)
+                st.tracker.fill_start(think, bitmask, j, union=think.answer_ok)
+                st.guided_time_s += time.perf_counter() - t0
+                return
         if st.error is None and think is not None and not think.done:
             self.manager.poll_compile(st)  # fail early: a bad spec is reported while thinking
             if st.error is None:
@@ -199,6 +211,8 @@ class BatchedGuidedStep:
         if st.error is not None:
             # A failed row may only have emitted EOS (its mask allowed nothing else).
             return RowStatus(StepStatus.ERROR, st.error)
+        if st.think is not None and st.think.opening:
+            return self._accept_opening(st, tok, eos)
         if st.think is not None and not st.think.done:
             assert st.tracker is not None
             nxt = st.tracker.advance(st.think, tok)
@@ -223,6 +237,29 @@ class BatchedGuidedStep:
             return self._reject(st, tok, "by the grammar")
         st.history.append(tok)
         if tok in eos:
+            return RowStatus(StepStatus.TERMINATED)
+        return _OK
+
+    def _accept_opening(self, st: "SequenceState", tok: int, eos: set[int]) -> RowStatus:
+        """Optional thinking, undecided: the start marker or the answer's first tokens."""
+        matcher = self.manager.resolve_matcher(st)
+        if matcher is None:
+            return RowStatus(StepStatus.ERROR, st.error)
+        assert st.tracker is not None and st.think is not None
+        t0 = time.perf_counter()
+        nxt, moved = open_step(st.tracker, matcher, st.think, tok)
+        st.guided_time_s += time.perf_counter() - t0
+        if nxt is None:
+            why = ("at the start of an optional thinking section (neither the start marker nor the "
+                   "grammar allows it here)")
+            return self._reject(st, tok, why)
+        if moved > 0:
+            st.history.append(tok)
+            st.tokens += 1
+        elif moved < 0:
+            del st.history[len(st.history) + moved:]
+        st.think = nxt
+        if nxt.done and tok in eos:
             return RowStatus(StepStatus.TERMINATED)
         return _OK
 

@@ -24,7 +24,8 @@ progress, ``token_ids`` is ``()``: nothing to append; the mask still forces the 
 Engines that cannot append several tokens in one step should not call this (off by default).
 
 While thinking there is nothing to jump over, except at the thinking cap: then the rest of the
-end marker is forced and returned as ``token_ids`` (``rollback_tokens`` = 0).
+end marker is forced and returned as ``token_ids`` (``rollback_tokens`` = 0). While an optional
+thinking section is undecided (the model may still open it) nothing is forced: no jump.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ NOTHING = JumpForward("", (), 0)
 def compute_jump_forward(
     mgr: "GuidedDecodingManager", st: "SequenceState", tokenizer: Any = None, *, max_rollback: int = 4
 ) -> JumpForward:
-    if st.error is not None:
+    if st.error is not None or (st.think is not None and st.think.opening):
         return NOTHING
     if st.think is not None and not st.think.done:
         return _forced_end_marker(mgr, st)
@@ -169,6 +170,9 @@ def apply_jump_forward(mgr: "GuidedDecodingManager", st: "SequenceState", jump: 
         raise ValueError(f"cannot roll back {jump.rollback_tokens} tokens: only {len(st.history)} were generated")
     if st.error is not None:
         return RowStatus(StepStatus.ERROR, st.error, accepted=0)
+    if jump.rollback_tokens and st.think is not None and not st.think.done:
+        raise ValueError("cannot roll back: the answer has not started (thinking, or the optional "
+                         "thinking decision is still open)")
     matcher = mgr.resolve_matcher(st)
     if matcher is None:
         return RowStatus(StepStatus.ERROR, st.error, accepted=0)

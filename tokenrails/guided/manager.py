@@ -200,7 +200,8 @@ class GuidedDecodingManager:
 
         Only needed for reasoning requests whose prompt matters: the prompt's token ids (or the
         ``thinking_done`` flag) say whether the chat template already closed the thinking section.
-        Without this call a reasoning sequence starts inside the thinking section.
+        Without this call a reasoning sequence starts inside the thinking section (with
+        ``reasoning.optional``: undecided, the model may open it or answer directly).
         """
         start = time.perf_counter()
         state = SequenceState(spec.key, None, None, spec=spec)
@@ -211,10 +212,10 @@ class GuidedDecodingManager:
             except GuideError as exc:
                 state.error = exc
         if state.error is None:
-            if state.think is not None and not state.think.done:
+            if state.think is not None and state.think.thinking:
                 self.prefetch(spec)  # compile overlaps the thinking section; resolved on the marker
             else:
-                self.resolve_matcher(state)
+                self.resolve_matcher(state)  # undecided optional thinking needs the grammar's row now
         state.grammar_init_s = time.perf_counter() - start
         self._seqs[(session_id, seq_id)] = state
         self._sessions.setdefault(session_id, set()).add(seq_id)

@@ -4,7 +4,9 @@ For a guided row with drafts ``d_0 … d_{k-1}`` the verifier scores ``k + 1`` p
 ``j`` is the mask after tentatively accepting ``d_0 … d_{j-1}``; the matcher is advanced once per
 draft and rolled back by exactly what was advanced (no matcher copies). Thinking rows look ahead
 with the immutable ``ThinkState`` instead, so an end marker among the drafts switches the later
-positions to the grammar.
+positions to the grammar. An undecided optional-thinking row (see reasoning.py) may feed the
+matcher tentatively and roll it back when the start marker completes, also below the sequence's
+real state: the look-ahead then re-accepts the sequence's own tokens on exit.
 
 Positions after the first draft the grammar forbids get an EOS-only row: verification rejects
 that draft (its target probability is 0 under the mask), so those positions are never sampled —
@@ -19,6 +21,7 @@ import torch
 from ..kernels import apply_token_bitmask_inplace
 from ..kernels._common import eos_only_row
 from .batch_step import GuidedRow, RowStatus, StepStatus
+from .reasoning import open_step
 
 if TYPE_CHECKING:
     from .batch_step import BatchedGuidedStep
@@ -104,44 +107,67 @@ def _fill_block(step: "BatchedGuidedStep", st: "SequenceState", drafts: list[int
 
 
 class _Lookahead:
-    """Walks one sequence through draft tokens tentatively (thinking section included) and rolls
-    its matcher back exactly on exit: no matcher copies."""
+    """Walks one sequence through draft tokens tentatively (thinking section included) and
+    restores its matcher exactly on exit: no matcher copies.
+
+    ``advanced``: tokens accepted on top of the lowest point reached; ``dropped``: tokens of the
+    sequence's own history rolled back below its real state (an undecided optional-thinking row
+    whose drafts complete the start marker), re-accepted on exit.
+    """
 
     def __init__(self, step: "BatchedGuidedStep", st: "SequenceState"):
         self.step, self.st = step, st
         self.think = st.think
         self.advanced = 0
+        self.dropped = 0
 
     def __enter__(self) -> "_Lookahead":
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if not (self.advanced or self.dropped):
+            return
+        matcher = self.st.matcher
+        assert matcher is not None
         if self.advanced:
-            assert self.st.matcher is not None
-            self.st.matcher.rollback(self.advanced)
+            matcher.rollback(self.advanced)
+        hist = self.st.history
+        for t in hist[len(hist) - self.dropped:] if self.dropped else ():
+            ok = matcher.accept_token(t)
+            assert ok, "re-accepting the sequence's own tokens failed"
 
     def advance(self, tok: int) -> bool:
         """Take one draft; False (state unchanged) when it is not allowed."""
-        nxt = _tentative(self.step, self.st, self.think, tok)
-        if nxt is False:
+        moved = _tentative(self.step, self.st, self.think, tok)
+        if moved is None:
             return False
-        if nxt is True:
-            self.advanced += 1
+        self.think, delta = moved
+        if delta >= 0:
+            self.advanced += delta
         else:
-            self.think = nxt
+            undo = min(-delta, self.advanced)
+            self.advanced -= undo
+            self.dropped += -delta - undo
         return True
 
 
 def _tentative(step: "BatchedGuidedStep", st: "SequenceState", think, tok: int):
-    """Advance by one draft: a new ThinkState (thinking), True (matcher advanced), False (illegal)."""
+    """Advance by one draft: (new ThinkState, matcher change) or None (illegal, nothing changed)."""
+    if think is not None and think.opening:
+        assert st.tracker is not None
+        matcher = step.manager.resolve_matcher(st)
+        if matcher is None:
+            return None
+        nxt, delta = open_step(st.tracker, matcher, think, tok)
+        return None if nxt is None else (nxt, delta)
     if think is not None and not think.done:
         assert st.tracker is not None
         nxt = st.tracker.advance(think, tok)
-        return False if nxt is None else nxt
+        return None if nxt is None else (nxt, 0)
     matcher = step.manager.resolve_matcher(st)
     if matcher is None or matcher.is_terminated():
-        return False
-    return True if matcher.accept_token(tok) else False
+        return None
+    return (think, 1) if matcher.accept_token(tok) else None
 
 
 def count_valid(step: "BatchedGuidedStep", st: "SequenceState", tokens: Sequence[int]) -> int:
