@@ -480,3 +480,40 @@ def test_allowed_tokens_equal_outlines_core_at_every_state(kind, payload, smollm
             state = guide.get_next_state(state, token)
             text += token_bytes[token]
     assert identical >= 6  # most states agree exactly (at least every start state)
+
+
+def test_processor_steps_equal_a_fresh_replay(smollm2_tokenizer) -> None:
+    """Step-by-step calls (the fast path: same rows, one token longer), beam-style reorders and
+    drops, and an in-place rewritten buffer all give the masks of the guide state reached by
+    replaying each row's generated ids."""
+    pattern = r"(ab|[0-9]{2,4})-[a-z]{1,6}"
+    processor = RegexLogitsProcessor(pattern, smollm2_tokenizer)
+    texts = ["12-abc", "ab-xyzzy", "4567-q"]
+    paths = [smollm2_tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    prompt = [[3, 4, 5]] * 3
+
+    guide = processor.guide
+
+    def check(ids: torch.Tensor) -> None:
+        got = torch.isfinite(processor(ids, torch.zeros(ids.shape[0], 49152)))
+        for row in range(ids.shape[0]):
+            state = guide.initial_state
+            for token in ids[row, 3:].tolist():
+                state = guide.get_next_state(state, token)
+            want = set(guide.get_next_instruction(state).tokens.tolist())
+            assert set(got[row].nonzero().reshape(-1).tolist()) == want, (row, ids[row].tolist())
+
+    check(torch.tensor(prompt))
+    steps = max(len(p) for p in paths)
+    rows = [list(r) for r in prompt]
+    for k in range(steps):
+        for r, path in zip(rows, paths):
+            r.append(path[k] if k < len(path) else path[-1])
+        if k == 2:  # beam search: rows reordered and one dropped
+            rows = [list(rows[2]), list(rows[0]), list(rows[0])]
+            paths = [paths[2], paths[0], paths[0]]
+        check(torch.tensor(rows))
+    buffer = torch.tensor(rows)
+    buffer[1, 4] = buffer[0, 4]  # an earlier token rewritten in place, then one more step
+    longer = torch.cat([buffer, buffer[:, -1:]], dim=1)
+    check(longer)
