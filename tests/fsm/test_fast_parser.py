@@ -142,6 +142,23 @@ def test_bench_workloads_take_the_fast_path(monkeypatch, name):
     assert np.array_equal(expected.accepting, got.accepting)
 
 
+# bench/fsm_compile_breakdown.py's VARIANTS: anchored user patterns, non-ASCII sets, a '{' literal
+VARIANTS = [r"^\d{3}-\d{4}$", r"^[A-Z]+$", r"^[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}$", r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}\Z",
+            r"^(yes|no)$|^maybe$", r"\w+", r'[^"\\]*', r".{1,5}", r"[é-ü]+", r"\d{3}", r"^\w+@\w+\.com$", r"a{b}c"]
+
+
+@pytest.mark.parametrize("pattern", VARIANTS)
+def test_bench_variants_take_the_fast_path(monkeypatch, pattern):
+    monkeypatch.setenv("TOKENRAILS_NATIVE", "0")
+    expected = compile_regex(pattern, LIMITS)
+    monkeypatch.setenv("TOKENRAILS_NATIVE", "1")
+    _no_python_parser(monkeypatch)
+    got = compile_regex(pattern, LIMITS)
+    assert np.array_equal(expected.trans, got.trans)
+    assert np.array_equal(expected.classmap, got.classmap)
+    assert np.array_equal(expected.accepting, got.accepting)
+
+
 def test_native_off_never_calls_the_fast_path(monkeypatch):
     def boom(*_a, **_k):
         raise AssertionError("fast path used with TOKENRAILS_NATIVE=0")
