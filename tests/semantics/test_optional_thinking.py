@@ -51,10 +51,13 @@ class Oracle:
     """The allowed set after ``gen``, from the rule alone (no tracker code)."""
 
     def __init__(self, vocab, spec, backend, mode, markers, cap=None):
+        """``markers``: (start ids, end ids) in ids mode, (start text, end text) in text mode."""
         self.vocab, self.mode, self.cap = vocab, mode, cap
         self.guide = compile_guide(spec, vocab, backend)
-        self.start = markers[0] if mode == "ids" else START.encode()
-        self.end = markers[1] if mode == "ids" else END.encode()
+        if mode == "text" and not isinstance(markers[0], str):
+            markers = (START, END)
+        self.start = markers[0] if mode == "ids" else markers[0].encode()
+        self.end = markers[1] if mode == "ids" else markers[1].encode()
         self.eos = set(vocab.eos_ids)
 
     def split(self, gen):
@@ -176,9 +179,10 @@ class Oracle:
         return b"".join(self.vocab.token_bytes[t] for t in part if t not in self.eos).decode()
 
 
-def run(mgr, vocab, row, oracle, pick, *, max_steps=80, check=True):
-    """Decode with ``pick(step, allowed, logits)``; every mask checked against the oracle."""
-    gen_ids = []
+def run(mgr, vocab, row, oracle, pick, *, max_steps=80, check=True, prefix=()):
+    """Decode with ``pick(step, allowed, logits)`` after the already accepted ``prefix``; every
+    mask is checked against the oracle. Returns prefix + generated tokens."""
+    gen_ids = list(prefix)
     g = torch.Generator().manual_seed(zlib.crc32(str(row.session_id).encode()))
     for i in range(max_steps):
         logits = torch.randn((1, vocab.vocab_size), generator=g)
@@ -436,3 +440,161 @@ def _one_hot(vocab, t):
     x = torch.zeros(vocab.vocab_size, dtype=torch.bool)
     x[t] = True
     return x
+
+
+# ---- speculative decoding, rollback, jump-forward ---------------------------------------------
+def _raw_mask(mgr, row):
+    """The row's packed bitmask as filled now (bit-exact comparisons)."""
+    step = mgr.step
+    st = step.state_of(row)
+    buf = torch.zeros((1, step.words), dtype=torch.int32)
+    step.fill_row(st, st.think, buf, 0)
+    return buf[0].clone()
+
+
+def _snapshot(mgr, row):
+    st = mgr.step.state_of(row)
+    return st.think, list(st.history), _raw_mask(mgr, row)
+
+
+def _expected_rows(vocab, oracle, prefix, drafts):
+    eos_only = torch.zeros(vocab.vocab_size, dtype=torch.bool)
+    eos_only[list(vocab.eos_ids)] = True
+    rows, valid, dead = [], 0, False
+    for j in range(len(drafts) + 1):
+        if dead:
+            rows.append(eos_only)
+            continue
+        rows.append(oracle.allowed(list(prefix) + list(drafts[:j])))
+        if j < len(drafts):
+            if rows[-1][drafts[j]]:
+                valid += 1
+            else:
+                dead = True
+    return rows, valid
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["ids", "text"])
+def test_speculative_drafts_cross_the_decision(vocab, markers, backend, mode):
+    """Verification masks equal the one-token-at-a-time oracle across the decision point (start
+    marker among the drafts, tentatively fed marker prefix dropped and re-accepted, answer among
+    the drafts); the state is bit-identical afterwards; accepting equals stepping."""
+    mgr = make_manager(vocab, backend)
+    spec = GuideSpec.regex(ANGLE_REGEX)
+    oracle = Oracle(vocab, spec, backend, mode, markers)
+    cfg = config(markers, mode)
+    S, E = list(markers[0]), list(markers[1])
+    digits = [tok(vocab, "4"), tok(vocab, "2")]
+    think = [tok(vocab, "hello"), tok(vocab, "}")]
+    paths = [S + think + E + digits, digits, [S[0], tok(vocab, "abc"), tok(vocab, ">"), *digits],
+             S[:2] + [tok(vocab, ">")] + think + E + [S[0], tok(vocab, "ab"), tok(vocab, ">"), digits[0]]]
+    if mode == "text":
+        paths.append([tok(vocab, "<"), tok(vocab, "thin"), tok(vocab, "k"), tok(vocab, "></"),
+                      tok(vocab, "think"), tok(vocab, ">"), *digits])
+    rng = random.Random(5)
+    trials = [(p, i, k) for p in paths for i in range(0, 4) for k in (len(p),)]
+    rng.shuffle(trials)
+    n = 0
+    for path, p, k in trials:
+        prefix, drafts = path[:p], list(path[p:])
+        if n % 3 == 2 and drafts:  # corrupt one draft
+            drafts[rng.randrange(len(drafts))] = tok(vocab, "hello")
+        n += 1
+        sid = f"s-{backend}-{mode}-{n}"
+        row, twin = GuidedRow(sid, 0, spec, reasoning=cfg), GuidedRow(sid, 1, spec, reasoning=cfg)
+        for t in prefix:
+            accs = mgr.accept_tokens([t, t], [row, twin])
+            assert all(a.state is StepStatus.OK for a in accs)
+        before = _snapshot(mgr, row)
+        logits = torch.zeros((1 + len(drafts), vocab.vocab_size))
+        (st,) = mgr.fill_and_apply_spec(logits, [row], [drafts])
+        rows, valid = _expected_rows(vocab, oracle, prefix, drafts)
+        assert st.valid_drafts == valid
+        for j, expect in enumerate(rows):
+            assert torch.equal(torch.isfinite(logits[j]), expect), (path, p, j)
+        after = _snapshot(mgr, row)
+        assert before[:2] == after[:2] and torch.equal(before[2], after[2])  # exact rollback
+        assert mgr.validate_drafts(sid, 0, spec, drafts) == valid
+        assert torch.equal(_snapshot(mgr, row)[2], before[2])
+        (acc,) = mgr.accept_tokens_spec([drafts[:valid]], [row])
+        assert acc.state is StepStatus.OK and acc.accepted == valid
+        for t in drafts[:valid]:
+            mgr.accept_tokens([t], [twin])
+        a, b = _snapshot(mgr, row), _snapshot(mgr, twin)
+        assert a[:2] == b[:2] and torch.equal(a[2], b[2])
+        assert torch.equal(allowed_set(a[2], vocab.vocab_size), oracle.allowed(prefix + drafts[:valid]))
+
+
+@pytest.mark.parametrize("mode", ["ids", "text"])
+def test_marker_completion_rolls_the_grammar_back_to_its_start(vocab, markers, mode):
+    """'<' is fed to the grammar tentatively; completing the marker rolls it back: after the
+    thinking section the grammar's row is the fresh start row, bit for bit."""
+    mgr = make_manager(vocab, "xgrammar")
+    spec = GuideSpec.regex(ANGLE_REGEX)
+    row = GuidedRow("rb", 0, spec, reasoning=config(markers, mode))
+    fresh = mask_row(compile_guide(spec, vocab, "xgrammar").matcher(), vocab)
+    mgr.accept_tokens([markers[0][0]], [row])
+    st = mgr.state_for("rb", 0, spec)
+    assert st.think.opening and st.think.fed == 1 and st.history == [markers[0][0]]
+    for t in [*markers[0][1:], tok(vocab, "x"), *markers[1]]:
+        (acc,) = mgr.accept_tokens([t], [row])
+        assert acc.state is StepStatus.OK
+    assert st.think.done and st.history == []
+    assert torch.equal(_raw_mask(mgr, row), fresh)
+
+
+def test_no_jump_forward_while_undecided(vocab, smollm2_tokenizer, markers):
+    mgr = make_manager(vocab, "xgrammar")
+    spec = GuideSpec.regex(r"<abc>[0-9]")  # the grammar forces '<abc>' ... but '<' may open <think>
+    cfg = config(markers, "ids")
+    row = GuidedRow("jf", 0, spec, reasoning=cfg)
+    mgr.begin_sequence("jf", 0, spec, reasoning=cfg)
+    assert mgr.jump_forward("jf", 0, spec, smollm2_tokenizer).is_noop
+    mgr.accept_tokens([tok(vocab, "<")], [row])
+    st = mgr.state_for("jf", 0, spec)
+    assert st.think.opening and st.think.fed == 1  # both readings open: still no jump
+    assert mgr.jump_forward("jf", 0, spec, smollm2_tokenizer).is_noop
+    with pytest.raises(ValueError):
+        from tokenrails.guided.jump_forward import JumpForward
+
+        mgr.apply_jump_forward("jf", 0, spec, JumpForward("<", (tok(vocab, "<"),), 1))
+    mgr.accept_tokens([tok(vocab, "ab")], [row])  # the answer: decided
+    assert st.think.done
+    jf = mgr.jump_forward("jf", 0, spec, smollm2_tokenizer)
+    assert jf.text == "c>" and jf.token_ids is not None
+    (acc,) = [mgr.apply_jump_forward("jf", 0, spec, jf)]
+    assert acc.state is StepStatus.OK
+    assert b"".join(vocab.token_bytes[t] for t in st.history).startswith(b"<abc")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(8):
+        logits = torch.randn((1, vocab.vocab_size), generator=g)
+        mgr.fill_and_apply(logits, [row])
+        (acc,) = mgr.accept_tokens([worst_allowed(logits[0])], [row])
+        if acc.state is StepStatus.TERMINATED:
+            break
+    assert acc.state is StepStatus.TERMINATED
+    text = b"".join(vocab.token_bytes[t] for t in st.history if t not in vocab.eos_ids).decode()
+    assert re.fullmatch(r"<abc>[0-9]", text)
+
+
+def test_text_start_completed_by_a_token_that_also_ends_the_section(vocab):
+    """Markers '(' / ')': '()' opens and closes the section in one token (allowed: the answer
+    starts on the next token boundary); '(),' would put ',' past the end marker (forbidden)."""
+    mgr = make_manager(vocab, "xgrammar")
+    spec = GuideSpec.regex("[0-9]+")
+    oracle = Oracle(vocab, spec, "xgrammar", "text", ("(", ")"))
+    row = GuidedRow("br", 0, spec, reasoning=ReasoningConfig.from_markers(")", start="(", optional=True))
+    logits = torch.zeros((1, vocab.vocab_size))
+    mgr.fill_and_apply(logits, [row])
+    allowed = torch.isfinite(logits[0])
+    oracle.check([], allowed)
+    both, straddle = tok(vocab, "()"), tok(vocab, "(),")
+    assert allowed[tok(vocab, "(")] and allowed[both] and not allowed[straddle]
+    (acc,) = mgr.accept_tokens([straddle], [GuidedRow("br", 1, spec, reasoning=row.reasoning)])
+    assert acc.state is StepStatus.REJECTED
+    mgr.accept_tokens([both], [row])
+    st = mgr.state_for("br", 0, spec)
+    assert st.think.done and st.history == []
+    out = run(mgr, vocab, row, oracle, prefer(lambda i: None), prefix=[both])
+    assert re.fullmatch("[0-9]+", oracle.answer_text(out))
