@@ -598,3 +598,25 @@ def test_text_start_completed_by_a_token_that_also_ends_the_section(vocab):
     assert st.think.done and st.history == []
     out = run(mgr, vocab, row, oracle, prefer(lambda i: None), prefix=[both])
     assert re.fullmatch("[0-9]+", oracle.answer_text(out))
+
+
+@pytest.mark.parametrize("mode", ["ids", "text"])
+def test_finalize_while_undecided(vocab, markers, mode):
+    """A length stop before the model decided: the output is the answer (no full start marker),
+    complete iff the grammar accepts it."""
+    mgr = make_manager(vocab, "xgrammar")
+    cfg = config(markers, mode)
+    cases = [("[0-9]*", [], True, False), ("[0-9]+", [], False, False),
+             ("<?[0-9]*", [markers[0][0]], True, False), ("<?[0-9]+", [markers[0][0]], False, False),
+             ("[0-9]*", [markers[0][0]], False, True)]  # '<' refused by the grammar: must think
+    for n, (regex, gen, complete, thinking) in enumerate(cases):
+        spec = GuideSpec.regex(regex)
+        row = GuidedRow(f"fin-{mode}", n, spec, reasoning=cfg)
+        mgr.begin_sequence(f"fin-{mode}", n, spec, reasoning=cfg)
+        for t in gen:
+            (acc,) = mgr.accept_tokens([t], [row])
+            assert acc.state is StepStatus.OK
+        assert mgr.state_for(f"fin-{mode}", n, spec).think.opening
+        fin = mgr.finalize(f"fin-{mode}", n, "length")
+        assert (fin.finish_reason, fin.complete, fin.thinking) == (
+            "length" if complete else "length_incomplete", complete, thinking), regex

@@ -320,6 +320,14 @@ class GuidedDecodingManager:
         state = self._seqs.get((session_id, seq_id))
         if state is None:
             raise KeyError(f"no guided sequence ({session_id!r}, {seq_id!r})")
+        think = state.think
+        if state.error is None and think is not None and think.opening:
+            # Optional thinking, still undecided: the output is no full start marker, so it is the
+            # answer — complete iff the grammar (fed alongside the partial marker) accepts it.
+            # (EOS through the grammar would already have decided; ``thinking`` = only a
+            # thinking section can follow.)
+            ok = think.answer_ok and state.matcher is not None and state.matcher.is_accepting()
+            return Finalization(reason if ok else f"{reason}_incomplete", ok, thinking=not think.answer_ok)
         return finalize_state(state, reason)
 
     def finish_reason(self, session_id: Hashable, seq_id: Hashable, reason: str = "length") -> str:
