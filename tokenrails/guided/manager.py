@@ -117,7 +117,7 @@ class GuidedDecodingManager:
             check_policy(spec, self.policy)  # refused requests are negatively cached like bad ones
             guide = compile_guide(spec, self.vocab, self.backend, limits=self.limits)
         except GuideError as exc:
-            self._finish(spec.key, "compile_failures", lambda: self._cache.put_error(spec.key, exc))
+            self._finish(spec.key, "compile_failures", lambda e=exc: self._cache.put_error(spec.key, e))
             raise
         except Exception as exc:  # a backend bug must fail this request, not the engine
             err = InvalidGuideError(f"compiling the {spec.kind} constraint failed: {exc!r}")
