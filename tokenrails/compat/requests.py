@@ -71,18 +71,20 @@ def parse_request(obj: Any) -> NormalizedRequest:
             "a pydantic model class is a schema, not a request: use GuideSpec.json_schema(Model) "
             "or {'response_format': Model}"
         )
+    # what the client set, for ``strict`` (a pydantic default is not a client's choice)
+    view = _unset_view(obj)
     obj = load_json_like(obj, "request")
     if not isinstance(obj, Mapping):
         raise InvalidGuideError(f"unsupported request type {type(obj).__name__}")
     req = _Collector()
     if "type" in obj and not _body_keys(obj):  # a response_format (a bad "type" is an error)
-        req.add_raw("response_format", parse_response_format(obj))
+        req.add_response_format(obj, view)
     elif not obj:
         raise InvalidGuideError("empty constraint object")
     elif set(obj) <= PARAM_KEYS:
         req.add_params("structured_outputs", obj)
     else:
-        req.add_body(obj)
+        req.add_body(obj, view)
     return req.build()
 
 
@@ -105,18 +107,28 @@ class _Collector:
         self.whitespace_pattern: tuple[str, str] | None = None
         self.no_additional_properties: str | None = None
         self.hint: tuple[str, BackendHint] | None = None
+        self.non_strict: str | None = None  # where an explicit ``strict: false`` came from
 
     # ---- surfaces --------------------------------------------------------------------------
+    def add_response_format(self, rf: Any, view: Any = None) -> None:
+        """``view``: the same response_format as the client set it (see ``_unset_view``)."""
+        raw = parse_response_format(rf)
+        self.add_raw("response_format", raw)
+        if raw is not None and raw[0] == "json_schema" and explicit_strict(
+                rf if view is None else view) is False:
+            self.non_strict = "response_format.json_schema.strict"
+
     def add_raw(self, source: str, raw: RawConstraint | None) -> None:
         if raw is not None:
             self.constraints.append((source, raw))
 
-    def add_body(self, body: Mapping) -> None:
+    def add_body(self, body: Mapping, view: Any = None) -> None:
+        view = view if isinstance(view, Mapping) else {}
         for key, value in body.items():
             if not isinstance(key, str) or not _present(value):
                 continue
             if key == "response_format":
-                self.add_raw("response_format", parse_response_format(value))
+                self.add_response_format(value, view.get(key))
             elif key in ("structured_outputs", "guided_decoding"):
                 if hasattr(value, "model_dump") and not isinstance(value, type):
                     value = value.model_dump(exclude_none=True, by_alias=True)
@@ -128,7 +140,7 @@ class _Collector:
             elif key == "extra_body":
                 if not isinstance(value, Mapping):
                     raise InvalidGuideError("extra_body must be an object")
-                self.add_body(value)
+                self.add_body(value, _unset_view(view.get(key, value)))
             elif key in GUIDED_CONSTRAINTS:
                 if GUIDED_CONSTRAINTS[key] == "json_object" and value is False:
                     continue
@@ -242,7 +254,10 @@ class _Collector:
             if self.no_additional_properties:
                 schema = disable_additional_properties(schema)
             pattern = self.whitespace_pattern[1] if self.whitespace_pattern else None
-            return GuideSpec.json_schema(schema, any_whitespace=any_ws, whitespace_pattern=pattern)
+            # strict=False only when the client said so; disable_additional_properties closes
+            # every object explicitly, which a strict=False spec then honours as written.
+            return GuideSpec.json_schema(schema, any_whitespace=any_ws, whitespace_pattern=pattern,
+                                         strict=self.non_strict is None)
         if kind == "json_object":
             if self.whitespace_pattern:
                 raise InvalidGuideError(
@@ -259,6 +274,41 @@ class _Collector:
         if kind == "grammar":
             return GuideSpec.grammar(value)
         return GuideSpec.structural_tag(canonical_structural_tag(value))
+
+
+def explicit_strict(rf: Any) -> bool | None:
+    """The ``strict`` flag a client *sent* in an OpenAI/LMDeploy json_schema response_format
+    (``{"type": "json_schema", "json_schema": {"schema": ..., "strict": false}}``), else None.
+
+    A pydantic model's unset field does not count: LMDeploy's ``JsonSchema.strict`` defaults to
+    False, which would otherwise turn every such request non-strict."""
+    if isinstance(rf, (str, bytes)):
+        rf = load_json_like(rf, "response_format")
+    body = _field(rf, "json_schema")
+    if _field(rf, "type") != "json_schema" or body is None or isinstance(body, (str, bytes, type)):
+        return None
+    value = _field(body, "strict")
+    return value if isinstance(value, bool) else None
+
+
+def _unset_view(obj: Any) -> Any:
+    """A pydantic model as the client set it (unset defaults left out); anything else as is."""
+    if hasattr(obj, "model_dump") and not isinstance(obj, type):
+        try:
+            return obj.model_dump(exclude_unset=True, by_alias=True)
+        except Exception:  # not a pydantic v2 model after all: no view, the plain value decides
+            return None
+    return obj
+
+
+def _field(obj: Any, name: str) -> Any:
+    """``obj[name]`` for a mapping; for a pydantic model the attribute, only when it was set."""
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    fields_set = getattr(obj, "model_fields_set", None)
+    if fields_set is not None and not isinstance(obj, type):
+        return getattr(obj, name, None) if name in fields_set else None
+    return None
 
 
 def _not_empty(label: str, value: Any) -> Any:

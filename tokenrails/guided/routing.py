@@ -21,7 +21,9 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from .errors import GuideError
 from .limits import GuideLimits
+from .schema_policy import is_strict, policy_schema
 from .schema_features import xgrammar_stricter, xgrammar_unenforced
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
@@ -45,13 +47,14 @@ def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list
     if kind == "structural_tag":
         return ["xgrammar"], "structural_tag: xgrammar only"
     if kind == "json_schema":
-        try:
-            dropped = xgrammar_unenforced(spec.schema)
-        except RecursionError:  # pathological nesting: let the checks report it
-            dropped = ["unanalysable"]
+        try:  # analyse what the backends compile: keyword-implied types explicit (schema_policy)
+            schema = policy_schema(spec)
+            dropped = xgrammar_unenforced(schema, is_strict(spec))
+        except (RecursionError, GuideError):  # pathological nesting: let the checks report it
+            return ["llguidance", "xgrammar"], "xgrammar would drop: unanalysable"
         if dropped:
             return ["llguidance", "xgrammar"], f"xgrammar would drop: {dropped[0]}"
-        stricter = xgrammar_stricter(spec.schema)
+        stricter = xgrammar_stricter(schema, is_strict(spec))
         if stricter:
             return ["llguidance", "xgrammar"], f"xgrammar is stricter: {stricter[0]}"
     if _seen_before(spec, vocab):

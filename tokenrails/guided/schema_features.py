@@ -377,15 +377,17 @@ def _skip_regex_literal(text: str, i: int) -> int:
 
 
 # ---- backend coverage ----------------------------------------------------------------------
-def xgrammar_unenforced(schema: Any) -> list[str]:
+def xgrammar_unenforced(schema: Any, strict: bool = True) -> list[str]:
     """Human-readable findings (``"#/path: reason"``) for keywords xgrammar would drop or reject.
 
     Everything here was found empirically (bench/conformance.py on MaskBench, then minimised):
     each finding is a case where xgrammar 0.2.8 accepts an invalid instance or refuses a valid
-    schema with a non-typed error.
+    schema with a non-typed error. ``strict``: the spec's policy (xgrammar's ``strict_mode``).
     """
     findings: list[str] = []
     for path, sub, _ in iter_subschemas(schema):
+        if strict:
+            findings.extend(_strict_mode_refusals(path, sub))
         for key, reason in XGRAMMAR_IGNORED.items():
             if key in sub and not constrains_nothing(key, sub[key]):
                 findings.append(f"{path}: {reason}")
@@ -431,10 +433,29 @@ def xgrammar_unenforced(schema: Any) -> list[str]:
     return sorted(set(findings))
 
 
-def xgrammar_stricter(schema: Any) -> list[str]:
+def _strict_mode_refusals(path: str, sub: dict) -> list[str]:
+    """Valid schemas xgrammar 0.2.8's strict_mode refuses with a compile error ("minProperties
+    is greater than the number of properties, but additional properties aren't allowed"; same
+    for minItems and prefixItems): it closes these objects/arrays although nothing declares the
+    members, where the policy keeps them open."""
+    out = []
+    props = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
+    min_props = sub.get("minProperties")
+    if (_is_int(min_props) and min_props > len(props) and "additionalProperties" not in sub
+            and "patternProperties" not in sub):
+        out.append(f"{path}: strict mode refuses minProperties above the listed properties")
+    prefix = sub.get("prefixItems") if isinstance(sub.get("prefixItems"), list) else []
+    min_items = sub.get("minItems")
+    if _is_int(min_items) and min_items > len(prefix) and "items" not in sub:
+        out.append(f"{path}: strict mode refuses minItems above the prefixItems without an items schema")
+    return out
+
+
+def xgrammar_stricter(schema: Any, strict: bool = True) -> list[str]:
     """Where xgrammar accepts *less* than JSON Schema allows (safe, but valid output refused).
 
-    Used for routing only: such schemas go to llguidance first when it is installed.
+    Used for routing only: such schemas go to llguidance first when it is installed. ``strict``:
+    the spec's policy (xgrammar's ``strict_mode``); without it item-less arrays stay open.
     """
     findings: list[str] = []
     for path, sub, _ in iter_subschemas(schema):
@@ -453,7 +474,7 @@ def xgrammar_stricter(schema: Any) -> list[str]:
             findings.append(f"{path}: unanchored propertyNames pattern is matched as a full match")
         # Unlisted properties and items beyond prefixItems are refused by both backends (one strict
         # policy, see schema_policy.py); xgrammar alone also closes item-less arrays with a bound.
-        if sub.get("type") == "array" and "items" not in sub and "prefixItems" not in sub and (
+        if strict and sub.get("type") == "array" and "items" not in sub and "prefixItems" not in sub and (
             "minItems" in sub or "maxItems" in sub
         ):
             findings.append(f"{path}: strict mode admits no items in a bounded array without an items schema")

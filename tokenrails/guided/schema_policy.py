@@ -31,11 +31,16 @@ decision (only the nested value schemas are closed).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from .errors import GuideLimitError, UnsupportedGuideError
 from .schema_features import resolve_pointer
+
+if TYPE_CHECKING:
+    from .spec import GuideSpec
 
 # Keys whose value is one value schema / a list / a map of value schemas (closure points).
 _VALUE_ONE = ("items", "additionalProperties", "contains", "additionalItems", "unevaluatedItems",
@@ -274,3 +279,166 @@ def _count(node: Any) -> int:
         elif isinstance(x, list):
             stack.extend(x)
     return n
+
+
+# ---- keyword-implied types ---------------------------------------------------------------
+# JSON Schema applies type-specific keywords only to instances of that type: {"properties": ...}
+# alone admits 5 and "x". xgrammar, outlines and OpenAI read it as an object schema (what users
+# mean); llguidance follows JSON Schema. One rule for every backend: keywords of type T at a node
+# without ``type`` (nor a ``type`` in what it is intersected with) mean ``type: T``.
+IMPLIED_TYPES: dict[str, str] = {
+    **dict.fromkeys(("properties", "patternProperties", "additionalProperties",
+                     "unevaluatedProperties", "required", "minProperties", "maxProperties",
+                     "propertyNames", "dependentRequired", "dependentSchemas", "dependencies"),
+                    "object"),
+    **dict.fromkeys(("items", "prefixItems", "additionalItems", "unevaluatedItems", "contains",
+                     "minContains", "maxContains", "minItems", "maxItems", "uniqueItems"), "array"),
+    **dict.fromkeys(("minLength", "maxLength", "pattern", "format"), "string"),
+    **dict.fromkeys(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+                    "number"),
+}
+_TYPE_ORDER = ("object", "array", "string", "number")
+# Where a subschema is evaluated as a whole (an inference point) / intersected with its parent.
+_POINT_ONE = ("items", "additionalProperties", "contains", "additionalItems", "unevaluatedItems",
+              "unevaluatedProperties", "propertyNames")
+_POINT_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_PART_ONE = ("then", "else")
+_PART_MAPS = ("dependentSchemas",)
+
+
+def implied_types(node: dict) -> list[str]:
+    """Types the keywords of ``node`` itself (not its subschemas) apply to, in a fixed order."""
+    found = {IMPLIED_TYPES[k] for k in node if k in IMPLIED_TYPES}
+    return [t for t in _TYPE_ORDER if t in found]
+
+
+def infer_types(schema: Any) -> Any:
+    """A copy of ``schema`` where every node evaluated as a whole that has no ``type`` but uses
+    type-specific keywords gets ``type`` = the types those keywords imply (``["object",
+    "array"]`` when both kinds are present); the input is not mutated.
+
+    * The node's ``allOf`` parts count as the node: their keywords add to the implied types, and a
+      ``type`` in the node, in any part or in a ``$ref`` target it is intersected with means the
+      schema already decides its type (nothing is added: JSON Schema semantics there).
+    * ``anyOf``/``oneOf`` branches, ``properties``/``items``/... values and ``$defs`` entries are
+      points of their own (a definition means what it says wherever it is referenced).
+    * ``not``, ``if``, ``const``/``enum``/``default``/``examples`` values are never touched: under
+      ``not`` and ``if`` an added type would change the meaning of the negation/condition.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    return _Typer(schema).point(schema)
+
+
+class _Typer:
+    def __init__(self, root: dict):
+        self.root = root
+
+    def point(self, node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = self.copy(node)
+        if "type" not in node and not self.typed(node, []):
+            found = self.group_implied(node, {})
+            if found:
+                types = [t for t in _TYPE_ORDER if t in found]
+                out["type"] = types[0] if len(types) == 1 else types
+        return out
+
+    def part(self, node: Any) -> Any:
+        return self.copy(node) if isinstance(node, dict) else node
+
+    def copy(self, node: dict) -> dict:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in _POINT_MAPS and isinstance(value, dict):
+                out[key] = {k: self.point(v) for k, v in value.items()}
+            elif key in _PART_MAPS and isinstance(value, dict):
+                out[key] = {k: self.part(v) for k, v in value.items()}
+            elif key == "dependencies" and isinstance(value, dict):
+                out[key] = {k: self.part(v) for k, v in value.items()}
+            elif key in _POINT_ONE or key == "prefixItems":
+                out[key] = ([self.point(v) for v in value] if isinstance(value, list)
+                            else self.point(value))
+            elif key in _ALTS and isinstance(value, list):
+                out[key] = [self.point(v) for v in value]
+            elif key == "allOf" and isinstance(value, list):
+                out[key] = [self.part(v) for v in value]
+            elif key in _PART_ONE:
+                out[key] = self.part(value)
+            else:  # not, if, const, enum, default, examples, $ref, scalars...
+                out[key] = value
+        return out
+
+    def typed(self, node: dict, seen: list[str]) -> bool:
+        """Does ``node`` or anything intersected with it (allOf parts, $ref targets) have a
+        ``type`` (a target that will get an implied one counts: it is a point of its own)?"""
+        if "type" in node:
+            return True
+        for part in node.get("allOf", []) if isinstance(node.get("allOf"), list) else []:
+            if isinstance(part, dict) and self.typed(part, seen):
+                return True
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#") and ref not in seen:
+            try:
+                target = resolve_pointer(self.root, ref)
+            except Exception:  # a bad pointer is reported by the backend that compiles it
+                return False
+            if isinstance(target, dict):
+                seen.append(ref)
+                return self.typed(target, seen) or bool(self.group_implied(target, {}))
+        return False
+
+    def group_implied(self, node: dict, acc: dict[str, None], depth: int = 0) -> dict[str, None]:
+        """Implied types of ``node`` and its ``allOf`` parts (recursively; $refs not followed:
+        their targets are points with their own type)."""
+        acc.update(dict.fromkeys(implied_types(node)))
+        if depth < 64:
+            for part in node.get("allOf", []) if isinstance(node.get("allOf"), list) else []:
+                if isinstance(part, dict):
+                    self.group_implied(part, acc, depth + 1)
+        return acc
+
+
+# ---- per-spec entry points (every backend goes through these) -----------------------------
+def is_strict(spec: "GuideSpec") -> bool:
+    """The spec's unlisted-property policy: strict (closed objects/tuples) unless the request
+    said ``strict=False`` (then JSON Schema's open objects, see ``GuideSpec.json_schema``)."""
+    return spec.option("strict", True) is not False
+
+
+@lru_cache(maxsize=512)
+def _typed_text(payload: str) -> str | None:
+    """JSON text of ``infer_types(json.loads(payload))``, or None when nothing changes."""
+    schema = json.loads(payload)
+    try:
+        typed = infer_types(schema)
+    except RecursionError as exc:
+        raise GuideLimitError("JSON schema is nested too deeply to analyse", limit="max_json_depth",
+                              value="recursion") from exc
+    if typed == schema:
+        return None
+    return json.dumps(typed, ensure_ascii=False, separators=(",", ":"))
+
+
+def policy_payload(spec: "GuideSpec") -> str:
+    """The schema text every backend compiles for a json_schema ``spec``: the payload with
+    keyword-implied types made explicit (the payload itself when there are none to add, so
+    compile caches keyed by text keep hitting)."""
+    text = _typed_text(spec.payload)
+    return spec.payload if text is None else text
+
+
+def policy_schema(spec: "GuideSpec") -> dict:
+    """``policy_payload(spec)`` as a fresh dict (callers may keep or mutate it)."""
+    return json.loads(policy_payload(spec))
+
+
+def already_closed(schema: Any) -> bool:
+    """True when closing changes nothing: the strict and the JSON-Schema (``strict=False``)
+    languages of ``schema`` are the same, so a backend that only implements the strict one
+    enforces either exactly."""
+    try:
+        return close_schema(schema) == schema
+    except (UnsupportedGuideError, GuideLimitError):
+        return False

@@ -160,12 +160,21 @@ class GuideSpec:
     # ---- constructors -------------------------------------------------------------------
     @classmethod
     def json_schema(
-        cls, schema: Any, *, any_whitespace: bool = True, whitespace_pattern: str | None = None
+        cls, schema: Any, *, any_whitespace: bool = True, whitespace_pattern: str | None = None,
+        strict: bool = True,
     ) -> "GuideSpec":
-        """``schema``: dict, JSON text or pydantic model class."""
+        """``schema``: dict, JSON text or pydantic model class.
+
+        ``strict`` (default): objects that list members admit only those, tuples no extra items,
+        on every backend (docs/semantics.md §5). ``strict=False``: JSON Schema's rule instead
+        (unlisted properties allowed unless ``additionalProperties: false``). Only ``False`` is
+        recorded in ``options``, so strict specs keep the keys they always had.
+        """
         opts: dict[str, Any] = {"any_whitespace": bool(any_whitespace)}
         if whitespace_pattern is not None:
             opts["whitespace_pattern"] = str(whitespace_pattern)
+        if strict is not None and not strict:  # None: unspecified, the default
+            opts["strict"] = False
         return cls("json_schema", _canonical_json(_schema_to_dict(schema)), _sorted(opts))
 
     @classmethod

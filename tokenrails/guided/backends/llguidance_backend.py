@@ -20,7 +20,7 @@ from ..backend import CompiledGuide, GuideBackend, Matcher
 from ..errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
 from ..policy import find_token_reference
-from ..schema_policy import close_schema
+from ..schema_policy import close_schema, is_strict, policy_schema
 from ..schema_features import (
     check_grammar_literals,
     check_literals,
@@ -431,9 +431,13 @@ class LLGuidanceBackend(GuideBackend):
         kind = spec.kind
         try:
             if kind in ("json_schema", "json_object"):
-                # One policy across backends: closed objects/tuples, as xgrammar's strict_mode.
-                schema: Any = (close_schema(lower_dependencies(spec.schema)) if kind == "json_schema"
-                               else {"type": "object"})
+                # One policy across backends (schema_policy.py): keyword-implied types explicit,
+                # and (unless strict=False) closed objects/tuples, as xgrammar's strict_mode.
+                schema: Any = {"type": "object"}
+                if kind == "json_schema":
+                    schema = lower_dependencies(policy_schema(spec))
+                    if is_strict(spec):
+                        schema = close_schema(schema)
                 return llg.LLMatcher.grammar_from_json_schema(schema, overrides=self._json_options(spec))
             if kind == "regex":
                 return llg.LLMatcher.grammar_from_regex(ascii_shorthands(spec.pattern))

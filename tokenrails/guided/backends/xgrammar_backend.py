@@ -20,6 +20,7 @@ from ..schema_features import (
     scan_repeat_bounds,
     xgrammar_unenforced,
 )
+from ..schema_policy import is_strict, policy_payload, policy_schema
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
 
@@ -169,9 +170,8 @@ class XGrammarBackend(GuideBackend):
     def check(self, spec: GuideSpec) -> None:
         super().check(spec)
         if spec.kind == "json_schema":
-            schema = spec.schema
-            check_schema_limits(schema, self.limits)
-            findings = xgrammar_unenforced(schema)
+            check_schema_limits(spec.schema, self.limits)
+            findings = xgrammar_unenforced(policy_schema(spec), is_strict(spec))  # what _compile compiles
             if findings:
                 raise UnsupportedGuideError(
                     "xgrammar cannot enforce: " + "; ".join(findings[:5]),
@@ -208,8 +208,11 @@ class XGrammarBackend(GuideBackend):
     def _compile(self, spec: GuideSpec) -> xgr.CompiledGrammar:
         c = self.compiler
         if spec.kind == "json_schema":
+            # One policy across backends (schema_policy.py): keyword-implied types made explicit;
+            # strict_mode is the closed-object rule, off only for strict=False specs.
             return c.compile_json_schema(
-                spec.payload, any_whitespace=bool(spec.option("any_whitespace", True)), strict_mode=True
+                policy_payload(spec), any_whitespace=bool(spec.option("any_whitespace", True)),
+                strict_mode=is_strict(spec),
             )
         if spec.kind == "json_object":
             return c.compile_builtin_json_grammar()

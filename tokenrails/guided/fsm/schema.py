@@ -9,10 +9,12 @@ invalid instances through, so the fsm backend raises ``UnsupportedGuideError`` n
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..schema_features import constrains_nothing, iter_subschemas, required_without_property
+from ..schema_policy import already_closed, is_strict, policy_payload
 from ..spec import GuideSpec
 from .charset import Ranges
 from .regex_ast import Alt, CharSet, Concat, Node, Repeat
@@ -58,6 +60,7 @@ def outlines_unenforced(schema: Any) -> list[str]:
         one_of = sub.get("oneOf")
         if isinstance(one_of, list) and len(one_of) > 1:
             findings.append(f"{path}: oneOf is lowered as anyOf (exclusivity is not enforced)")
+        findings.extend(_lowered_differently(path, sub))
         missing = required_without_property(sub)
         if missing:
             findings.append(f"{path}: required names without a properties entry are not enforced: {missing[:3]}")
@@ -73,6 +76,28 @@ def outlines_unenforced(schema: Any) -> list[str]:
                     "character inside a JSON string (outlines inserts patterns unescaped)"
                 )
     return sorted(set(findings))
+
+
+def _lowered_differently(path: str, sub: dict) -> list[str]:
+    """Where outlines-core 0.2.14 lowers an enforced keyword to a different language than the
+    policy (measured; ``tests/fsm/test_schema.py``): each would refuse valid output silently."""
+    out = []
+    extra = sub.get("additionalProperties", False)
+    if isinstance(sub.get("properties"), dict) and sub["properties"] and extra is not False:
+        out.append(f"{path}: additionalProperties next to properties is ignored (outlines closes the object)")
+    prefix = sub.get("prefixItems")
+    if isinstance(prefix, list) and prefix:
+        min_items = sub.get("minItems", 0)
+        if sub.get("items", False) is not False or not (isinstance(min_items, int) and min_items >= len(prefix)):
+            out.append(f"{path}: prefixItems is lowered as a fixed-length tuple (shorter arrays and "
+                       "items beyond it are refused)")
+    t = sub.get("type")
+    if isinstance(t, list) and len(t) > 1 and (
+        "object" in t and any(k in sub for k in ("properties", "additionalProperties"))
+        or "array" in t and "object" in t
+    ):
+        out.append(f"{path}: a type list with object keywords keeps only the object branch")
+    return out
 
 
 def _unsafe_in_json_string(pattern: str) -> bool:
@@ -109,15 +134,26 @@ def schema_to_regex(spec: GuideSpec) -> str:
         from outlines_core.json_schema import build_regex_from_schema
     except ImportError as exc:  # pragma: no cover - outlines-core is a core dependency
         raise UnsupportedGuideError("outlines-core is not installed", feature="json_schema", backend="fsm") from exc
-    if not spec.option("fsm_ignore_unenforced", False):
-        findings = outlines_unenforced(spec.schema)
+    lenient = bool(spec.option("fsm_ignore_unenforced", False))
+    # outlines' own language for the compat layer; tokenrails' policy (implied types explicit)
+    # for everyone else.
+    text = spec.payload if lenient else policy_payload(spec)
+    schema = json.loads(text)
+    if not is_strict(spec) and not already_closed(schema):
+        raise UnsupportedGuideError(
+            "the fsm backend (outlines-style JSON lowering) always closes objects and tuples; "
+            "strict=False needs a schema whose objects say additionalProperties themselves",
+            feature="strict=False", backend="fsm",
+        )
+    if not lenient:
+        findings = outlines_unenforced(schema)
         if findings:
             raise UnsupportedGuideError(
                 "the fsm backend (outlines-style JSON lowering) cannot enforce: " + "; ".join(findings[:5]),
                 feature=findings[0], backend="fsm",
             )
     try:
-        return build_regex_from_schema(spec.payload, whitespace_pattern(spec))
+        return build_regex_from_schema(text, whitespace_pattern(spec))
     except (ValueError, TypeError) as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "not supported" in msg.lower() or "unsupported" in msg.lower():
