@@ -257,3 +257,44 @@ def test_recursive_alias_refs_compile(vocab, smollm2_tokenizer):
     eos = vocab.eos_ids[0]
     assert _accepts_text(g, smollm2_tokenizer, '{"v": 1, "next": {"v": 2, "next": null}}', eos)
     assert not _accepts_text(g, smollm2_tokenizer, '{"v": 1, "next": {"v": 2, "next": null, "w": 0}}', eos)
+
+
+# ---- strict=False: JSON Schema's open objects on both backends ------------------------------
+# Schemas whose open members sit where a worst-token sampler still ends (top-level objects,
+# tuples); the typeless ones check that implied types apply in both modes.
+OPEN_PARITY = {
+    "flat": PARITY["flat"],
+    "prefix_only": PARITY["prefix_only"],
+    "typeless_flat": {"properties": {"a": INT, "b": WORD}, "required": ["a"]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPEN_PARITY))
+def test_non_strict_outputs_are_accepted_by_the_other_backend(vocab, name):
+    from tokenrails.guided.schema_policy import infer_types
+
+    schema = OPEN_PARITY[name]
+    spec = GuideSpec.json_schema(schema, any_whitespace=False, strict=False)
+    llg, xgr = compile_guide(spec, vocab, "llguidance"), compile_guide(spec, vocab, "xgrammar")
+    typed = V(infer_types(schema))
+    for source, other in ((llg, xgr), (xgr, llg)):
+        ended = 0
+        for seed in range(4):
+            ids, done = adversarial_decode(source.matcher(), vocab, seed=seed, max_steps=160)
+            if done:
+                ended += 1
+                typed.validate(json.loads(decode_text(vocab, ids)))
+                assert _accepts_ids(other, ids, vocab.eos_ids[0]), (source.backend, decode_text(vocab, ids))
+        assert ended, source.backend
+
+
+@pytest.mark.parametrize("schema,good,bad", INSTANCES[:6], ids=[f"inst{i}" for i in range(6)])
+def test_non_strict_accepts_every_jsonschema_instance(vocab, smollm2_tokenizer, schema, good, bad):
+    """What strict mode refuses only for being unlisted is valid JSON Schema: strict=False admits it."""
+    eos = vocab.eos_ids[0]
+    spec = GuideSpec.json_schema(schema, any_whitespace=False, strict=False)
+    for backend in ("llguidance", "xgrammar"):
+        g = compile_guide(spec, vocab, backend)
+        for text in good + bad:
+            assert _accepts_text(g, smollm2_tokenizer, text, eos) == V(schema).is_valid(json.loads(text)), (
+                backend, text)

@@ -347,3 +347,35 @@ def test_disable_additional_properties_with_strict_false_is_closed(byte_vocab):
 def test_policy_errors_are_typed(byte_vocab):
     with pytest.raises(GuideError):
         compile_guide(GuideSpec.json_schema({"properties": {"a": {"$ref": "#/nope"}}}), byte_vocab, "auto")
+
+
+# ---- fsm: where outlines-core's lowering differs from the policy (refused, never silent) --------
+LOWERED_DIFFERENTLY = [
+    # (schema, an instance the policy admits but outlines' regex refuses)
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True}, '{"a":1,"b":2}'),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "integer"}},
+     '{"a":1,"b":2}'),
+    ({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "integer"}]}, "[1]"),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"}}, '[1,"x"]'),
+    ({"type": ["object", "null"], "properties": {"a": {"type": "integer"}}}, "null"),
+    ({"type": ["object", "array"], "properties": {"a": {"type": "integer"}}, "items": {"type": "integer"}}, "[1]"),
+]
+
+
+@pytest.mark.parametrize("schema,instance", LOWERED_DIFFERENTLY, ids=[f"d{i}" for i in range(len(LOWERED_DIFFERENTLY))])
+def test_fsm_refuses_what_outlines_lowers_differently(byte_vocab, schema, instance):
+    import re
+
+    from outlines_core.json_schema import build_regex_from_schema
+
+    assert V(close_schema(schema)).is_valid(json.loads(instance))  # the policy admits it
+    assert re.fullmatch(build_regex_from_schema(json.dumps(schema), ""), instance) is None  # outlines refuses
+    with pytest.raises(UnsupportedGuideError):
+        compile_guide(GuideSpec.json_schema(schema), byte_vocab, "fsm")
+    assert _accepts(compile_guide(GuideSpec.json_schema(schema), byte_vocab, "auto"), instance, byte_vocab)
+
+
+def test_fsm_still_compiles_a_full_length_closed_tuple(byte_vocab):
+    schema = {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "integer"}], "minItems": 2}
+    g = compile_guide(GuideSpec.json_schema(schema), byte_vocab, "fsm")
+    assert _accepts(g, "[1, 2]", byte_vocab) and not _accepts(g, "[1, 2, 3]", byte_vocab)
