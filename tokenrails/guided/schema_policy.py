@@ -28,6 +28,11 @@ because ``$defs`` entries are closed in place.
 Not touched: ``not``, ``if``/``then``/``else``, ``propertyNames``, ``const``/``enum``/``default``
 values, and anything under an explicit ``additionalProperties``/``unevaluatedProperties``
 decision (only the nested value schemas are closed).
+
+Two more parts of the one policy, applied for every backend through ``policy_schema(spec)``:
+``infer_types`` (type-specific keywords at a node without ``type`` mean that type, as xgrammar,
+outlines and OpenAI read them; llguidance alone followed JSON Schema) and ``is_strict(spec)``
+(``GuideSpec.json_schema(..., strict=False)``: no closing, JSON Schema's open objects).
 """
 from __future__ import annotations
 
@@ -407,9 +412,18 @@ def is_strict(spec: "GuideSpec") -> bool:
     return spec.option("strict", True) is not False
 
 
-@lru_cache(maxsize=512)
+_CACHED_PAYLOAD_CHARS = 64 * 1024  # memo only small schemas: ≤ 256 × 2 × 64 KiB held
+
+
 def _typed_text(payload: str) -> str | None:
-    """JSON text of ``infer_types(json.loads(payload))``, or None when nothing changes."""
+    """JSON text of ``infer_types(json.loads(payload))``, or None when nothing changes; memoised
+    (route, check and compile each ask for it) for all but very large schemas."""
+    if len(payload) <= _CACHED_PAYLOAD_CHARS:
+        return _typed_text_cached(payload)
+    return _typed_text_uncached(payload)
+
+
+def _typed_text_uncached(payload: str) -> str | None:
     schema = json.loads(payload)
     try:
         typed = infer_types(schema)
@@ -419,6 +433,9 @@ def _typed_text(payload: str) -> str | None:
     if typed == schema:
         return None
     return json.dumps(typed, ensure_ascii=False, separators=(",", ":"))
+
+
+_typed_text_cached = lru_cache(maxsize=256)(_typed_text_uncached)
 
 
 def policy_payload(spec: "GuideSpec") -> str:

@@ -6,6 +6,11 @@ invalid instances through, so the fsm backend raises ``UnsupportedGuideError`` n
 (``auto`` then uses xgrammar/llguidance) unless the spec opts in with the option
 ``fsm_ignore_unenforced=True`` (outlines' own lenient behaviour, for the compat layer).
 ``tests/fsm/test_schema.py`` proves each listed keyword is really dropped by outlines-core.
+
+Other specs are lowered from ``policy_schema(spec)`` (keyword-implied types written out), and
+places where outlines-core lowers an enforced keyword to a different language than the policy
+(``_lowered_differently``) or a ``strict=False`` spec whose objects are not already closed are
+refused too, so ``auto`` never gets a silently different language from this backend.
 """
 from __future__ import annotations
 
