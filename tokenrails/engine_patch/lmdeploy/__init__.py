@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from typing import Any
 
 from ...guided.limits import GuideLimits
 from ._patching import Patcher, UnsupportedLMDeployError, require_attrs, require_params
@@ -121,13 +122,18 @@ def _widen_server_format(p: Patcher) -> None:
 
 
 def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
-             fill_threads: int | None = None) -> None:
-    """Patch LMDeploy in this process (idempotent). Options apply to managers built afterwards."""
+             fill_threads: int | None = None, reasoning: Any = None) -> None:
+    """Patch LMDeploy in this process (idempotent). Options apply to managers built afterwards.
+
+    ``reasoning``: the engine-wide reasoning default ("auto", "off", "START,END[,optional]
+    [,max=N]", a ``ReasoningConfig``); None → ``$TOKENRAILS_REASONING`` → "auto". See
+    tokenrails/engine_patch/reasoning.py and docs/lmdeploy.md.
+    """
     global _ACTIVE
     from .manager import configure
 
     with _LOCK:
-        configure(backend=backend, limits=limits, fill_threads=fill_threads)
+        configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning)
         if _ACTIVE:
             return
         try:

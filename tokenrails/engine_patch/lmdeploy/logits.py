@@ -9,6 +9,8 @@
 * Fill and accept run in a worker thread: a compile still running never blocks the event loop.
 * ``accept_token`` failures (REJECTED) and constraint errors are reported per row, never ignored.
 * Non-last prefill chunks neither fill nor accept (LMDeploy samples and discards a token there).
+* Reasoning: rows are resolved by ``LMDeployGuidedManager.prepare_row`` (config + prompt
+  reading) in the worker thread before the first fill; a row still thinking is never "complete".
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from ...guided.batch_step import GuidedRow, StepStatus
 from ...guided.errors import GuideError, InvalidGuideError
 from . import step_context
 from .requests import spec_of
-from .strategies import CTX_KEY
+from .strategies import CTX_KEY, LMDeployRow
 
 
 def _is_ours(manager: Any) -> bool:
@@ -52,7 +54,7 @@ def rows_from_inputs(sampling_inputs: Any) -> list[Any]:
         if entry is None:
             rows[i] = InvalidGuideError("guided row has no session context (engine bug); refusing it")
         else:
-            rows[i] = GuidedRow(entry["session_id"], (entry["seq_id"], 0), spec)
+            rows[i] = LMDeployRow(entry["session_id"], (entry["seq_id"], 0), spec)
     return rows
 
 
@@ -112,6 +114,8 @@ def _guided_step(self, scores: torch.Tensor, stream: Any) -> None:
 
 
 def _guided_step_inner(self, mgr: Any, scores: torch.Tensor) -> None:
+    if mgr is not None:
+        self._tr_rows = self.guided_decoding_manager.prepare_rows(self._tr_rows)
     rows = self._tr_rows
     run_rows: list[GuidedRow | None] = [r if isinstance(r, GuidedRow) else None for r in rows]
     if mgr is not None and any(r is not None for r in run_rows):
@@ -131,8 +135,7 @@ def _guided_step_inner(self, mgr: Any, scores: torch.Tensor) -> None:
                 if not is_empty:
                     continue
                 r = run_rows[i]
-                matcher = mgr.matcher_for(r.session_id, r.seq_id, r.spec)
-                if matcher.is_accepting():
+                if _may_end(mgr, r):
                     scores[i, eos_ids[0]] = 0.0  # the output is complete: end it
                 else:
                     self.guided_errors[i] = InvalidGuideError(
@@ -140,6 +143,19 @@ def _guided_step_inner(self, mgr: Any, scores: torch.Tensor) -> None:
                         "stop words / logits processors")
     for i in self.guided_errors:
         eos_only_(scores, i, eos_ids)
+
+
+def _may_end(mgr: Any, row: GuidedRow) -> bool:
+    """Whether the row's output is complete now (a row still thinking, or undecided, never is
+    unless the grammar accepts the empty answer)."""
+    st = mgr.state_for(row.session_id, row.seq_id, row.spec, reasoning=row.reasoning)
+    if st.error is not None:
+        return False
+    if st.think is not None and not st.think.done:
+        return st.think.opening and st.think.answer_ok and mgr.resolve_matcher(st) is not None \
+            and st.matcher.is_accepting()
+    matcher = mgr.resolve_matcher(st)
+    return matcher is not None and matcher.is_accepting()
 
 
 def _fallback_eos(self) -> tuple[int, ...]:
@@ -171,11 +187,14 @@ def patched_call(original: Callable) -> Callable:
 
 
 def _accept(self, token_ids: list[int]) -> None:
+    if not any(isinstance(r, GuidedRow) for r in self._tr_rows):
+        return
+    mgr = self.guided_decoding_manager.core()
+    self._tr_rows = self.guided_decoding_manager.prepare_rows(self._tr_rows)  # no-op after a fill
     rows = [r if isinstance(r, GuidedRow) and i not in self.guided_errors else None
             for i, r in enumerate(self._tr_rows)]
     if not any(r is not None for r in rows):
         return
-    mgr = self.guided_decoding_manager.core()
     for i, st in enumerate(mgr.accept_tokens(token_ids, rows)):
         if st is not None and st.state in (StepStatus.REJECTED, StepStatus.ERROR):
             self.guided_errors[i] = st.error or InvalidGuideError("guided token rejected")

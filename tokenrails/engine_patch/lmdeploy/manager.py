@@ -8,6 +8,11 @@ nothing, and the first guided step waits (off the event loop) only if the build 
 Rows are identified per *round*: ``seq_key = (seq_id, output_start_pos)``. LMDeploy keeps the
 same ``(session_id, seq_id)`` across rounds of an interactive session; keying by round means a
 new round always starts a fresh matcher, and the previous round's matcher is released.
+
+Reasoning: ``prepare_row`` resolves a row's reasoning setting (the request's, else the engine
+default: ``activate(reasoning=...)``, else ``$TOKENRAILS_REASONING``, else "auto") against the
+vocabulary, and at the first sight of a round with a reasoning config starts its state from the
+round's prompt (``begin_sequence(..., prompt_token_ids=...)``).
 """
 from __future__ import annotations
 
@@ -16,18 +21,24 @@ import os
 import threading
 from typing import Any, Hashable
 
+from ...guided.batch_step import GuidedRow
 from ...guided.errors import GuideError, InvalidGuideError
 from ...guided.limits import GuideLimits
+from ..reasoning import default_setting, parse_setting, prompt_for_reading, resolve
 
 logger = logging.getLogger("tokenrails.lmdeploy")
 
-_CONFIG: dict[str, Any] = {"backend": None, "limits": None, "fill_threads": None}
+_CONFIG: dict[str, Any] = {"backend": None, "limits": None, "fill_threads": None, "reasoning": None}
 
 
 def configure(*, backend: str | None = None, limits: GuideLimits | None = None,
-              fill_threads: int | None = None) -> None:
-    """Defaults for managers built after this call (``activate(...)`` forwards its options)."""
-    _CONFIG.update(backend=backend, limits=limits, fill_threads=fill_threads)
+              fill_threads: int | None = None, reasoning: Any = None) -> None:
+    """Defaults for managers built after this call (``activate(...)`` forwards its options).
+
+    ``reasoning`` is parsed here so a bad value fails ``activate()`` at once.
+    """
+    _CONFIG.update(backend=backend, limits=limits, fill_threads=fill_threads,
+                   reasoning=parse_setting(reasoning))
 
 
 def _backend() -> str:
@@ -85,6 +96,9 @@ class LMDeployGuidedManager:
         self._error: GuideError | None = None
         self._ready = threading.Event()
         self._rounds: dict[tuple[Hashable, Hashable], Hashable] = {}
+        self._begun: dict[tuple[Hashable, Hashable], str] = {}  # (session, seq_key) -> spec key
+        self._reasoning_default = default_setting(_CONFIG["reasoning"])  # fixed per manager
+        self._reasoning_memo: dict[Any, Any] = {}
         if vocab is not None:
             self._build(vocab)
         else:
@@ -144,13 +158,53 @@ class LMDeployGuidedManager:
         prev = self._rounds.get(ident)
         if prev != seq_key:
             self._rounds[ident] = seq_key
-            if prev is not None and self._mgr is not None:
-                self._mgr.release(session_id, prev)
+            if prev is not None:
+                self._begun.pop((session_id, prev), None)
+                if self._mgr is not None:
+                    self._mgr.release(session_id, prev)
+
+    # ---- reasoning -------------------------------------------------------------------------
+    def reasoning_config(self, setting: Any = None):
+        """The ``ReasoningConfig`` (or None) for a request's setting (None: the engine default)."""
+        setting = setting or self._reasoning_default
+        hit = self._reasoning_memo.get(setting, self)
+        if hit is self:
+            hit = resolve(setting, self.core().vocab)  # raises for markers the vocabulary lacks
+            if len(self._reasoning_memo) >= 256:
+                self._reasoning_memo.clear()
+            self._reasoning_memo[setting] = hit
+        return hit
+
+    def prepare_row(self, row: Any) -> Any:
+        """A plain ``GuidedRow`` with its reasoning resolved (or the ``GuideError`` that fails it).
+
+        The first time a round with a reasoning config is seen, its state is started from the
+        round's prompt. Rows without a config take exactly the path they took before.
+        """
+        if not isinstance(row, GuidedRow) or type(row) is GuidedRow:
+            return row
+        mgr = self.core()
+        try:
+            cfg = self.reasoning_config(getattr(row, "setting", None))
+        except GuideError as exc:
+            return exc
+        key = (row.session_id, row.seq_id)
+        if cfg is not None and self._begun.get(key) != row.spec.key:
+            prompt = getattr(row, "prompt", None)
+            ids = prompt_for_reading(prompt, cfg) if prompt is not None else None
+            mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids)
+            self._begun[key] = row.spec.key
+        return GuidedRow(row.session_id, row.seq_id, row.spec, reasoning=cfg)
+
+    def prepare_rows(self, rows: list[Any]) -> list[Any]:
+        return [self.prepare_row(r) for r in rows]
 
     # ---- LMDeploy's clean-up calls ---------------------------------------------------------
     def end_session(self, session_id: Hashable) -> None:
         for ident in [k for k in self._rounds if k[0] == session_id]:
             del self._rounds[ident]
+        for ident in [k for k in self._begun if k[0] == session_id]:
+            del self._begun[ident]
         if self._mgr is not None:
             self._mgr.end_session(session_id)
 
@@ -167,6 +221,7 @@ class LMDeployGuidedManager:
             for session_id in {k[0] for k in self._rounds}:
                 self._mgr.end_session(session_id)
         self._rounds.clear()
+        self._begun.clear()
 
     def stats(self) -> dict[str, int]:
         mgr = self.core(wait=False) if self._error is None else None

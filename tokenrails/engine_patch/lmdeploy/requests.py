@@ -1,6 +1,9 @@
 """LMDeploy request parsing routed through ``GuideSpec.from_request``.
 
 * ``spec_of(response_format)``: the engine-side conversion (memoized per format object).
+* ``parse_format``: the spec plus the request's reasoning setting, the extra key
+  ``response_format["tokenrails_reasoning"]`` (see tokenrails/engine_patch/reasoning.py); the key
+  is removed before the format reaches ``GuideSpec.from_request``.
 * ``ensure_response_format_compilable``: drop-in for LMDeploy's early check; raises a
   ``RequestError`` (HTTP 400 with the reason) for anything tokenrails cannot enforce, so a bad
   constraint is refused before it reaches the shared engine loop.
@@ -8,6 +11,7 @@
 """
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -17,19 +21,40 @@ from pydantic import BaseModel, ConfigDict, model_serializer
 from ...guided.errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
 from ...guided.spec import GuideSpec
+from ..reasoning import REQUEST_KEY, ReasoningSetting, parse_setting, split_request_setting
 
-__all__ = ["WideResponseFormat", "ensure_response_format_compilable", "spec_of", "validate_spec"]
+__all__ = ["WideResponseFormat", "ensure_response_format_compilable", "parse_format", "spec_of",
+           "validate_spec"]
+
+
+def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetting | None]:
+    """(``GuideSpec`` or None, the request's reasoning setting or None) of a ``response_format``.
+
+    Raises ``GuideError`` for a bad constraint or a bad ``tokenrails_reasoning`` value.
+    """
+    if response_format is None:
+        return None, None
+    if isinstance(response_format, GuideSpec):
+        return response_format, None
+    rf = response_format
+    if isinstance(rf, str) and REQUEST_KEY in rf:
+        try:
+            rf = json.loads(rf)
+        except ValueError:
+            rf = response_format  # not JSON: let from_request report it
+    if hasattr(rf, "model_dump") and not isinstance(rf, type) and REQUEST_KEY in (
+            getattr(rf, "model_extra", None) or {}):
+        rf = rf.model_dump()
+    rf, raw = split_request_setting(rf)
+    setting = parse_setting(raw)
+    if isinstance(rf, dict) and rf.get("type", "text") == "text":
+        return None, setting
+    return GuideSpec.from_request(rf), setting
 
 
 def spec_of(response_format: Any) -> GuideSpec | None:
     """The ``GuideSpec`` of an LMDeploy ``response_format`` (dict, JSON text, model) or None."""
-    if response_format is None:
-        return None
-    if isinstance(response_format, GuideSpec):
-        return response_format
-    if isinstance(response_format, dict) and response_format.get("type", "text") == "text":
-        return None
-    return GuideSpec.from_request(response_format)
+    return parse_format(response_format)[0]
 
 
 class _ValidatedKeys:
@@ -104,7 +129,7 @@ def to_request_error(exc: GuideError) -> Exception:
 def ensure_response_format_compilable(response_format: Any) -> None:
     """Drop-in for ``lmdeploy._guided_decoding.ensure_response_format_compilable``."""
     try:
-        spec = spec_of(response_format)
+        spec = spec_of(response_format)  # also checks the tokenrails_reasoning value
         if spec is not None:
             validate_spec(spec)
     except GuideError as exc:

@@ -20,56 +20,102 @@ import torch
 from ...guided.batch_step import GuidedRow
 from ...kernels._common import eos_only_row
 from ...guided.errors import GuideError
+from ...guided.speculative import _Lookahead  # the manager's exact draft walk (see report)
 from ...kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 from . import step_context
 from .strategies import CTX_KEY
 
 
 class RowHandle:
-    """One guided row of a speculative step (what LMDeploy calls a processor)."""
+    """One guided row of a speculative step (what LMDeploy calls a processor).
+
+    A draft cursor (``fork()``) walks the sequence through its drafts with the manager's
+    look-ahead (matcher advanced tentatively, thinking state carried along, so a reasoning row's
+    drafts are masked and read exactly like its real tokens) and is rolled back exactly.
+    """
 
     def __init__(self, helper: "SpecState", row: GuidedRow | None, error: GuideError | None):
         self.helper = helper
-        self.row = row
+        self.raw = row
         self.error = error
-        self.advanced = 0
+        self._row: GuidedRow | None = None
+        self.walk: Any = None  # the cursor's look-ahead (None: not advanced)
         self.dead = False
 
+    @property
+    def row(self) -> GuidedRow | None:
+        """The prepared row (reasoning resolved, prompt read); None when the row failed."""
+        if self._row is None and self.error is None and self.raw is not None:
+            prepared = self.helper.owner.prepare_row(self.raw)
+            if isinstance(prepared, GuideError):
+                self.error = prepared
+            else:
+                self._row = prepared
+        return self._row
+
+    def state(self):
+        row = self.row
+        if row is None:
+            return None
+        st = self.helper.owner.core().state_for(row.session_id, row.seq_id, row.spec, reasoning=row.reasoning)
+        if st.error is not None:
+            self.error = st.error
+            return None
+        return st
+
+    def think(self, st: Any) -> Any:
+        return self.walk.think if self.walk is not None else st.think
+
     def matcher(self):
-        if self.error is not None or self.row is None:
+        st = self.state()
+        if st is None:
             return None
-        mgr = self.helper.owner.core()
-        try:
-            return mgr.matcher_for(self.row.session_id, self.row.seq_id, self.row.spec)
-        except GuideError as exc:
-            self.error = exc
-            return None
+        m = self.helper.owner.core().resolve_matcher(st)
+        if m is None:
+            self.error = st.error
+        return m
 
     def fork(self) -> "RowHandle":
         """A draft cursor on the same matcher (rolled back before verification)."""
-        cur = RowHandle(self.helper, self.row, self.error)
+        cur = RowHandle(self.helper, self.raw, self.error)
+        cur._row = self._row
         self.helper.track(cur)
         return cur
 
     def is_terminated(self) -> bool:
+        st = self.state()
+        if st is None:
+            return True
+        think = self.think(st)
+        if think is not None and not think.done:
+            return False  # thinking, or undecided: more tokens must come
         m = self.matcher()
         return m is None or m.is_terminated()
+
+    def fill(self, bitmask: torch.Tensor, index: int) -> None:
+        st = self.state()
+        mgr = self.helper.owner.core()
+        if st is None:
+            eos_only_row(bitmask[index], mgr.vocab.eos_ids)
+            return
+        mgr.step.fill_row(st, self.think(st), bitmask, index)
 
     def accept_draft(self, token: int) -> None:
         if self.dead:
             return
-        m = self.matcher()
-        if m is None or not m.accept_token(int(token)):
-            self.dead = True  # verification will reject this draft; nothing to undo
+        st = self.state()
+        if st is None:
+            self.dead = True
             return
-        self.advanced += 1
+        if self.walk is None:
+            self.walk = _Lookahead(self.helper.owner.core().step, st)
+        if not self.walk.advance(int(token)):
+            self.dead = True  # verification will reject this draft; nothing to undo
 
     def rollback(self) -> None:
-        if self.advanced:
-            m = self.matcher()
-            if m is not None:
-                m.rollback(self.advanced)
-            self.advanced = 0
+        walk, self.walk = self.walk, None
+        if walk is not None:
+            walk.__exit__(None, None, None)
         self.dead = False
 
 
@@ -155,11 +201,7 @@ def _fill_handles(st: SpecState, processors: dict, batch: int) -> torch.Tensor:
     bm = st.bitmask(batch, vocab.vocab_size)
     bm.fill_(-1)
     for idx, h in processors.items():
-        m = h.matcher()
-        if m is None:
-            eos_only_row(bm[idx], vocab.eos_ids)
-        else:
-            m.fill_next_token_bitmask(bm, idx)
+        h.fill(bm, idx)
     return bm
 
 
@@ -233,11 +275,11 @@ def patched_serial_bitmask(original: Callable) -> Callable:
         st.rollback_all()
         batch, num_expand = scores_3d.size(0), scores_3d.size(1)
         drafts_all = draft_token_ids[:, : num_expand - 1].tolist()
-        rows = [processors[i].row if i in processors else None for i in range(batch)]
         stream = torch.cuda.current_stream() if scores_3d.is_cuda else None
 
         def run():
             mgr = st.owner.core()
+            rows = [processors[i].row if i in processors else None for i in range(batch)]
             flat = scores_3d.view(batch * num_expand, -1)
             with torch.inference_mode():
                 if stream is not None:
@@ -267,16 +309,20 @@ def patched_accept_rejection(original: Callable) -> Callable:
         outs = output_token_ids.tolist()
         nxt = next_token_ids.reshape(-1).tolist()
         batch = len(nxt)
-        rows: list[GuidedRow | None] = [None] * batch
-        accepted: list[list[int]] = [[] for _ in range(batch)]
-        for idx, h in processors.items():
-            if h.row is None or h.error is not None:
-                continue
-            valid = num_spec_tokens - int(n_rej[idx])
-            toks = [int(t) for t in outs[idx][:valid] if int(t) >= 0]
-            accepted[idx] = toks + [int(nxt[idx])]
-            rows[idx] = h.row
-        statuses = await asyncio.to_thread(lambda: st.owner.core().accept_tokens_spec(accepted, rows))
+
+        def run():
+            rows: list[GuidedRow | None] = [None] * batch
+            accepted: list[list[int]] = [[] for _ in range(batch)]
+            for idx, h in processors.items():
+                if h.row is None or h.error is not None:
+                    continue
+                valid = num_spec_tokens - int(n_rej[idx])
+                toks = [int(t) for t in outs[idx][:valid] if int(t) >= 0]
+                accepted[idx] = toks + [int(nxt[idx])]
+                rows[idx] = h.row
+            return st.owner.core().accept_tokens_spec(accepted, rows)
+
+        statuses = await asyncio.to_thread(run)
         _report(processors, statuses)
         return None
 

@@ -5,6 +5,11 @@ LMDeploy builds ``SamplingInputs`` on the engine side every step. We add, per ro
 ``GuideError`` (the request's constraint is unusable: that row fails closed), or None (unguided).
 The ``GuideSpec`` is computed once per request and memoized on its ``SamplingParam``.
 
+Reasoning: the row is an ``LMDeployRow`` carrying the request's own reasoning setting
+(``response_format["tokenrails_reasoning"]``, None = the engine default) and, on the round's
+steps before its first generated token, the prompt's token ids (read once by the agent-side
+manager to know whether the chat template opened or closed the thinking section).
+
 dLLM: the stock strategy repeats ``response_formats`` per block position but not
 ``session_ctx`` (IndexError, or rows silently bound to the wrong sequence). Parallel block
 decoding has no left-to-right order a grammar could follow, so each guided position is failed
@@ -12,26 +17,41 @@ with a clear ``UnsupportedGuideError`` instead.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...guided.batch_step import GuidedRow
 from ...guided.errors import GuideError, UnsupportedGuideError
-from .requests import spec_of
+from ..reasoning import ReasoningSetting
+from .requests import parse_format
 
 CTX_KEY = "tokenrails"
 _MEMO_ATTR = "_tokenrails_spec"
 
 
-def spec_for_param(param: Any) -> Any:
-    """``GuideSpec | GuideError | None`` for a ``SamplingParam`` (memoized on the object)."""
+@dataclass(frozen=True, eq=False)
+class LMDeployRow(GuidedRow):
+    """A guided row as the strategy sees it; the agent-side manager turns it into a plain
+    ``GuidedRow`` with its ``ReasoningConfig`` resolved (``LMDeployGuidedManager.prepare_row``).
+
+    ``setting``: the request's reasoning setting (None: the engine default).
+    ``prompt``: the round's prompt token ids, only before its first generated token.
+    """
+
+    setting: ReasoningSetting | None = None
+    prompt: Any = None
+
+
+def format_for_param(param: Any) -> tuple[Any, ReasoningSetting | None]:
+    """(``GuideSpec | GuideError | None``, reasoning setting) of a ``SamplingParam`` (memoized)."""
     rf = getattr(param, "response_format", None)
     memo = getattr(param, _MEMO_ATTR, None)
     if memo is not None and memo[0] is rf:
         return memo[1]
     try:
-        value: Any = spec_of(rf)
+        value: Any = parse_format(rf)
     except GuideError as exc:
-        value = exc
+        value = (exc, None)
     try:
         object.__setattr__(param, _MEMO_ATTR, (rf, value))
     except (AttributeError, TypeError):  # slotted/frozen param: recompute next step
@@ -39,13 +59,31 @@ def spec_for_param(param: Any) -> Any:
     return value
 
 
+def spec_for_param(param: Any) -> Any:
+    """``GuideSpec | GuideError | None`` for a ``SamplingParam`` (memoized on the object)."""
+    return format_for_param(param)[0]
+
+
+def prompt_ids(seq: Any) -> Any:
+    """The round's prompt (token ids before ``output_start_pos``) while nothing was generated yet."""
+    if int(getattr(seq, "num_new_tokens", 1) or 0) != 0:
+        return None
+    start = int(getattr(seq, "output_start_pos", 0) or 0)
+    try:
+        return seq.valid_ids[:start]
+    except (AttributeError, TypeError):
+        return None
+
+
 def row_for_seq(seq: Any) -> Any:
     """The guided identity of one running sequence (see module doc)."""
-    value = spec_for_param(seq.sampling_param)
+    value, setting = format_for_param(seq.sampling_param)
     if value is None or isinstance(value, GuideError):
         return value
     round_start = getattr(seq, "output_start_pos", 0)
-    return GuidedRow(seq.session.session_id, (seq.seq_id, int(round_start)), value)
+    prompt = None if setting is not None and setting.kind == "off" else prompt_ids(seq)
+    return LMDeployRow(seq.session.session_id, (seq.seq_id, int(round_start)), value,
+                       setting=setting, prompt=prompt)
 
 
 def patched_ar_make_sampling_inputs(original: Callable) -> Callable:
