@@ -5,6 +5,10 @@ and rows of one batch jump by different amounts. Each step feeds every row its o
 tokens, left-padded to the longest; pad slots are masked in the attention mask, so they are
 holes no later query attends to, and position ids count real tokens only. Rows are never
 re-packed; a finished row just stops receiving real tokens.
+
+Reasoning rows (``reasoning=``, see tokenrails/engine_patch/reasoning.py): started from their
+prompt; jump-forward only once the answer has begun; ``text`` is the whole output,
+``answer_text`` the constrained part (validated), ``reasoning_text`` the thinking section.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from ...guided.batch_step import GuidedRow, StepStatus
 from ...guided.errors import GuideError
 from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
+from ..reasoning import configs_for_rows, prompt_for_reading
+from .answer import AnswerTracker
 from .jump_forward import make_encoder, plan_jump
 from .sampling import SamplingParams, choose_tokens
 from .validate import error_category, validate_output
@@ -45,6 +51,9 @@ class GuidedResult:
     jump_forward_s: float = 0.0
     forward_passes: int = 0       # decode forward passes this row took part in (prefill excluded)
     forced_tokens: int = 0        # tokens appended by jump-forward, not sampled
+    answer_text: str = ""         # the constrained answer (== text without reasoning)
+    reasoning_text: str = ""      # the thinking section before it (markers included), "" if none
+    answer_start: int | None = 0  # index in token_ids where the answer begins (None: never began)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,11 +149,13 @@ def generate_guided(
     backend: str = "auto",
     limits: GuideLimits | None = None,
     manager: Any = None,
+    reasoning: Any = None,
 ) -> GenerationReport:
     """Generate for a batch in which each row has its own spec (or None = unconstrained).
 
     A row whose spec fails, or whose token is rejected, ends with finish_reason "error" and the
-    typed error's message; it is never continued unconstrained.
+    typed error's message; it is never continued unconstrained. ``reasoning``: one setting for
+    every row or a list (None: ``$TOKENRAILS_REASONING``, else "auto").
     """
     if len(prompts) != len(specs):
         raise ValueError(f"{len(prompts)} prompts but {len(specs)} specs")
@@ -159,8 +170,11 @@ def generate_guided(
     gen = params.generator()
     encode = make_encoder(tokenizer)
     session = f"hf-decode-{next(_sessions)}"
-    rows = [GuidedRow(session, i, s) if s is not None else None for i, s in enumerate(specs)]
     n = len(prompts)
+    configs = configs_for_rows(reasoning, n, vocab)
+    rows = [GuidedRow(session, i, s, reasoning=c) if s is not None else None
+            for i, (s, c) in enumerate(zip(specs, configs))]
+    answers = AnswerTracker(n)
     eos = set(vocab.eos_ids)
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     eos.update([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or []))
@@ -174,7 +188,13 @@ def generate_guided(
     jump_s = [0.0] * n
     batch = _Batch(model, pad_id)
     try:
-        logits = batch.feed(encode_prompts(tokenizer, prompts, chat))
+        prompt_ids = encode_prompts(tokenizer, prompts, chat)
+        for i, row in enumerate(rows):
+            if row is not None and row.reasoning is not None:
+                answers.watch(i, mgr.begin_sequence(
+                    session, i, row.spec, reasoning=row.reasoning,
+                    prompt_token_ids=prompt_for_reading(prompt_ids[i], row.reasoning)))
+        logits = batch.feed(prompt_ids)
         prefill_s = time.perf_counter() - t_start
         while True:
             active = [i for i in range(n) if finish[i] is None]
@@ -183,7 +203,9 @@ def generate_guided(
             step_rows = [rows[i] if finish[i] is None else None for i in range(n)]
             statuses = mgr.fill_and_apply(logits, step_rows)
             tokens = choose_tokens(logits, params, gen).tolist()
+            answering = [answers.answering(i) for i in range(n)]  # before this token
             accepted = mgr.accept_tokens(tokens, step_rows)
+            answers.after_accept([r is not None for r in step_rows])
             feed: list[list[int]] = [[] for _ in range(n)]
             for i in active:
                 tok = int(tokens[i])
@@ -202,7 +224,7 @@ def generate_guided(
                     continue
                 new = [tok]
                 budget = max_new_tokens - len(out_ids[i])
-                if jump_forward and rows[i] is not None:
+                if jump_forward and rows[i] is not None and answering[i]:
                     t0 = time.perf_counter()
                     m = mgr.matcher_for(session, i, rows[i].spec)
                     plan = plan_jump(m, vocab, encode, tok, budget)
@@ -218,7 +240,8 @@ def generate_guided(
                 passes[i] += 1
             if any(feed):
                 logits = batch.feed(feed)
-        results = _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, forced, jump_s)
+        results = _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, forced, jump_s,
+                           answers)
     finally:
         mgr.end_session(session)
     wall = time.perf_counter() - t_start
@@ -228,13 +251,22 @@ def generate_guided(
     )
 
 
-def _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, forced, jump_s) -> list[GuidedResult]:
+def _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, forced, jump_s,
+             answers) -> list[GuidedResult]:
     results = []
+
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
     for i, row in enumerate(rows):
-        text = tokenizer.decode(out_ids[i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text = decode(out_ids[i])
+        start = answers.start(i)
+        answer = text if start == 0 else decode(out_ids[i][start:]) if start is not None else ""
+        thinking = "" if start == 0 else decode(out_ids[i][:start] if start is not None else out_ids[i])
         res = GuidedResult(
             text=text, token_ids=out_ids[i], finish_reason=str(finish[i]), valid=None,
             forward_passes=passes[i], forced_tokens=forced[i], jump_forward_s=jump_s[i],
+            answer_text=answer, reasoning_text=thinking, answer_start=start,
         )
         if row is not None:
             res.spec_kind = row.spec.kind
@@ -253,7 +285,7 @@ def _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, for
             elif finish[i] != "stop":
                 res.valid, res.validation = False, "incomplete: max_new_tokens reached"
             else:
-                verdict = validate_output(row.spec, text, matcher_complete=True)
+                verdict = validate_output(row.spec, answer, matcher_complete=True)
                 res.valid = verdict.valid
                 res.validation = verdict.method + (f": {verdict.reason}" if verdict.reason else "")
         results.append(res)

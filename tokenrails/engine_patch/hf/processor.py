@@ -7,6 +7,11 @@ scores in place with one kernel call (unguided rows are left bit-identical).
 Unsupported: beam search and any other strategy that reorders rows between steps (each row's
 matcher follows one sequence). The processor checks that every row's history only grows and
 raises otherwise. ``num_return_sequences=k`` with sampling is supported: pass the same ``k``.
+
+Reasoning (``reasoning=``, default ``$TOKENRAILS_REASONING`` else "auto"; see
+tokenrails/engine_patch/reasoning.py): a row with a reasoning config is started from its prompt
+on the first call (template-opened or closed thinking sections are honoured); its thinking text is
+free, the constraint starts after the end marker, and ``finalize`` validates only the answer.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from ...guided.errors import GuideError
 from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
 from ...guided.vocabulary import Vocabulary
+from ..reasoning import configs_for_rows, prompt_for_reading
+from .answer import AnswerTracker
 from .validate import error_category, validate_output
 from .vocab import manager_for, vocabulary_for
 
@@ -46,6 +53,7 @@ class RowReport:
     error_type: str | None = None  # public class: InvalidGuideError, GuideLimitError, TokenRejectedError...
     valid: bool | None = None
     validation: str = ""
+    answer_start: int | None = None  # generated-token index where the constrained answer begins
     grammar_init_s: float = 0.0
     grammar_per_token_s: float = 0.0
     tokens: int = 0
@@ -65,6 +73,7 @@ class GuidedLogitsProcessor(_Base):
         backend: str = "auto",
         limits: GuideLimits | None = None,
         num_return_sequences: int = 1,
+        reasoning: Any = None,
     ):
         if vocab is None:
             if manager is not None:
@@ -81,7 +90,14 @@ class GuidedLogitsProcessor(_Base):
         # generate() repeats each prompt num_return_sequences times, consecutively.
         self.specs = [s for s in specs for _ in range(num_return_sequences)]
         self.session = f"hf-processor-{next(_sessions)}"
-        self.rows = [GuidedRow(self.session, i, s) if s is not None else None for i, s in enumerate(self.specs)]
+        per_prompt = reasoning if isinstance(reasoning, (list, tuple)) else [reasoning] * len(specs)
+        if len(per_prompt) != len(specs):
+            raise ValueError(f"{len(per_prompt)} reasoning settings for {len(specs)} specs")
+        configs = configs_for_rows([r for r in per_prompt for _ in range(num_return_sequences)],
+                                   len(self.specs), vocab)
+        self.rows = [GuidedRow(self.session, i, s, reasoning=c) if s is not None else None
+                     for i, (s, c) in enumerate(zip(self.specs, configs))]
+        self.answers = AnswerTracker(len(self.rows))
         self._done: list[str | None] = [None] * len(self.rows)  # "complete" | "rejected" | "error"
         self._errors: list[GuideError | None] = [None] * len(self.rows)
         self._prev: torch.Tensor | None = None
@@ -113,6 +129,7 @@ class GuidedLogitsProcessor(_Base):
             )
         if self._prev is None:
             self._prompt_len = input_ids.shape[1]
+            self._begin(input_ids)
         else:
             self._check_history(input_ids)
             self._accept(input_ids[:, -1].tolist())
@@ -122,6 +139,15 @@ class GuidedLogitsProcessor(_Base):
             if st is not None and st.state is StepStatus.ERROR and self._done[i] is None:
                 self._done[i], self._errors[i] = "error", st.error
         return scores
+
+    def _begin(self, input_ids: torch.Tensor) -> None:
+        """Reasoning rows: read each row's prompt (left padding is harmless: no marker)."""
+        for i, row in enumerate(self.rows):
+            if row is not None and row.reasoning is not None:
+                ids = prompt_for_reading(input_ids[i].tolist(), row.reasoning)
+                st = self.manager.begin_sequence(self.session, i, row.spec, reasoning=row.reasoning,
+                                                 prompt_token_ids=ids)
+                self.answers.watch(i, st)
 
     def _check_history(self, input_ids: torch.Tensor) -> None:
         prev = self._prev
@@ -136,6 +162,7 @@ class GuidedLogitsProcessor(_Base):
     def _accept(self, tokens: Sequence[int]) -> None:
         step_rows = [r if self._done[i] is None else None for i, r in enumerate(self.rows)]
         statuses = self.manager.accept_tokens(tokens, step_rows)
+        self.answers.after_accept([r is not None for r in step_rows])
         for i, st in enumerate(statuses):
             if st is None:
                 continue
@@ -182,6 +209,7 @@ class GuidedLogitsProcessor(_Base):
             grammar_init_s=float(m.get("grammar_init_s", 0.0)),
             grammar_per_token_s=float(m.get("grammar_per_token_s", 0.0)),
             tokens=int(m.get("tokens", 0)),
+            answer_start=self.answers.start(i),
         )
         if self._errors[i] is not None:
             rep.error = f"{type(self._errors[i]).__name__}: {self._errors[i]}"
@@ -191,7 +219,8 @@ class GuidedLogitsProcessor(_Base):
             rep.valid, rep.validation = False, "incomplete: generation stopped before the constraint was complete"
         elif self.tokenizer is not None:
             text = self.tokenizer.decode(
-                self.generated_ids(sequence), skip_special_tokens=False, clean_up_tokenization_spaces=False
+                self.generated_ids(sequence)[rep.answer_start or 0:], skip_special_tokens=False,
+                clean_up_tokenization_spaces=False,
             )
             verdict = validate_output(row.spec, text, matcher_complete=True)
             rep.valid = verdict.valid

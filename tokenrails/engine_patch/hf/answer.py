@@ -1,0 +1,50 @@
+"""Where each reasoning row's constrained answer begins in its generated tokens.
+
+The manager's per-sequence ``ThinkState`` says whether the row is thinking, undecided (optional
+thinking) or answering; watching it after every accepted token gives the answer's first index:
+the token after the end marker, or 0 when the row answered directly (an undecided row whose first
+tokens were the answer) or the prompt had already closed the section. Only the answer is
+validated; the thinking text is returned apart.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+class AnswerTracker:
+    """Per row: generated tokens accepted so far and the answer's start (None: not begun)."""
+
+    def __init__(self, rows: int):
+        self._states: dict[int, Any] = {}
+        self._count = [0] * rows
+        self._start: dict[int, int | None] = {}
+        self._thought: dict[int, bool] = {}
+
+    def watch(self, i: int, state: Any) -> None:
+        """Follow row ``i``'s ``SequenceState`` (from ``begin_sequence``), before its first token."""
+        think = state.think
+        self._states[i] = state
+        self._thought[i] = think is not None and think.thinking
+        self._start[i] = 0 if think is None or think.done else None
+
+    def answering(self, i: int) -> bool:
+        """The row's answer has begun (unwatched rows always answer)."""
+        return self._start.get(i, 0) is not None
+
+    def after_accept(self, fed: Sequence[bool]) -> None:
+        """Call after each ``accept_tokens``; ``fed[i]``: row ``i`` was given a token."""
+        for i, state in self._states.items():
+            if not fed[i]:
+                continue
+            self._count[i] += 1
+            if self._start[i] is not None:
+                continue
+            think = state.think
+            if think is not None and think.thinking:
+                self._thought[i] = True
+            elif think is None or think.done:
+                self._start[i] = self._count[i] if self._thought[i] else 0
+
+    def start(self, i: int) -> int | None:
+        """Index of the answer's first generated token (0 for rows without reasoning)."""
+        return self._start.get(i, 0)
