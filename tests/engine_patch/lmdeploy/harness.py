@@ -25,10 +25,15 @@ class FakeSeq:
     seq_id: int = field(default_factory=lambda: next(_SEQ_IDS))
     generated: list[int] = field(default_factory=list)
     output_start_pos: int = 8
+    prompt_ids: list[int] | None = None  # the prompt's token ids (default: prompt_len ones)
 
     def __post_init__(self) -> None:
         from lmdeploy.pytorch.messages import SamplingParam
 
+        if self.prompt_ids is not None:
+            self.prompt_len = len(self.prompt_ids)
+        else:
+            self.prompt_ids = [1] * self.prompt_len
         self.session = SimpleNamespace(session_id=self.session_id)
         self.sampling_param = SamplingParam.from_gen_config(self.gen_config)
         self.output_start_pos = self.prompt_len
@@ -45,7 +50,7 @@ class FakeSeq:
     def valid_ids(self):
         import numpy as np
 
-        return np.array([1] * self.prompt_len + self.generated, dtype=np.int64)
+        return np.array(list(self.prompt_ids) + self.generated, dtype=np.int64)
 
     @property
     def generated_ids(self):
@@ -53,11 +58,13 @@ class FakeSeq:
 
         return np.array(self.generated, dtype=np.int64)
 
-    def new_round(self, gen_config: Any, prompt_len: int = 4) -> None:
+    def new_round(self, gen_config: Any, prompt_len: int = 4, prompt_ids: list[int] | None = None) -> None:
         """A second message on the same session: same seq_id, history grows, counters reset."""
         from lmdeploy.pytorch.messages import SamplingParam
 
-        self.prompt_len = self.num_valid_ids + prompt_len
+        new = list(prompt_ids) if prompt_ids is not None else [1] * prompt_len
+        self.prompt_ids = list(self.prompt_ids) + self.generated + new
+        self.prompt_len = len(self.prompt_ids)
         self.generated = []
         self.output_start_pos = self.prompt_len
         self.gen_config = gen_config
