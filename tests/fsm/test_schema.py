@@ -170,3 +170,29 @@ def test_contains_an_empty_schema_still_demands_an_item(vocab):
     schema = {"type": "array", "items": {"type": "integer"}, "contains": {}}
     with pytest.raises(UnsupportedGuideError, match="contains"):
         compile_guide(GuideSpec.json_schema(schema), vocab, backend="fsm")
+
+
+@pytest.mark.parametrize("fmt,local,offset", [
+    ("date-time", '"2022-01-01T12:00:00"', '"2022-01-01T12:00:00+02:00"'),
+    ("time", '"12:00:00"', '"12:00:00+02:00"'),
+])
+def test_date_time_formats_outlines_lowers_differently_are_refused(vocab, smollm2_tokenizer, fmt, local, offset):
+    """outlines-core makes the zone optional and has no numeric offsets: a time without a zone
+    (not RFC 3339) would be accepted and a valid offset refused. fsm refuses the schema unless
+    outlines' behaviour is asked for; auto enforces it elsewhere."""
+    import json
+    import re
+
+    from outlines_core.json_schema import build_regex_from_schema
+
+    schema = {"type": "string", "format": fmt}
+    regex = build_regex_from_schema(json.dumps(schema))
+    assert re.fullmatch(regex, local) and not re.fullmatch(regex, offset)
+    with pytest.raises(UnsupportedGuideError, match=f"format {fmt}"):
+        compile_guide(GuideSpec.json_schema(schema), vocab, "fsm")
+    lenient = GuideSpec("json_schema", GuideSpec.json_schema(schema).payload,
+                        (("any_whitespace", True), ("fsm_ignore_unenforced", True)))
+    assert _accepts(compile_guide(lenient, vocab, "fsm"), smollm2_tokenizer, vocab, local)  # outlines' language
+    guide = compile_guide(GuideSpec.json_schema(schema), vocab)
+    assert guide.backend != "fsm"
+    assert _accepts(guide, smollm2_tokenizer, vocab, offset) and not _accepts(guide, smollm2_tokenizer, vocab, local)

@@ -52,6 +52,10 @@ OUTLINES_IGNORED: dict[str, str] = {
     "unevaluatedItems": "unevaluatedItems is not enforced",
 }
 
+# formats outlines-core 0.2.14 lowers to a different language than RFC 3339 (JSON Schema's
+# definition): the zone is optional ("Z" or nothing) where RFC 3339 requires "Z" or an offset
+_LAX_FORMATS = ("date-time", "time")
+
 DEFAULT_COMPACT_WHITESPACE = ""  # any_whitespace=False: no whitespace between JSON tokens
 
 
@@ -96,6 +100,10 @@ def _lowered_differently(path: str, sub: dict) -> list[str]:
         if sub.get("items", False) is not False or not (isinstance(min_items, int) and min_items >= len(prefix)):
             out.append(f"{path}: prefixItems is lowered as a fixed-length tuple (shorter arrays and "
                        "items beyond it are refused)")
+    fmt = sub.get("format")
+    if fmt in _LAX_FORMATS and "pattern" not in sub:
+        out.append(f"{path}: format {fmt} is lowered with an optional 'Z' and no numeric offsets "
+                   "(outlines-core's regex): times without a zone would be accepted, '+02:00' refused")
     t = sub.get("type")
     if isinstance(t, list) and len(t) > 1 and (
         "object" in t and any(k in sub for k in ("properties", "additionalProperties"))
