@@ -252,3 +252,17 @@ def test_backend_hint_does_not_change_the_key() -> None:
     keys = {normalize_request(body(guided_regex="a+", guided_decoding_backend=b)).key
             for b in ("outlines", "xgrammar", "guidance", "lm-format-enforcer", "auto", None)}
     assert keys == {GuideSpec.regex("a+").key}
+
+
+def test_reasoning_key_is_set_aside_not_a_constraint():
+    """``tokenrails_reasoning`` (read by the engine adapters) passes any entry point and never
+    changes the constraint."""
+    from tokenrails import GuideSpec
+
+    for rf in ({"type": "regex", "regex": "[0-9]+"},
+               {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}},
+               {"type": "structural_tag", "structures": [{"begin": "<a>", "schema": {"type": "integer"}, "end": "</a>"}],
+                "triggers": ["<a>"]}):
+        with_key = dict(rf, tokenrails_reasoning="off")
+        assert GuideSpec.from_request({"response_format": with_key}) == GuideSpec.from_request({"response_format": rf})
+    assert GuideSpec.from_request({"response_format": {"type": "text", "tokenrails_reasoning": "auto"}}) is None

@@ -25,6 +25,9 @@ _ALLOWED_KEYS: dict[str, frozenset[str]] = {
     "structural_tag": frozenset({"type", "structures", "triggers", "format"}),
 }
 RESPONSE_FORMAT_TYPES = frozenset(_ALLOWED_KEYS)
+# Not part of the constraint: the engine adapters' per-request reasoning setting
+# (tokenrails/engine_patch/reasoning.py reads and validates it); accepted and set aside here.
+REASONING_KEY = "tokenrails_reasoning"
 _JSON_SCHEMA_BODY_KEYS = frozenset({"name", "description", "schema", "json_schema", "strict"})
 
 
@@ -51,6 +54,8 @@ def parse_response_format(rf: Any) -> RawConstraint | None:
     rf = load_json_like(rf, "response_format")
     if not isinstance(rf, Mapping):
         raise InvalidGuideError(f"response_format must be an object, got {type(rf).__name__}")
+    if REASONING_KEY in rf:
+        rf = {k: v for k, v in rf.items() if k != REASONING_KEY}
     kind = rf.get("type")
     if kind is None:
         raise InvalidGuideError("response_format needs a 'type'")

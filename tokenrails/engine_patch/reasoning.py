@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 from ..guided.errors import GuideError, InvalidGuideError
 from ..guided.reasoning import ReasoningConfig
+from ..compat.response_format import REASONING_KEY
 from ..guided.vocabulary import Vocabulary
 
 __all__ = [
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 ENV_VAR = "TOKENRAILS_REASONING"
-REQUEST_KEY = "tokenrails_reasoning"
+REQUEST_KEY = REASONING_KEY  # response_format key of the per-request setting
 AUTO_START, AUTO_END = "<think>", "</think>"
 _OFF = frozenset({"off", "none", "false", "0", "no"})
 _AUTO = frozenset({"auto", "true", "1", "yes", "on"})

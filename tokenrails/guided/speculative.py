@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .batch_step import BatchedGuidedStep
     from .manager import SequenceState
 
-__all__ = ["accept_tokens_spec", "count_valid", "fill_and_apply_spec"]
+__all__ = ["Lookahead", "accept_tokens_spec", "count_valid", "fill_and_apply_spec"]
 
 
 def fill_and_apply_spec(
@@ -90,7 +90,7 @@ def _fill_block(step: "BatchedGuidedStep", st: "SequenceState", drafts: list[int
     valid = 0
     dead = False
     eos = step.manager.vocab.eos_ids
-    with _Lookahead(step, st) as walk:
+    with Lookahead(step, st) as walk:
         for j in range(len(drafts) + 1):
             if dead:
                 eos_only_row(bitmask[base + j], eos)
@@ -106,7 +106,7 @@ def _fill_block(step: "BatchedGuidedStep", st: "SequenceState", drafts: list[int
     return valid
 
 
-class _Lookahead:
+class Lookahead:
     """Walks one sequence through draft tokens tentatively (thinking section included) and
     restores its matcher exactly on exit: no matcher copies.
 
@@ -121,7 +121,7 @@ class _Lookahead:
         self.advanced = 0
         self.dropped = 0
 
-    def __enter__(self) -> "_Lookahead":
+    def __enter__(self) -> "Lookahead":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -179,7 +179,7 @@ def count_valid(step: "BatchedGuidedStep", st: "SequenceState", tokens: Sequence
         matcher = step.manager.resolve_matcher(st)
         return 0 if matcher is None else matcher.validate_tokens([int(t) for t in tokens])
     n = 0
-    with _Lookahead(step, st) as walk:
+    with Lookahead(step, st) as walk:
         for tok in tokens:
             if not walk.advance(int(tok)):
                 break

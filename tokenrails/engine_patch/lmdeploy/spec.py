@@ -20,7 +20,7 @@ import torch
 from ...guided.batch_step import GuidedRow
 from ...kernels._common import eos_only_row
 from ...guided.errors import GuideError
-from ...guided.speculative import _Lookahead  # the manager's exact draft walk (see report)
+from ...guided.speculative import Lookahead  # the manager's exact draft walk
 from ...kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 from . import step_context
 from .strategies import CTX_KEY
@@ -108,7 +108,7 @@ class RowHandle:
             self.dead = True
             return
         if self.walk is None:
-            self.walk = _Lookahead(self.helper.owner.core().step, st)
+            self.walk = Lookahead(self.helper.owner.core().step, st)
         if not self.walk.advance(int(token)):
             self.dead = True  # verification will reject this draft; nothing to undo
 
