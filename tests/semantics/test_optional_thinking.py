@@ -250,15 +250,19 @@ def test_from_tokenizer_optional(smollm2_tokenizer, vocab):
 
 
 # ---- the decision ------------------------------------------------------------------------------
+def _decision_case(vocab, markers, backend, mode, regex, tag):
+    """(manager, spec, oracle, optional-thinking row) for one regex on one backend."""
+    spec = GuideSpec.regex(regex)
+    row = GuidedRow(f"{tag}-{backend}-{mode}-{len(regex)}", 0, spec, reasoning=config(markers, mode))
+    return make_manager(vocab, backend), spec, Oracle(vocab, spec, backend, mode, markers), row
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", ["ids", "text"])
 @pytest.mark.parametrize("regex", [RECORD_REGEX, ANGLE_REGEX])
 def test_a_model_opens_the_thinking_section(vocab, markers, backend, mode, regex):
     """(a) start marker first, adversarial thinking (grammar-illegal text), end marker, answer."""
-    mgr = make_manager(vocab, backend)
-    spec = GuideSpec.regex(regex)
-    oracle = Oracle(vocab, spec, backend, mode, markers)
-    row = GuidedRow(f"a-{backend}-{mode}-{len(regex)}", 0, spec, reasoning=config(markers, mode))
+    mgr, spec, oracle, row = _decision_case(vocab, markers, backend, mode, regex, "a")
     script = [*markers[0], tok(vocab, "}"), tok(vocab, "<"), *[None] * 8, *markers[1]]
     out = run(mgr, vocab, row, oracle, prefer(lambda i: script[i] if i < len(script) else None))
     assert re.fullmatch(regex, oracle.answer_text(out))
@@ -270,11 +274,8 @@ def test_a_model_opens_the_thinking_section(vocab, markers, backend, mode, regex
 @pytest.mark.parametrize("mode", ["ids", "text"])
 @pytest.mark.parametrize("regex", [RECORD_REGEX, ANGLE_REGEX])
 def test_b_model_answers_directly_and_is_constrained_from_the_first_token(vocab, markers, backend, mode, regex):
-    mgr = make_manager(vocab, backend)
-    spec = GuideSpec.regex(regex)
-    oracle = Oracle(vocab, spec, backend, mode, markers)
+    mgr, spec, oracle, row = _decision_case(vocab, markers, backend, mode, regex, "b")
     ref = compile_guide(spec, vocab, backend).matcher()
-    row = GuidedRow(f"b-{backend}-{mode}-{len(regex)}", 0, spec, reasoning=config(markers, mode))
     first = allowed_set(mask_row(ref, vocab), vocab.vocab_size)
     first[markers[0][0]] = False  # a grammar token that does not begin the marker
 
