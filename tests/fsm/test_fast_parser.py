@@ -375,9 +375,6 @@ def test_fragment_cache_under_threads(monkeypatch):
 def test_fragment_cache_is_bounded_in_a_fresh_process():
     """Past its entry bound the cache stops growing; fragments still come from the callback and
     the programs still equal the Python parser's."""
-    import subprocess
-    import sys
-
     code = (
         "from tokenrails import _dfa_native as mod\n"
         "from tokenrails.guided.fsm.nfa import _charset_fragment, flatten_ast\n"
@@ -400,9 +397,7 @@ def test_fragment_cache_is_bounded_in_a_fresh_process():
         "assert calls[0] == 301\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "TOKENRAILS_NATIVE": "1"})
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    _run_fresh(code)
 
 
 def test_handles_the_common_subset():
@@ -478,9 +473,6 @@ def test_no_memory_growth_over_repeated_calls():
 def test_first_use_of_class_escapes_in_a_fresh_process():
     """Without installed tables the fast path asks for them, compile_regex installs them and
     retries; the Python parser never runs and the DFA is the pure-Python one."""
-    import subprocess
-    import sys
-
     code = (
         "import os, numpy as np\n"
         "from tokenrails import _dfa_native as mod\n"
@@ -496,6 +488,14 @@ def test_first_use_of_class_escapes_in_a_fresh_process():
         "assert all(np.array_equal(getattr(fast, k), getattr(pure, k)) for k in ('trans', 'classmap', 'accepting'))\n"
         "print('ok')\n"
     )
+    _run_fresh(code)
+
+
+def _run_fresh(code: str) -> None:
+    """Run ``code`` in a fresh interpreter (nothing installed or cached yet); it prints ok."""
+    import subprocess
+    import sys
+
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "TOKENRAILS_NATIVE": "1"})
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
