@@ -57,6 +57,14 @@ CASES = [
     ({"const": "x"}, "x", "y"),
     ({"type": ["integer", "null"]}, None, "x"),
     ({"anyOf": [{"type": "string", "maxLength": 2}, {"type": "integer", "maximum": 0}]}, "ab", 1),
+    # JSON-Schema-Test-Suite draft4 findings (bench/conformance.py --jsts)
+    ({"type": "object", "patternProperties": {"a*": {"type": "integer"}, "aaa*": {"maximum": 20}}},
+     {"aaaa": 18}, {"aaaa": 31}),  # a key matching both patterns must satisfy both (xgrammar: one)
+    ({"type": "object", "properties": {"ab": {"type": "integer"}}, "patternProperties": {"^a": {"maximum": 5}}},
+     {"ab": 3}, {"ab": 7}),  # a listed name that also matches a pattern
+    ({"properties": {"bar": {"type": "integer"}}, "required": ["bar"],
+      "allOf": [{"properties": {"foo": {"type": "string"}}, "required": ["foo"]}]},
+     {"foo": "q", "bar": 2}, {"bar": 2}),  # outlines keeps only the siblings of allOf
 ]
 
 BACKENDS = ["auto"] + [b for b in ("xgrammar", "llguidance", "fsm") if b in available_backends()]
@@ -164,3 +172,14 @@ def test_lower_dependencies_is_exact(schema, instances):
     b = jsonschema.Draft202012Validator(lowered)
     for inst in instances:
         assert a.is_valid(inst) == b.is_valid(inst), (schema, lowered, inst)
+
+
+def test_xgrammar_hostname_format_is_refused(vocab):
+    """xgrammar 0.2.8's hostname grammar has no 63-byte label limit (JSON-Schema-Test-Suite draft4
+    accepted a 90-character label), so that format never goes to xgrammar."""
+    from tokenrails.guided.errors import UnsupportedGuideError
+
+    schema = {"type": "string", "format": "hostname"}
+    assert any("hostname" in f for f in xgrammar_unenforced(schema))
+    with pytest.raises(UnsupportedGuideError):
+        compile_guide(GuideSpec.json_schema(schema), vocab, "xgrammar")

@@ -45,8 +45,10 @@ ANNOTATIONS: frozenset[str] = frozenset({
 })
 
 # String formats xgrammar 0.2.8 turns into a grammar; any other format is dropped silently.
+# "hostname" is left out on purpose: its grammar has no 63-byte label limit (JSON-Schema-Test-Suite
+# draft4 optional/format: a 90-character label was accepted).
 XGRAMMAR_FORMATS: frozenset[str] = frozenset({
-    "date", "time", "date-time", "duration", "email", "ipv4", "ipv6", "hostname", "uuid", "uri",
+    "date", "time", "date-time", "duration", "email", "ipv4", "ipv6", "uuid", "uri",
     "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
 })
 
@@ -409,9 +411,12 @@ def xgrammar_unenforced(schema: Any, strict: bool = True) -> list[str]:
             findings.append(f"{path}: format {fmt!r} is not enforced")
         if "multipleOf" in sub and not (sub.get("type") == "integer" and _is_int(sub["multipleOf"])):
             findings.append(f"{path}: multipleOf on non-integers is not enforced")
-        all_of = sub.get("allOf")
-        if isinstance(all_of, list) and (len(all_of) > 1 or _constraining_siblings(sub, "allOf")):
+        if allof_with_parts_or_siblings(sub):
             findings.append(f"{path}: allOf with several parts or sibling keywords is not enforced")
+        if _overlapping_member_schemas(sub):
+            # a key matching several patterns (or a listed name and a pattern) must satisfy every
+            # matching schema; xgrammar checks one (JSON-Schema-Test-Suite draft4 patternProperties)
+            findings.append(f"{path}: a key matching several patternProperties/properties is checked against one")
         one_of = sub.get("oneOf")
         if isinstance(one_of, list) and len(one_of) > 1 and not _disjoint(one_of):
             findings.append(f"{path}: oneOf with overlapping branches is enforced as anyOf")
@@ -485,6 +490,32 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) or (
         isinstance(value, float) and value.is_integer()
     )
+
+
+def _overlapping_member_schemas(sub: dict) -> bool:
+    """Can one key be governed by two member schemas? Several patterns: assumed yes (regex overlap
+    is not decided here); a listed name: yes if a pattern finds it (or cannot be read)."""
+    pprops = sub.get("patternProperties")
+    if not isinstance(pprops, dict) or not pprops:
+        return False
+    if len(pprops) > 1:
+        return True
+    names = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
+    (pattern,) = pprops
+    for name in names:
+        try:
+            if re.search(pattern, name):
+                return True
+        except (re.error, TypeError):
+            return True
+    return False
+
+
+def allof_with_parts_or_siblings(sub: dict) -> bool:
+    """``allOf`` with several parts or next to constraining keywords: neither xgrammar nor outlines
+    intersects them (xgrammar drops parts; outlines keeps only the siblings)."""
+    all_of = sub.get("allOf")
+    return isinstance(all_of, list) and (len(all_of) > 1 or _constraining_siblings(sub, "allOf"))
 
 
 def _constraining_siblings(sub: dict, key: str) -> bool:

@@ -18,7 +18,12 @@ import json
 from typing import Any
 
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
-from ..schema_features import constrains_nothing, iter_subschemas, required_without_property
+from ..schema_features import (
+    allof_with_parts_or_siblings,
+    constrains_nothing,
+    iter_subschemas,
+    required_without_property,
+)
 from ..schema_policy import already_closed, is_strict, policy_payload
 from ..spec import GuideSpec
 from .charset import Ranges
@@ -100,6 +105,9 @@ def _lowered_differently(path: str, sub: dict) -> list[str]:
         if sub.get("items", False) is not False or not (isinstance(min_items, int) and min_items >= len(prefix)):
             out.append(f"{path}: prefixItems is lowered as a fixed-length tuple (shorter arrays and "
                        "items beyond it are refused)")
+    if allof_with_parts_or_siblings(sub):
+        out.append(f"{path}: allOf with several parts or sibling keywords (outlines keeps only the siblings "
+                   "or refuses valid output)")
     fmt = sub.get("format")
     if fmt in _LAX_FORMATS and "pattern" not in sub:
         out.append(f"{path}: format {fmt} is lowered with an optional 'Z' and no numeric offsets "
