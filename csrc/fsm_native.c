@@ -27,6 +27,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_DEPTH 65535
 #define LOCAL_STACK 512
@@ -796,6 +797,15 @@ static PyObject *Walker_is_cached(WalkerObject *self, PyObject *arg) {
     return PyBool_FromLong(self->row_of[state] != NO_ROW);
 }
 
+static PyObject *Walker_is_packed(WalkerObject *self, PyObject *arg) {
+    Py_ssize_t state;
+    if (get_state(self, arg, &state, 0) < 0) {
+        return NULL;
+    }
+    int32_t r = ensure_row(self, (int32_t)state);
+    return r < 0 ? NULL : PyBool_FromLong(self->rows[r].count == DENSE_ROW);
+}
+
 static PyObject *Walker_allows_everything(WalkerObject *self, PyObject *arg) {
     Py_ssize_t state;
     if (get_state(self, arg, &state, 0) < 0) {
@@ -805,11 +815,32 @@ static PyObject *Walker_allows_everything(WalkerObject *self, PyObject *arg) {
     return r < 0 ? NULL : PyBool_FromLong(self->rows[r].full);
 }
 
-/* precompute(states int32[n]): compute the missing rows in one GIL-free pass, then store them
- * (a background warm-up takes the GIL twice per batch, not twice per row). */
-static PyObject *Walker_precompute(WalkerObject *self, PyObject *arg) {
+static double monotonic_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* precompute(states int32[n][, budget_s[, sparse_only]]) -> rows added: compute the missing rows, in
+ * order, in one GIL-free pass, then store them (a background warm-up takes the GIL twice per batch,
+ * not twice per row). budget_s >= 0 stops starting new rows once that much time has passed;
+ * sparse_only skips (leaves lazy) states whose row turns out packed -- the compile step's cheap
+ * eager pass, which must never run into a ~1 ms permissive walk. */
+static PyObject *Walker_precompute(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "precompute(states[, budget_s[, sparse_only]])");
+        return NULL;
+    }
+    double budget = -1.0;
+    int sparse_only = 0;
+    if (nargs > 1 && (budget = PyFloat_AsDouble(args[1])) == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (nargs > 2 && (sparse_only = PyObject_IsTrue(args[2])) < 0) {
+        return NULL;
+    }
     Py_buffer vs;
-    if (get_buffer(arg, &vs, 4, 0, "states") < 0) {
+    if (get_buffer(args[0], &vs, 4, 0, "states") < 0) {
         return NULL;
     }
     Py_ssize_t n = vs.len / 4, todo = 0;
@@ -836,12 +867,20 @@ static PyObject *Walker_precompute(WalkerObject *self, PyObject *arg) {
         }
     }
     PyBuffer_Release(&vs);
-    Py_ssize_t done = 0;
+    Py_ssize_t done = 0, added = 0;
     int rc = 0;
     Py_BEGIN_ALLOW_THREADS
+    double end = budget >= 0 ? monotonic_s() + budget : 0.0;
     for (; done < todo; done++) {
+        if (budget >= 0 && monotonic_s() > end) {
+            break;
+        }
         rc = compute_sparse(self, want[done], &rows[done], stk);
         if (rc == 1) {
+            if (sparse_only) { /* rows[done].data stays NULL: not stored */
+                rc = 0;
+                continue;
+            }
             rc = compute_dense(self, want[done], &rows[done], stk);
         }
         if (rc < 0) {
@@ -855,7 +894,10 @@ static PyObject *Walker_precompute(WalkerObject *self, PyObject *arg) {
     for (Py_ssize_t i = 0; i < done; i++) {
         if (rc < 0) {
             PyMem_RawFree(rows[i].data);
-        } else {
+        } else if (rows[i].data) {
+            if (self->row_of[want[i]] == NO_ROW) {
+                added++;
+            }
             store_row(self, want[i], &rows[i]);
         }
     }
@@ -864,7 +906,7 @@ static PyObject *Walker_precompute(WalkerObject *self, PyObject *arg) {
     if (rc < 0) {
         return PyErr_NoMemory();
     }
-    Py_RETURN_NONE;
+    return PyLong_FromSsize_t(added);
 }
 
 static PyObject *Walker_get_nbytes(WalkerObject *self, void *closure) {
@@ -888,9 +930,12 @@ static PyMethodDef Walker_methods[] = {
      "advance(state, token) -> next state, 0 when the token is not allowed"},
     {"row_index", (PyCFunction)Walker_row_index, METH_O, "row_index(state) -> index of its distinct cached row"},
     {"is_cached", (PyCFunction)Walker_is_cached, METH_O, "is_cached(state) -> whether its row is cached"},
+    {"is_packed", (PyCFunction)Walker_is_packed, METH_O,
+     "is_packed(state) -> whether its row is kept packed (too many ids for a list)"},
     {"allows_everything", (PyCFunction)Walker_allows_everything, METH_O,
      "allows_everything(state) -> whether its row allows every id below vocab_size"},
-    {"precompute", (PyCFunction)Walker_precompute, METH_O, "precompute(states int32): cache the missing rows"},
+    {"precompute", (PyCFunction)(void (*)(void))Walker_precompute, METH_FASTCALL,
+     "precompute(states int32[, budget_s[, sparse_only]]) -> rows added: cache the missing rows"},
     {NULL},
 };
 

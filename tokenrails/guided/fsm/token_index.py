@@ -42,6 +42,12 @@ BYTE_TABLE_MAX_BYTES = 0  # C walker: expand the DFA to [states, 256] up to this
 # measured slower than computing rows on first visit (qwen2 datetime total 0.88 -> 1.26 ms, IPv4
 # 0.39 -> 0.94 ms: GIL hand-offs and rows computed twice); it pays only when steps are separated
 # by forward passes that leave the CPU idle (GPU engines).
+# Eager rows at compile (native walker): the id-list rows of the first states (the DFA numbers them
+# breadth-first from the start) within a small time budget, so a tight regex's first visits are
+# already cached when decoding starts, as xgrammar's are (it computes every mask at compile).
+# Packed (permissive) rows are skipped and stay lazy: one can cost ~1 ms on 150k tokens.
+EAGER_BUDGET_S = 30e-6
+EAGER_MAX_STATES = 128
 PRECOMPUTE_MAX_BYTES = 2 << 20
 PRECOMPUTE_ENV = "TOKENRAILS_FSM_PRECOMPUTE"  # "1" turns the warm-up on
 _precompute_env = env_lookup(PRECOMPUTE_ENV)  # read on every compile
@@ -203,6 +209,18 @@ class TokenIndex:
             self._walker.row_index(state)
         else:
             self.row(state)
+
+    def prime(self, budget_s: float | None = None, max_states: int | None = None) -> int:
+        """Native only (else 0): cache the cheap rows of the first ``max_states`` states within
+        ``budget_s``; returns how many were added. Skipped when the start row is packed: a
+        permissive pattern's other states are mostly packed too, and each would cost a wasted
+        id-list attempt."""
+        if self._walker is None or self._walker.is_packed(START):
+            return 0
+        budget_s = EAGER_BUDGET_S if budget_s is None else budget_s
+        max_states = EAGER_MAX_STATES if max_states is None else max_states
+        states = np.arange(1, min(self.dfa.num_states, max_states + 1), dtype=np.int32)
+        return self._walker.precompute(states, budget_s, True)
 
     def fill_into(self, state: int, address: int, words: int) -> bool:
         """Native only: write ``state``'s row (-1: EOS only) at ``address`` (``words`` int32 words,
