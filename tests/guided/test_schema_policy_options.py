@@ -379,3 +379,19 @@ def test_fsm_still_compiles_a_full_length_closed_tuple(byte_vocab):
     schema = {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "integer"}], "minItems": 2}
     g = compile_guide(GuideSpec.json_schema(schema), byte_vocab, "fsm")
     assert _accepts(g, "[1, 2]", byte_vocab) and not _accepts(g, "[1, 2, 3]", byte_vocab)
+
+
+def test_date_formats_go_to_llguidance_even_when_repeated():
+    """xgrammar's date grammar admits 2020-02-31 (llguidance refuses it): auto sends date formats
+    to llguidance first, also for a repeated schema (which would otherwise prefer xgrammar)."""
+    vocab = Vocabulary([bytes([b]) for b in range(256)] + [b"</s>"], eos_ids=(256,), name="dates")
+    schema = {"type": "object", "properties": {"d": {"type": "string", "format": "date"}}, "required": ["d"]}
+    spec = GuideSpec.json_schema(schema, any_whitespace=False)
+    for _ in range(2):  # the second time the key has been seen
+        ladder, reason = route(spec, vocab, DEFAULT_LIMITS)
+        assert ladder[0] == "llguidance" and "looser" in reason
+    guide = compile_guide(spec, vocab, "auto")
+    assert guide.backend == "llguidance"
+    assert _accepts(guide, '{"d": "2020-02-28"}', vocab) and not _accepts(guide, '{"d": "2020-02-31"}', vocab)
+    raw = compile_guide(spec, vocab, "xgrammar")  # still compiles when asked for (approximate)
+    assert _accepts(raw, '{"d": "2020-02-31"}', vocab)

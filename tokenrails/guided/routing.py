@@ -24,7 +24,7 @@ from collections import OrderedDict
 from .errors import GuideError
 from .limits import GuideLimits
 from .schema_policy import is_strict, policy_schema
-from .schema_features import xgrammar_stricter, xgrammar_unenforced
+from .schema_features import xgrammar_looser, xgrammar_stricter, xgrammar_unenforced
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
 
@@ -57,6 +57,9 @@ def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list
         stricter = xgrammar_stricter(schema, is_strict(spec))
         if stricter:
             return ["llguidance", "xgrammar"], f"xgrammar is stricter: {stricter[0]}"
+        looser = xgrammar_looser(schema)
+        if looser:
+            return ["llguidance", "xgrammar"], f"xgrammar is looser: {looser[0]}"
     if _seen_before(spec, vocab):
         return ["xgrammar", "llguidance"], "repeated schema: xgrammar cached compile"
     return ["llguidance", "xgrammar"], "one-off schema: lowest time to first mask"

@@ -456,6 +456,18 @@ def _strict_mode_refusals(path: str, sub: dict) -> list[str]:
     return out
 
 
+# Formats xgrammar 0.2.8 lowers more loosely than llguidance: its date grammar admits impossible
+# days ("2020-02-31"; llguidance refuses them, though neither checks leap years). Measured, and
+# used for routing only: xgrammar still compiles them when asked to (docs/semantics.md section 5).
+XGRAMMAR_LOOSER_FORMATS: frozenset[str] = frozenset({"date", "date-time"})
+
+
+def xgrammar_looser(schema: Any) -> list[str]:
+    """Where xgrammar's language is an approximation llguidance makes tighter (routing only)."""
+    return [f"{path}: format {sub['format']!r} admits impossible days"
+            for path, sub, _ in iter_subschemas(schema) if sub.get("format") in XGRAMMAR_LOOSER_FORMATS]
+
+
 def xgrammar_stricter(schema: Any, strict: bool = True) -> list[str]:
     """Where xgrammar accepts *less* than JSON Schema allows (safe, but valid output refused).
 
