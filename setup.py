@@ -27,7 +27,7 @@ class BuildWithStartupHook(build_py):
 
 
 def native(name: str) -> Extension:
-    return Extension(f"tokenrails._{name}_native", [f"csrc/{name}_native.c"],
+    return Extension(f"tokenrails._{name}_native", [f"csrc/{name}_native.c"], depends=["csrc/native_common.h"],
                      extra_compile_args=C_FLAGS, optional=True)
 
 

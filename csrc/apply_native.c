@@ -17,6 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "native_common.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -243,8 +244,7 @@ PyDoc_STRVAR(apply_doc,
 
 static PyObject *apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 12) {
-        PyErr_Format(PyExc_TypeError, "apply() takes 12 arguments (%zd given)", nargs);
+    if (check_nargs(nargs, 12, "apply()")) {
         return NULL;
     }
     Py_ssize_t logits_addr, logits_rows, row_stride, ncols, dtype_code, bm_addr, bm_stride, bm_width,

@@ -32,6 +32,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "native_common.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1652,10 +1653,7 @@ PyDoc_STRVAR(determinize_doc,
 
 static PyObject *py_determinize(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "determinize takes 7 arguments");
-        return NULL;
-    }
+    if (check_nargs(nargs, 7, "determinize")) return NULL;
     long max_states = as_count(args[4], "max_states");
     if (max_states < 0) return NULL;
     if (max_states > INT32_MAX / 2) max_states = INT32_MAX / 2;
@@ -1679,10 +1677,7 @@ PyDoc_STRVAR(from_strings_doc,
 
 static PyObject *py_from_strings(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "from_strings takes 4 arguments");
-        return NULL;
-    }
+    if (check_nargs(nargs, 4, "from_strings")) return NULL;
     if (!PyList_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "strings must be a list of bytes");
         return NULL;
@@ -1868,10 +1863,7 @@ PyDoc_STRVAR(compile_ast_doc,
 
 static PyObject *py_compile_ast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "compile_ast takes 6 arguments");
-        return NULL;
-    }
+    if (check_nargs(nargs, 6, "compile_ast")) return NULL;
     if (!PyList_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "program must be a list of ints");
         return NULL;
@@ -2749,10 +2741,7 @@ PyDoc_STRVAR(compile_regex_doc,
 
 static PyObject *py_compile_regex(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "compile_regex takes 7 arguments");
-        return NULL;
-    }
+    if (check_nargs(nargs, 7, "compile_regex")) return NULL;
     int32_t max_nfa, max_states;
     Ctx c;
     if (parse_build_limits(args + 2, &max_nfa, &max_states, &c)) return NULL;
@@ -2793,10 +2782,7 @@ PyDoc_STRVAR(parse_regex_program_doc,
 
 static PyObject *py_parse_regex_program(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "parse_regex_program takes 2 arguments");
-        return NULL;
-    }
+    if (check_nargs(nargs, 2, "parse_regex_program")) return NULL;
     RX p;
     int32_t root = -1;
     int rc = rx_parse(&p, args[0], args[1], &root);
@@ -2834,10 +2820,7 @@ PyDoc_STRVAR(set_class_ranges_doc,
 
 static PyObject *py_set_class_ranges(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "set_class_ranges takes 2 arguments");
-        return NULL;
-    }
+    if (check_nargs(nargs, 2, "set_class_ranges")) return NULL;
     int32_t idx = as_i32(args[0], 0, 2, "class index");
     if (idx == INT32_MIN) return NULL;
     PyObject *seq = PySequence_Fast(args[1], "ranges must be a sequence");

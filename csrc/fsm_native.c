@@ -25,6 +25,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "native_common.h"
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -518,8 +519,7 @@ static int get_state(WalkerObject *self, PyObject *arg, Py_ssize_t *state, int a
 /* The head of every (state, ...) METH_FASTCALL method: the argument count, then a valid state. */
 static int state_args(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage,
                       Py_ssize_t *state, int allow_eos_only) {
-    if (nargs != want) {
-        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", usage, want);
+    if (check_nargs(nargs, want, usage)) {
         return -1;
     }
     return get_state(self, args[0], state, allow_eos_only);
