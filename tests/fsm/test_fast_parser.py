@@ -259,15 +259,21 @@ def test_anchor_cases(monkeypatch, pattern):
 _ANCHOR_TOKENS = st.sampled_from(["^", "$", "\\A", "\\Z"])
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(regexes, st.lists(st.tuples(st.integers(0, 40), _ANCHOR_TOKENS), min_size=1, max_size=3))
-def test_anchors_anywhere(monkeypatch, pattern, inserts):
-    """Anchors spliced in at random places (inside groups, classes, before quantifiers, ...)."""
+def _check_spliced(monkeypatch, pattern: str, inserts: list[tuple[int, str]]) -> None:
+    """``pattern`` with each ``(position, text)`` inserted (clamped to its end), then parsed and
+    compiled both ways."""
     for pos, tok in sorted(inserts, reverse=True):
         pos = min(pos, len(pattern))
         pattern = pattern[:pos] + tok + pattern[pos:]
     check_parse(pattern)
     check_compile(monkeypatch, pattern, SMALL)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(regexes, st.lists(st.tuples(st.integers(0, 40), _ANCHOR_TOKENS), min_size=1, max_size=3))
+def test_anchors_anywhere(monkeypatch, pattern, inserts):
+    """Anchors spliced in at random places (inside groups, classes, before quantifiers, ...)."""
+    _check_spliced(monkeypatch, pattern, inserts)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -295,11 +301,7 @@ def test_brace_literals(monkeypatch, pattern):
 @given(regexes, st.lists(st.tuples(st.integers(0, 40), st.sampled_from(["{", "}", "{1", "{,", "{2,3", "{x"])),
                          min_size=1, max_size=3))
 def test_braces_anywhere(monkeypatch, pattern, inserts):
-    for pos, tok in sorted(inserts, reverse=True):
-        pos = min(pos, len(pattern))
-        pattern = pattern[:pos] + tok + pattern[pos:]
-    check_parse(pattern)
-    check_compile(monkeypatch, pattern, SMALL)
+    _check_spliced(monkeypatch, pattern, inserts)
 
 
 # ---- the C fragment cache -------------------------------------------------------------------------------

@@ -51,6 +51,15 @@ def worst_allowed(logits_row: torch.Tensor) -> int:
     return int(torch.where(ok, logits_row, torch.inf).argmin())
 
 
+def worst_step(mgr, vocab, row, generator: torch.Generator | None = None):
+    """One adversarial decoding step of ``row``: random logits, masked, the worst allowed token
+    accepted. Returns that token's status."""
+    logits = torch.randn((1, vocab.vocab_size), generator=generator)
+    mgr.fill_and_apply(logits, [row])
+    (status,) = mgr.accept_tokens([worst_allowed(logits[0])], [row])
+    return status
+
+
 def tok(vocab, text: str | bytes) -> int:
     data = text.encode() if isinstance(text, str) else text
     return vocab.token_bytes.index(data)

@@ -9,7 +9,7 @@ import torch
 from tokenrails import GuideSpec
 from tokenrails.guided.manager import GuidedRow, ReasoningConfig, StepStatus
 
-from .helpers import BACKENDS, RECORD_REGEX, allowed_set, make_manager, mask_row, reference_matcher, text_of, worst_allowed
+from .helpers import BACKENDS, RECORD_REGEX, allowed_set, make_manager, mask_row, reference_matcher, text_of, worst_allowed, worst_step
 
 SCHEMA = {
     "type": "object",
@@ -70,9 +70,7 @@ def test_forced_strings_never_leave_the_language(vocab, backend):
                         assert rest.startswith(jf.text), (jf.text, rest)
                         assert valid(prefix + rest)
                     checked += 1
-                logits = torch.randn((1, vocab.vocab_size), generator=gen)
-                mgr.fill_and_apply(logits, [row])
-                (st,) = mgr.accept_tokens([worst_allowed(logits[0])], [row])
+                st = worst_step(mgr, vocab, row, gen)
                 if st.state is StepStatus.TERMINATED:
                     break
                 assert st.state is StepStatus.OK
@@ -144,9 +142,7 @@ def test_no_jump_while_thinking_or_after_the_end(vocab, smollm2_tokenizer):
     mgr.apply_jump_forward("u", 0, spec, jf)
     row = GuidedRow("u", 0, spec)
     while not mgr.matcher_for("u", 0, spec).is_terminated():
-        logits = torch.randn((1, vocab.vocab_size))
-        mgr.fill_and_apply(logits, [row])
-        mgr.accept_tokens([worst_allowed(logits[0])], [row])
+        worst_step(mgr, vocab, row)
     assert mgr.jump_forward("u", 0, spec, smollm2_tokenizer).is_noop
     assert text_of(vocab, mgr.state_for("u", 0, spec).history[:-1]) == "abc"
 

@@ -17,7 +17,7 @@ import torch
 from tokenrails import GuideSpec, InvalidGuideError, compile_guide
 from tokenrails.guided.manager import GuidedRow, ReasoningConfig, StepStatus
 
-from .helpers import BACKENDS, allowed_set, make_manager, mask_row, tok, worst_allowed
+from .helpers import BACKENDS, allowed_set, make_manager, mask_row, tok, worst_allowed, worst_step
 
 START, END = "<think>", "</think>"
 # "<" (the start marker's first token) is also a valid start of the answer: both readings stay
@@ -569,9 +569,7 @@ def test_no_jump_forward_while_undecided(vocab, smollm2_tokenizer, markers):
     assert b"".join(vocab.token_bytes[t] for t in st.history).startswith(b"<abc")
     g = torch.Generator().manual_seed(0)
     for _ in range(8):
-        logits = torch.randn((1, vocab.vocab_size), generator=g)
-        mgr.fill_and_apply(logits, [row])
-        (acc,) = mgr.accept_tokens([worst_allowed(logits[0])], [row])
+        acc = worst_step(mgr, vocab, row, g)
         if acc.state is StepStatus.TERMINATED:
             break
     assert acc.state is StepStatus.TERMINATED
