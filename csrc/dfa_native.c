@@ -155,6 +155,25 @@ static void cx_free(Ctx *c, void *q) {
     free(p);
 }
 
+/* Double an open-addressing table of (id + 1) entries (0 = empty), re-slotting each entry by
+ * hashes[id] (the interning tables of subset construction and of the choice register). */
+static int grow_id_table(Ctx *c, int32_t **table, size_t *cap, const int32_t *hashes) {
+    size_t ncap = *cap * 2;
+    int32_t *nt = cx_calloc(c, ncap, sizeof(int32_t));
+    if (!nt) return -1;
+    for (size_t i = 0; i < *cap; i++) {
+        int32_t e = (*table)[i];
+        if (!e) continue;
+        size_t sl = (uint32_t)hashes[e - 1] & (ncap - 1);
+        while (nt[sl]) sl = (sl + 1) & (ncap - 1);
+        nt[sl] = e;
+    }
+    cx_free(c, *table);
+    *table = nt;
+    *cap = ncap;
+    return 0;
+}
+
 /* growable int32 vector */
 typedef struct {
     int32_t *a;
@@ -887,20 +906,7 @@ static int build(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
                         memcpy(pool.a + pool.n, seg, sizeof(int32_t) * (size_t)L);
                         pool.n += (size_t)L;
                         table[slot] = id + 1;
-                        if (++tcount * 2 > tcap) { /* grow and rehash */
-                            size_t ncap = tcap * 2;
-                            int32_t *nt = cx_calloc(c, ncap, sizeof(int32_t));
-                            if (!nt) goto done;
-                            for (size_t i = 0; i < tcap; i++) {
-                                if (!table[i]) continue;
-                                size_t sl = (uint32_t)shash.a[table[i] - 1] & (ncap - 1);
-                                while (nt[sl]) sl = (sl + 1) & (ncap - 1);
-                                nt[sl] = table[i];
-                            }
-                            cx_free(c, table);
-                            table = nt;
-                            tcap = ncap;
-                        }
+                        if (++tcount * 2 > tcap && grow_id_table(c, &table, &tcap, shash.a)) goto done;
                     }
                 }
             }
@@ -1386,20 +1392,7 @@ static int build_strings(Ctx *c, const uint8_t *buf, const Py_ssize_t *soffs, Py
             memcpy(pool.a + pool.n, sig, sizeof(int32_t) * (size_t)L);
             pool.n += (size_t)L;
             rtab[slot] = id + 1;
-            if (++rcount * 2 > rcap) {
-                size_t ncap = rcap * 2;
-                int32_t *nt = cx_calloc(c, ncap, sizeof(int32_t));
-                if (!nt) goto done;
-                for (size_t i = 0; i < rcap; i++) {
-                    if (!rtab[i]) continue;
-                    size_t sl = (uint32_t)rhash.a[rtab[i] - 1] & (ncap - 1);
-                    while (nt[sl]) sl = (sl + 1) & (ncap - 1);
-                    nt[sl] = rtab[i];
-                }
-                cx_free(c, rtab);
-                rtab = nt;
-                rcap = ncap;
-            }
+            if (++rcount * 2 > rcap && grow_id_table(c, &rtab, &rcap, rhash.a)) goto done;
         }
         canon[q] = id;
     }
