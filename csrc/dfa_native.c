@@ -1514,6 +1514,25 @@ static void nfa_free(NFA *a) {
     memset(a, 0, sizeof(*a));
 }
 
+/* Sum of the lengths of the first n items of ``lists`` (each must be a list; the caller checked
+ * the outer one): TypeError ``not_list`` / ValueError ``too_many`` beyond int32 indexing, -1. */
+static Py_ssize_t total_length(PyObject *lists, Py_ssize_t n, const char *not_list, const char *too_many) {
+    size_t total = 0;
+    for (Py_ssize_t s = 0; s < n; s++) {
+        PyObject *lst = PyList_GET_ITEM(lists, s);
+        if (!PyList_Check(lst)) {
+            PyErr_SetString(PyExc_TypeError, not_list);
+            return -1;
+        }
+        total += (size_t)PyList_GET_SIZE(lst);
+    }
+    if (total >= INT32_MAX / 4) {
+        PyErr_SetString(PyExc_ValueError, too_many);
+        return -1;
+    }
+    return (Py_ssize_t)total;
+}
+
 /* Copy and validate the Python NFA (lists) into CSR arrays. */
 static int nfa_read(PyObject *eps, PyObject *edges, PyObject *start, PyObject *accepting, NFA *a) {
     memset(a, 0, sizeof(*a));
@@ -1541,19 +1560,9 @@ static int nfa_read(PyObject *eps, PyObject *edges, PyObject *start, PyObject *a
         if (s < 0) goto fail;
         a->acc[s] = 1;
     }
-    size_t ne = 0;
-    for (Py_ssize_t s = 0; s < N; s++) {
-        PyObject *lst = PyList_GET_ITEM(edges, s);
-        if (!PyList_Check(lst)) {
-            PyErr_SetString(PyExc_TypeError, "edges[s] must be a list");
-            goto fail;
-        }
-        ne += (size_t)PyList_GET_SIZE(lst);
-    }
-    if (ne >= INT32_MAX / 4) {
-        PyErr_SetString(PyExc_ValueError, "too many NFA edges");
-        goto fail;
-    }
+    Py_ssize_t counted = total_length(edges, N, "edges[s] must be a list", "too many NFA edges");
+    if (counted < 0) goto fail;
+    size_t ne = (size_t)counted;
     a->edges = PyMem_Malloc(sizeof(Edge) * (ne + 1));
     if (!a->edges) goto nomem;
     size_t w = 0;
@@ -1589,19 +1598,9 @@ static int nfa_read(PyObject *eps, PyObject *edges, PyObject *start, PyObject *a
     }
     a->boff[N] = (int32_t)w;
     if (eps != Py_None) {
-        size_t nx = 0;
-        for (Py_ssize_t s = 0; s < N; s++) {
-            PyObject *lst = PyList_GET_ITEM(eps, s);
-            if (!PyList_Check(lst)) {
-                PyErr_SetString(PyExc_TypeError, "eps[s] must be a list");
-                goto fail;
-            }
-            nx += (size_t)PyList_GET_SIZE(lst);
-        }
-        if (nx >= INT32_MAX / 4) {
-            PyErr_SetString(PyExc_ValueError, "too many epsilon moves");
-            goto fail;
-        }
+        Py_ssize_t counted_eps = total_length(eps, N, "eps[s] must be a list", "too many epsilon moves");
+        if (counted_eps < 0) goto fail;
+        size_t nx = (size_t)counted_eps;
         a->eoff = PyMem_Malloc(sizeof(int32_t) * ((size_t)N + 1));
         a->eps = PyMem_Malloc(sizeof(int32_t) * (nx + 1));
         if (!a->eoff || !a->eps) goto nomem;
