@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..guided.errors import InvalidGuideError
+from ..guided.errors import InvalidGuideError, client_input_boundary
 from ..guided.spec import GuideSpec
 from .backend_hints import BackendHint, parse_backend_hint
 from .response_format import (
@@ -60,6 +60,7 @@ def normalize_request(obj: Any) -> GuideSpec | None:
     return parse_request(obj).spec
 
 
+@client_input_boundary("reading the request failed")
 def parse_request(obj: Any) -> NormalizedRequest:
     """Like ``normalize_request`` but also returns the validated backend hint."""
     if obj is None:

@@ -134,7 +134,7 @@ def resolve(setting: ReasoningSetting, vocab: Vocabulary) -> ReasoningConfig | N
         return None
     if setting.kind == "config":
         return setting.config
-    return vocab.cached(f"tokenrails:reasoning-setting:{setting!r}", lambda: _resolve(setting, vocab))
+    return vocab.cached_lru("tokenrails:reasoning-settings", repr(setting), lambda: _resolve(setting, vocab))
 
 
 def _resolve(setting: ReasoningSetting, vocab: Vocabulary) -> ReasoningConfig | None:

@@ -9,7 +9,7 @@ import threading
 from collections import OrderedDict
 
 from .backend import CompiledGuide
-from .errors import GuideError
+from .errors import GuideError, detached_copy
 
 
 class CompileCache:
@@ -42,6 +42,8 @@ class CompileCache:
                 self._bytes -= old.memory_bytes
 
     def put_error(self, key: str, error: GuideError) -> None:
+        """Remember a failure by its message only (see ``detached_copy``: no traceback, no payload)."""
+        error = detached_copy(error)
         with self._lock:
             self._bad[key] = error
             self._bad.move_to_end(key)

@@ -11,6 +11,7 @@ knows which backend it talks to.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,7 +24,7 @@ import torch
 from .backend import CompiledGuide, Matcher
 from .batch_step import BatchedGuidedStep, GuidedRow, RowStatus, StepStatus
 from .compile_cache import CompileCache
-from .errors import GuideError, GuideTimeoutError, InvalidGuideError
+from .errors import GuideError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .jump_forward import JumpForward, compute_jump_forward
 from .limits import DEFAULT_LIMITS, GuideLimits
 from .policy import DEFAULT_POLICY, GuidePolicy, check_policy
@@ -67,6 +68,17 @@ class _InFlight:
     deadline: float
 
 
+def _serialized(method):
+    """Run a manager method under its step lock (see ``GuidedDecodingManager.__init__``)."""
+
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._step_lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class GuidedDecodingManager:
     """Per-engine (per-rank) owner of compiled guides and per-sequence matchers."""
 
@@ -89,6 +101,11 @@ class GuidedDecodingManager:
         self._cache = CompileCache(self.limits.cache_max_entries, self.limits.cache_max_bytes)
         self._inflight: dict[str, _InFlight] = {}
         self._lock = threading.Lock()
+        # One step at a time: the batched step writes a shared host bitmask and the matchers are
+        # not thread-safe, so concurrent callers (4 threads on disjoint sessions got each other's
+        # masks: 680 sampled tokens then rejected) are serialized here. Re-entrant: step methods
+        # call each other (jump-forward accepts through the step).
+        self._step_lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max(1, compile_workers), thread_name_prefix="tokenrails-compile")
         self._seqs: dict[tuple[Hashable, Hashable], SequenceState] = {}
         self._sessions: dict[Hashable, set[Hashable]] = {}
@@ -141,7 +158,7 @@ class GuidedDecodingManager:
             self.counters["cache_hits"] += 1
             return hit
         if isinstance(hit, GuideError):
-            raise _same_error(hit)
+            raise detached_copy(hit)
         self.prefetch(spec)
         with self._lock:
             entry = self._inflight.get(spec.key)
@@ -158,15 +175,16 @@ class GuidedDecodingManager:
                 limit="compile_timeout_s", value=self.limits.compile_timeout_s,
             ) from None
         except GuideError as exc:
-            raise _same_error(exc) from None
+            raise detached_copy(exc) from None
 
     # ---- sequences -----------------------------------------------------------------------
+    @_serialized
     def matcher_for(self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec) -> Matcher:
         """This sequence's matcher for ``spec`` (created on first use); raises its GuideError."""
         state = self.state_for(session_id, seq_id, spec)
         self.resolve_matcher(state)
         if state.error is not None:
-            raise _same_error(state.error)
+            raise detached_copy(state.error)
         assert state.matcher is not None
         return state.matcher
 
@@ -186,6 +204,7 @@ class GuidedDecodingManager:
             return state
         return self.begin_sequence(session_id, seq_id, spec, reasoning=reasoning)
 
+    @_serialized
     def begin_sequence(
         self,
         session_id: Hashable,
@@ -239,8 +258,9 @@ class GuidedDecodingManager:
         if state.matcher is None and state.error is None and state.spec is not None:
             hit = self._cache.get(state.spec.key)
             if isinstance(hit, GuideError):
-                state.error = _same_error(hit)
+                state.error = detached_copy(hit)
 
+    @_serialized
     def release(self, session_id: Hashable, seq_id: Hashable) -> None:
         self._seqs.pop((session_id, seq_id), None)
         seqs = self._sessions.get(session_id)
@@ -249,19 +269,23 @@ class GuidedDecodingManager:
             if not seqs:
                 del self._sessions[session_id]
 
+    @_serialized
     def end_session(self, session_id: Hashable) -> None:
         """Release every matcher of the session (call when the engine ends it)."""
         for seq_id in self._sessions.pop(session_id, ()):
             self._seqs.pop((session_id, seq_id), None)
 
     # ---- the batched step (see batch_step.py) ---------------------------------------------
+    @_serialized
     def fill_and_apply(self, logits: torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:
         return self.step.fill_and_apply(logits, rows)
 
+    @_serialized
     def accept_tokens(self, token_ids: Sequence[int] | torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:
         return self.step.accept_tokens(token_ids, rows)
 
     # ---- speculative decoding (see speculative.py) -----------------------------------------
+    @_serialized
     def fill_and_apply_spec(
         self, logits: torch.Tensor, rows: Sequence[GuidedRow | None], drafts: Sequence[Sequence[int]]
     ) -> list[RowStatus | None]:
@@ -275,6 +299,7 @@ class GuidedDecodingManager:
 
         return fill_and_apply_spec(self.step, logits, rows, drafts)
 
+    @_serialized
     def accept_tokens_spec(
         self, accepted: Sequence[Sequence[int]], rows: Sequence[GuidedRow | None]
     ) -> list[RowStatus | None]:
@@ -283,6 +308,7 @@ class GuidedDecodingManager:
 
         return accept_tokens_spec(self.step, accepted, rows)
 
+    @_serialized
     def validate_drafts(
         self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec, tokens: Sequence[int],
         *, reasoning: ReasoningConfig | None = None,
@@ -293,6 +319,7 @@ class GuidedDecodingManager:
         return count_valid(self.step, self.state_for(session_id, seq_id, spec, reasoning=reasoning), tokens)
 
     # ---- jump-forward and termination -------------------------------------------------------
+    @_serialized
     def jump_forward(
         self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec, tokenizer: Any = None,
         *, max_rollback: int = 4,
@@ -301,6 +328,7 @@ class GuidedDecodingManager:
         state = self.state_for(session_id, seq_id, spec)
         return compute_jump_forward(self, state, tokenizer, max_rollback=max_rollback)
 
+    @_serialized
     def apply_jump_forward(
         self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec, jump: JumpForward
     ) -> RowStatus:
@@ -309,6 +337,7 @@ class GuidedDecodingManager:
 
         return apply_jump_forward(self, self.state_for(session_id, seq_id, spec), jump)
 
+    @_serialized
     def finalize(self, session_id: Hashable, seq_id: Hashable, reason: str = "length") -> Finalization:
         """Why the sequence ended and whether its output is a complete match.
 
@@ -355,11 +384,3 @@ class GuidedDecodingManager:
         """Stop the compile pool (pending compiles are cancelled)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.step.close()
-
-
-def _same_error(err: GuideError) -> GuideError:
-    """A fresh instance of the same error type (exceptions carry tracebacks; don't share them)."""
-    fresh = Exception.__new__(type(err))
-    fresh.__dict__.update(err.__dict__)
-    fresh.args = err.args
-    return fresh

@@ -482,5 +482,5 @@ def _rstrip_ids(ids: Sequence[int], vocab: Vocabulary) -> Sequence[int]:
 
 
 def tracker_for(vocab: Vocabulary, config: ReasoningConfig) -> ReasoningTracker:
-    """The shared tracker for this vocabulary and config (built once per pair)."""
-    return vocab.cached(f"reasoning:{hash(config)}:{config!r}", lambda: ReasoningTracker(vocab, config))
+    """The shared tracker for this vocabulary and config (configs can come from requests: bounded LRU)."""
+    return vocab.cached_lru("reasoning:trackers", repr(config), lambda: ReasoningTracker(vocab, config))

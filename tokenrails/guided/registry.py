@@ -5,7 +5,7 @@ import importlib
 import time
 
 from .backend import CompiledGuide, GuideBackend
-from .errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
+from .errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError, client_input_boundary
 from .limits import DEFAULT_LIMITS, GuideLimits
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
@@ -55,6 +55,7 @@ def get_backend(name: str, vocab: Vocabulary, limits: GuideLimits = DEFAULT_LIMI
     return vocab.cached(f"backend:{name}:{hash(limits)}", lambda: cls(vocab, limits))
 
 
+@client_input_boundary("compiling the constraint failed")
 def compile_guide(
     spec: GuideSpec,
     vocab: Vocabulary,
@@ -79,6 +80,7 @@ def compile_guide(
             impl.check(spec)
             start = time.perf_counter()
             compiled = impl.compile(spec)
+            _refuse_empty_language(compiled, vocab)
             compiled.compile_s = time.perf_counter() - start
             return compiled
         except (UnsupportedGuideError, GuideLimitError) as exc:
@@ -99,3 +101,21 @@ def compile_guide(
     )
 
 
+
+
+def _refuse_empty_language(compiled: CompiledGuide, vocab: Vocabulary) -> None:
+    """A constraint whose first mask allows nothing, not even EOS (``root ::= a`` with
+    ``a ::= a``, an empty class), is this request's error now, at compile time, instead of an
+    all -inf logits row later. One fill of the start state: most backends cache it anyway."""
+    from ..kernels import allocate_token_bitmask
+
+    row = allocate_token_bitmask(1, vocab.vocab_size)
+    matcher = compiled.matcher()
+    matcher.fill_next_token_bitmask(row, 0)
+    words = row.numpy()[0]
+    for eos in vocab.eos_ids:  # EOS offered where the empty output is not accepted: llguidance's
+        words[eos // 32] &= ~(1 << (eos % 32))  # way of saying "nothing" (its accept then refuses EOS)
+    if not words.any() and not matcher.is_accepting():
+        raise InvalidGuideError(
+            f"the {compiled.spec.kind} constraint allows no output at all (its language is empty)"
+        )

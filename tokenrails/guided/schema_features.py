@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
-from .errors import GuideLimitError, InvalidGuideError, UnsupportedGuideError
+from .errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from .limits import GuideLimits
 
 # Keywords that constrain instances but that xgrammar 0.2.8 does not enforce (it accepts and drops
@@ -36,6 +36,10 @@ XGRAMMAR_IGNORED: dict[str, str] = {
 # Enforced by xgrammar 0.2.8 (verified by tests/safety/test_schema_coverage.py, so an upgrade
 # that stops enforcing one fails CI): propertyNames, minProperties, maxProperties,
 # patternProperties, integer multipleOf, min/maxItems, min/maxLength alone, numeric bounds.
+
+# xgrammar 0.2.8 enforces integer multipleOf up to this value and silently ignores larger ones
+# (measured: multipleOf 1025 accepts 1026; 1024 refuses 1025).
+XGRAMMAR_MAX_MULTIPLE_OF = 1024
 
 # Keywords that only annotate (never constrain an instance) — allowed next to $ref / allOf.
 ANNOTATIONS: frozenset[str] = frozenset({
@@ -411,6 +415,8 @@ def xgrammar_unenforced(schema: Any, strict: bool = True) -> list[str]:
             findings.append(f"{path}: format {fmt!r} is not enforced")
         if "multipleOf" in sub and not (sub.get("type") == "integer" and _is_int(sub["multipleOf"])):
             findings.append(f"{path}: multipleOf on non-integers is not enforced")
+        elif "multipleOf" in sub and abs(sub["multipleOf"]) > XGRAMMAR_MAX_MULTIPLE_OF:
+            findings.append(f"{path}: multipleOf above {XGRAMMAR_MAX_MULTIPLE_OF} is not enforced")
         if allof_with_parts_or_siblings(sub):
             findings.append(f"{path}: allOf with several parts or sibling keywords is not enforced")
         if _overlapping_member_schemas(sub):
@@ -435,6 +441,7 @@ def xgrammar_unenforced(schema: Any, strict: bool = True) -> list[str]:
         pattern = sub.get("pattern")
         if isinstance(pattern, str) and ("\\p{" in pattern or "\\P{" in pattern):
             findings.append(f"{path}: Unicode property classes in patterns are not supported")
+    findings.extend(schema_pattern_hazards(schema, XGRAMMAR_REGEX_HAZARDS))
     return sorted(set(findings))
 
 
@@ -465,7 +472,8 @@ XGRAMMAR_LOOSER_FORMATS: frozenset[str] = frozenset({"date", "date-time"})
 def xgrammar_looser(schema: Any) -> list[str]:
     """Where xgrammar's language is an approximation llguidance makes tighter (routing only)."""
     return [f"{path}: format {sub['format']!r} admits impossible days"
-            for path, sub, _ in iter_subschemas(schema) if sub.get("format") in XGRAMMAR_LOOSER_FORMATS]
+            for path, sub, _ in iter_subschemas(schema)
+            if isinstance(sub.get("format"), str) and sub["format"] in XGRAMMAR_LOOSER_FORMATS]
 
 
 def xgrammar_stricter(schema: Any, strict: bool = True) -> list[str]:
@@ -514,13 +522,31 @@ def _overlapping_member_schemas(sub: dict) -> bool:
         return True
     names = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
     (pattern,) = pprops
-    for name in names:
-        try:
-            if re.search(pattern, name):
-                return True
-        except (re.error, TypeError):
-            return True
-    return False
+    return any(_pattern_may_find(pattern, name) for name in names)
+
+
+# A client's pattern never runs on a backtracking engine here (``^(a+)+$`` against "aaa…a!" held
+# the GIL for 0.85 s at 24 characters, doubling per character): it is decided on our own DFA,
+# built under small bounds. Anything the bounds or the parser refuse counts as "may find".
+_ANALYSIS_LIMITS = GuideLimits(max_dfa_states=2_000, max_repeat=200, max_regex_length=1_000,
+                               compile_timeout_s=0.05)
+
+
+def _pattern_may_find(pattern: Any, name: str) -> bool:
+    """Does ``pattern`` (JSON Schema: unanchored search) find a match in ``name``? True when
+    undecided, so a routing decision built on it errs on the refusing side."""
+    if not isinstance(pattern, str):
+        return True
+    from .fsm.compiler import compile_regex
+
+    start = pattern.startswith("^")
+    end = pattern.endswith("$") and not pattern.endswith("\\$")
+    body = pattern[1 if start else 0: len(pattern) - 1 if end else len(pattern)]
+    search = ("" if start else "(?s:.*)") + f"(?:{body})" + ("" if end else "(?s:.*)")
+    try:
+        return compile_regex(search, _ANALYSIS_LIMITS).fullmatch(name.encode("utf-8", "surrogatepass"))
+    except (GuideError, RecursionError, ValueError):
+        return True
 
 
 def allof_with_parts_or_siblings(sub: dict) -> bool:
@@ -744,3 +770,109 @@ def _lower_not(value: Any) -> Any:
             return None  # "a number that is not an integer" has no type name
         return {"type": [x for x in _ALL_TYPES if x not in banned]}
     return None
+
+
+# ---- regex constructs a backend misreads (measured on xgrammar 0.2.8 / llguidance 1.x) ------------
+# Each entry was measured to be *accepted and mis-enforced*, not refused: xgrammar ignores ``^``/``$``
+# inside a pattern (``a^b`` accepts "ab") and drops lookarounds and possessive quantifiers in schema
+# patterns; llguidance reads ``a*+a`` as ``(a*)+a`` (accepts "aa"; Python's possessive reading matches
+# nothing). Refusing them (``UnsupportedGuideError``) lets ``auto`` move on or fail: one spec, one
+# language, whatever the routing.
+XGRAMMAR_REGEX_HAZARDS = frozenset({"interior anchor", "lookaround", "backreference", "possessive quantifier",
+                                    "atomic group"})
+LLGUIDANCE_REGEX_HAZARDS = frozenset({"possessive quantifier", "lookaround", "backreference", "atomic group"})
+
+
+def regex_hazards(pattern: str) -> set[str]:
+    """Constructs of ``pattern`` (outside character classes, unescaped) that some backend misreads.
+
+    A linear scan, no regex engine: anchors anywhere but the very start/end, lookarounds,
+    backreferences, possessive quantifiers, atomic groups.
+    """
+    found: set[str] = set()
+    n = len(pattern)
+    i = 0
+    prev = "none"  # what precedes: "atom" (a quantifier may follow), "quant" (a ``+``/``?`` modifier may)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1: i + 2]
+            if (nxt.isdigit() and nxt != "0") or nxt == "k":
+                found.add("backreference")
+            i, prev = i + 2, "atom"
+            continue
+        if c == "[":
+            i, prev = _class_end(pattern, i), "atom"
+            continue
+        if c in "*+?" or (c == "{" and _quantifier_at(pattern, i)):
+            if prev == "quant":
+                if c == "+":
+                    found.add("possessive quantifier")
+                prev = "none"
+            elif prev == "atom":
+                if c == "{":
+                    i = pattern.index("}", i)
+                prev = "quant"
+            else:
+                prev = "none"
+            i += 1
+            continue
+        if c == "(":
+            head = pattern[i + 1: i + 4]
+            if head.startswith(("?=", "?!", "?<=", "?<!")):
+                found.add("lookaround")
+            elif head.startswith("?>"):
+                found.add("atomic group")
+            prev = "none"
+            if head.startswith("?"):
+                i += 1  # the group's ``?`` is syntax, not a quantifier
+        elif (c == "^" and i != 0) or (c == "$" and i != n - 1):
+            found.add("interior anchor")
+            prev = "none"
+        else:
+            prev = "none" if c in "|^$" else "atom"
+        i += 1
+    return found
+
+
+def _class_end(pattern: str, i: int) -> int:
+    """Index just past the character class opening at ``i`` (``[]a]`` and ``[^]a]`` included)."""
+    j = i + 1
+    if pattern[j: j + 1] == "^":
+        j += 1
+    if pattern[j: j + 1] == "]":
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return j + 1
+
+
+def _quantifier_at(pattern: str, i: int) -> bool:
+    close = pattern.find("}", i)
+    body = pattern[i + 1: close] if close > 0 else ""
+    return bool(body) and all(ch.isdigit() or ch == "," for ch in body) and body[0] != ","
+
+
+def schema_pattern_hazards(schema: Any, hazards: frozenset[str]) -> list[str]:
+    """``pattern`` values and ``patternProperties`` keys of a schema holding one of ``hazards``."""
+    findings = []
+    for path, sub, _ in iter_subschemas(schema):
+        patterns = [sub.get("pattern")]
+        if isinstance(sub.get("patternProperties"), dict):
+            patterns.extend(sub["patternProperties"])
+        for pattern in patterns:
+            if isinstance(pattern, str):
+                bad = regex_hazards(pattern) & hazards
+                if bad:
+                    findings.append(f"{path}: pattern {pattern[:40]!r} uses {sorted(bad)[0]}")
+    return findings
+
+
+def refuse_regex_hazards(pattern: str, hazards: frozenset[str], backend: str) -> None:
+    """``UnsupportedGuideError`` when ``pattern`` uses a construct ``backend`` misreads."""
+    bad = regex_hazards(pattern) & hazards
+    if bad:
+        raise UnsupportedGuideError(
+            f"{backend} does not enforce the {sorted(bad)[0]} in this pattern exactly",
+            feature=sorted(bad)[0], backend=backend,
+        )

@@ -412,7 +412,7 @@ def is_strict(spec: "GuideSpec") -> bool:
     return spec.option("strict", True) is not False
 
 
-_CACHED_PAYLOAD_CHARS = 64 * 1024  # memo only small schemas: ≤ 256 × 2 × 64 KiB held
+_CACHED_PAYLOAD_CHARS = 8 * 1024  # memo only small schemas: ≤ 256 × 2 × 8 KiB held (4 MiB)
 
 
 def _typed_text(payload: str) -> str | None:

@@ -223,6 +223,7 @@ class GuideSpec:
             tag = tag.model_dump()
         if not isinstance(tag, Mapping):
             raise InvalidGuideError("structural tag must be a dict or JSON text")
+        _check_legacy_tag(tag)
         return cls("structural_tag", _canonical_json(dict(tag)))
 
     @classmethod
@@ -288,6 +289,29 @@ class GuideSpec:
     def __repr__(self) -> str:
         body = self.payload if len(self.payload) <= 60 else self.payload[:57] + "..."
         return f"GuideSpec({self.kind}, {body!r}, {dict(self.options)})"
+
+
+def _check_legacy_tag(tag: Mapping) -> None:
+    """The ``structures`` + ``triggers`` shape, checked field by field: a missing ``begin`` must be
+    this request's ``InvalidGuideError``, not a ``KeyError`` inside a backend. (xgrammar's own
+    ``format`` shape is checked by the backends' parsers, which raise their own errors.)"""
+    if "structures" not in tag:
+        if "format" in tag and not isinstance(tag["format"], Mapping):
+            raise InvalidGuideError(f"structural tag 'format' must be an object, got {type(tag['format']).__name__}")
+        return
+    structures, triggers = tag["structures"], tag.get("triggers", [])
+    if not isinstance(structures, list):
+        raise InvalidGuideError("structural tag 'structures' must be a list")
+    for n, item in enumerate(structures):
+        if not isinstance(item, Mapping):
+            raise InvalidGuideError(f"structural tag structures[{n}] must be an object")
+        for field_name in ("begin", "end"):
+            if not isinstance(item.get(field_name), str):
+                raise InvalidGuideError(f"structural tag structures[{n}] needs a string {field_name!r}")
+        if "schema" in item and not isinstance(item["schema"], (Mapping, bool)):
+            raise InvalidGuideError(f"structural tag structures[{n}].schema must be a JSON schema object")
+    if not isinstance(triggers, list) or not all(isinstance(t, str) and t for t in triggers):
+        raise InvalidGuideError("structural tag 'triggers' must be a list of non-empty strings")
 
 
 def _sorted(opts: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -62,11 +62,33 @@ class Vocabulary:
         return [b"" if i in special else b for i, b in enumerate(self.token_bytes)]
 
     def cached(self, key: str, build: Any) -> Any:
-        """Per-vocabulary memo for backend tables (thread-safe, built once)."""
+        """Per-vocabulary memo for backend tables (thread-safe, built once).
+
+        Only for keys the operator's code chooses (a backend's tables, a limits object): one entry
+        per key, kept for the vocabulary's life. Keys derived from a request go to ``cached_lru``.
+        """
         with self._lock:
             if key not in self.backend_cache:
                 self.backend_cache[key] = build()
             return self.backend_cache[key]
+
+    def cached_lru(self, namespace: str, key: str, build: Any, max_entries: int = 32) -> Any:
+        """A bounded memo for values keyed by what a request carries (per-request reasoning
+        markers...): the ``max_entries`` most recently used per namespace, so clients sending ever
+        new values cost a rebuild each, never unbounded memory."""
+        from collections import OrderedDict
+
+        with self._lock:
+            table = self.backend_cache.get(namespace)
+            if table is None:
+                table = self.backend_cache[namespace] = OrderedDict()
+            if key in table:
+                table.move_to_end(key)
+                return table[key]
+            value = table[key] = build()
+            while len(table) > max_entries:
+                table.popitem(last=False)
+            return value
 
     @classmethod
     def from_huggingface(

@@ -22,11 +22,14 @@ from ..limits import GuideLimits
 from ..policy import find_token_reference
 from ..schema_policy import close_schema, is_strict, policy_schema
 from ..schema_features import (
+    LLGUIDANCE_REGEX_HAZARDS,
     check_grammar_literals,
     check_literals,
     check_schema_limits,
     lower_dependencies,
+    refuse_regex_hazards,
     scan_repeat_bounds,
+    schema_pattern_hazards,
 )
 from ..spec import GuideSpec
 from ..vocabulary import HF_TOKENIZER_KEY, Vocabulary
@@ -408,9 +411,14 @@ class LLGuidanceBackend(GuideBackend):
         lim = self.limits
         if spec.kind == "json_schema":
             check_schema_limits(spec.schema, lim)
+            findings = schema_pattern_hazards(spec.schema, LLGUIDANCE_REGEX_HAZARDS)
+            if findings:
+                raise UnsupportedGuideError("llguidance misreads " + "; ".join(findings[:3]),
+                                            feature=findings[0], backend=self.name)
         elif spec.kind == "regex":
             lim.check("max_regex_length", len(spec.pattern))
             scan_repeat_bounds(spec.pattern, lim)
+            refuse_regex_hazards(spec.pattern, LLGUIDANCE_REGEX_HAZARDS, self.name)
         elif spec.kind == "choice":
             lim.check("max_enum_values", len(spec.choices))
             check_literals(spec.choices, lim)
