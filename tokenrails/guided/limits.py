@@ -23,6 +23,8 @@ class GuideLimits:
     max_literal_bytes: int = 16 << 10      # one string literal/const/enum value/choice (xgrammar
                                            # compile time grows ~quadratically: 100 KB ≈ 20 s)
     compile_timeout_s: float = 30.0        # wall time for one compile
+    max_abandoned_compiles: int = 16       # compiles past their deadline still running; new compiles
+                                           # are refused while this many are (see compile_pool.py)
     cache_max_entries: int = 512           # compiled-guide LRU entries
     cache_max_bytes: int = 2 << 30         # compiled-guide LRU bytes
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
@@ -24,6 +24,7 @@ import torch
 from .backend import CompiledGuide, Matcher
 from .batch_step import BatchedGuidedStep, GuidedRow, RowStatus, StepStatus
 from .compile_cache import CompileCache
+from .compile_pool import CompilePool
 from .errors import GuideError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .jump_forward import JumpForward, compute_jump_forward
 from .limits import DEFAULT_LIMITS, GuideLimits
@@ -89,7 +90,7 @@ class GuidedDecodingManager:
         backend: str = "auto",
         limits: GuideLimits | None = None,
         policy: GuidePolicy | None = None,
-        compile_workers: int = 2,
+        compile_workers: int = 16,
         fill_threads: int = 2,
         parallel_fill_threshold: int = 16,
         device: str | torch.device | None = None,
@@ -106,7 +107,7 @@ class GuidedDecodingManager:
         # masks: 680 sampled tokens then rejected) are serialized here. Re-entrant: step methods
         # call each other (jump-forward accepts through the step).
         self._step_lock = threading.RLock()
-        self._pool = ThreadPoolExecutor(max(1, compile_workers), thread_name_prefix="tokenrails-compile")
+        self._pool = CompilePool(compile_workers, self.limits.max_abandoned_compiles)
         self._seqs: dict[tuple[Hashable, Hashable], SequenceState] = {}
         self._sessions: dict[Hashable, set[Hashable]] = {}
         self.counters = dict.fromkeys(
@@ -126,7 +127,11 @@ class GuidedDecodingManager:
                 return
             self.counters["cache_misses"] += 1
             deadline = time.monotonic() + self.limits.compile_timeout_s
-            future = self._pool.submit(self._compile, spec)
+            try:
+                future = self._pool.submit(self._compile, spec)
+            except GuideError as exc:  # the pool refuses while too many compiles are abandoned
+                future = Future()
+                future.set_exception(exc)
             self._inflight[spec.key] = _InFlight(future, deadline)
 
     def _compile(self, spec: GuideSpec) -> CompiledGuide:
@@ -169,6 +174,7 @@ class GuidedDecodingManager:
             return entry.future.result(timeout=max(0.0, wait))
         except FutureTimeoutError:
             self.counters["timeouts"] += 1
+            self._abandon(spec.key, entry)
             raise GuideTimeoutError(
                 f"limit compile_timeout_s={self.limits.compile_timeout_s} exceeded: "
                 f"compiling the {spec.kind} constraint did not finish in time",
@@ -176,6 +182,19 @@ class GuidedDecodingManager:
             ) from None
         except GuideError as exc:
             raise detached_copy(exc) from None
+
+    def _abandon(self, key: str, entry: _InFlight) -> None:
+        """Past its deadline: the compile keeps running on its own thread but takes no slot, and
+        the spec fails by timeout (negative cache, no new thread) until the compile ends; a late
+        success is then served from the cache like any other."""
+        self._pool.abandon(entry.future)
+        with self._lock:
+            if self._inflight.get(key) is entry:
+                del self._inflight[key]
+            self._cache.put_error(key, GuideTimeoutError(
+                f"limit compile_timeout_s={self.limits.compile_timeout_s} exceeded: compiling this "
+                "constraint did not finish in time", limit="compile_timeout_s", value=self.limits.compile_timeout_s,
+            ))
 
     # ---- sequences -----------------------------------------------------------------------
     @_serialized
@@ -381,6 +400,6 @@ class GuidedDecodingManager:
         return {"grammar_init_s": state.grammar_init_s, "grammar_per_token_s": per_token, "tokens": state.tokens}
 
     def close(self) -> None:
-        """Stop the compile pool (pending compiles are cancelled)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the compile pool (queued compiles are cancelled; running ones end on daemon threads)."""
+        self._pool.close()
         self.step.close()

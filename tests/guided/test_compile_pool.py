@@ -1,0 +1,122 @@
+"""Hostile compiles cannot starve the manager: a benign spec is served while slow compiles are in
+flight, a compile past its deadline gives its slot back, and interpreter exit never waits for one.
+
+The slow compiles come from a test backend that blocks on an event for ``hostile`` regexes (a
+stand-in for an uninterruptible C++/Rust compile: xgrammar on a 36 KB grammar of 6,000 classes
+measured 30 s+) and hands every other spec to the real fsm backend. The wall-clock bounds below are
+the behaviour under test, with wide margins.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import tokenrails as tr
+from tokenrails.guided.backend import GuideBackend
+from tokenrails.guided.errors import GuideLimitError, GuideTimeoutError
+from tokenrails.guided.manager import GuidedDecodingManager
+from tokenrails.guided.registry import get_backend, register_backend, unregister_backend
+
+RELEASE = threading.Event()
+
+
+class BlockingBackend(GuideBackend):
+    name = "blocking-test"
+    kinds = frozenset({"regex"})
+
+    def compile(self, spec):
+        if spec.pattern.startswith("hostile"):
+            RELEASE.wait(60)
+        return get_backend("fsm", self.vocab, self.limits).compile(spec)
+
+
+@pytest.fixture
+def blocking_backend():
+    RELEASE.clear()
+    register_backend(BlockingBackend.name, BlockingBackend)
+    yield BlockingBackend.name
+    RELEASE.set()  # let abandoned compile threads finish
+    unregister_backend(BlockingBackend.name)
+
+
+def test_benign_spec_is_served_while_eight_hostile_compiles_run(vocab, blocking_backend):
+    manager = GuidedDecodingManager(vocab, backend=blocking_backend, limits=tr.GuideLimits(compile_timeout_s=20))
+    for n in range(8):
+        manager.prefetch(tr.GuideSpec.regex(f"hostile{n}"))
+    start = time.perf_counter()
+    guide = manager.get_compiled(tr.GuideSpec.regex("[0-9]{3}"))
+    assert time.perf_counter() - start < 1.0
+    assert guide.matcher() is not None
+    assert manager.stats()["compiles_in_flight"] == 8
+    manager.close()
+
+
+def test_timed_out_compile_frees_its_slot(vocab, blocking_backend):
+    limits = tr.GuideLimits(compile_timeout_s=0.2)
+    manager = GuidedDecodingManager(vocab, backend=blocking_backend, limits=limits, compile_workers=1)
+    hostile = tr.GuideSpec.regex("hostile-a")
+    with pytest.raises(GuideTimeoutError):
+        manager.get_compiled(hostile)
+    # the only slot is free again: a benign spec compiles although the hostile one still runs
+    assert manager.get_compiled(tr.GuideSpec.regex("[ab]{2}")) is not None
+    assert manager._pool.abandoned == 1
+    start = time.perf_counter()
+    with pytest.raises(GuideTimeoutError):  # a repeat is answered from the negative cache
+        manager.get_compiled(hostile)
+    assert time.perf_counter() - start < 0.1
+    RELEASE.set()
+    deadline = time.monotonic() + 10
+    while manager._pool.abandoned and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert manager._pool.abandoned == 0  # its thread ended with the compile
+    manager.close()
+
+
+def test_abandoned_compiles_are_bounded(vocab, blocking_backend):
+    limits = tr.GuideLimits(compile_timeout_s=0.1, max_abandoned_compiles=2)
+    manager = GuidedDecodingManager(vocab, backend=blocking_backend, limits=limits)
+    for n in range(2):
+        with pytest.raises(GuideTimeoutError):
+            manager.get_compiled(tr.GuideSpec.regex(f"hostile-{n}"))
+    with pytest.raises(GuideLimitError, match="max_abandoned_compiles"):
+        manager.get_compiled(tr.GuideSpec.regex("[cd]{2}"))
+    manager.close()
+
+
+def test_interpreter_exit_does_not_wait_for_a_stuck_compile(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from transformers import AutoTokenizer
+        import tokenrails as tr
+        from tokenrails.guided.backend import GuideBackend
+        from tokenrails.guided.manager import GuidedDecodingManager
+        from tokenrails.guided.registry import register_backend
+
+        class Stuck(GuideBackend):
+            name = "stuck"
+            kinds = frozenset({{"regex"}})
+            def compile(self, spec):
+                time.sleep(120)  # an uninterruptible native compile, as far as Python can tell
+
+        register_backend("stuck", Stuck)
+        tok = AutoTokenizer.from_pretrained({str(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2")!r})
+        manager = GuidedDecodingManager(tr.Vocabulary.from_huggingface(tok), backend="stuck",
+                                        limits=tr.GuideLimits(compile_timeout_s=0.2))
+        try:
+            manager.get_compiled(tr.GuideSpec.regex("x"))
+        except tr.GuideTimeoutError:
+            print("timed out", flush=True)
+    """)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100)
+    elapsed = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "timed out" in done.stdout
+    assert elapsed < 60  # the stuck compile sleeps 120 s; exit must not wait for it
