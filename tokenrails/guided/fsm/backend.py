@@ -72,7 +72,7 @@ class FSMBackend(GuideBackend):
         elif spec.kind == "choice":
             dfa = compile_choices(spec.choices, self.limits)
         else:
-            regex = schema_to_regex(spec)
+            regex = schema_to_regex(spec, self.limits)
             # the lowered regex can be long for a large schema; it is bounded by the schema limits
             dfa = compile_regex(regex, self.limits, check_length=False)
         index = TokenIndex(dfa, self.vocab)

@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
+from ..limits import DEFAULT_LIMITS, GuideLimits
 from ..schema_features import (
     allof_with_parts_or_siblings,
     constrains_nothing,
@@ -27,6 +28,7 @@ from ..schema_features import (
 from ..schema_policy import already_closed, is_strict, policy_payload
 from ..spec import GuideSpec
 from .charset import Ranges
+from .lowering import IN_PROCESS_ESTIMATE, lower_in_worker, lowered_size_estimate
 from .regex_ast import Alt, CharSet, Concat, Node, Repeat
 from .regex_parser import parse_regex
 
@@ -149,7 +151,7 @@ def whitespace_pattern(spec: GuideSpec) -> str | None:
     return None  # outlines-core's default ``[ ]?``
 
 
-def schema_to_regex(spec: GuideSpec) -> str:
+def schema_to_regex(spec: GuideSpec, limits: GuideLimits = DEFAULT_LIMITS) -> str:
     """Lower a json_schema spec with outlines-core; map its errors to typed GuideErrors."""
     try:
         from outlines_core.json_schema import build_regex_from_schema
@@ -174,10 +176,25 @@ def schema_to_regex(spec: GuideSpec) -> str:
                 feature=findings[0], backend="fsm",
             )
     try:
-        return build_regex_from_schema(text, whitespace_pattern(spec))
+        whitespace = whitespace_pattern(spec)  # repeated at every separator: scales the estimate
+        if lowered_size_estimate(schema) * (1 + len(whitespace or "") / 8) <= IN_PROCESS_ESTIMATE:
+            regex = build_regex_from_schema(text, whitespace)
+        else:  # may grow geometrically: in a worker that an abort or a deadline cannot take us down with
+            regex = _lower_isolated(text, whitespace, limits)
+        limits.check("max_lowered_regex_bytes", len(regex))
+        return regex
     except (ValueError, TypeError) as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "not supported" in msg.lower() or "unsupported" in msg.lower():
             raise UnsupportedGuideError(f"outlines-core cannot lower this schema: {msg}",
                                         feature="json_schema", backend="fsm") from exc
         raise InvalidGuideError(f"invalid JSON schema for the fsm backend: {msg}") from exc
+
+
+def _lower_isolated(text: str, whitespace: str | None, limits: GuideLimits) -> str:
+    answer = lower_in_worker(text, whitespace, limits)
+    if "regex" in answer:
+        return answer["regex"]
+    if "too_large" in answer:
+        limits.check("max_lowered_regex_bytes", answer["too_large"])
+    raise ValueError(answer.get("message") or answer.get("error") or "lowering failed")
