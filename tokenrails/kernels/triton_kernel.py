@@ -37,6 +37,7 @@ def _apply_bitmask_kernel(
     logits_width,
     vocab_size,
     logits_row_stride,
+    logits_col_stride,
     bitmask_row_stride,
     HAS_INDICES: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -60,7 +61,7 @@ def _apply_bitmask_kernel(
     allowed = ((words[:, None] >> bit[None, :]) & 1) != 0
     disallowed = (~allowed) | (cols >= vocab_size)
     store_mask = disallowed & (cols < col_limit)
-    ptrs = logits_ptr + target * logits_row_stride + cols
+    ptrs = logits_ptr + target * logits_row_stride + cols.to(tl.int64) * logits_col_stride
     neg_inf = tl.full((BLOCK // 32, 32), float("-inf"), logits_ptr.dtype.element_ty)
     tl.store(ptrs, neg_inf, mask=store_mask)
 
@@ -96,11 +97,6 @@ def launch_checked_triton(args: ApplyArgs) -> None:
         rows = torch.as_tensor(rows, dtype=torch.int32).to(logits.device, non_blocking=True)
     elif rows is not None and rows.device != logits.device:
         rows = rows.to(logits.device, non_blocking=True)
-    if logits.stride(1) != 1 and width > 1:  # rare: columns not contiguous
-        from .reference import apply_token_bitmask_inplace_reference
-
-        apply_token_bitmask_inplace_reference(logits, bitmask, rows, args.vocab_size)
-        return
     if bitmask.stride(1) != 1 and bitmask.shape[1] > 1:
         bitmask = bitmask.contiguous()
     kernel = _jit_kernel if logits.device.type != "cpu" else _interpreted_kernel()
@@ -113,6 +109,7 @@ def launch_checked_triton(args: ApplyArgs) -> None:
         width,
         args.vocab_size,
         logits.stride(0),
+        logits.stride(1),  # 1 almost always; a column-strided view is masked in place all the same
         bitmask.stride(0),
         HAS_INDICES=rows is not None,
         BLOCK=BLOCK,
