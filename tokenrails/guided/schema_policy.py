@@ -42,6 +42,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from .errors import GuideLimitError, UnsupportedGuideError
+from .ecma_patterns import spell_out_schema_patterns
 from .schema_features import resolve_pointer
 
 if TYPE_CHECKING:
@@ -426,7 +427,8 @@ def _typed_text(payload: str) -> str | None:
 def _typed_text_uncached(payload: str) -> str | None:
     schema = json.loads(payload)
     try:
-        typed = infer_types(schema)
+        typed = infer_types(json.loads(payload))
+        spell_out_schema_patterns(typed)  # ECMA-262 shorthand classes (ecma_patterns.py)
     except RecursionError as exc:
         raise GuideLimitError("JSON schema is nested too deeply to analyse", limit="max_json_depth",
                               value="recursion") from exc
@@ -440,7 +442,8 @@ _typed_text_cached = lru_cache(maxsize=256)(_typed_text_uncached)
 
 def policy_payload(spec: "GuideSpec") -> str:
     """The schema text every backend compiles for a json_schema ``spec``: the payload with
-    keyword-implied types made explicit (the payload itself when there are none to add, so
+    keyword-implied types made explicit and pattern shorthand classes spelled out as ECMA-262
+    defines them (the payload itself when nothing changes, so
     compile caches keyed by text keep hitting)."""
     text = _typed_text(spec.payload)
     return spec.payload if text is None else text
