@@ -36,6 +36,7 @@ def _mod(name: str):
 
 def _apply(p: Patcher) -> None:
     from . import agent as agent_patch
+    from . import engines
     from . import logits as logits_patch
     from . import requests as req_patch
     from . import spec as spec_patch
@@ -45,11 +46,16 @@ def _apply(p: Patcher) -> None:
     # -- request parsing / early validation (every name that bound the stock check) ----------
     gd = _mod("lmdeploy._guided_decoding")
     require_attrs(gd, ["ensure_response_format_compilable"], "lmdeploy._guided_decoding")
+    engines.remember_stock_check(gd.ensure_response_format_compilable)
     p.set(gd, "ensure_response_format_compilable", req_patch.ensure_response_format_compilable)
     ae = _mod("lmdeploy.serve.core.async_engine")
     if hasattr(ae, "ensure_response_format_compilable"):
         p.set(ae, "ensure_response_format_compilable", req_patch.ensure_response_format_compilable)
+    # which engine runs the request decides what may be promised (TurboMind: stock's kinds only)
+    require_attrs(ae.AsyncEngine, ["preprocess"], "AsyncEngine")
+    p.set(ae.AsyncEngine, "preprocess", engines.patched_preprocess(ae.AsyncEngine.preprocess))
     _widen_server_format(p)
+    _patch_harmony(p)
 
     # -- sampling strategies ---------------------------------------------------------------------
     ar = _mod("lmdeploy.pytorch.strategies.ar.sampling").ARSamplingStrategy
@@ -102,6 +108,21 @@ def _apply(p: Patcher) -> None:
     ):
         require_attrs(gsh, [name], "GuidedSpecHelper")
         p.set(gsh, name, make(getattr(gsh, name)))
+
+
+def _patch_harmony(p: Patcher) -> None:
+    """gpt-oss: wrap choice/grammar in the final channel; refuse, never clear, what cannot be wrapped."""
+    try:
+        harmony = importlib.import_module("lmdeploy.serve.parsers._openai_harmony")
+    except ImportError:  # no harmony support in this LMDeploy (or its server extras): nothing clears
+        return
+    from . import engines
+
+    for owner in vars(harmony).values():
+        if isinstance(owner, type) and "_build_response_format_grammar" in owner.__dict__:
+            original = owner.__dict__["_build_response_format_grammar"]
+            p.set(owner, "_build_response_format_grammar",
+                  engines.patched_build_response_format_grammar(original.__func__ if isinstance(original, staticmethod) else original))
 
 
 def _widen_server_format(p: Patcher) -> None:

@@ -44,6 +44,24 @@ def _status() -> int:
     return 0
 
 
+def with_engine_choice(argv: list[str]) -> list[str]:
+    """``serve``/``chat`` run the PyTorch engine unless ``--backend`` says otherwise: LMDeploy picks
+    TurboMind by default for supported models, and only the PyTorch engine is upgraded (TurboMind
+    keeps stock's constraint kinds, see engines.py). Says on stderr which engine runs."""
+    if not argv or argv[0] not in ("serve", "chat") or "--help" in argv or "-h" in argv:
+        return argv
+    chosen = next((a.split("=", 1)[1] for a in argv if a.startswith("--backend=")), None)
+    if chosen is None and "--backend" in argv and argv.index("--backend") + 1 < len(argv):
+        chosen = argv[argv.index("--backend") + 1]
+    if chosen is None:
+        argv = argv + ["--backend", "pytorch"]
+        chosen = "pytorch"
+    note = ("the tokenrails upgrade is active" if chosen == "pytorch" else
+            "stock LMDeploy constraint kinds only; other kinds are refused with HTTP 400")
+    print(f"tokenrails: LMDeploy engine: {chosen} ({note})", file=sys.stderr)
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -69,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"cannot import LMDeploy's CLI: {exc} (pip install tokenrails[lmdeploy])", file=sys.stderr)
         return 2
+    argv = with_engine_choice(argv)
     saved = sys.argv
     sys.argv = ["lmdeploy"] + argv
     try:

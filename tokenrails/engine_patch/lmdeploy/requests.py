@@ -127,7 +127,13 @@ def to_request_error(exc: GuideError) -> Exception:
 
 
 def ensure_response_format_compilable(response_format: Any) -> None:
-    """Drop-in for ``lmdeploy._guided_decoding.ensure_response_format_compilable``."""
+    """Drop-in for ``lmdeploy._guided_decoding.ensure_response_format_compilable``: tokenrails'
+    check for the PyTorch engine, stock LMDeploy's for TurboMind (see engines.py)."""
+    from .engines import ENGINE_BACKEND, stock_check_for_turbomind
+
+    if ENGINE_BACKEND.get() == "turbomind":
+        stock_check_for_turbomind(response_format)
+        return
     try:
         spec = spec_of(response_format)  # also checks the tokenrails_reasoning value
         if spec is not None:

@@ -1,0 +1,100 @@
+"""What the upgrade may promise depends on the engine that will run the request.
+
+The upgrade enforces its wider set of constraints (``choice``, ``grammar``, structural tags in every
+shape, ``tokenrails_reasoning``) only in LMDeploy's PyTorch engine. TurboMind compiles
+``response_format`` itself and, for anything its compiler does not take, logs a warning and runs the
+request **unconstrained**; the gpt-oss (harmony) parser clears what it cannot wrap in its final
+channel. So:
+
+* a request for a TurboMind engine gets exactly stock LMDeploy's check (stock's kinds pass,
+  everything else is refused with HTTP 400 and the reason), found from the engine running
+  ``AsyncEngine.preprocess`` (a context variable set around it);
+* harmony: ``choice`` and ``grammar`` are wrapped in the final channel like stock wraps JSON and
+  regexes; any other non-text format it cannot wrap is refused, never cleared.
+"""
+from __future__ import annotations
+
+import contextvars
+import functools
+import json
+from typing import Any, Callable
+
+ENGINE_BACKEND: contextvars.ContextVar[str | None] = contextvars.ContextVar("tokenrails_engine_backend", default=None)
+_STOCK: dict[str, Callable] = {}
+
+
+def remember_stock_check(check: Callable) -> None:
+    """Keep LMDeploy's own early check (called at activation, before it is replaced)."""
+    _STOCK["ensure"] = check
+
+
+def patched_preprocess(original: Callable) -> Callable:
+    """``AsyncEngine.preprocess`` with the engine's backend name visible to the format check."""
+
+    @functools.wraps(original)
+    async def preprocess(self, *args: Any, **kwargs: Any):
+        token = ENGINE_BACKEND.set(getattr(self, "backend", None))
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            ENGINE_BACKEND.reset(token)
+
+    return preprocess
+
+
+def stock_check_for_turbomind(response_format: Any) -> None:
+    """Stock LMDeploy's early check, unchanged: what TurboMind would compile, and nothing else.
+
+    Raises ``ValueError`` (LMDeploy's preprocess answers HTTP 400) for every other kind, and for
+    the per-request reasoning key, which only the PyTorch engine reads.
+    """
+    from ..reasoning import REQUEST_KEY
+
+    fmt = response_format.model_dump() if hasattr(response_format, "model_dump") else response_format
+    if isinstance(fmt, str):
+        fmt = json.loads(fmt)
+    if isinstance(fmt, dict) and REQUEST_KEY in fmt:
+        raise ValueError(f"Unsupported response format: {REQUEST_KEY} needs the PyTorch engine (this is TurboMind)")
+    kind = fmt.get("type", "text") if isinstance(fmt, dict) else None
+    if kind not in ("text", "json_schema", "json_object", "regex_schema", "structural_tag"):
+        raise ValueError(
+            f"Unsupported response format: type {kind!r} is enforced by tokenrails only in the PyTorch engine; "
+            "TurboMind would run this request unconstrained"
+        )
+    _STOCK["ensure"](fmt)
+
+
+def patched_build_response_format_grammar(original: Callable) -> Callable:
+    """Harmony's final-channel wrapper, extended to ``choice`` and ``grammar``; refuses (ValueError:
+    the request fails with 400) instead of returning None, which would clear the constraint."""
+
+    def build(fmt: dict) -> dict:
+        kind = fmt.get("type", "text")
+        if kind in ("choice", "grammar"):
+            from ...guided.backends.xgrammar_backend import choice_ebnf
+
+            ebnf = choice_ebnf([str(c) for c in fmt.get("choice") or []]) if kind == "choice" else fmt.get("grammar")
+            if not ebnf:
+                raise ValueError(f"response_format {kind!r} has nothing to enforce")
+            tag = original({"type": "json_object"})
+            final = _final_tag(tag)
+            final["content"] = {"type": "grammar", "grammar": ebnf}
+            return tag
+        tag = original(fmt)
+        if tag is None:
+            raise ValueError(f"response_format type {kind!r} cannot be enforced for this model's harmony format; "
+                             "refused rather than cleared")
+        return tag
+
+    return staticmethod(build)
+
+
+def _final_tag(tag: Any) -> dict:
+    """The final-channel tag of stock's structural tag (its last sequence element)."""
+    try:
+        final = tag["format"]["elements"][-1]
+        if final.get("type") == "tag" and "final" in str(final.get("begin")):
+            return final
+    except (TypeError, KeyError, IndexError):
+        pass
+    raise ValueError("LMDeploy's harmony structural tag has an unexpected shape; refusing the constraint")
