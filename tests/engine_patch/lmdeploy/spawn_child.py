@@ -24,3 +24,17 @@ def report_without_lmdeploy() -> dict:
     return {"tokenrails": "tokenrails" in sys.modules, "torch": "torch" in sys.modules,
             "lmdeploy": "lmdeploy" in sys.modules,
             "hook": any(type(f).__name__ == "LMDeployImportHook" for f in sys.meta_path)}
+
+
+def report_settings_after_agent_import() -> dict:
+    """What a spawned engine/TP process sees after a plain ``activate(...)`` in its parent."""
+    from lmdeploy.pytorch.engine.model_agent import agent  # noqa: F401  (what builds the manager)
+
+    import tokenrails.engine_patch.lmdeploy as patch
+    from tokenrails.engine_patch.lmdeploy import manager
+    from tokenrails.engine_patch.reasoning import default_setting
+
+    limits = getattr(manager, "limits_from_env", lambda: None)()  # absent before the export existed
+    return {"active": patch.is_active(), "backend": manager._backend(),
+            "max_enum_values": None if limits is None else limits.max_enum_values,
+            "reasoning": default_setting().kind}

@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from ...guided.limits import GuideLimits
+from . import inherit
 from ._patching import Patcher, UnsupportedLMDeployError, require_attrs, require_params
 
 __all__ = ["UnsupportedLMDeployError", "activate", "deactivate", "is_active", "ENV_FLAG"]
@@ -155,6 +156,7 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
 
     with _LOCK:
         configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning)
+        inherit.export(backend=backend, limits=limits, reasoning=reasoning)  # every child process too
         if _ACTIVE:
             return
         try:
@@ -167,11 +169,13 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
 
 
 def deactivate() -> None:
-    """Restore every patched attribute (managers already built keep working until dropped)."""
+    """Restore every patched attribute and the environment ``activate`` exported (managers already
+    built keep working until dropped)."""
     global _ACTIVE
     with _LOCK:
         _PATCHER.undo()
         _rebuild_server_models()
+        inherit.restore()
         _ACTIVE = False
 
 

@@ -25,6 +25,7 @@ from ...guided.batch_step import GuidedRow
 from ...guided.errors import GuideError, InvalidGuideError
 from ...guided.limits import GuideLimits
 from ..reasoning import default_setting, parse_setting, prompt_for_reading, resolve
+from .inherit import limits_from_env
 
 logger = logging.getLogger("tokenrails.lmdeploy")
 
@@ -91,7 +92,7 @@ class LMDeployGuidedManager:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._backend = backend or _backend()
-        self._limits = limits or _CONFIG["limits"]
+        self._limits = limits or _CONFIG["limits"] or limits_from_env()  # a child: the parent's
         self._mgr = None
         self._error: GuideError | None = None
         self._ready = threading.Event()

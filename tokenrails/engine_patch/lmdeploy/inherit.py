@@ -1,0 +1,70 @@
+"""``activate(...)`` reaches every process LMDeploy starts, with all its settings.
+
+The api_server runs the engine in a spawned process, TP > 1 starts workers, and the model agent
+(where the guided manager lives) runs there; a patch made in the parent is lost in them. So
+``activate`` also writes its settings into ``os.environ`` (inherited by every child, Ray's
+local workers included), makes sure children run the start-up hook (the installed ``.pth``; in an
+editable or hook-less install, the ``_sitecustomize`` directory prepended to ``PYTHONPATH``), and
+the child's hook-driven ``activate()`` reads them back. ``deactivate`` restores the environment.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ...guided.limits import GuideLimits
+
+ENV_FLAG = "TOKENRAILS_LMDEPLOY"
+ENV_BACKEND = "TOKENRAILS_LMDEPLOY_BACKEND"
+ENV_LIMITS = "TOKENRAILS_LMDEPLOY_LIMITS"
+ENV_REASONING = "TOKENRAILS_REASONING"
+SITECUSTOMIZE_DIR = Path(__file__).with_name("_sitecustomize")
+
+_SAVED: dict[str, str | None] = {}  # variable -> value before the first export (None: unset)
+
+
+def export(*, backend: str | None, limits: GuideLimits | None, reasoning: Any) -> None:
+    """Write the flag and the given settings for children; remember what was there before."""
+    _set(ENV_FLAG, "1")
+    if backend is not None:
+        _set(ENV_BACKEND, backend)
+    if limits is not None:
+        _set(ENV_LIMITS, json.dumps(dataclasses.asdict(limits)))
+    if isinstance(reasoning, str):  # a ReasoningConfig object stays in this process (token ids
+        _set(ENV_REASONING, reasoning)  # need the vocabulary); give the setting as text to share it
+    from .startup import pth_installed
+
+    if not pth_installed():
+        entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if str(SITECUSTOMIZE_DIR) not in entries:
+            _set("PYTHONPATH", os.pathsep.join([str(SITECUSTOMIZE_DIR)] + entries))
+
+
+def restore() -> None:
+    """Put back every variable ``export`` changed."""
+    for name, value in _SAVED.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _SAVED.clear()
+
+
+def limits_from_env() -> GuideLimits | None:
+    """The parent's ``GuideLimits`` (None when it set none); a malformed value fails loudly."""
+    text = os.environ.get(ENV_LIMITS)
+    if not text:
+        return None
+    try:
+        return GuideLimits(**json.loads(text))
+    except (TypeError, ValueError) as exc:
+        raise RuntimeError(f"tokenrails: {ENV_LIMITS} is not a GuideLimits: {exc}") from exc
+
+
+def _set(name: str, value: str) -> None:
+    _SAVED.setdefault(name, os.environ.get(name))
+    os.environ[name] = value
+
