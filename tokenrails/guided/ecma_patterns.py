@@ -12,32 +12,33 @@ from typing import Any
 
 from .errors import UnsupportedGuideError
 
-# ECMA-262 WhiteSpace and LineTerminator code points (what ``\s`` matches there).
-_ECMA_SPACE = "\\t\\n\\x0b\\x0c\\r \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
-_INSIDE = {"d": "0-9", "w": "A-Za-z0-9_", "s": _ECMA_SPACE}
+# What ``\d \w \s`` stand for, as the inside of a character class, per dialect. The regex kind's
+# documented dialect is ASCII (xgrammar's, outlines'); JSON Schema patterns are ECMA-262, whose
+# ``\s`` is WhiteSpace and LineTerminator.
+ECMA_CLASSES = {"d": "0-9", "w": "A-Za-z0-9_",
+                "s": "\\t\\n\\x0b\\x0c\\r \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"}
+ASCII_CLASSES = {"d": "0-9", "w": "0-9A-Za-z_", "s": " \\t\\n\\r\\f\\v"}
 
 
-def ecma_shorthands(pattern: str) -> str:
-    """``pattern`` with ``\\d \\w \\s \\D \\W \\S`` replaced by their ECMA-262 classes."""
+def spell_shorthands(pattern: str, classes: dict[str, str], who: str) -> str:
+    """``pattern`` with ``\\d \\w \\s \\D \\W \\S`` spelled out from ``classes``. A negated
+    shorthand inside a class (``[\\D.]``) has no plain spelling: ``UnsupportedGuideError``."""
     out: list[str] = []
     i, n, in_class = 0, len(pattern), False
     while i < n:
         c = pattern[i]
         if c == "\\" and i + 1 < n:
             nxt = pattern[i + 1]
-            low = nxt.lower()
-            if low in _INSIDE:
-                if in_class:
-                    if nxt.isupper():  # a complement inside a class has no plain spelling
-                        raise UnsupportedGuideError(
-                            f"\\{nxt} inside a character class is not supported in schema patterns",
-                            feature=f"\\{nxt} in a class", backend="schema policy",
-                        )
-                    out.append(_INSIDE[low])
-                else:
-                    out.append(("[^" if nxt.isupper() else "[") + _INSIDE[low] + "]")
-            else:
+            body = classes.get(nxt.lower())
+            if body is None:
                 out.append(pattern[i: i + 2])
+            elif not in_class:
+                out.append(("[^" if nxt.isupper() else "[") + body + "]")
+            elif nxt.isupper():
+                raise UnsupportedGuideError(f"\\{nxt} inside a character class is not supported",
+                                            feature=f"\\{nxt} in a class", backend=who)
+            else:
+                out.append(body)
             i += 2
             continue
         if c == "[" and not in_class:
@@ -56,6 +57,11 @@ def ecma_shorthands(pattern: str) -> str:
             out.append(c)
         i += 1
     return "".join(out)
+
+
+def ecma_shorthands(pattern: str) -> str:
+    """A JSON Schema ``pattern`` with ECMA-262's shorthand classes spelled out."""
+    return spell_shorthands(pattern, ECMA_CLASSES, "schema policy")
 
 
 def spell_out_schema_patterns(schema: Any) -> bool:

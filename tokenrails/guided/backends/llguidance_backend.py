@@ -17,6 +17,7 @@ import torch
 
 from ...kernels._common import eos_only_row
 from ..backend import CompiledGuide, GuideBackend, Matcher
+from ..ecma_patterns import ASCII_CLASSES, spell_shorthands
 from ..errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
 from ..policy import find_token_reference
@@ -487,43 +488,13 @@ class LLGuidanceBackend(GuideBackend):
         return LLGuidanceGuide(spec, self.vocab, grammar, proto, self.special)
 
 
-_OUTSIDE = {"d": "[0-9]", "D": "[^0-9]", "w": "[0-9A-Za-z_]", "W": "[^0-9A-Za-z_]",
-            "s": "[ \\t\\n\\r\\f\\v]", "S": "[^ \\t\\n\\r\\f\\v]"}
-_INSIDE = {"d": "0-9", "w": "0-9A-Za-z_", "s": " \\t\\n\\r\\f\\v"}
-
-
 def ascii_shorthands(pattern: str) -> str:
     """``\\d``, ``\\w``, ``\\s`` as ASCII classes, as in xgrammar, outlines and JSON Schema.
 
     Rust's regex (llguidance) makes them Unicode-aware; without this the same regex request would
     accept ``"٣"`` as a digit on one backend and not on another.
     """
-    out: list[str] = []
-    i, n, in_class = 0, len(pattern), False
-    while i < n:
-        ch = pattern[i]
-        if ch == "\\" and i + 1 < n:
-            nxt = pattern[i + 1]
-            table = _INSIDE if in_class else _OUTSIDE
-            out.append(table.get(nxt, ch + nxt))
-            i += 2
-            continue
-        if ch == "[" and not in_class:
-            in_class = True
-            out.append(ch)
-            i += 1
-            if i < n and pattern[i] == "^":
-                out.append("^")
-                i += 1
-            if i < n and pattern[i] == "]":
-                out.append("\\]")
-                i += 1
-            continue
-        if ch == "]" and in_class:
-            in_class = False
-        out.append(ch)
-        i += 1
-    return "".join(out)
+    return spell_shorthands(pattern, ASCII_CLASSES, "llguidance")
 
 
 _UNSUPPORTED_PREFIXES = ("unknown format",)
