@@ -97,6 +97,18 @@ def accepts(guide, tokenizer, vocab, text: str) -> bool:
 
 
 REGEX_CASES = [("a^b", "ab"), ("a$b", "ab"), ("a*+a", "aa"), ("a++a", "aa"), ("a?+a", "a"), ("(?=x)ab", "ab")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lone_surrogate_patterns_never_emit_invalid_utf8(vocab, backend):
+    """A lone surrogate has no UTF-8 encoding: a backend must refuse it, never emit the bytes."""
+    for pattern in (r"a\ud800", "[\ud800-\udfff]", r"x[\uDC00-\uDCFF]"):
+        try:
+            guide = tr.compile_guide(tr.GuideSpec.regex(pattern), vocab, backend)
+        except GuideError:
+            continue
+        text = walk_text(guide, vocab)
+        assert text is None or text.encode("utf-8", "strict")
 SCHEMA_CASES = [
     ({"type": "integer", "multipleOf": 1000000007}, "5"),
     ({"type": "integer", "multipleOf": 2000}, "5"),
@@ -142,9 +154,32 @@ def test_multiple_of_within_xgrammars_range_still_compiles_there(smollm2_tokeniz
     ("a^b", {"interior anchor"}), ("^ab$", set()), ("[a^$]", set()), (r"\^a\$", set()), ("a*+a", {"possessive quantifier"}),
     ("a+?b", set()), ("a{2}+", {"possessive quantifier"}), (r"\++", set()), ("(?<!a)b", {"lookaround"}),
     (r"(a)\1", {"backreference"}), ("(?>a)", {"atomic group"}), ("(?:a)+(?P<n>b)", set()), ("[]a]+b", set()),
+    (r"a\ud800", {"lone surrogate"}), ("[\ud800]", {"lone surrogate"}), (r"\x{DC00}", {"lone surrogate"}),
+    (r"\u00e9", set()),
 ])
 def test_regex_hazard_scan(pattern, expected):
     assert regex_hazards(pattern) == expected
+
+
+def walk_text(guide, vocab):
+    import random
+
+    from tokenrails.testing import walk
+
+    from tests.conftest import FIXTURES  # noqa: F401  (the tokenizer the vocab came from)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(FIXTURES / "smollm2"))
+    raw = []
+
+    def decode(ids):
+        raw.append(b"".join(vocab.token_bytes[i] for i in ids))
+        return tok.decode(ids)
+
+    text = walk(guide, vocab, decode, random.Random(0), adversarial=True)
+    if raw:
+        raw[-1].decode("utf-8")  # strict: invalid UTF-8 raises here
+    return text
 
 
 # ---- 2. no backtracking engine on a client's pattern ----------------------------------------------

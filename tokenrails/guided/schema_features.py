@@ -779,17 +779,22 @@ def _lower_not(value: Any) -> Any:
 # nothing). Refusing them (``UnsupportedGuideError``) lets ``auto`` move on or fail: one spec, one
 # language, whatever the routing.
 XGRAMMAR_REGEX_HAZARDS = frozenset({"interior anchor", "lookaround", "backreference", "possessive quantifier",
-                                    "atomic group"})
-LLGUIDANCE_REGEX_HAZARDS = frozenset({"possessive quantifier", "lookaround", "backreference", "atomic group"})
+                                    "atomic group", "lone surrogate"})
+LLGUIDANCE_REGEX_HAZARDS = frozenset({"possessive quantifier", "lookaround", "backreference", "atomic group",
+                                      "lone surrogate"})
 
 
 def regex_hazards(pattern: str) -> set[str]:
     """Constructs of ``pattern`` (outside character classes, unescaped) that some backend misreads.
 
     A linear scan, no regex engine: anchors anywhere but the very start/end, lookarounds,
-    backreferences, possessive quantifiers, atomic groups.
+    backreferences, possessive quantifiers, atomic groups, lone surrogates (anywhere).
     """
     found: set[str] = set()
+    if any("\ud800" <= c <= "\udfff" for c in pattern) or any(
+            pattern[k + 1: k + 2] in ("u", "x") and _surrogate_escape(pattern, k + 2)
+            for k in range(len(pattern) - 1) if pattern[k] == "\\"):
+        found.add("lone surrogate")  # anywhere, classes included
     n = len(pattern)
     i = 0
     prev = "none"  # what precedes: "atom" (a quantifier may follow), "quant" (a ``+``/``?`` modifier may)
@@ -833,6 +838,16 @@ def regex_hazards(pattern: str) -> set[str]:
             prev = "none" if c in "|^$" else "atom"
         i += 1
     return found
+
+
+def _surrogate_escape(pattern: str, j: int) -> bool:
+    """``\\uD800``..``\\uDFFF`` or ``\\x{D800}``.. at ``j`` (just past ``\\u``/``\\x``): a lone
+    surrogate has no UTF-8 encoding, so a backend admitting it would emit invalid UTF-8."""
+    digits = pattern[j + 1: j + 5] if pattern[j: j + 1] == "{" else pattern[j: j + 4]
+    try:
+        return len(digits) == 4 and 0xD800 <= int(digits, 16) <= 0xDFFF
+    except ValueError:
+        return False
 
 
 def _class_end(pattern: str, i: int) -> int:
