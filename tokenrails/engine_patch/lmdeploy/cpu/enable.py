@@ -1,7 +1,6 @@
 """Register ``device_type='cpu'`` with LMDeploy 0.18's PyTorch engine (idempotent, by inspection)."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 _ENABLED = False
@@ -12,8 +11,6 @@ def enable() -> None:
     global _ENABLED
     if _ENABLED:
         return
-    # The env checker insists on CUDA/triton or deeplink for any non-cuda device.
-    os.environ.setdefault('LMDEPLOY_ENABLE_CHECK_ENV', '0')
     from lmdeploy.pytorch.backends import selector
     from lmdeploy.pytorch.engine import logits_process
     from lmdeploy.pytorch.engine.cache_engine import engine as cache_engine
@@ -32,9 +29,34 @@ def enable() -> None:
         return original()
 
     selector._get_backend = _get_backend
+
+    from lmdeploy.pytorch.engine.engine_checker import EngineChecker
+    original_handle = EngineChecker.handle
+
+    def handle(self):
+        """The env checker demands CUDA+triton (cuda) or deeplink (anything else): skip it on CPU."""
+        if self.engine_config.device_type != 'cpu':
+            return original_handle(self)
+
+    EngineChecker.handle = handle
     for module in (agent, cache_engine, cache_layout, logits_process):  # the modules calling torch.cuda unconditionally
         shim.rebind(module)
     _patch_agent_device(agent.BaseModelAgent)
+    original_to_cuda = agent._try_to_cuda
+
+    def _try_to_cuda(val: Any, non_blocking: bool = False) -> Any:
+        """Host→device copy of step inputs: on a CUDA-less torch, 'device' is the CPU.
+
+        Objects with ``to_device`` still go through it (it also derives device-side fields, e.g. a
+        delta's ``indices`` from ``indice_cpu``); tensors are already where they run.
+        """
+        if not _real_cuda_available():
+            if hasattr(val, 'to_device'):
+                return val.to_device('cpu', non_blocking=non_blocking)
+            return val
+        return original_to_cuda(val, non_blocking=non_blocking)
+
+    agent._try_to_cuda = _try_to_cuda
     _ENABLED = True
 
 
@@ -75,6 +97,11 @@ def _patch_agent_device(cls: type) -> None:
 CPU_FREE_MEM_BYTES = 8 << 30
 
 
+def _real_cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def cpu_engine_config(**kwargs: Any):
     """A ``PytorchEngineConfig`` for CPU: eager, fixed block count, small batch (overridable).
 
@@ -83,7 +110,7 @@ def cpu_engine_config(**kwargs: Any):
     """
     from lmdeploy import PytorchEngineConfig
     enable()
-    defaults: dict[str, Any] = dict(eager_mode=True, num_gpu_blocks=64, block_size=64, max_batch_size=8,
+    defaults: dict[str, Any] = dict(eager_mode=True, enable_metrics=False, num_gpu_blocks=64, block_size=64, max_batch_size=8,
                                     session_len=1024)
     defaults.update(kwargs)
     cfg = PytorchEngineConfig(**defaults)
