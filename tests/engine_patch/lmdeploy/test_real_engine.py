@@ -51,3 +51,15 @@ def test_json_schema_batched_with_unguided(pipe):
     assert outs[1].finish_reason == "stop", outs[1]
     jsonschema.validate(json.loads(outs[1].text), SCHEMA)
     assert outs[0].generate_token_len > 0
+
+
+def test_regex_batched_with_unguided(pipe):
+    import re
+
+    from lmdeploy import GenerationConfig
+    pattern = r"[0-9]{3}-[a-z]{2}"
+    gens = [GenerationConfig(max_new_tokens=12, top_k=1, response_format={"type": "regex_schema",
+                                                                           "regex_schema": pattern}),
+            GenerationConfig(max_new_tokens=6, top_k=1)]
+    outs = pipe(["Write a code.", "Hi"], gen_config=gens)
+    assert re.fullmatch(pattern, outs[0].text), outs[0].text
