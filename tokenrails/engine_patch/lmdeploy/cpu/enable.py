@@ -1,0 +1,118 @@
+"""Register ``device_type='cpu'`` with LMDeploy 0.18's PyTorch engine (idempotent, by inspection)."""
+from __future__ import annotations
+
+from typing import Any
+
+_ENABLED = False
+
+
+def enable() -> None:
+    """Install the CPU backend selector and CUDA no-op shims in the LMDeploy modules that need them."""
+    global _ENABLED
+    if _ENABLED:
+        return
+    from lmdeploy.pytorch.backends import selector
+    from lmdeploy.pytorch.engine import logits_process
+    from lmdeploy.pytorch.engine.cache_engine import engine as cache_engine
+    from lmdeploy.pytorch.engine.cache_engine import layout as cache_layout
+    from lmdeploy.pytorch.engine.model_agent import agent
+
+    from . import shim
+
+    original = selector._get_backend
+
+    def _get_backend():
+        ctx = selector.get_device_manager().current_context()
+        if ctx.device_type == 'cpu':
+            from .backend import CpuOpsBackend
+            return CpuOpsBackend
+        return original()
+
+    selector._get_backend = _get_backend
+
+    from lmdeploy.pytorch.engine.engine_checker import EngineChecker
+    original_handle = EngineChecker.handle
+
+    def handle(self):
+        """The env checker demands CUDA+triton (cuda) or deeplink (anything else): skip it on CPU."""
+        if self.engine_config.device_type != 'cpu':
+            return original_handle(self)
+
+    EngineChecker.handle = handle
+    for module in (agent, cache_engine, cache_layout, logits_process):  # the modules calling torch.cuda unconditionally
+        shim.rebind(module)
+    _patch_agent_device(agent.BaseModelAgent)
+    original_to_cuda = agent._try_to_cuda
+
+    def _try_to_cuda(val: Any, non_blocking: bool = False) -> Any:
+        """Host→device copy of step inputs: on a CUDA-less torch, 'device' is the CPU.
+
+        Objects with ``to_device`` still go through it (it also derives device-side fields, e.g. a
+        delta's ``indices`` from ``indice_cpu``); tensors are already where they run.
+        """
+        if not _real_cuda_available():
+            if hasattr(val, 'to_device'):
+                return val.to_device('cpu', non_blocking=non_blocking)
+            return val
+        return original_to_cuda(val, non_blocking=non_blocking)
+
+    agent._try_to_cuda = _try_to_cuda
+    _ENABLED = True
+
+
+def _patch_agent_device(cls: type) -> None:
+    """``BaseModelAgent.__init__`` hard-codes ``device = 'cuda'``; on a CPU context use ``'cpu'``."""
+    original = cls.__init__
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if getattr(getattr(self, 'device_ctx', None), 'device_type', None) == 'cpu':
+            self.device = 'cpu'
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+
+    original_free = cls.get_free_mem
+
+    def get_free_mem(self) -> int:
+        """CPU: no device memory to query; the block count is fixed by ``num_gpu_blocks``."""
+        if self.device == 'cpu':
+            return CPU_FREE_MEM_BYTES
+        return original_free(self)
+
+    cls.get_free_mem = get_free_mem
+
+    original_warmup = cls.warmup
+
+    def warmup(self) -> None:
+        """CPU: skip warmup (it only primes CUDA kernels/graphs, and builds dummy inputs on 'cuda')."""
+        if self.device != 'cpu':
+            original_warmup(self)
+
+    cls.warmup = warmup
+
+
+# What the CPU agent reports as free memory: only used for LMDeploy's runtime-memory estimate
+# (which may lower max_prefill_token_num); the KV cache size comes from num_gpu_blocks.
+CPU_FREE_MEM_BYTES = 8 << 30
+
+
+def _real_cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def cpu_engine_config(**kwargs: Any):
+    """A ``PytorchEngineConfig`` for CPU: eager, fixed block count, small batch (overridable).
+
+    ``PytorchEngineConfig.__post_init__`` only accepts GPU device types, so the device is set after
+    construction (the dataclass is mutable; nothing else validates it).
+    """
+    from lmdeploy import PytorchEngineConfig
+    enable()
+    defaults: dict[str, Any] = dict(eager_mode=True, enable_metrics=False, num_gpu_blocks=64, block_size=64, max_batch_size=8,
+                                    session_len=1024)
+    defaults.update(kwargs)
+    cfg = PytorchEngineConfig(**defaults)
+    cfg.device_type = 'cpu'
+    return cfg
