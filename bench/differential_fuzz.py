@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--checks", type=int, default=100_000)
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=3600, help="stop the differential part after this long")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -82,12 +83,19 @@ def main() -> None:
     rng = random.Random(args.seed)
     totals = {b: Tally() for b in BACKENDS}
     start = time.perf_counter()
-    while sum(t.checks for t in totals.values()) < args.checks:
+    next_report = 5_000
+    while sum(t.checks for t in totals.values()) < args.checks and time.perf_counter() - start < args.seconds:
         make = regex_case if rng.random() < 0.5 else schema_case
         spec, oracle, texts = make(rng)
         for backend in BACKENDS:
             totals[backend].merge(check_spec(spec, oracle, texts, vocab, encode, decode, backend, rng))
-    print(f"differential: {time.perf_counter() - start:.0f} s, seed {args.seed}")
+        done = sum(t.checks for t in totals.values())
+        if done >= next_report:
+            wrong = sum(len(t.wrong_accepts) for t in totals.values())
+            print(f"  ... {done} checks, {wrong} wrong accepts, {time.perf_counter() - start:.0f} s", flush=True)
+            next_report += 5_000
+    print(f"differential: {sum(t.checks for t in totals.values())} checks in {time.perf_counter() - start:.0f} s, "
+          f"seed {args.seed}")
     for backend, t in totals.items():
         print(f"  {backend:10s} checks {t.checks:7d}  compiled specs {t.compiled_specs:5d}  refused {t.refused_specs:5d}  "
               f"wrong accepts {len(t.wrong_accepts)}")
