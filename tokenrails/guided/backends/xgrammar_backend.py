@@ -25,6 +25,7 @@ from ..schema_features import (
 from ..schema_policy import is_strict, policy_payload, policy_schema
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
+from . import xgrammar_markers as markers_mod
 
 
 def ebnf_string_literal(text: str) -> str:
@@ -111,6 +112,44 @@ class XGrammarMatcher(Matcher):
         return self._m.is_terminated() or bool(self._m.is_completed())
 
 
+class MarkerXGrammarMatcher(XGrammarMatcher):
+    """A matcher over the marker view: marker tokens allowed where the grammar spells them
+    (``Token(id)``), and in dispatch free text only when they start a trigger, fed as text."""
+
+    __slots__ = ("_markers", "_triggers")
+
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab: Vocabulary,
+                 markers: markers_mod.MarkerSet, triggers: dict[int, list[str]]):
+        super().__init__(compiled, vocab)
+        self._markers = markers
+        self._triggers = triggers
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
+        super().fill_next_token_bitmask(bitmask, index)
+        if not self._m.is_terminated():
+            markers_mod.add_trigger_markers(self._m, bitmask[index], self._triggers)
+        return True
+
+    @classmethod
+    def batch_fill(cls, matchers, bitmask: torch.Tensor, rows) -> None:
+        XGrammarMatcher.batch_fill(matchers, bitmask, rows)
+        for m, r in zip(matchers, rows):
+            if not m._m.is_terminated():
+                markers_mod.add_trigger_markers(m._m, bitmask[int(r)], m._triggers)
+
+    def accept_token(self, token_id: int) -> bool:
+        text = self._markers.texts.get(token_id)
+        if text is None or self._m.is_terminated():
+            return super().accept_token(token_id)
+        if self._m.accept_token(int(token_id)):
+            return True  # a literal spelled by the marker (Token(id) alternative)
+        # dispatch free text: the dispatcher must see the trigger's text, not a sentinel
+        texts = self._triggers.get(token_id)
+        return (texts is not None and markers_mod.in_byte_free_text(self._m)
+                and markers_mod.starts_trigger(self._m, texts)
+                and bool(self._m.accept_string(text.encode())))
+
+
 _BATCH = threading.local()
 # xgrammar's batch fill with its own thread pool only pays for large groups on machines with
 # cores to spare: on 2 cores, 8 rows took 56 us with max_threads="auto" and 37 us with one thread
@@ -139,11 +178,16 @@ def _bit(i: int) -> int:
 class XGrammarGuide(CompiledGuide):
     backend = "xgrammar"
 
-    def __init__(self, spec: GuideSpec, vocab: Vocabulary, grammar: xgr.CompiledGrammar):
+    def __init__(self, spec: GuideSpec, vocab: Vocabulary, grammar: xgr.CompiledGrammar,
+                 markers: markers_mod.MarkerSet | None = None, triggers: dict[int, list[str]] | None = None):
         super().__init__(spec, vocab)
         self.grammar = grammar
+        self.markers = markers  # set when the grammar admits marker tokens (marker view)
+        self.triggers = triggers or {}
 
     def matcher(self) -> XGrammarMatcher:
+        if self.markers is not None:
+            return MarkerXGrammarMatcher(self.grammar, self.vocab, self.markers, self.triggers)
         return XGrammarMatcher(self.grammar, self.vocab)
 
     @property
@@ -200,6 +244,9 @@ class XGrammarBackend(GuideBackend):
 
     def compile(self, spec: GuideSpec) -> XGrammarGuide:
         try:
+            marked = self._compile_with_markers(spec)
+            if marked is not None:
+                return marked
             grammar = self._compile(spec)
         except GuideError:
             raise
@@ -207,6 +254,37 @@ class XGrammarBackend(GuideBackend):
                 xgr.InvalidStructuralTagError) as exc:
             raise InvalidGuideError(f"xgrammar rejected the {spec.kind} constraint: {_first_line(exc)}") from exc
         return XGrammarGuide(spec, self.vocab, grammar)
+
+    def _compile_with_markers(self, spec: GuideSpec) -> XGrammarGuide | None:
+        """Tags and grammars whose structural literals spell marker tokens compile on the marker
+        view (xgrammar_markers.py); everything else, the common case, returns None here."""
+        if spec.kind not in ("structural_tag", "grammar"):
+            return None
+        markers = markers_mod.marker_set(self.vocab)
+        if markers.finder is None:
+            return None
+        if spec.kind == "grammar":
+            found = markers_mod.ebnf_grammar(spec.ebnf, markers)
+        else:
+            found = markers_mod.structural_tag_grammar(spec.tag, markers)
+        if found is None:
+            return None
+        ebnf, triggers = found
+        dispatch = markers_mod.has_dispatch(list(markers_mod.scan_ebnf(ebnf)))
+        compiled = self._marker_compiler(markers, dispatch).compile_grammar(ebnf)
+        return XGrammarGuide(spec, self.vocab, compiled, markers, triggers)
+
+    def _marker_compiler(self, markers: markers_mod.MarkerSet, dispatch: bool) -> xgr.GrammarCompiler:
+        def build() -> xgr.GrammarCompiler:
+            info = xgr.TokenizerInfo(
+                markers_mod.marker_view_tokens(self.vocab, markers, dispatch), xgr.VocabType.RAW,
+                vocab_size=self.vocab.vocab_size, stop_token_ids=list(self.vocab.eos_ids),
+            )
+            return xgr.GrammarCompiler(
+                info, max_threads=1, cache_enabled=True,
+                cache_limit_bytes=min(self.limits.cache_max_bytes, 1 << 30),
+            )
+        return self.vocab.cached(f"xgrammar_marker_compiler_{'dispatch' if dispatch else 'plain'}", build)
 
     def _compile(self, spec: GuideSpec) -> xgr.CompiledGrammar:
         c = self.compiler
