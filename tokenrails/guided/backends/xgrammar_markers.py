@@ -21,8 +21,8 @@ How it is done, without changing the language of any free text:
   before printing, so a JSON enum value equal to ``<tool_call>`` is never one) and, for EBNF
   grammars, string literals equal to a marker's text.
 * A dispatch trigger is text the dispatcher scans for (``<tool_call>\n<function=``); a marker
-  that starts one is allowed in that free text and fed to the matcher as its *text*, so the
-  dispatcher sees the trigger and constrains what follows exactly as if it had been spelled out.
+  that starts one (or continues it: ``｜DSML｜`` after ``<``) is allowed in that free text and
+  fed to the matcher as its *text*, so the dispatcher sees the trigger and constrains what follows exactly as if it had been spelled out.
 """
 from __future__ import annotations
 
@@ -261,10 +261,17 @@ def rewrite_literals(ebnf: str, ph: Placeholders) -> tuple[str, dict[int, list[s
             continue
         text = decode_literal(piece)
         if in_dispatch:
-            plain = "".join(markers.texts[ph.by_char[c][0]] if c in ph.by_char else c for c in text)
-            first = ph.by_char.get(text[:1])
-            if first is not None and first[1] and not in_excludes:
-                triggers.setdefault(first[0], []).append(plain)
+            plain_parts: list[str] = []
+            starts: list[tuple[int, int]] = []  # (token id, offset of its text in the trigger)
+            for c in text:
+                hit = ph.by_char.get(c)
+                if hit is not None and hit[1]:
+                    starts.append((hit[0], sum(map(len, plain_parts))))
+                plain_parts.append(markers.texts[hit[0]] if hit is not None else c)
+            plain = "".join(plain_parts)
+            if not in_excludes:
+                for tid, offset in starts:  # the marker and the rest of the trigger after it
+                    triggers.setdefault(tid, []).append(plain[offset:])
             out.append(_literal(plain))
             continue
         parts = _split_markers(text, ph)
@@ -468,13 +475,16 @@ def in_byte_free_text(m: xgr.GrammarMatcher) -> bool:
 
 
 def allowed_dispatch_markers(m: xgr.GrammarMatcher, triggers: dict[int, list[str]]) -> list[int]:
-    """Markers starting a trigger of the dispatch the matcher is in: the full trigger text is
-    accepted and leaves free text (the tag began). Other dispatches (an XML argument value...)
-    take the same text as free text and stay there, so they never admit the marker."""
+    """Markers that continue a trigger of the dispatch the matcher is in: the marker's text plus
+    the rest of the trigger is accepted and leaves free text (the tag began) — at a trigger's
+    start, or after its first part was written (``<`` before DeepSeek's ``｜DSML｜``). Other
+    dispatches (an XML argument value...) take the same text as free text and stay there, so
+    they never admit the marker."""
     return [tid for tid, texts in triggers.items() if starts_trigger(m, texts)]
 
 
 def starts_trigger(m: xgr.GrammarMatcher, texts: list[str]) -> bool:
+    """Whether one of ``texts`` (a marker's text + the rest of its trigger) fires a dispatch."""
     for text in texts:
         if m.accept_string(text.encode()):
             fired = not in_byte_free_text(m)
