@@ -172,3 +172,73 @@ def render_call(fmt: dict, args: dict) -> str:
     if kind == "any_text":
         return ""
     raise ValueError(f"no renderer for format {kind!r}")
+
+
+def response_parser(parser_name: str, tokenizer: Any, tools: list | None = None, **request_fields):
+    """(parser class, request, parser) as LMDeploy's server builds them for one chat request."""
+    from lmdeploy.serve.openai.protocol import ChatCompletionRequest
+    from lmdeploy.serve.parsers.response_parser import BaseResponseParser
+
+    parser_cls = type(f"Parser_{parser_name}", (BaseResponseParser,), {})
+    parser_cls.set_parsers(tool_parser_name=parser_name, tokenizer=tokenizer)
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                tools=tools or TOOLS, **request_fields)
+    return parser_cls, req, parser_cls(req)
+
+
+def insistent_walk(ours: "Ours", tok, scripts: list[list[int]], seed: int = 0,
+                   max_steps: int = 1500, window: int = 12, end_text: str | None = None,
+                   closing: list[int] | None = None) -> list[int]:
+    """A hostile model: it writes its scripts in order (an invalid call first), taking the first
+    of its next ``window`` tokens the mask allows; when none is allowed it takes the
+    lowest-scored allowed token (scores random per step). EOS as soon as EOS is allowed and the
+    scripts are done, or ``end_text`` (a call's closing text) was written. Scripts used up with
+    the call still open, it writes ``closing`` (how a call ends) again and again: a model that
+    gives up rather than one that rambles forever."""
+    gen = torch.Generator().manual_seed(seed)
+    eos = list(ours.vocab.eos_ids)
+    blank = _whitespace_tokens(ours.vocab)
+    out: list[int] = []
+    queue = [(s, 0) for s in scripts]
+    si = 0
+    for _ in range(max_steps):
+        allowed = ours.allowed()
+        done = si >= len(queue) or (end_text is not None and end_text in tok.decode(out))
+        if done and any(bool(allowed[e]) for e in eos):
+            return out
+        choice = None
+        if si >= len(queue) and closing:
+            queue.append((closing, 0))
+        if si < len(queue):
+            script, pos = queue[si]
+            for k in range(pos, min(pos + window, len(script))):
+                if bool(allowed[script[k]]):
+                    choice = script[k]
+                    pos = k + 1
+                    break
+            queue[si] = (script, pos)
+            if pos >= len(script):
+                si += 1
+        if choice is None:
+            scores = torch.rand(allowed.shape[0], generator=gen)
+            scores[blank] += 0.99  # unlimited JSON whitespace would otherwise swallow the walk
+            scores[~allowed] = 2.0
+            for e in eos:
+                scores[e] = 2.0  # the model does not want to stop mid-way
+            if bool((scores < 2.0).any()):
+                choice = int(scores.argmin())
+            else:
+                choice = eos[0]
+        assert ours.accept(choice), choice
+        out.append(choice)
+        if choice in eos:
+            return out
+    raise AssertionError(f"no EOS after {max_steps} steps: {tok.decode(out)!r}")
+
+
+@lru_cache(maxsize=None)
+def _whitespace_tokens(vocab) -> torch.Tensor:
+    out = torch.zeros(vocab.vocab_size, dtype=torch.bool)
+    for i, b in enumerate(vocab.token_bytes):
+        out[i] = bool(b) and not b.strip()
+    return out

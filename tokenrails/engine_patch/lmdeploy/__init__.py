@@ -57,6 +57,7 @@ def _apply(p: Patcher) -> None:
     p.set(ae.AsyncEngine, "preprocess", engines.patched_preprocess(ae.AsyncEngine.preprocess))
     _widen_server_format(p)
     _patch_harmony(p)
+    _patch_tool_calls(p)
 
     # -- sampling strategies ---------------------------------------------------------------------
     ar = _mod("lmdeploy.pytorch.strategies.ar.sampling").ARSamplingStrategy
@@ -111,6 +112,19 @@ def _apply(p: Patcher) -> None:
         p.set(gsh, name, make(getattr(gsh, name)))
 
 
+def _patch_tool_calls(p: Patcher) -> None:
+    """Tool-call arguments enforced for ``auto`` and named ``tool_choice`` (tool_calls.py)."""
+    try:
+        rp = importlib.import_module("lmdeploy.serve.parsers.response_parser")
+    except ImportError:  # no server parsers in this LMDeploy: no tool calls to constrain
+        return
+    from . import tool_calls
+
+    base = rp.BaseResponseParser
+    require_params(base.__init__, ["request"], "BaseResponseParser.__init__")
+    p.set(base, "__init__", tool_calls.patched_parser_init(base.__init__))
+
+
 def _patch_harmony(p: Patcher) -> None:
     """gpt-oss: wrap choice/grammar in the final channel; refuse, never clear, what cannot be wrapped."""
     try:
@@ -144,19 +158,23 @@ def _widen_server_format(p: Patcher) -> None:
 
 
 def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
-             fill_threads: int | None = None, reasoning: Any = None) -> None:
+             fill_threads: int | None = None, reasoning: Any = None,
+             tool_calls: bool | None = None) -> None:
     """Patch LMDeploy in this process (idempotent). Options apply to managers built afterwards.
 
     ``reasoning``: the engine-wide reasoning default ("auto", "off", "START,END[,optional]
     [,max=N]", a ``ReasoningConfig``); None → ``$TOKENRAILS_REASONING`` → "auto". See
     tokenrails/engine_patch/reasoning.py and docs/lmdeploy.md.
+    ``tool_calls``: enforce tool-call arguments for ``auto`` and named ``tool_choice`` too
+    (tool_calls.py); None → ``$TOKENRAILS_TOOL_CALLS`` → on.
     """
     global _ACTIVE
     from .manager import configure
 
     with _LOCK:
         configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning)
-        inherit.export(backend=backend, limits=limits, reasoning=reasoning)  # every child process too
+        inherit.export(backend=backend, limits=limits, reasoning=reasoning,
+                       tool_calls=tool_calls)  # every child process too
         if _ACTIVE:
             return
         try:

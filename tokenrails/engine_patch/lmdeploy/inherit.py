@@ -21,14 +21,18 @@ ENV_FLAG = "TOKENRAILS_LMDEPLOY"
 ENV_BACKEND = "TOKENRAILS_LMDEPLOY_BACKEND"
 ENV_LIMITS = "TOKENRAILS_LMDEPLOY_LIMITS"
 ENV_REASONING = "TOKENRAILS_REASONING"
+ENV_TOOL_CALLS = "TOKENRAILS_TOOL_CALLS"
 SITECUSTOMIZE_DIR = Path(__file__).with_name("_sitecustomize")
 
 _SAVED: dict[str, str | None] = {}  # variable -> value before the first export (None: unset)
 
 
-def export(*, backend: str | None, limits: GuideLimits | None, reasoning: Any) -> None:
+def export(*, backend: str | None, limits: GuideLimits | None, reasoning: Any,
+           tool_calls: bool | None = None) -> None:
     """Write the flag and the given settings for children; remember what was there before."""
     _set(ENV_FLAG, "1")
+    if tool_calls is not None:
+        _set(ENV_TOOL_CALLS, "1" if tool_calls else "0")
     if backend is not None:
         _set(ENV_BACKEND, backend)
     if limits is not None:

@@ -1,0 +1,112 @@
+"""Valid arguments whenever the model calls a tool, not only for ``tool_choice="required"``.
+
+Stock LMDeploy constrains a chat request only when ``tool_choice="required"`` (its parser builds
+xgrammar's structural tag for the model's call syntax). With ``tool_choice="auto"`` (the OpenAI
+default) or a named function, the model's arguments are free text: a call with a missing key or a
+wrong type reaches the client. The upgrade gives those requests the same kind of tag:
+
+* ``auto``: free text (or thinking) until the model opens a call — the parser's trigger, as a
+  marker token or spelled out — then that tool's schema, then free again; parallel calls where the
+  format has them (``parallel_tool_calls=false`` allows one);
+* a named function: exactly one call of that function (xgrammar's forced tool choice).
+
+It runs where LMDeploy builds its own required format (``ResponseParser.__init__``), so streaming
+tool-call deltas and the parser's output are LMDeploy's own. Not applied when the client sent a
+``response_format`` of its own (``{"type": "text"}`` is the per-request opt-out), when the parser
+has no structural-tag model for ``auto`` (InternLM's parser), or when the engine switch is off
+(``activate(tool_calls=False)`` / ``TOKENRAILS_TOOL_CALLS=0``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+ENV_TOOL_CALLS = "TOKENRAILS_TOOL_CALLS"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_TOOL_CALLS, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _tool_dicts(tools: list[Any]) -> list[dict]:
+    """OpenAI tool shapes; LMDeploy's parser may have flattened them to bare functions."""
+    out = []
+    for t in tools:
+        d = t.model_dump(mode="json") if hasattr(t, "model_dump") else dict(t)
+        if "function" not in d and "name" in d:
+            d = {"type": "function", "function": d}
+        out.append(d)
+    return out
+
+
+def _named_function(tool_choice: Any) -> str | None:
+    if tool_choice is None or isinstance(tool_choice, str):
+        return None
+    data = tool_choice.model_dump(mode="json") if hasattr(tool_choice, "model_dump") else tool_choice
+    fn = data.get("function") if isinstance(data, dict) else None
+    return fn.get("name") if isinstance(fn, dict) else None
+
+
+def tool_call_format(parser: Any, request: Any, client_request: Any = None) -> dict | None:
+    """The structural tag enforcing tool-call arguments for ``request`` (as the parser adjusted
+    it), or None to leave it as stock leaves it. ``client_request``: the request as the client
+    sent it, whose own ``response_format`` (``{"type": "text"}`` included) always wins."""
+    tools = getattr(request, "tools", None)
+    tool_parser = getattr(parser, "tool_parser", None)
+    sent = client_request if client_request is not None else request
+    if not tools or tool_parser is None or getattr(sent, "response_format", None) is not None \
+            or getattr(request, "response_format", None) is not None:
+        return None
+    choice = getattr(request, "tool_choice", None)
+    name = _named_function(choice)
+    if name is None and choice not in (None, "auto"):
+        return None  # "none" stays free; "required" is stock's own format
+    reasoning = bool(getattr(parser, "reasoning_enabled", False))
+    cls = type(tool_parser)
+    model = cls.structural_tag_model
+    if reasoning and getattr(cls, "reasoning_structural_tag_model", None) is not None:
+        model = cls.reasoning_structural_tag_model
+    tool_list = _tool_dicts(tools)
+    if model is None:
+        if name is None:
+            return None
+        # a parser with its own required format (InternLM): required over the named tool only
+        chosen = [t for t in tools if _tool_name(t) == name]
+        if not chosen:
+            return None
+        from lmdeploy.serve.openai.protocol import Tool
+
+        chosen_tools = [Tool.model_validate(d) for d in _tool_dicts(chosen)]
+        return cls.build_required_response_format(chosen_tools, reasoning=reasoning)
+    import xgrammar as xgr
+
+    if name is not None:
+        tool_choice: Any = {"type": "function", "function": {"name": name}}
+    else:
+        tool_choice = "auto"
+    parallel = getattr(request, "parallel_tool_calls", None) is not False
+    return xgr.get_model_structural_tag(
+        model, tool_list, tool_choice=tool_choice, reasoning=reasoning,
+        parallel_tool_calls=parallel,
+    ).model_dump(mode="json")
+
+
+def _tool_name(tool: Any) -> str | None:
+    data = tool.model_dump(mode="json") if hasattr(tool, "model_dump") else tool
+    fn = data.get("function", data) if isinstance(data, dict) else None
+    return fn.get("name") if isinstance(fn, dict) else None
+
+
+def patched_parser_init(original):
+    """``ResponseParser.__init__`` that adds the tool-call format after LMDeploy's own setup."""
+
+    def __init__(self, request, *args, **kwargs):
+        original(self, request, *args, **kwargs)
+        if not enabled():
+            return
+        fmt = tool_call_format(self, self.request, request)
+        if fmt is not None:
+            self.request = self.request.model_copy(update={"response_format": fmt})
+
+    __init__.__wrapped__ = original
+    return __init__
