@@ -165,3 +165,22 @@ def test_qwen_xml_enum_whitespace_is_a_shared_xgrammar_lmdeploy_mismatch(upgrade
         assert all(bool(side.allowed()[t]) and side.accept(t) for t in ids)
     _, calls = tm.parse_calls(parser_cls, req, text)
     assert json.loads(calls[0].function.arguments) == {"zone": "  UTC"}
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek-v32"])
+def test_streamed_deltas_of_a_constrained_call_match_the_complete_parse(parser, upgraded):
+    """Streaming is LMDeploy's own parser on the constrained output, token by token."""
+    tok, vocab, _ = _tokenizer(FAMILIES[parser])
+    parser_cls, req, p = tm.response_parser(parser, tok, tool_choice="auto", stream=True)
+    ours = tm.Ours(vocab, p.request.response_format)
+    good = tm.render_call(_call_format(parser, tok), tm.ARGS)
+    ids = tok.encode("Checking.\n" + good, add_special_tokens=False)
+    for t in ids:
+        assert bool(ours.allowed()[t]) and ours.accept(t)
+    streamer = parser_cls(req)
+    deltas = []
+    for k, t in enumerate(ids):
+        for message, _ in streamer.stream_chunk(tok.decode([t]), [t], final=k == len(ids) - 1):
+            deltas.extend(message.tool_calls or [])
+    calls = streamer.tool_parser.build_tool_calls(deltas)
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", tm.ARGS)]
