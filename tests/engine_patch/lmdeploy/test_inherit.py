@@ -9,6 +9,8 @@ import multiprocessing as mp
 import os
 from pathlib import Path
 
+import pytest
+
 import tokenrails as tr
 import tokenrails.engine_patch.lmdeploy as patch
 
@@ -36,3 +38,39 @@ def test_spawned_agent_process_gets_the_upgrade_and_the_settings(monkeypatch):
     assert report == {"active": True, "backend": "fsm", "max_enum_values": 77, "reasoning": "off"}
     assert dict(os.environ) == before  # deactivate() put the environment back
     assert spawn(spawn_child.report_settings_after_agent_import)["active"] is False
+
+
+def _ray_report(**remote_options):
+    ray = pytest.importorskip("ray")
+
+    task = ray.remote(spawn_child.report_in_ray_worker).options(**remote_options)
+    return ray.get(task.remote(), timeout=120)
+
+
+def test_ray_worker_gets_the_upgrade_and_the_settings(monkeypatch):
+    """A Ray cluster started before ``activate`` (its workers never saw our environment) gets the
+    settings through LMDeploy's own ``_update_runtime_envs``, as the Ray executor passes them."""
+    ray = pytest.importorskip("ray")
+    for name in ("TOKENRAILS_LMDEPLOY", "TOKENRAILS_LMDEPLOY_BACKEND", "TOKENRAILS_REASONING",
+                 "TOKENRAILS_LMDEPLOY_LIMITS", "TOKENRAILS_TOOL_CALLS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        assert _ray_report()["active"] is False  # the cluster as it was started: stock
+        patch.activate(backend="fsm", limits=tr.GuideLimits(max_enum_values=55), reasoning="off")
+        try:
+            from lmdeploy.pytorch.engine.executor import ray_executor
+
+            runtime_env = ray_executor._update_runtime_envs({})
+            report = _ray_report(runtime_env=runtime_env)
+        finally:
+            patch.deactivate()
+        from lmdeploy.pytorch.engine.executor import ray_executor as rx
+
+        assert "TOKENRAILS_LMDEPLOY" not in rx._update_runtime_envs({}).get("env_vars", {})
+    finally:
+        ray.shutdown()
+    report.pop("pid")
+    assert report == {"active": True, "backend": "fsm", "max_enum_values": 55, "reasoning": "off"}

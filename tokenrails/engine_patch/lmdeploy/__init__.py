@@ -97,6 +97,15 @@ def _apply(p: Patcher) -> None:
     require_params(el._make_infer_outputs, ["batched_outputs", "running"], "EngineLoop._make_infer_outputs")
     p.set(el, "_make_infer_outputs", agent_patch.patched_make_infer_outputs(el._make_infer_outputs))
 
+    # -- Ray workers (TP / DP on a Ray cluster): our settings in their runtime_env ----------------
+    try:
+        rx = importlib.import_module("lmdeploy.pytorch.engine.executor.ray_executor")
+    except ImportError:  # Ray not installed: LMDeploy cannot start Ray workers either
+        rx = None
+    if rx is not None:
+        require_attrs(rx, ["_update_runtime_envs"], "ray_executor")
+        p.set(rx, "_update_runtime_envs", inherit.patched_update_runtime_envs(rx._update_runtime_envs))
+
     # -- speculative decoding helper -----------------------------------------------------------
     gsh = _mod("lmdeploy.pytorch.spec_decode.guided_spec_helper").GuidedSpecHelper
     for name, make in (

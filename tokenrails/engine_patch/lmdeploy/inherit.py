@@ -47,6 +47,27 @@ def export(*, backend: str | None, limits: GuideLimits | None, reasoning: Any,
             _set("PYTHONPATH", os.pathsep.join([str(SITECUSTOMIZE_DIR)] + entries))
 
 
+def child_env() -> dict[str, str]:
+    """The variables a child needs to come up upgraded with this process's settings: for Ray
+    workers, whose environment is the cluster's (a cluster started before ``activate`` — or on
+    another node — never saw ours), passed in their ``runtime_env``."""
+    names = (ENV_FLAG, ENV_BACKEND, ENV_LIMITS, ENV_REASONING, ENV_TOOL_CALLS, "PYTHONPATH")
+    return {n: os.environ[n] for n in names if n in os.environ}
+
+
+def patched_update_runtime_envs(original):
+    """LMDeploy's ``_update_runtime_envs`` (what every Ray worker of the engine starts with),
+    plus ``child_env()``."""
+
+    def _update_runtime_envs(runtime_env: dict):
+        runtime_env = original(runtime_env)
+        runtime_env.setdefault("env_vars", {}).update(child_env())
+        return runtime_env
+
+    _update_runtime_envs.__wrapped__ = original
+    return _update_runtime_envs
+
+
 def restore() -> None:
     """Put back every variable ``export`` changed."""
     for name, value in _SAVED.items():
