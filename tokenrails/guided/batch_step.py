@@ -65,6 +65,16 @@ class RowStatus:
 _OK = RowStatus(StepStatus.OK)
 
 
+@dataclass(frozen=True)
+class FilledMask:
+    """A step's filled mask, not yet applied: ``bitmask[j]`` masks logits row ``index[j]``."""
+
+    rows: tuple[GuidedRow | None, ...]
+    bitmask: torch.Tensor
+    index: list[int]
+    statuses: list[RowStatus | None]
+
+
 class BatchedGuidedStep:
     """Owns the reusable bitmask buffers and the fill thread pool of one manager."""
 
@@ -109,22 +119,37 @@ class BatchedGuidedStep:
     def fill_and_apply(self, logits: torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
+        return self.apply_filled(logits, self.fill_rows(rows, self._host))
+
+    def fill_rows(self, rows: Sequence[GuidedRow | None], buffer: torch.Tensor | None = None) -> "FilledMask":
+        """The mask of every guided row, nothing applied yet. Depends only on tokens already
+        accepted, so an engine may run it while the model computes the logits (overlap)."""
         guided = [(i, r) for i, r in enumerate(rows) if r is not None]
         statuses: list[RowStatus | None] = [None] * len(rows)
-        if not guided:
-            return statuses
         k = len(guided)
+        if buffer is None or buffer.shape[0] < k:
+            buffer = torch.empty((max(k, 1), self.words), dtype=torch.int32)
+        bitmask = buffer[:k]
+        if k:
+            states = [self.state_of(r) for _, r in guided]
+            self._fill_grouped(states, bitmask, k)
+            self._end_empty_rows(states, bitmask, k)
+            for j, (i, _) in enumerate(guided):
+                st = states[j]
+                statuses[i] = RowStatus(StepStatus.ERROR, st.error) if st.error is not None else _OK
+        return FilledMask(tuple(rows), bitmask, [i for i, _ in guided], statuses)
+
+    def apply_filled(self, logits: torch.Tensor, filled: "FilledMask") -> list[RowStatus | None]:
+        """One kernel call: row ``filled.index[j]`` of ``logits`` gets mask row ``j``."""
+        if logits.dim() != 2 or logits.shape[0] != len(filled.rows):
+            raise ValueError(f"logits {tuple(logits.shape)} do not match {len(filled.rows)} rows")
+        k = len(filled.index)
+        if not k:
+            return list(filled.statuses)
         self._ensure(k, logits.device)
-        mgr = self.manager
-        states = [self.state_of(r) for _, r in guided]
-        bitmask = self._host[:k]
-        self._fill_grouped(states, bitmask, k)
-        self._end_empty_rows(states, bitmask, k)
-        for j, (i, _) in enumerate(guided):
-            st = states[j]
-            statuses[i] = RowStatus(StepStatus.ERROR, st.error) if st.error is not None else _OK
         index = self._index_host[:k]
-        index.numpy()[:] = [i for i, _ in guided]
+        index.numpy()[:] = filled.index
+        bitmask = filled.bitmask
         if logits.device.type == "cpu":
             dev_mask, dev_index = bitmask, index
         else:
@@ -132,11 +157,12 @@ class BatchedGuidedStep:
             dev_mask, dev_index = buf_mask[:k], buf_index[:k]
             dev_mask.copy_(bitmask, non_blocking=True)
             dev_index.copy_(index, non_blocking=True)
-        identity = k == len(rows)
+        identity = k == len(filled.rows)
         apply_token_bitmask_inplace(
-            logits, dev_mask, indices=None if identity else dev_index, vocab_size=mgr.vocab.vocab_size
+            logits, dev_mask, indices=None if identity else dev_index,
+            vocab_size=self.manager.vocab.vocab_size,
         )
-        return statuses
+        return list(filled.statuses)
 
     def _end_empty_rows(self, states: "list[SequenceState]", bitmask: torch.Tensor, k: int) -> None:
         """A row that allows no token at all (an empty language, a dead end no token can leave)

@@ -300,6 +300,16 @@ class GuidedDecodingManager:
         return self.step.fill_and_apply(logits, rows)
 
     @_serialized
+    def fill_rows(self, rows: Sequence[GuidedRow | None], buffer: torch.Tensor | None = None):
+        """The step's mask without applying it (``FilledMask``): an engine can compute it while
+        the model runs, then ``apply_filled`` it to the logits."""
+        return self.step.fill_rows(rows, buffer)
+
+    @_serialized
+    def apply_filled(self, logits: torch.Tensor, filled) -> list[RowStatus | None]:
+        return self.step.apply_filled(logits, filled)
+
+    @_serialized
     def accept_tokens(self, token_ids: Sequence[int] | torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:
         return self.step.accept_tokens(token_ids, rows)
 

@@ -89,6 +89,10 @@ def _apply(p: Patcher) -> None:
     require_params(base._step_postprocess_with_output, ["inputs"], "BaseModelAgent._step_postprocess_with_output")
     require_params(base._async_step, ["sampling_inputs"], "BaseModelAgent._async_step")
     p.set(base, "_async_step", agent_patch.patched_async_step(base._async_step))
+    from . import overlap
+
+    require_params(base._async_model_forward, ["inputs"], "BaseModelAgent._async_model_forward")
+    p.set(base, "_async_model_forward", overlap.patched_model_forward(base._async_model_forward))
     p.set(base, "_step_postprocess_with_output", agent_patch.patched_postprocess(base._step_postprocess_with_output))
     for name in ("to_cpu", "to_numpy", "to_tensor"):
         if hasattr(am.BatchedOutputs, name):

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ...guided.batch_step import GuidedRow
 from ...guided.errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
-from . import step_context
+from . import overlap, step_context
 from .strategies import CTX_KEY
 
 logger = logging.getLogger("tokenrails.lmdeploy")
@@ -41,6 +41,12 @@ def patched_async_step(original: Callable) -> Callable:
             specs = {r.spec.key: r.spec for r in (e.get(CTX_KEY) for e in ctx) if isinstance(r, GuidedRow)}
             if specs:
                 mgr.prefetch(specs.values())
+            token = overlap.STEP_INPUTS.set(si)  # the forward wrapper starts the mask fill from it
+            try:
+                return await original(self, *args, **kwargs)
+            finally:
+                overlap.STEP_INPUTS.reset(token)
+                overlap.PREFILL.set(None)
         return await original(self, *args, **kwargs)
 
     _async_step.__wrapped__ = original

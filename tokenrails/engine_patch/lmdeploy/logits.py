@@ -21,7 +21,7 @@ import torch
 
 from ...guided.batch_step import GuidedRow, StepStatus
 from ...guided.errors import GuideError, InvalidGuideError
-from . import step_context
+from . import overlap, step_context
 from .requests import spec_of
 from .strategies import CTX_KEY, LMDeployRow
 
@@ -106,11 +106,14 @@ def _guided_step(self, scores: torch.Tensor, stream: Any) -> None:
             if r is not None:
                 self.guided_errors[i] = exc
         mgr = None
-    if stream is not None:
-        with torch.cuda.stream(stream):
+    # Inference mode is thread-local: this worker thread must re-enter it to write the engine's
+    # inference tensors (an EOS repair on them outside it raised and stopped the whole engine).
+    with torch.inference_mode(scores.is_inference()):
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                _guided_step_inner(self, mgr, scores)
+        else:
             _guided_step_inner(self, mgr, scores)
-    else:
-        _guided_step_inner(self, mgr, scores)
 
 
 def _guided_step_inner(self, mgr: Any, scores: torch.Tensor) -> None:
@@ -119,7 +122,8 @@ def _guided_step_inner(self, mgr: Any, scores: torch.Tensor) -> None:
     rows = self._tr_rows
     run_rows: list[GuidedRow | None] = [r if isinstance(r, GuidedRow) else None for r in rows]
     if mgr is not None and any(r is not None for r in run_rows):
-        statuses = mgr.fill_and_apply(scores, run_rows)
+        filled = overlap.take(run_rows)  # filled during the forward (overlap.py), or None
+        statuses = mgr.apply_filled(scores, filled) if filled is not None else mgr.fill_and_apply(scores, run_rows)
         for i, st in enumerate(statuses):
             if st is not None and st.error is not None:
                 self.guided_errors[i] = st.error

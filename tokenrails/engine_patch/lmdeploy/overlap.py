@@ -1,0 +1,133 @@
+"""Overlap the guided mask with the model forward (issue 14 part 5).
+
+A row's next mask depends only on tokens already accepted, so it can be filled while the model
+computes the logits: on a GPU the CPU is idle then; on a CPU the forward and the fill can use
+different cores. The patched ``_async_model_forward`` starts the fill of the step's guided rows
+on a worker thread just before the forward; the logits processor then joins it and applies the
+mask (one kernel call) instead of filling. Fail-closed rules are the fill's own (errors, empty
+rows → EOS-only); when the rows the processor sees differ from the ones filled (they should not),
+the prefilled mask is dropped and the step fills as before.
+
+Not used for non-last prefill chunks (their token is discarded), dummy inputs, or speculative
+decoding (its verification masks are built per draft). ``TOKENRAILS_OVERLAP=0`` turns it off.
+Times per step (``fill_s`` on the worker, ``wait_s`` exposed to the step) are kept in
+``OverlapStats`` for the engine benchmark.
+"""
+from __future__ import annotations
+
+import contextvars
+import inspect
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+ENV_OVERLAP = "TOKENRAILS_OVERLAP"
+
+# set by the _async_step wrapper (the step's sampling inputs, updated in place for decode steps)
+STEP_INPUTS: contextvars.ContextVar[Any] = contextvars.ContextVar("tokenrails_step_inputs", default=None)
+# set when the fill was started: (row keys, future of FilledMask, start time)
+PREFILL: contextvars.ContextVar[Any] = contextvars.ContextVar("tokenrails_prefill", default=None)
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_OVERLAP, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+@dataclass
+class OverlapStats:
+    steps: int = 0
+    fill_s: float = 0.0  # fill time on the worker (what overlapping hides)
+    wait_s: float = 0.0  # time the step waited for the fill after the forward (exposed)
+    dropped: int = 0  # prefilled masks not used (rows changed)
+
+    def reset(self) -> None:
+        self.steps, self.fill_s, self.wait_s, self.dropped = 0, 0.0, 0.0, 0
+
+
+STATS = OverlapStats()
+_EXECUTOR: ThreadPoolExecutor | None = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="tokenrails-overlap")
+        return _EXECUTOR
+
+
+def row_keys(rows: list[Any]) -> tuple:
+    return tuple((r.session_id, r.seq_id, r.spec.key) if hasattr(r, "spec") else None for r in rows)
+
+
+def start(agent: Any, inputs: Any) -> None:
+    """Start the fill for this step's guided rows, if overlap applies."""
+    from .logits import rows_from_inputs
+    from ...guided.batch_step import GuidedRow
+
+    PREFILL.set(None)
+    si = STEP_INPUTS.get()
+    owner = getattr(agent, "guided_decoding_manager", None)
+    if si is None or not getattr(owner, "is_tokenrails", False) or not enabled():
+        return
+    if getattr(inputs, "is_dummy", False):
+        return
+    if bool(getattr(inputs, "is_chunk", False)) and not bool(getattr(inputs, "is_last_chunk", True)):
+        return
+    spec_agent = getattr(agent, "spec_agent", None)
+    if spec_agent is not None and spec_agent.is_enabled():
+        return
+    mgr = owner.core(wait=False)
+    if mgr is None:
+        return
+    rows = rows_from_inputs(si)
+    if not any(isinstance(r, GuidedRow) for r in rows):
+        return
+    prepared = owner.prepare_rows(rows)
+    run_rows = [r if isinstance(r, GuidedRow) else None for r in prepared]
+
+    def fill():
+        t0 = time.perf_counter()
+        filled = mgr.fill_rows(run_rows)
+        return filled, time.perf_counter() - t0
+
+    PREFILL.set((row_keys(run_rows), _executor().submit(fill)))
+
+
+def take(run_rows: list[Any]):
+    """The prefilled mask for exactly these rows (joined), or None."""
+    pending = PREFILL.get()
+    if pending is None:
+        return None
+    PREFILL.set(None)
+    keys, future = pending
+    t0 = time.perf_counter()
+    filled, fill_s = future.result()
+    waited = time.perf_counter() - t0
+    if keys != row_keys(run_rows):
+        STATS.dropped += 1
+        return None
+    STATS.steps += 1
+    STATS.fill_s += fill_s
+    STATS.wait_s += waited
+    return filled
+
+
+def patched_model_forward(original: Callable) -> Callable:
+    sig = inspect.signature(original)
+
+    async def _async_model_forward(self, *args, **kwargs):
+        try:
+            inputs = sig.bind_partial(self, *args, **kwargs).arguments.get("inputs")
+            start(self, inputs)
+        except Exception:  # overlap is an optimisation: the step fills as before
+            PREFILL.set(None)
+        return await original(self, *args, **kwargs)
+
+    _async_model_forward.__wrapped__ = original
+    return _async_model_forward
+
