@@ -214,3 +214,22 @@ def test_validate_output_oracles():
     assert not validate_output(GuideSpec.regex(r"\d+"), "12a", True).valid
     assert not validate_output(GuideSpec.choice(["a", "b"]), "c", True).valid
     assert validate_output(GuideSpec.grammar('root ::= "x"'), "x", True).method == "matcher"
+    assert validate_output(GuideSpec.regex(r"\d+"), "123", True).method == "fsm DFA"
+
+
+def test_validate_output_never_backtracks_on_a_client_pattern():
+    """``(a+)+b`` against an output cut before its ``b``: Python's ``re.fullmatch`` takes about
+    2^n steps (n = 40: hours) holding the GIL; the DFA answers in linear time."""
+    import threading
+    import time
+
+    spec = GuideSpec.regex(r"(a+)+b")
+    text = "a" * 40
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(v=validate_output(spec, text, False)), daemon=True)
+    t0 = time.monotonic()
+    worker.start()
+    worker.join(timeout=30)  # wide: a DFA build on a loaded 2-core machine, not a speed claim
+    assert not worker.is_alive(), "validation backtracked"
+    assert result["v"].method == "fsm DFA" and not result["v"].valid
+    assert time.monotonic() - t0 < 30

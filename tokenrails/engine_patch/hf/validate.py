@@ -1,22 +1,28 @@
 """Check a finished output against its spec with an oracle independent of the grammar engine.
 
-JSON schema → ``jsonschema``; regex → Python ``re.fullmatch`` (when Python can compile the
-pattern); choice → membership. Grammars and structural tags have no independent oracle here,
-so their verdict is the matcher's own completion state.
+JSON schema → ``jsonschema``; regex → a DFA from the fsm backend's compiler (linear time: a
+client pattern never runs on Python's backtracking ``re`` here — ``(a+)+b`` against an output cut
+at ``max_new_tokens`` would freeze every thread); choice → membership. Grammars, structural tags
+and patterns the DFA compiler refuses have no independent oracle here, so their verdict is the
+matcher's own completion state.
 """
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
+from ...guided.errors import GuideError
+from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
+
+# the DFA is built once per request; bounded like any client pattern (time included)
+_ORACLE_LIMITS = GuideLimits(compile_timeout_s=2.0)
 
 
 @dataclass(frozen=True)
 class Verdict:
     valid: bool
-    method: str          # "jsonschema" | "json" | "re.fullmatch" | "choice" | "matcher"
+    method: str          # "jsonschema" | "json" | "fsm DFA" | "choice" | "matcher"
     reason: str = ""
 
 
@@ -40,12 +46,14 @@ def validate_output(spec: GuideSpec, text: str, matcher_complete: bool) -> Verdi
             return Verdict(matcher_complete, "matcher", f"jsonschema cannot check it: {exc.message}")
         return Verdict(True, "jsonschema")
     if spec.kind == "regex":
+        from ...guided.fsm.compiler import compile_regex
+
         try:
-            compiled = re.compile(spec.pattern)
-        except re.error as exc:
-            return Verdict(matcher_complete, "matcher", f"Python re cannot compile it: {exc}")
-        ok = compiled.fullmatch(text) is not None
-        return Verdict(ok, "re.fullmatch", "" if ok else "does not match the pattern")
+            dfa = compile_regex(spec.pattern, _ORACLE_LIMITS)
+        except (GuideError, RecursionError, ValueError) as exc:
+            return Verdict(matcher_complete, "matcher", f"no DFA for the pattern: {exc}")
+        ok = dfa.fullmatch(text.encode("utf-8", "surrogatepass"))
+        return Verdict(ok, "fsm DFA", "" if ok else "does not match the pattern")
     if spec.kind == "choice":
         ok = text in spec.choices
         return Verdict(ok, "choice", "" if ok else "not one of the choices")
