@@ -26,25 +26,7 @@ from ..schema_policy import is_strict, policy_payload, policy_schema
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
 from . import xgrammar_markers as markers_mod
-
-
-def ebnf_string_literal(text: str) -> str:
-    """An EBNF double-quoted literal for ``text`` (escapes quotes, backslashes, controls)."""
-    out = []
-    for ch in text:
-        if ch in ('"', "\\"):
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
+from .xgrammar_markers import ebnf_string_literal
 
 
 def choice_ebnf(options: list[str]) -> str:

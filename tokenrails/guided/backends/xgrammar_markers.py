@@ -272,15 +272,15 @@ def rewrite_literals(ebnf: str, ph: Placeholders) -> tuple[str, dict[int, list[s
             if not in_excludes:
                 for tid, offset in starts:  # the marker and the rest of the trigger after it
                     triggers.setdefault(tid, []).append(plain[offset:])
-            out.append(_literal(plain))
+            out.append(ebnf_string_literal(plain))
             continue
         parts = _split_markers(text, ph)
         if all(isinstance(p, str) for p in parts):
-            out.append(_literal("".join(parts)))
+            out.append(ebnf_string_literal("".join(parts)))
             continue
         placed = True
-        seq = [_literal(p) if isinstance(p, str) else f"({_literal(markers.texts[p])} | Token({p}))"
-               for p in parts if p != ""]
+        seq = [ebnf_string_literal(p) if isinstance(p, str)
+               else f"({ebnf_string_literal(markers.texts[p])} | Token({p}))" for p in parts if p != ""]
         out.append("(" + " ".join(seq) + ")")
     if not placed and not triggers:
         return None
@@ -443,10 +443,11 @@ def decode_literal(piece: str) -> str:
 
 def _escape_text(text: str) -> str:
     """``text`` escaped for the inside of an EBNF double-quoted literal."""
-    return _literal(text)[1:-1]
+    return ebnf_string_literal(text)[1:-1]
 
 
-def _literal(text: str) -> str:
+def ebnf_string_literal(text: str) -> str:
+    """An EBNF double-quoted literal for ``text`` (escapes quotes, backslashes, controls)."""
     out = []
     for ch in text:
         if ch in ('"', "\\"):
