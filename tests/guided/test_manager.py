@@ -212,3 +212,31 @@ def test_auto_reports_a_limit_when_the_request_is_too_big_for_every_backend(voca
     with pytest.raises(GuideLimitError) as info:
         compile_guide(GuideSpec.choice(["a", "b", "c", "d", "e"]), vocab, limits=limits)
     assert info.value.limit == "max_enum_values"
+
+
+@pytest.mark.parametrize("rows,threshold,expect", [(8, 4, 3), (3, 4, 1), (8, 64, 1)])
+def test_fill_threads_go_to_the_native_fill_above_the_threshold(vocab, monkeypatch, rows, threshold, expect):
+    """``fill_threads``/``parallel_fill_threshold`` reach the backend's batch fill (they were
+    documented but unused); the masks do not depend on them."""
+    from tokenrails.guided.backends.xgrammar_backend import XGrammarMatcher
+
+    seen = []
+    original = XGrammarMatcher.batch_fill.__func__
+
+    def spy(cls, matchers, bitmask, idx, threads=1):
+        seen.append(threads)
+        return original(cls, matchers, bitmask, idx, threads)
+
+    monkeypatch.setattr(XGrammarMatcher, "batch_fill", classmethod(spy))
+    masks = []
+    for fill_threads in (expect, 1):
+        m = GuidedDecodingManager(vocab, backend="xgrammar", fill_threads=fill_threads,
+                                  parallel_fill_threshold=threshold)
+        spec = GuideSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+        batch = [GuidedRow(f"s{i}", 0, spec) for i in range(rows)]
+        logits = torch.zeros((rows, vocab.vocab_size))
+        m.fill_and_apply(logits, batch)
+        masks.append(torch.isinf(logits))
+        m.close()
+    assert seen[0] == expect
+    assert torch.equal(masks[0], masks[1])

@@ -56,9 +56,12 @@ class Matcher(ABC):
         return ok
 
     @classmethod
-    def batch_fill(cls, matchers: Sequence["Matcher"], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+    def batch_fill(cls, matchers: Sequence["Matcher"], bitmask: torch.Tensor, rows: Sequence[int],
+                   threads: int = 1) -> None:
         """Fill ``bitmask[rows[i]]`` from ``matchers[i]``. Backends override this with a native
-        multi-threaded fill; the batched step groups matchers by class and calls it once per group."""
+        fill that may use up to ``threads`` threads; the batched step groups matchers by class and
+        calls it once per group (``threads`` > 1 only for groups past the manager's
+        ``parallel_fill_threshold``)."""
         for m, r in zip(matchers, rows):
             m.fill_next_token_bitmask(bitmask, r)
 

@@ -65,6 +65,13 @@ class RowStatus:
 _OK = RowStatus(StepStatus.OK)
 
 
+def default_fill_threads() -> int:
+    import os
+
+    cpus = os.cpu_count() or 1
+    return 1 if cpus < 4 else min(8, cpus // 2)
+
+
 @dataclass(frozen=True)
 class FilledMask:
     """A step's filled mask, not yet applied: ``bitmask[j]`` masks logits row ``index[j]``."""
@@ -82,16 +89,17 @@ class BatchedGuidedStep:
         self,
         manager: "GuidedDecodingManager",
         *,
-        fill_threads: int = 2,
-        parallel_fill_threshold: int = 16,
+        fill_threads: int | None = None,
+        parallel_fill_threshold: int = 64,
         device: str | torch.device | None = None,
     ):
         self.manager = manager
         self.words = (manager.vocab.vocab_size + 31) // 32
-        # Kept for API compatibility: filling now uses each backend's native batch fill
-        # (see _fill_grouped), which brings its own threads.
-        self.parallel_fill_threshold = parallel_fill_threshold
-        self.fill_threads = max(1, fill_threads)
+        # Threads for one backend's native batch fill (xgrammar's and llguidance's pools), used
+        # for groups of at least ``parallel_fill_threshold`` rows. None: 1 below 4 CPUs (threads
+        # measured slower there), else half the CPUs up to 8.
+        self.parallel_fill_threshold = max(1, parallel_fill_threshold)
+        self.fill_threads = max(1, fill_threads if fill_threads is not None else default_fill_threads())
         self._host = torch.empty((0, self.words), dtype=torch.int32)
         self._dev: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._index_host = torch.empty(0, dtype=torch.int32)
@@ -202,7 +210,8 @@ class BatchedGuidedStep:
             if len(matchers) == 1:
                 matchers[0].fill_next_token_bitmask(bitmask, rows[0])
             else:
-                cls.batch_fill(matchers, bitmask, rows)
+                threads = self.fill_threads if len(matchers) >= self.parallel_fill_threshold else 1
+                cls.batch_fill(matchers, bitmask, rows, threads=threads)
             share = (time.perf_counter() - t0) / len(matchers)
             for st in owners:
                 st.guided_time_s += share

@@ -91,8 +91,8 @@ class GuidedDecodingManager:
         limits: GuideLimits | None = None,
         policy: GuidePolicy | None = None,
         compile_workers: int = 16,
-        fill_threads: int = 2,
-        parallel_fill_threshold: int = 16,
+        fill_threads: int | None = None,
+        parallel_fill_threshold: int = 64,
         device: str | torch.device | None = None,
     ):
         self.vocab = vocab

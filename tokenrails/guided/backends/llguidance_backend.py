@@ -215,11 +215,15 @@ def _any(row: np.ndarray) -> bool:
 _EXEC = threading.local()
 
 
-def _executor() -> "llg.LLExecutor":
-    """One per calling thread (engines fill from worker threads); llguidance's own pool size."""
-    ex = getattr(_EXEC, "executor", None)
+def _executor(threads: int = 1) -> "llg.LLExecutor":
+    """One per (calling thread, thread count): engines fill from worker threads."""
+    threads = max(1, int(threads))
+    cache = getattr(_EXEC, "by_threads", None)
+    if cache is None:
+        cache = _EXEC.by_threads = {}
+    ex = cache.get(threads)
     if ex is None:
-        ex = _EXEC.executor = llg.LLExecutor()
+        ex = cache[threads] = llg.LLExecutor(num_threads=threads)
     return ex
 
 
@@ -256,8 +260,9 @@ class LLGuidanceMatcher(Matcher):
         return True
 
     @classmethod
-    def batch_fill(cls, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
-        """One native call (``LLExecutor``: its own threads, no GIL) for every live matcher, then
+    def batch_fill(cls, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int],
+                   threads: int = 1) -> None:
+        """One native call (``LLExecutor``: ``threads`` threads, no GIL) for every live matcher, then
         one vectorised special-token AND. Terminated/errored matchers, foreign matchers, repeated
         rows and unusual bitmasks take the per-row path; the result is bit-identical to it."""
         rows = [int(r) for r in rows]
@@ -288,7 +293,7 @@ class LLGuidanceMatcher(Matcher):
                 m.fill_next_token_bitmask(bitmask, r)
             return
         assert special is not None
-        _executor().unsafe_compute_mask_ptr(live, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
+        _executor(threads).unsafe_compute_mask_ptr(live, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
         nonempty = special.apply_rows(bitmask.numpy(), np.asarray(live_rows, dtype=np.intp))
         for m, r, ok in zip(live_ms, live_rows, nonempty):
             # fail closed exactly like the per-row path: errored parser or nothing but specials

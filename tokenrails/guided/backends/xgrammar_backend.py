@@ -54,8 +54,9 @@ class XGrammarMatcher(Matcher):
         return bool(self._m.fill_next_token_bitmask(bitmask, index))
 
     @classmethod
-    def batch_fill(cls, matchers, bitmask: torch.Tensor, rows) -> None:
-        """xgrammar's C++ batch fill: its own threads, no GIL; terminated rows filled here."""
+    def batch_fill(cls, matchers, bitmask: torch.Tensor, rows, threads: int = 1) -> None:
+        """xgrammar's C++ batch fill: its own threads (``threads``), no GIL; terminated rows
+        filled here."""
         live, live_rows = [], []
         for m, r in zip(matchers, rows):
             if m._m.is_terminated():
@@ -64,7 +65,7 @@ class XGrammarMatcher(Matcher):
                 live.append(m._m)
                 live_rows.append(int(r))
         if live:
-            _batch_matcher(len(live)).batch_fill_next_token_bitmask(live, bitmask, live_rows)
+            _batch_matcher(threads).batch_fill_next_token_bitmask(live, bitmask, live_rows)
 
     def accept_token(self, token_id: int) -> bool:
         if self._m.is_terminated():
@@ -113,8 +114,8 @@ class MarkerXGrammarMatcher(XGrammarMatcher):
         return True
 
     @classmethod
-    def batch_fill(cls, matchers, bitmask: torch.Tensor, rows) -> None:
-        XGrammarMatcher.batch_fill(matchers, bitmask, rows)
+    def batch_fill(cls, matchers, bitmask: torch.Tensor, rows, threads: int = 1) -> None:
+        XGrammarMatcher.batch_fill(matchers, bitmask, rows, threads)
         for m, r in zip(matchers, rows):
             if not m._m.is_terminated():
                 markers_mod.add_trigger_markers(m._m, bitmask[int(r)], m._triggers)
@@ -133,22 +134,20 @@ class MarkerXGrammarMatcher(XGrammarMatcher):
 
 
 _BATCH = threading.local()
-# xgrammar's batch fill with its own thread pool only pays for large groups on machines with
-# cores to spare: on 2 cores, 8 rows took 56 us with max_threads="auto" and 37 us with one thread
-# (32 rows: 171 vs 144 us; max_threads=2: 174 / 261 us).
-PARALLEL_MIN_ROWS = 64
-PARALLEL_MIN_CPUS = 4
 
 
-def _batch_matcher(rows: int) -> xgr.BatchGrammarMatcher:
-    """One serial and one threaded matcher per calling thread: engines fill from worker threads,
-    and xgrammar does not promise that one BatchGrammarMatcher may run two batch fills at once."""
-    threaded = rows >= PARALLEL_MIN_ROWS and (os.cpu_count() or 1) >= PARALLEL_MIN_CPUS
-    key = "threaded" if threaded else "serial"
-    matcher = getattr(_BATCH, key, None)
+def _batch_matcher(threads: int) -> xgr.BatchGrammarMatcher:
+    """One matcher per (calling thread, thread count): engines fill from worker threads, and
+    xgrammar does not promise that one BatchGrammarMatcher may run two batch fills at once.
+    On 2 cores its threads do not pay (8 rows: 56 us threaded vs 37 us serial; 32 rows: 171 vs
+    144 us), hence the manager's defaults (``fill_threads``: 1 below 4 CPUs)."""
+    threads = max(1, int(threads))
+    cache = getattr(_BATCH, "by_threads", None)
+    if cache is None:
+        cache = _BATCH.by_threads = {}
+    matcher = cache.get(threads)
     if matcher is None:
-        matcher = xgr.BatchGrammarMatcher(max_threads="auto" if threaded else 1)
-        setattr(_BATCH, key, matcher)
+        matcher = cache[threads] = xgr.BatchGrammarMatcher(max_threads=threads)
     return matcher
 
 

@@ -86,9 +86,11 @@ class FSMMatcher(Matcher):
         return not everything
 
     @classmethod
-    def batch_fill(cls, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
-        """CPU: one native row write per matcher. Elsewhere one indexed copy for the whole group
-        (rows are cached tensors; one host-to-device transfer)."""
+    def batch_fill(cls, matchers: Sequence[Matcher], bitmask: torch.Tensor, rows: Sequence[int],
+                   threads: int = 1) -> None:
+        """CPU: one native row write per matcher (microseconds: threads would not pay, so
+        ``threads`` is ignored). Elsewhere one indexed copy for the whole group (rows are cached
+        tensors; one host-to-device transfer)."""
         if bitmask.is_cpu or len(matchers) < 4 or any(not isinstance(m, FSMMatcher) for m in matchers):
             for m, r in zip(matchers, rows):
                 m.fill_next_token_bitmask(bitmask, r)
