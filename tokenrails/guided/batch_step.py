@@ -17,7 +17,7 @@ import torch
 
 from ..kernels import apply_token_bitmask_inplace
 from ..kernels._common import eos_only_row
-from .errors import GuideError, InvalidGuideError, TokenRejectedError
+from .errors import GuideError, GuideTimeoutError, InvalidGuideError, TokenRejectedError
 from .reasoning import ReasoningConfig, open_step
 from .spec import GuideSpec
 
@@ -205,6 +205,7 @@ class BatchedGuidedStep:
             matchers.append(matcher)
             rows.append(j)
             owners.append(st)
+        limit = self.manager.limits.max_fill_seconds
         for cls, (matchers, rows, owners) in groups.items():
             t0 = time.perf_counter()
             if len(matchers) == 1:
@@ -212,9 +213,30 @@ class BatchedGuidedStep:
             else:
                 threads = self.fill_threads if len(matchers) >= self.parallel_fill_threshold else 1
                 cls.batch_fill(matchers, bitmask, rows, threads=threads)
-            share = (time.perf_counter() - t0) / len(matchers)
+            elapsed = time.perf_counter() - t0
+            share = elapsed / len(matchers)
             for st in owners:
                 st.guided_time_s += share
+            if elapsed > limit:
+                self._end_slow_rows(matchers, rows, owners, bitmask, elapsed, limit)
+
+    def _end_slow_rows(self, matchers, rows, owners, bitmask: torch.Tensor, elapsed: float, limit: float) -> None:
+        """A group's fill ran past ``max_fill_seconds``: find the rows that did it (a native fill
+        cannot be interrupted, so this is after the fact) and end them with
+        ``GuideTimeoutError``, EOS only, so they never stall a step again; the rest go on. A lone
+        row is its own measurement; in a group each row is timed again alone (this happens only
+        when the limit was already passed)."""
+        for m, r, st in zip(matchers, rows, owners):
+            took = elapsed
+            if len(matchers) > 1:
+                t0 = time.perf_counter()
+                m.fill_next_token_bitmask(bitmask, r)
+                took = time.perf_counter() - t0
+            if took > limit:
+                st.error = GuideTimeoutError(
+                    f"one step's mask took {took:.2f} s (limit max_fill_seconds={limit}): the row ends",
+                    limit="max_fill_seconds", value=round(took, 3))
+                eos_only_row(bitmask[r], self.manager.vocab.eos_ids)
 
     def fill_row(self, st: "SequenceState", think: "ThinkState | None", bitmask: torch.Tensor, j: int) -> None:
         """Row ``j`` for ``st`` in thinking state ``think`` (may differ from ``st.think`` when
@@ -243,7 +265,10 @@ class BatchedGuidedStep:
             return
         t0 = time.perf_counter()
         matcher.fill_next_token_bitmask(bitmask, j)
-        st.guided_time_s += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        st.guided_time_s += took
+        if took > self.manager.limits.max_fill_seconds:
+            self._end_slow_rows([matcher], [j], [st], bitmask, took, self.manager.limits.max_fill_seconds)
 
     def accept_tokens(self, token_ids: Sequence[int] | torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:
         if isinstance(token_ids, torch.Tensor):

@@ -38,7 +38,7 @@ class GuideLimitError(GuideError):
 
 
 class GuideTimeoutError(GuideLimitError):
-    """Compiling the request took longer than the configured time limit."""
+    """Compiling the request, or one step's mask of it, took longer than the configured limit."""
 
 
 class TokenRejectedError(GuideError):

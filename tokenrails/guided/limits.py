@@ -23,6 +23,8 @@ class GuideLimits:
     max_literal_bytes: int = 16 << 10      # one string literal/const/enum value/choice (xgrammar
                                            # compile time grows ~quadratically: 100 KB ≈ 20 s)
     compile_timeout_s: float = 30.0        # wall time for one compile
+    max_fill_seconds: float = 2.0          # one row's mask in one step (typical: microseconds); a
+                                           # row past it ends with GuideTimeoutError, the batch goes on
     max_lowered_regex_bytes: int = 8 << 20  # fsm: the regex outlines-core lowers a schema to
     lowering_memory_bytes: int = 1 << 30   # fsm: address space of the worker that lowers large schemas
     max_abandoned_compiles: int = 16       # compiles past their deadline still running; new compiles

@@ -20,6 +20,7 @@ import torch
 
 from ..kernels import apply_token_bitmask_inplace
 from ..kernels._common import eos_only_row
+from .errors import InvalidGuideError
 from .batch_step import GuidedRow, RowStatus, StepStatus
 from .reasoning import open_step
 
@@ -96,6 +97,15 @@ def _fill_block(step: "BatchedGuidedStep", st: "SequenceState", drafts: list[int
                 eos_only_row(bitmask[base + j], eos)
                 continue
             step.fill_row(st, walk.think, bitmask, base + j)
+            if st.error is None and not bool(bitmask[base + j].any()):
+                # nothing allowed: an all -inf verification row would fail the engine's sampler
+                # for the whole batch. EOS only; at the real position (j == 0) the row ends.
+                eos_only_row(bitmask[base + j], eos)
+                if j == 0:
+                    st.error = InvalidGuideError(
+                        "the constraint allows no token here, not even EOS (its language is empty at this point)")
+                dead = True
+                continue
             if j == len(drafts) or st.error is not None:
                 dead = st.error is not None
                 continue
