@@ -306,3 +306,16 @@ def test_per_request_reasoning_configs_are_a_bounded_memo(vocab):
     for n in range(100):
         tracker_for(vocab, ReasoningConfig(end_text=f"</think{n}>"))
     assert len(vocab.backend_cache["reasoning:trackers"]) <= 32
+
+
+def test_an_object_with_too_many_properties_is_refused_before_any_compile(vocab):
+    """28,000 properties: llguidance refused it, ``auto`` then gave it to xgrammar, whose compile
+    ran > 300 s (a core burnt long after the request's deadline abandoned it)."""
+    props = {f"p{i}": {"type": "integer"} for i in range(28_000)}
+    spec = tr.GuideSpec.json_schema({"type": "object", "properties": props})
+    for backend in ("auto", "xgrammar"):
+        with pytest.raises(tr.GuideLimitError) as info:
+            tr.compile_guide(spec, vocab, backend)
+        assert info.value.limit == "max_object_properties"
+    ok = tr.GuideSpec.json_schema({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(50)}})
+    tr.compile_guide(ok, vocab, "auto")

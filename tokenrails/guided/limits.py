@@ -16,6 +16,9 @@ class GuideLimits:
     max_ref_depth: int = 32                # chained $ref resolutions
     max_enum_values: int = 10_000          # values in one enum / choices list
     max_any_of: int = 256                  # anyOf / oneOf fan-out
+    max_object_properties: int = 2_000     # properties of one object (xgrammar's compile grows
+                                           # ~quadratically: 1,000 → 0.3 s, 2,000 → 0.9 s, 28,000
+                                           # → minutes of a core after the deadline abandoned it)
     max_regex_length: int = 16_384         # characters in one pattern
     max_repeat: int = 1_000                # upper bound of {m,n} repetition
     max_dfa_states: int = 100_000          # FSM backend automaton size

@@ -70,6 +70,12 @@ def compile_guide(
         raise InvalidGuideError(f"expected a GuideSpec, got {type(spec).__name__}")
     limits = limits or DEFAULT_LIMITS
     limits.check("max_spec_bytes", len(spec.payload.encode()))
+    if backend == "auto" and spec.kind == "json_schema":
+        # every backend checks these anyway; first, so an over-limit schema costs no routing
+        # analysis (a second of Python for 28,000 properties)
+        from .schema_features import check_schema_limits
+
+        check_schema_limits(spec.schema, limits)
     names = auto_ladder(spec, vocab, limits) if backend == "auto" else [backend]
     reasons: list[str] = []
     last: GuideError | None = None

@@ -115,6 +115,8 @@ def check_schema_limits(schema: Any, limits: GuideLimits) -> None:
         for key in ("anyOf", "oneOf", "allOf"):
             if isinstance(sub.get(key), list):
                 _check_at(limits, "max_any_of", len(sub[key]), path)
+        if isinstance(sub.get("properties"), dict):
+            _check_at(limits, "max_object_properties", len(sub["properties"]), path)
         pattern = sub.get("pattern")
         if isinstance(pattern, str):
             _check_at(limits, "max_regex_length", len(pattern), path)
