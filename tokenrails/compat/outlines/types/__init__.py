@@ -1,6 +1,9 @@
 """``outlines.types``: output-type terms and the regexes of common Python types."""
 from .convert import BOOLEAN, DATE, DATETIME, INTEGER, NUMBER, STRING, TIME, spec_for_output_type
-from .dsl import CFG, Choice, JsonSchema, Regex, String, Term, cfg, json_schema, regex
+from . import airports, countries, locale
+from .common import (bic, credit_card, e164, email, hex_color, hex_str, iban, ipv4, ipv6, isbn, latitude,
+                     longitude, mac_address, paragraph, semver, sentence, slug, uuid4)
+from .dsl import CFG, Choice, JsonSchema, Regex, String, Term, cfg, json_schema, regex, to_regex
 
 integer = Regex(INTEGER)
 number = Regex(NUMBER)
@@ -13,7 +16,9 @@ digit = Regex(r"\d")
 whitespace = Regex(r"\s")
 
 __all__ = [
-    "CFG", "Choice", "JsonSchema", "Regex", "String", "Term", "boolean", "cfg", "date",
-    "datetime", "digit", "integer", "json_schema", "number", "regex", "spec_for_output_type",
-    "string", "time", "whitespace",
+    "CFG", "Choice", "JsonSchema", "Regex", "String", "Term", "airports", "bic", "boolean", "cfg",
+    "countries", "credit_card", "date", "datetime", "digit", "e164", "email", "hex_color", "hex_str",
+    "iban", "integer", "ipv4", "ipv6", "isbn", "json_schema", "latitude", "locale", "longitude",
+    "mac_address", "number", "paragraph", "regex", "semver", "sentence", "slug", "spec_for_output_type",
+    "string", "time", "to_regex", "uuid4", "whitespace",
 ]

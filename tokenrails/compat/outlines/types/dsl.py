@@ -27,6 +27,15 @@ class Term:
             raise ValueError(f"{value!r} does not match {self!r}")
         return value
 
+    # a term used as a pydantic field annotation (``attr: types.email``): a string with the
+    # term's regex as its ``pattern``
+    def __get_pydantic_core_schema__(self, source_type: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        from .convert import regex_of
+
+        return core_schema.str_schema(pattern=regex_of(self))
+
 
 @dataclass
 class String(Term):
@@ -90,6 +99,13 @@ class JsonSchema(Term):
 
     def __repr__(self) -> str:
         return f"JsonSchema(schema={self.schema!r})"
+
+
+def to_regex(term: Any) -> str:
+    """The regex of a regex-expressible term (outlines 1.x ``outlines.types.dsl.to_regex``)."""
+    from .convert import regex_of
+
+    return regex_of(term)
 
 
 def regex(pattern: str) -> Regex:

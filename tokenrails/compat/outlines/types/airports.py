@@ -1,0 +1,18 @@
+"""``IATA``: an enum of airport codes (from the ``airportsdata`` package, installed on demand)."""
+from __future__ import annotations
+
+from enum import Enum
+
+
+def _iata() -> type[Enum]:
+    import airportsdata
+
+    codes = sorted({a["iata"] for a in airportsdata.load().values() if a.get("iata")})
+    return Enum("IATA", {c: c for c in codes})  # type: ignore[return-value]
+
+
+def __getattr__(name: str):
+    if name == "IATA":
+        value = globals()["IATA"] = _iata()
+        return value
+    raise AttributeError(name)

@@ -1,0 +1,30 @@
+"""Country enums (ISO 3166: ``Alpha2``, ``Alpha3``, ``Numeric``, ``Name``, ``Flag``), from
+``pycountry``; built on first use."""
+from __future__ import annotations
+
+from enum import Enum
+
+
+def _flag(alpha2: str) -> str:
+    return "".join(chr(0x1F1E6 + ord(c) - ord("A")) for c in alpha2)
+
+
+def _build(name: str) -> type[Enum]:
+    import pycountry
+
+    countries = list(pycountry.countries)
+    values = {
+        "Alpha2": [c.alpha_2 for c in countries],
+        "Alpha3": [c.alpha_3 for c in countries],
+        "Numeric": [c.numeric for c in countries],
+        "Name": [c.name for c in countries],
+        "Flag": [_flag(c.alpha_2) for c in countries],
+    }[name]
+    return Enum(name, {v: v for v in values})  # type: ignore[return-value]
+
+
+def __getattr__(name: str):
+    if name in ("Alpha2", "Alpha3", "Numeric", "Name", "Flag"):
+        value = globals()[name] = _build(name)
+        return value
+    raise AttributeError(name)
