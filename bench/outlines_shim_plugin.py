@@ -60,7 +60,7 @@ def _guard_module(module: types.ModuleType) -> None:
                 return existing(name)
             except AttributeError:
                 pass
-        if name.startswith("_"):
+        if name.startswith("__"):
             raise AttributeError(name)
         return MissingName(f"{module.__name__}.{name}")
 

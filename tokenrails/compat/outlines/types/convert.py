@@ -79,7 +79,12 @@ def _spec_for_term(term: Term) -> GuideSpec:
         return GuideSpec.choice(_literal_strings(term.items))
     if isinstance(term, CFG):
         return GuideSpec.grammar(check_ebnf(term.definition))
-    raise UnsupportedGuideError(f"term {term!r} is not supported", feature="output_type")
+    from .dsl import to_regex
+
+    try:  # combinators (sequences, alternatives, quantifiers) are regexes
+        return GuideSpec.regex(to_regex(term))
+    except TypeError as exc:
+        raise UnsupportedGuideError(f"term {term!r} is not supported", feature="output_type") from exc
 
 
 def regex_of(output_type: Any) -> str:

@@ -8,33 +8,99 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List
 
 from ....guided.errors import InvalidGuideError
 
 
 class Term:
-    """Base of every output-type term."""
+    """Base of every output-type term: combinable (``+`` sequence, ``|`` alternatives,
+    quantifiers), printable as a tree, usable as a pydantic field type, convertible to a regex."""
 
-    def matches(self, value: str) -> bool:
-        """Whether ``value`` is in the term's language (regex terms only)."""
-        from .convert import regex_of
-
-        return re.fullmatch(regex_of(self), value) is not None
+    # ---- regex language ------------------------------------------------------------------
+    def matches(self, value: Any) -> bool:
+        """Whether ``str(value)`` is in the term's language."""
+        return re.fullmatch(to_regex(self), str(value)) is not None
 
     def validate(self, value: str) -> str:
         if not self.matches(value):
             raise ValueError(f"{value!r} does not match {self!r}")
         return value
 
-    # a term used as a pydantic field annotation (``attr: types.email``): a string with the
-    # term's regex as its ``pattern``
+    # ---- combinators -----------------------------------------------------------------------
+    def __add__(self, other: Any) -> "Sequence":
+        return Sequence([self, _as_term(other)])
+
+    def __radd__(self, other: Any) -> "Sequence":
+        return Sequence([_as_term(other), self])
+
+    def __or__(self, other: Any) -> "Alternatives":
+        return Alternatives([self, _as_term(other)])
+
+    def __ror__(self, other: Any) -> "Alternatives":
+        return Alternatives([_as_term(other), self])
+
+    def optional(self) -> "Optional":
+        return Optional(self)
+
+    def exactly(self, count: int) -> "QuantifyExact":
+        return QuantifyExact(self, count)
+
+    def at_least(self, count: int) -> "QuantifyMinimum":
+        return QuantifyMinimum(self, count)
+
+    def at_most(self, count: int) -> "QuantifyMaximum":
+        return QuantifyMaximum(self, count)
+
+    def between(self, min_count: int, max_count: int) -> "QuantifyBetween":
+        return QuantifyBetween(self, min_count, max_count)
+
+    def one_or_more(self) -> "KleenePlus":
+        return KleenePlus(self)
+
+    def zero_or_more(self) -> "KleeneStar":
+        return KleeneStar(self)
+
+    # ---- display ---------------------------------------------------------------------------
+    def _display_node(self) -> str:
+        raise NotImplementedError
+
+    def _children(self) -> list["Term"]:
+        return []
+
+    def _display_children(self, indent: str) -> str:
+        kids = self._children()
+        return "".join(k.display_ascii_tree(indent, i == len(kids) - 1) for i, k in enumerate(kids))
+
+    def display_ascii_tree(self, indent: str = "", is_last: bool = True) -> str:
+        line = indent + ("└── " if is_last else "├── ") + self._display_node() + "\n"
+        return line + self._display_children(indent + ("    " if is_last else "│   "))
+
+    def __str__(self) -> str:
+        return self.display_ascii_tree()
+
+    # ---- pydantic: a string field in the term's language -------------------------------------
+    def __get_validator__(self, _core_schema: Any) -> Any:
+        pattern = re.compile(to_regex(self))
+
+        def validate(value: Any) -> Any:
+            if pattern.fullmatch(str(value)) is None:
+                raise ValueError(f"Input should be in the language of the regular expression {pattern.pattern}")
+            return value
+
+        return validate
+
     def __get_pydantic_core_schema__(self, source_type: Any, handler: Any) -> Any:
-        from pydantic_core import core_schema
+        from pydantic_core import core_schema as cs
 
-        from .convert import regex_of
+        return cs.no_info_plain_validator_function(self.__get_validator__(None))
 
-        return core_schema.str_schema(pattern=regex_of(self))
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict:
+        return {"type": "string", "pattern": to_regex(self)}
+
+
+def _as_term(value: Any) -> "Term":
+    return value if isinstance(value, Term) else String(str(value))
 
 
 @dataclass
@@ -43,12 +109,22 @@ class String(Term):
 
     value: str
 
+    def _display_node(self) -> str:
+        return f"String({self.value!r})"
+
+    __str__ = Term.__str__
+
 
 @dataclass
 class Regex(Term):
     """A regular expression (outlines' dialect)."""
 
     pattern: str
+
+    def _display_node(self) -> str:
+        return f"Regex({self.pattern!r})"
+
+    __str__ = Term.__str__
 
 
 @dataclass
@@ -69,11 +145,16 @@ class Choice(Term):
 
     items: List[Any]
 
+    def _display_node(self) -> str:
+        return f"Choice({self.items!r})"
+
+    __str__ = Term.__str__
+
 
 class JsonSchema(Term):
     """A JSON schema: dict, JSON text, pydantic model, dataclass or TypedDict."""
 
-    def __init__(self, schema: Any, whitespace_pattern: Optional[str] = None, ensure_ascii: bool = True):
+    def __init__(self, schema: Any, whitespace_pattern: str | None = None, ensure_ascii: bool = True):
         if isinstance(schema, dict):
             text = json.dumps(schema, ensure_ascii=ensure_ascii)
         elif isinstance(schema, str):
@@ -100,19 +181,201 @@ class JsonSchema(Term):
     def __repr__(self) -> str:
         return f"JsonSchema(schema={self.schema!r})"
 
+    def _display_node(self) -> str:
+        return f"JsonSchema({self.schema!r})"
+
+
+# ---- composite terms ---------------------------------------------------------------------
+def _non_negative(name: str, value: int) -> None:
+    if not isinstance(value, int) or value < 0:
+        raise ValueError(f"`{name}` must be a non-negative integer")
+
+
+@dataclass
+class Sequence(Term):
+    terms: List[Term]
+
+    def _display_node(self) -> str:
+        return "Sequence"
+
+    def _children(self) -> list[Term]:
+        return list(self.terms)
+
+    __str__ = Term.__str__
+
+
+@dataclass
+class Alternatives(Term):
+    terms: List[Term]
+
+    def _display_node(self) -> str:
+        return "Alternatives(|)"
+
+    def _children(self) -> list[Term]:
+        return list(self.terms)
+
+    __str__ = Term.__str__
+
+
+@dataclass
+class _Unary(Term):
+    term: Term
+
+    def _children(self) -> list[Term]:
+        return [self.term]
+
+
+@dataclass
+class Optional(_Unary):
+    def _display_node(self) -> str:
+        return "Optional(?)"
+
+    __str__ = Term.__str__
+
+
+@dataclass
+class KleeneStar(_Unary):
+    def _display_node(self) -> str:
+        return "KleeneStar(*)"
+
+    __str__ = Term.__str__
+
+
+@dataclass
+class KleenePlus(_Unary):
+    def _display_node(self) -> str:
+        return "KleenePlus(+)"
+
+    __str__ = Term.__str__
+
+
+@dataclass
+class QuantifyExact(_Unary):
+    count: int
+
+    def __post_init__(self) -> None:
+        _non_negative("count", self.count)
+
+    def _display_node(self) -> str:
+        return f"Quantify({{{self.count}}})"
+
+    __str__ = Term.__str__
+
+
+@dataclass
+class QuantifyMinimum(_Unary):
+    min_count: int
+
+    def __post_init__(self) -> None:
+        _non_negative("min_count", self.min_count)
+
+    def _display_node(self) -> str:
+        return f"Quantify({{{self.min_count},}})"
+
+    __str__ = Term.__str__
+
+
+@dataclass
+class QuantifyMaximum(_Unary):
+    max_count: int
+
+    def __post_init__(self) -> None:
+        _non_negative("max_count", self.max_count)
+
+    def _display_node(self) -> str:
+        return f"Quantify({{,{self.max_count}}})"
+
+    __str__ = Term.__str__
+
+
+@dataclass
+class QuantifyBetween(_Unary):
+    min_count: int
+    max_count: int
+
+    def __post_init__(self) -> None:
+        _non_negative("min_count", self.min_count)
+        _non_negative("max_count", self.max_count)
+        if self.max_count < self.min_count:
+            raise ValueError("`max_count` must be greater than `min_count`")
+
+    def _display_node(self) -> str:
+        return f"Quantify({{{self.min_count},{self.max_count}}})"
+
+    __str__ = Term.__str__
+
+
+def either(*terms: Any) -> Alternatives:
+    return Alternatives([_as_term(t) for t in terms])
+
+
+def optional(term: Any) -> Optional:
+    return Optional(_as_term(term))
+
+
+def exactly(count: int, term: Any) -> QuantifyExact:
+    return QuantifyExact(_as_term(term), count)
+
+
+def at_least(count: int, term: Any) -> QuantifyMinimum:
+    return QuantifyMinimum(_as_term(term), count)
+
+
+def at_most(count: int, term: Any) -> QuantifyMaximum:
+    return QuantifyMaximum(_as_term(term), count)
+
+
+def between(min_count: int, max_count: int, term: Any) -> QuantifyBetween:
+    return QuantifyBetween(_as_term(term), min_count, max_count)
+
+
+def one_or_more(term: Any) -> KleenePlus:
+    return KleenePlus(_as_term(term))
+
+
+def zero_or_more(term: Any) -> KleeneStar:
+    return KleeneStar(_as_term(term))
+
 
 def to_regex(term: Any) -> str:
-    """The regex of a regex-expressible term (outlines 1.x ``outlines.types.dsl.to_regex``)."""
-    from .convert import regex_of
+    """The regex of a term, in outlines 1.x's shape: leaves grouped, quantifiers on groups,
+    JSON schemas through outlines-core's own ``build_regex_from_schema``."""
+    if isinstance(term, String):
+        return re.escape(term.value)
+    if isinstance(term, Regex):
+        return f"({term.pattern})"
+    if isinstance(term, JsonSchema):
+        from outlines_core.json_schema import build_regex_from_schema
 
-    return regex_of(term)
+        return f"({build_regex_from_schema(term.schema)})"
+    if isinstance(term, Choice):
+        return "(" + "|".join(to_regex(i) if isinstance(i, Term) else re.escape(str(i)) for i in term.items) + ")"
+    if isinstance(term, Sequence):
+        return "".join(to_regex(t) for t in term.terms)
+    if isinstance(term, Alternatives):
+        return "(" + "|".join(to_regex(t) for t in term.terms) + ")"
+    if isinstance(term, Optional):
+        return f"({to_regex(term.term)})?"
+    if isinstance(term, KleeneStar):
+        return f"({to_regex(term.term)})*"
+    if isinstance(term, KleenePlus):
+        return f"({to_regex(term.term)})+"
+    if isinstance(term, QuantifyExact):
+        return f"({to_regex(term.term)}){{{term.count}}}"
+    if isinstance(term, QuantifyMinimum):
+        return f"({to_regex(term.term)}){{{term.min_count},}}"
+    if isinstance(term, QuantifyMaximum):
+        return f"({to_regex(term.term)}){{0,{term.max_count}}}"
+    if isinstance(term, QuantifyBetween):
+        return f"({to_regex(term.term)}){{{term.min_count},{term.max_count}}}"
+    raise TypeError(f"Cannot convert {term!r} to a regular expression")
 
 
 def regex(pattern: str) -> Regex:
     return Regex(pattern)
 
 
-def json_schema(schema: Any, whitespace_pattern: Optional[str] = None) -> JsonSchema:
+def json_schema(schema: Any, whitespace_pattern: str | None = None) -> JsonSchema:
     return JsonSchema(schema, whitespace_pattern)
 
 
