@@ -133,6 +133,14 @@ class CFG(Term):
 
     definition: str
 
+    def _display_node(self) -> str:
+        return f"CFG('{self.definition}')"
+
+    def __repr__(self) -> str:
+        return f"CFG(definition='{self.definition}')"
+
+    __str__ = Term.__str__
+
     @classmethod
     def from_file(cls, path: str) -> "CFG":
         with open(path, encoding="utf-8") as f:
@@ -159,6 +167,8 @@ class JsonSchema(Term):
             text = json.dumps(schema, ensure_ascii=ensure_ascii)
         elif isinstance(schema, str):
             text = schema
+        elif hasattr(schema, "to_schema") and callable(schema.to_schema):  # genson SchemaBuilder
+            text = json.dumps(schema.to_schema(), ensure_ascii=ensure_ascii)
         elif isinstance(schema, type):
             from pydantic import TypeAdapter
 
@@ -168,11 +178,48 @@ class JsonSchema(Term):
         else:
             raise InvalidGuideError(f"Cannot parse schema {schema!r}")
         try:
-            json.loads(text)
+            value = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InvalidGuideError(f"JSON schema is not valid JSON: {exc}") from exc
+        if isinstance(value, dict):  # outlines checks against the metaschema (jsonschema.SchemaError)
+            import jsonschema
+
+            jsonschema.validators.validator_for(value).check_schema(value)
         self.schema = text
         self.whitespace_pattern = whitespace_pattern
+
+    @staticmethod
+    def is_json_schema(obj: Any) -> bool:
+        """A schema *object*: a JsonSchema, a genson builder, a pydantic model, TypedDict or
+        dataclass (plain dicts and strings are not)."""
+        from . import utils
+
+        return (isinstance(obj, JsonSchema) or utils.is_genson_schema_builder(obj)
+                or utils.is_pydantic_model(obj) or utils.is_typed_dict(obj) or utils.is_dataclass(obj))
+
+    @staticmethod
+    def convert_to(schema: Any, target_types: List[str]) -> Any:
+        """``schema`` as the first of ``target_types`` it can become ("str", "dict", "pydantic",
+        "typeddict", "dataclass", "genson"); the object itself when it already is one."""
+        from . import json_schema_utils as jsu
+        from . import utils
+
+        kind = ("pydantic" if utils.is_pydantic_model(schema) else "typeddict" if utils.is_typed_dict(schema)
+                else "dataclass" if utils.is_dataclass(schema) else "genson" if utils.is_genson_schema_builder(schema)
+                else "jsonschema")
+        for target in target_types:
+            if target == kind:
+                return schema
+            text = schema.schema if isinstance(schema, JsonSchema) else JsonSchema(schema).schema
+            if target == "str":
+                return text
+            if target == "dict":
+                return json.loads(text)
+            converter = {"pydantic": jsu.json_schema_dict_to_pydantic, "typeddict": jsu.json_schema_dict_to_typeddict,
+                         "dataclass": jsu.json_schema_dict_to_dataclass}.get(target)
+            if converter is not None:
+                return converter(json.loads(text))
+        raise ValueError(f"Cannot convert schema type {kind} to any of {target_types}")
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, JsonSchema) and json.loads(self.schema) == json.loads(other.schema)
@@ -183,6 +230,11 @@ class JsonSchema(Term):
 
     def _display_node(self) -> str:
         return f"JsonSchema({self.schema!r})"
+
+    @classmethod
+    def from_file(cls, path: str) -> "JsonSchema":
+        with open(path, encoding="utf-8") as f:
+            return cls(f.read())
 
 
 # ---- composite terms ---------------------------------------------------------------------
@@ -381,3 +433,13 @@ def json_schema(schema: Any, whitespace_pattern: str | None = None) -> JsonSchem
 
 def cfg(definition: str) -> CFG:
     return CFG(definition)
+
+
+def __getattr__(name: str) -> Any:
+    """``python_types_to_terms`` and its helpers live in python_terms.py (it imports this module)."""
+    if name in ("python_types_to_terms", "_handle_literal", "_handle_union", "_handle_list",
+                "_handle_tuple", "_handle_dict", "_ensure_json_quoted"):
+        from . import python_terms
+
+        return getattr(python_terms, name)
+    raise AttributeError(name)
