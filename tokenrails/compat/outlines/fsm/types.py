@@ -21,7 +21,17 @@ def python_types_to_regex(python_type: Any) -> Tuple[str, FormatFunction]:
     Difference: ``bool`` parses ``"False"`` to ``False`` (outlines' ``bool(text)`` gave True).
     """
     import re
+    import typing
 
+    if typing.get_origin(python_type) is typing.Annotated:  # Annotated[str, StringConstraints(pattern)]
+        base, *meta = typing.get_args(python_type)
+        for m in meta:
+            pattern = getattr(m, "pattern", None)
+            if isinstance(pattern, str):
+                return pattern, str
+        return python_types_to_regex(base)
+    if python_type is str:
+        return r'"[^"]*"', str
     if isinstance(python_type, EnumMeta):
         names = list(python_type.__members__)
         return "(" + "|".join(re.escape(n) for n in names) + ")", str
