@@ -34,7 +34,7 @@ OUT_OF_SCOPE = re.compile(
     r"sglang|tgi|provider_exceptions|vision|multimodal|"
     r"tests/test_exceptions\.py")  # 1.x: per-provider (API client) exception mapping
 # parametrized cases that run another provider or hardware inside an in-scope file
-OUT_OF_SCOPE_PARAM = re.compile(r"\[.*(llamacpp|llama_cpp|exllama|mlx|vllm|vision|openai).*\]")
+OUT_OF_SCOPE_PARAM = re.compile(r"\[.*(llamacpp|llama_cpp|exllama|mlx|vllm|vision|openai).*\]|::test_vision")
 # outlines' own runtime/test dependencies its tests import (light ones; none pins torch)
 TEST_DEPS = ["interegular", "lark", "nest_asyncio", "cloudpickle", "diskcache", "pycountry", "airportsdata",
              "genson", "iso3166", "pytest-mock", "pytest-asyncio", "responses", "pillow"]
