@@ -78,10 +78,31 @@ class _StubLoader(importlib.abc.Loader):
         _guard_module(module)
 
 
+class _ReinstallLoader(importlib.abc.Loader):
+    """``import outlines`` after a test dropped every ``outlines`` module from ``sys.modules``
+    (outlines' own cache tests do, to re-read their environment): the shim comes back, fresh."""
+
+    def create_module(self, spec):
+        for name in [n for n in sys.modules if n.startswith("tokenrails.compat.outlines")]:
+            del sys.modules[name]
+        from tokenrails.compat.outlines import _install
+
+        _install.install()
+        for name, module in list(sys.modules.items()):
+            if name == "outlines" or name.startswith("outlines."):
+                _guard_module(module)
+        return sys.modules["outlines"]
+
+    def exec_module(self, module):
+        pass
+
+
 class MissingOutlinesModules(importlib.abc.MetaPathFinder):
     """``outlines.x`` modules the shim lacks: empty guarded stubs instead of ImportError."""
 
     def find_spec(self, fullname, path=None, target=None):
+        if fullname == "outlines":
+            return importlib.machinery.ModuleSpec(fullname, _ReinstallLoader(), is_package=True)
         if not fullname.startswith("outlines."):
             return None
         for finder in sys.meta_path:

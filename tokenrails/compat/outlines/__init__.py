@@ -4,16 +4,17 @@ Use it directly (``from tokenrails.compat import outlines``) or call ``install()
 unmodified ``import outlines`` code runs on tokenrails. Regex, choice and JSON keep outlines'
 exact languages (FSM backend); CFGs are EBNF, compiled by xgrammar.
 """
-from . import fsm, generate, grammars, models, processors, prompts, samplers, templates, types
+from . import caching, fsm, generate, grammars, models, processors, prompts, samplers, templates, types
 from ._install import install, is_installed, uninstall
 from .generator import Generator
 from .models import from_transformers
 from .prompts import Prompt, prompt
 from .templates import Template
 from .types import cfg, json_schema, regex
+from .caching import clear_cache, disable_cache, get_cache
 
 __all__ = [
-    "Generator", "Prompt", "Template", "cfg", "from_transformers", "fsm", "generate", "grammars", "install",
+    "Generator", "Prompt", "Template", "caching", "cfg", "clear_cache", "disable_cache", "get_cache", "from_transformers", "fsm", "generate", "grammars", "install",
     "is_installed", "json_schema", "models", "processors", "prompt", "prompts", "regex", "samplers", "templates", "types",
     "uninstall",
 ]

@@ -20,7 +20,7 @@ def shim_modules() -> dict[str, ModuleType]:
     out = {"outlines": root}
     for info in pkgutil.walk_packages(root.__path__, prefix=_PACKAGE + "."):
         tail = info.name[len(_PACKAGE) + 1:]
-        if any(part.startswith("_") for part in tail.split(".")):
+        if any(part.startswith("_") for part in tail.split(".")) and tail != "_version":
             continue
         out["outlines." + tail] = importlib.import_module(info.name)
     return out
