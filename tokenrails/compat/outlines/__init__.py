@@ -4,7 +4,7 @@ Use it directly (``from tokenrails.compat import outlines``) or call ``install()
 unmodified ``import outlines`` code runs on tokenrails. Regex, choice and JSON keep outlines'
 exact languages (FSM backend); CFGs are EBNF, compiled by xgrammar.
 """
-from . import caching, fsm, generate, grammars, models, processors, prompts, samplers, templates, types
+from . import base, caching, fsm, generate, grammars, models, processors, prompts, samplers, templates, types
 from ._install import install, is_installed, uninstall
 from .generator import Generator
 from .models import from_transformers
@@ -12,9 +12,10 @@ from .prompts import Prompt, prompt
 from .templates import Template
 from .types import cfg, json_schema, regex
 from .caching import clear_cache, disable_cache, get_cache
+from .base import vectorize
 
 __all__ = [
-    "Generator", "Prompt", "Template", "caching", "cfg", "clear_cache", "disable_cache", "get_cache", "from_transformers", "fsm", "generate", "grammars", "install",
-    "is_installed", "json_schema", "models", "processors", "prompt", "prompts", "regex", "samplers", "templates", "types",
+    "Generator", "Prompt", "Template", "base", "caching", "cfg", "clear_cache", "disable_cache", "get_cache", "from_transformers", "fsm", "generate", "grammars", "install",
+    "is_installed", "json_schema", "models", "processors", "prompt", "prompts", "regex", "samplers", "templates", "types", "vectorize",
     "uninstall",
 ]
