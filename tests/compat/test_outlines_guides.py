@@ -517,3 +517,29 @@ def test_processor_steps_equal_a_fresh_replay(smollm2_tokenizer) -> None:
     buffer[1, 4] = buffer[0, 4]  # an earlier token rewritten in place, then one more step
     longer = torch.cat([buffer, buffer[:, -1:]], dim=1)
     check(longer)
+
+
+def test_guides_take_outlines_interface_tokenizers():
+    """outlines' own tokenizer interface (a ``vocabulary`` dict, ``eos_token_id``,
+    ``special_tokens``, ``convert_token_to_string``) — as outlines' tests and custom
+    integrations write it — builds a vocabulary; byte-fallback pieces are their byte."""
+    from tokenrails.compat.outlines.fsm.guide import Generate, RegexGuide, StopAtEOSGuide
+
+    class Tok:
+        vocabulary = {"1": 1, "a": 2, "eos": 3, "<0xF0>": 4}
+        special_tokens = {"eos"}
+        eos_token_id = 3
+
+        def convert_token_to_string(self, token):
+            return token
+
+    guide = RegexGuide.from_regex("[1-9]", Tok())
+    instruction = guide.get_next_instruction(guide.initial_state)
+    assert isinstance(instruction, Generate) and sorted(map(int, instruction.tokens)) == [1]
+    assert StopAtEOSGuide(Tok()).get_next_state(0, 3) == StopAtEOSGuide.final_state
+
+    class OnlyA(Tok):
+        vocabulary = {"a": 1}
+
+    with pytest.raises(ValueError, match="The vocabulary"):
+        RegexGuide.from_regex("[1-9]", OnlyA())

@@ -41,6 +41,40 @@ def hf_tokenizer_of(tokenizer: Any, _depth: int = 0) -> Any:
     )
 
 
+def _is_outlines_tokenizer(tokenizer: Any) -> bool:
+    """outlines' own tokenizer interface (``vocabulary`` dict, ``eos_token_id``), as outlines'
+    tests and custom integrations write it — no transformers tokenizer behind it."""
+    return isinstance(getattr(tokenizer, "vocabulary", None), dict) and \
+        getattr(tokenizer, "eos_token_id", None) is not None and \
+        not (hasattr(tokenizer, "get_vocab") and hasattr(tokenizer, "convert_ids_to_tokens"))
+
+
+def _token_bytes(text: str) -> bytes:
+    """A token's bytes: byte-fallback pieces (``<0xF0>``) are that byte, the rest UTF-8."""
+    if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+        try:
+            return bytes([int(text[3:5], 16)])
+        except ValueError:
+            pass
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _vocabulary_from_outlines_tokenizer(tokenizer: Any) -> Vocabulary:
+    vocab_map: dict = tokenizer.vocabulary
+    eos = int(tokenizer.eos_token_id)
+    size = max([int(i) for i in vocab_map.values()] + [eos]) + 1
+    token_bytes = [b""] * size
+    convert = getattr(tokenizer, "convert_token_to_string", None)
+    special = {vocab_map[t] for t in (getattr(tokenizer, "special_tokens", None) or ()) if t in vocab_map}
+    for token, idx in vocab_map.items():
+        text = convert(token) if callable(convert) else token
+        token_bytes[int(idx)] = _token_bytes(token if token.startswith("<0x") else text)
+    # ids the vocabulary does not name are never tokens (empty bytes, special)
+    special |= {i for i, b in enumerate(token_bytes) if not b}
+    return Vocabulary(token_bytes=token_bytes, eos_ids=(eos,), special_ids=frozenset(special),
+                      name=type(tokenizer).__name__)
+
+
 def vocabulary_for(tokenizer: Any) -> Vocabulary:
     """The (memoized) ``Vocabulary`` of ``tokenizer``; a ``Vocabulary`` passes through."""
     if isinstance(tokenizer, Vocabulary):
@@ -48,6 +82,8 @@ def vocabulary_for(tokenizer: Any) -> Vocabulary:
     vocab = getattr(tokenizer, "_tokenrails_vocabulary", None)
     if isinstance(vocab, Vocabulary):
         return vocab
+    if _is_outlines_tokenizer(tokenizer):
+        return _vocabulary_from_outlines_tokenizer(tokenizer)
     hf = hf_tokenizer_of(tokenizer)
     with _LOCK:
         hit = _VOCABS.get(id(hf))

@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 import torch
 
 from ....guided.backend import CompiledGuide
+from ....guided.errors import InvalidGuideError
 from ....guided.spec import GuideSpec
 from .._runtime import compile_for, vocabulary_for
 from ..grammars import check_ebnf
@@ -119,7 +120,16 @@ class RegexGuide(TokenrailsGuide):
 
     def __init__(self, regex_string: str, tokenizer: Any):
         self.regex_string = regex_string
-        super().__init__(compile_for(GuideSpec.regex(regex_string), tokenizer), tokenizer)
+        try:
+            compiled = compile_for(GuideSpec.regex(regex_string), tokenizer)
+        except InvalidGuideError as exc:
+            if "language is empty" not in str(exc):
+                raise
+            # outlines' wording: no token sequence of this vocabulary spells a match
+            raise InvalidGuideError(
+                "The vocabulary does not allow us to build a sequence that matches the input regex"
+            ) from exc
+        super().__init__(compiled, tokenizer)
 
     @classmethod
     def from_regex(cls, regex_string: str, tokenizer: Any, **_kwargs: Any) -> "RegexGuide":
@@ -142,9 +152,8 @@ class StopAtEOSGuide(Guide):
     initial_state = 0
 
     def __init__(self, tokenizer: Any):
-        vocab = vocabulary_for(tokenizer)
         eos = getattr(tokenizer, "eos_token_id", None)
-        self.eos_token_id = eos if eos is not None else vocab.eos_ids[0]
+        self.eos_token_id = eos if eos is not None else vocabulary_for(tokenizer).eos_ids[0]
 
     def get_next_instruction(self, state: int) -> Instruction:
         if self.is_final_state(state):
