@@ -106,11 +106,14 @@ def _guided_step(self, scores: torch.Tensor, stream: Any) -> None:
             if r is not None:
                 self.guided_errors[i] = exc
         mgr = None
-    if stream is not None:
-        with torch.cuda.stream(stream):
+    # a worker thread does not inherit the engine thread's inference mode (thread-local), and the
+    # logits are inference tensors there: in-place repairs (EOS-only rows) need it re-entered
+    with torch.inference_mode(scores.is_inference()):
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                _guided_step_inner(self, mgr, scores)
+        else:
             _guided_step_inner(self, mgr, scores)
-    else:
-        _guided_step_inner(self, mgr, scores)
 
 
 def _guided_step_inner(self, mgr: Any, scores: torch.Tensor) -> None:
