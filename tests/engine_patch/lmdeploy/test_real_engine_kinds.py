@@ -149,7 +149,7 @@ def test_structural_tag_legacy_shape_free_text_allowed(engine):
     fmt = {"type": "structural_tag", "structures": [{"begin": "<person>", "schema": PERSON, "end": "</person>"}],
            "triggers": ["<person>"]}
     out = _with_unguided(pipe, "Describe a person inside <person></person> tags as JSON.", _gen(fmt, max_new_tokens=32))
-    if mode == "stock":  # stock passes the legacy shape to xgrammar's new parser: refused
+    if mode == "stock":  # stock hands it to xgrammar's parser: "Structural tag must have a format field"
         assert out.finish_reason == "error", out
         return
     assert out.finish_reason in ("stop", "length"), out
