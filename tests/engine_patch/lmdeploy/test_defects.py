@@ -230,6 +230,20 @@ def test_bad_words_cannot_break_the_grammar(mode, smollm2_tokenizer, vocab):
         assert toks[0] == EOS and 0 in proc.guided_errors  # fail closed, reported
 
 
+def test_empty_row_repair_on_inference_tensors(upgraded, cpu_lmdeploy, smollm2_tokenizer, vocab):
+    """The engine samples under ``torch.inference_mode()``: its logits are inference tensors, and the
+    guided step runs in a worker thread, which does not inherit inference mode. The EOS-only repair
+    of an emptied row must still work there (found on the real engine: it raised and stopped the engine)."""
+    mgr = harness.make_manager(smollm2_tokenizer, vocab.vocab_size)
+    seq = harness.FakeSeq(8, harness.gen_config({"type": "regex_schema", "regex_schema": "ab"},
+                                                 bad_token_ids=[81, 369]))
+    with torch.inference_mode():
+        logits = torch.randn(1, vocab.vocab_size)
+        toks, proc = asyncio.run(harness.step(harness.strategy(), mgr, [seq], logits))
+    assert logits.is_inference()
+    assert toks[0] == EOS and 0 in proc.guided_errors
+
+
 def test_min_new_tokens_stop_word_vs_complete_grammar(mode, smollm2_tokenizer, vocab):
     tok = smollm2_tokenizer
     mgr = harness.make_manager(tok, vocab.vocab_size)

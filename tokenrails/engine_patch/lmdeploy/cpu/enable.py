@@ -105,14 +105,52 @@ def _real_cuda_available() -> bool:
 def cpu_engine_config(**kwargs: Any):
     """A ``PytorchEngineConfig`` for CPU: eager, fixed block count, small batch (overridable).
 
-    ``PytorchEngineConfig.__post_init__`` only accepts GPU device types, so the device is set after
-    construction (the dataclass is mutable; nothing else validates it).
+    ``PytorchEngineConfig.__post_init__`` only accepts GPU device types, so the object is a subclass
+    whose validation lets ``'cpu'`` through (``dataclasses.replace`` keeps working), and whose pickle
+    calls ``enable()`` when it is loaded: LMDeploy's api_server runs the engine in a spawned process
+    and hands it the config, so the CPU path follows the config there.
     """
-    from lmdeploy import PytorchEngineConfig
     enable()
     defaults: dict[str, Any] = dict(eager_mode=True, enable_metrics=False, num_gpu_blocks=64, block_size=64, max_batch_size=8,
                                     session_len=1024)
     defaults.update(kwargs)
-    cfg = PytorchEngineConfig(**defaults)
-    cfg.device_type = 'cpu'
+    defaults['device_type'] = 'cpu'
+    return _config_class()(**defaults)
+
+
+_CONFIG_CLASS: Any = None
+
+
+def _config_class() -> type:
+    global _CONFIG_CLASS
+    if _CONFIG_CLASS is None:
+        from lmdeploy import PytorchEngineConfig
+
+        class CpuPytorchEngineConfig(PytorchEngineConfig):
+            """``PytorchEngineConfig`` with ``device_type='cpu'`` that enables the CPU path where it is
+            unpickled (a spawned engine process)."""
+
+            def __post_init__(self):
+                """Stock validation, which knows only GPU device types, with 'cpu' let through."""
+                cpu = self.device_type == 'cpu'
+                if cpu:
+                    self.device_type = 'cuda'
+                super().__post_init__()
+                if cpu:
+                    self.device_type = 'cpu'
+
+            def __reduce__(self):
+                return (_restore_config, (dict(self.__dict__), ))
+
+        CpuPytorchEngineConfig.__module__ = __name__
+        _CONFIG_CLASS = CpuPytorchEngineConfig
+    return _CONFIG_CLASS
+
+
+def _restore_config(state: dict) -> Any:
+    """Unpickle a CPU engine config: register the CPU device path in this process first."""
+    enable()
+    cls = _config_class()
+    cfg = cls.__new__(cls)
+    cfg.__dict__.update(state)
     return cfg

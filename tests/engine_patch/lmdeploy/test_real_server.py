@@ -1,0 +1,225 @@
+"""LMDeploy's OpenAI api_server over real HTTP, on the CPU path, with the upgrade active.
+
+The server is ``python -m tokenrails.engine_patch.lmdeploy.cpu.serve`` in a subprocess: LMDeploy's
+own ``api_server.serve`` with a CPU engine config. LMDeploy runs the engine in a *spawned* process
+(``ZMQMPEngine``); the CPU path reaches it through the config's pickle, the upgrade through
+``activate()``'s exported environment and start-up hook. Requests are OpenAI-shaped bodies sent with
+httpx: response_format kinds validated by oracles, a bad schema answered 400, streaming, and
+concurrent requests. ``choice`` and ``grammar`` succeeding proves the upgrade runs in the engine
+process (stock LMDeploy's engine has no such kinds).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lmdeploy")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("openai")  # LMDeploy's server modules import it
+httpx = pytest.importorskip("httpx")
+jsonschema = pytest.importorskip("jsonschema")
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[3]
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+START_TIMEOUT = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# LMDeploy 0.18 race (not ours): ``ZMQMPEngine._start_mp_proc`` leaves ``with mp.Manager()`` (shutting
+# the manager down) as soon as the spawned engine publishes its RPC port, while the engine process
+# is still leaving ``with condition:`` — its ``release()`` call to the manager can lose its reply
+# (``EOFError`` in ``_mp_proc``), and the engine process dies before loading the model. Rare, more
+# likely on a loaded machine; the server start is retried for that failure only.
+START_ATTEMPTS = 3
+MANAGER_RACE = "EOFError"
+
+
+def _start(model, log):
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "tokenrails.engine_patch.lmdeploy.cpu.serve", str(model),
+                                 "--port", str(port), "--max-batch-size", "4", "--session-len", "512"],
+                                stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _stop(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and the engine process it spawned
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def _wait_ready(proc, base, log):
+    """The served model id, or None when the server process exited first."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return None
+        try:
+            return httpx.get(f"{base}/v1/models", timeout=2).json()["data"][0]["id"]
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            time.sleep(1)
+    pytest.fail(f"api_server not ready after {START_TIMEOUT}s:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from tokenrails.models import ModelNotFoundError, resolve_model_dir
+    try:
+        model, _, _ = resolve_model_dir(quiet=True)
+    except ModelNotFoundError as exc:
+        pytest.skip(str(exc))
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    for attempt in range(START_ATTEMPTS):
+        proc, base = _start(model, log)
+        try:
+            model_id = _wait_ready(proc, base, log)
+        except BaseException:
+            _stop(proc)
+            raise
+        if model_id is not None:
+            break
+        _stop(proc)
+        text = log.read_text()
+        if MANAGER_RACE not in text or attempt == START_ATTEMPTS - 1:
+            pytest.fail(f"api_server exited with {proc.returncode}:\n{text[-4000:]}")
+        warnings.warn(f"api_server start {attempt + 1}: LMDeploy's engine-start manager race ({MANAGER_RACE}); retrying")
+    try:
+        yield base, model_id, proc, log
+    finally:
+        _stop(proc)
+
+
+def _body(model_id, prompt, **kw):
+    return {"model": model_id, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": 40, **kw}
+
+
+def _post(server, body):
+    base, _, _, _ = server
+    return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=180)
+
+
+def _content(resp):
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    return choice["message"]["content"], choice["finish_reason"]
+
+
+def test_engine_runs_in_a_spawned_process(server):
+    _, _, proc, _ = server
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    names = [Path(f"/proc/{pid}/comm").read_text().strip() for pid in children if Path(f"/proc/{pid}/comm").exists()]
+    assert "ZMQMPEngine" in names, names
+
+
+def test_json_schema(server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    text, finish = _content(_post(server, _body(server[1], "Give me a person as JSON.", response_format=fmt)))
+    assert finish == "stop"
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_bad_schema_is_400(server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "object",
+                                                                            "properties": {"a": {"type": "nonsense"}}}}}
+    resp = _post(server, _body(server[1], "Hi", response_format=fmt))
+    assert resp.status_code == 400, resp.text
+    assert "response_format" in resp.json()["message"]
+
+
+def test_choice_and_grammar_run_in_the_engine_process(server):
+    """Kinds only the upgrade has: the spawned engine process enforces them (stock would fail)."""
+    text, finish = _content(_post(server, _body(server[1], "Is the sky blue?",
+                                                response_format={"type": "choice", "choice": ["yes", "no"]})))
+    assert finish == "stop" and text in ("yes", "no"), text
+    grammar = 'root ::= num " " op " " num\nop ::= "+" | "-"\nnum ::= [1-9] [0-9]?'
+    text, finish = _content(_post(server, _body(server[1], "Write a sum.",
+                                                response_format={"type": "grammar", "grammar": grammar})))
+    assert finish == "stop" and re.fullmatch(r"[1-9][0-9]? [+-] [1-9][0-9]?", text), text
+
+
+def test_structural_tag(server):
+    tag = {"type": "tag", "begin": "<person>", "content": {"type": "json_schema", "json_schema": PERSON},
+           "end": "</person>"}
+    text, finish = _content(_post(server, _body(server[1], "Describe a person.",
+                                                response_format={"type": "structural_tag", "format": tag})))
+    m = re.fullmatch(r"<person>(.*)</person>", text, re.S)
+    assert finish == "stop" and m, text
+    jsonschema.validate(json.loads(m.group(1)), PERSON)
+
+
+def test_streaming_regex(server):
+    base, model_id, _, _ = server
+    pattern = r"[0-9]{3}-[a-z]{2}"
+    body = _body(model_id, "Write a code.", stream=True,
+                 response_format={"type": "regex_schema", "regex_schema": pattern})
+    pieces, finishes = [], []
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=180) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[len("data: "):])["choices"][0]
+            pieces.append(choice["delta"].get("content") or "")
+            if choice.get("finish_reason"):
+                finishes.append(choice["finish_reason"])
+    assert len([p for p in pieces if p]) > 1  # really streamed, token by token
+    assert re.fullmatch(pattern, "".join(pieces)), pieces
+    assert finishes == ["stop"]
+
+
+def test_concurrent_requests(server):
+    """Guided and unguided requests in flight together (batched by the engine), each validated."""
+    base, model_id, _, _ = server
+    pattern = r"[A-Z]{2}[0-9]{2}"
+    bodies = [
+        _body(model_id, "Give me a person as JSON.",
+              response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}),
+        _body(model_id, "Write a code.", response_format={"type": "regex_schema", "regex_schema": pattern}),
+        _body(model_id, "Pick a colour.", response_format={"type": "choice", "choice": ["red", "green", "blue"]}),
+        _body(model_id, "Say hello.", max_tokens=8),
+        _body(model_id, "Another person as JSON, please.",
+              response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}),
+    ]
+
+    async def run():
+        async with httpx.AsyncClient(timeout=180) as client:
+            return await asyncio.gather(*(client.post(f"{base}/v1/chat/completions", json=b) for b in bodies))
+
+    person, code, colour, hello, person2 = [_content(r) for r in asyncio.run(run())]
+    jsonschema.validate(json.loads(person[0]), PERSON)
+    jsonschema.validate(json.loads(person2[0]), PERSON)
+    assert re.fullmatch(pattern, code[0]), code
+    assert colour[0] in ("red", "green", "blue"), colour
+    assert hello[0] and hello[1] == "length", hello
