@@ -43,6 +43,8 @@ def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list
     if kind in ("regex", "choice"):
         return ["fsm", "llguidance", "xgrammar"], "regex/choice: exact DFA first"
     if kind == "grammar":
+        if spec.option("dialect") == "lark":
+            return ["llguidance"], "grammar: Lark dialect, llguidance reads it natively"
         return ["xgrammar", "llguidance"], "grammar: xgrammar EBNF dialect first"
     if kind == "structural_tag":
         return ["xgrammar"], "structural_tag: xgrammar only"

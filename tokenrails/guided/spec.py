@@ -207,10 +207,14 @@ class GuideSpec:
         return cls("choice", _canonical_json(values))
 
     @classmethod
-    def grammar(cls, ebnf: str) -> "GuideSpec":
+    def grammar(cls, ebnf: str, *, dialect: str = "ebnf") -> "GuideSpec":
+        """``dialect``: "ebnf" (xgrammar's GBNF-like EBNF, every backend) or "lark" (outlines'
+        and llguidance's Lark dialect: llguidance only)."""
         if not isinstance(ebnf, str) or not ebnf.strip():
             raise InvalidGuideError("grammar must be a non-empty EBNF string")
-        return cls("grammar", ebnf)
+        if dialect not in ("ebnf", "lark"):
+            raise InvalidGuideError(f"unknown grammar dialect {dialect!r} (ebnf or lark)")
+        return cls("grammar", ebnf, (("dialect", "lark"),) if dialect == "lark" else ())
 
     @classmethod
     def structural_tag(cls, tag: Any) -> "GuideSpec":

@@ -110,7 +110,7 @@ def fsm_available() -> bool:
 def backend_for(spec: GuideSpec) -> str:
     """Regex/choice/JSON → the FSM backend (outlines' language); CFG/EBNF → xgrammar."""
     if spec.kind == "grammar":
-        return "xgrammar"
+        return "llguidance" if spec.option("dialect") == "lark" else "xgrammar"
     if spec.kind in ("regex", "choice", "json_schema"):
         return "fsm" if fsm_available() else "xgrammar"
     return "auto"

@@ -1,8 +1,8 @@
 """``outlines.grammars``: ready-made grammars, in EBNF (the dialect tokenrails' CFG path takes).
 
-Outlines wrote its grammars in Lark; tokenrails compiles CFGs with xgrammar, whose input is
-EBNF (GBNF-like: ``rule ::= ...``, root rule ``root``). ``check_ebnf`` turns a Lark grammar
-passed by mistake into a clear error instead of an opaque parse failure.
+Outlines writes its grammars in Lark; ``grammar_spec`` sends Lark grammars to llguidance (which
+reads Lark natively) and EBNF (GBNF-like: ``rule ::= ...``, root rule ``root``) to xgrammar.
+The ready-made grammars here are EBNF; ``check_ebnf`` insists on EBNF where only xgrammar will do.
 """
 from __future__ import annotations
 
@@ -33,6 +33,18 @@ ws ::= " "*
 """.strip()
 
 _LARK_RULE = re.compile(r"^\s*[?!]?[A-Za-z_][A-Za-z_0-9.]*\s*:(?!:=)", re.MULTILINE)
+
+
+def grammar_spec(grammar: str) -> "GuideSpec":
+    """The spec of an outlines CFG: Lark (outlines' dialect) compiles on llguidance, which reads
+    Lark natively; EBNF (``name ::= ...``) on xgrammar."""
+    from ...guided.spec import GuideSpec
+
+    if not isinstance(grammar, str) or not grammar.strip():
+        raise InvalidGuideError("grammar must be a non-empty Lark or EBNF string")
+    if "::=" not in grammar and _LARK_RULE.search(grammar):
+        return GuideSpec.grammar(grammar, dialect="lark")
+    return GuideSpec.grammar(grammar)
 
 
 def check_ebnf(grammar: str) -> str:

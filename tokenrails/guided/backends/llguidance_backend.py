@@ -459,6 +459,8 @@ class LLGuidanceBackend(GuideBackend):
                 lark = "start: " + " | ".join(json.dumps(c) for c in spec.choices) + "\n"
                 return llg.LLMatcher.grammar_from_lark(lark)
             if kind == "grammar":
+                if spec.option("dialect") == "lark":
+                    return llg.LLMatcher.grammar_from_lark(spec.ebnf)
                 from llguidance.gbnf_to_lark import any_to_lark
 
                 return llg.LLMatcher.grammar_from_lark(any_to_lark(spec.ebnf))

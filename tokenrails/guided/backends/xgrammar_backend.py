@@ -217,6 +217,9 @@ class XGrammarBackend(GuideBackend):
             self.limits.check("max_enum_values", len(spec.choices))
             check_literals(spec.choices, self.limits)
         elif spec.kind == "grammar":
+            if spec.option("dialect") == "lark":
+                raise UnsupportedGuideError("xgrammar takes EBNF; Lark grammars compile on llguidance",
+                                            feature="lark", backend=self.name)
             self.limits.check("max_grammar_bytes", len(spec.ebnf.encode()))
             scan_repeat_bounds(spec.ebnf, self.limits, grammar=True)
             check_grammar_literals(spec.ebnf, self.limits)

@@ -17,7 +17,7 @@ from ....guided.backend import CompiledGuide
 from ....guided.errors import InvalidGuideError
 from ....guided.spec import GuideSpec
 from .._runtime import compile_for, vocabulary_for
-from ..grammars import check_ebnf
+from ..grammars import grammar_spec
 from .states import FINAL, StateSpace
 
 
@@ -141,7 +141,7 @@ class CFGGuide(TokenrailsGuide):
 
     def __init__(self, cfg_string: str, tokenizer: Any):
         self.cfg_string = cfg_string
-        super().__init__(compile_for(GuideSpec.grammar(check_ebnf(cfg_string)), tokenizer), tokenizer)
+        super().__init__(compile_for(grammar_spec(cfg_string), tokenizer), tokenizer)
 
 
 class StopAtEOSGuide(Guide):

@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args, get_origin
 from ....guided.errors import UnsupportedGuideError
 from ....guided.spec import GuideSpec
 from .._runtime import json_spec
-from ..grammars import check_ebnf
+from ..grammars import grammar_spec
 from .dsl import CFG, Choice, JsonSchema, Regex, String, Term
 
 # outlines 1.x ``outlines.types`` patterns for Python types.
@@ -78,7 +78,7 @@ def _spec_for_term(term: Term) -> GuideSpec:
     if isinstance(term, Choice):
         return GuideSpec.choice(_literal_strings(term.items))
     if isinstance(term, CFG):
-        return GuideSpec.grammar(check_ebnf(term.definition))
+        return grammar_spec(term.definition)
     from .dsl import to_regex
 
     try:  # combinators (sequences, alternatives, quantifiers) are regexes
