@@ -41,3 +41,14 @@ def mode(request, cpu_lmdeploy):
         patch.deactivate()
     yield request.param
     patch.deactivate()
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    """The embedded SmolLM2 as a safetensors directory (the demo's cache) for the real engine."""
+    from tokenrails.models import ModelNotFoundError, resolve_model_dir
+    try:
+        path, _, _ = resolve_model_dir(quiet=True)
+    except ModelNotFoundError as exc:
+        pytest.skip(str(exc))
+    return str(path)

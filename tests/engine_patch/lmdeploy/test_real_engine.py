@@ -19,16 +19,6 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    from tokenrails.models import ModelNotFoundError, resolve_model_dir
-    try:
-        path, _, _ = resolve_model_dir(quiet=True)
-    except ModelNotFoundError as exc:
-        pytest.skip(str(exc))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def pipe(model_dir):
     torch.set_num_threads(1)
     from lmdeploy import pipeline
@@ -63,3 +53,55 @@ def test_regex_batched_with_unguided(pipe):
             GenerationConfig(max_new_tokens=6, top_k=1)]
     outs = pipe(["Write a code.", "Hi"], gen_config=gens)
     assert re.fullmatch(pattern, outs[0].text), outs[0].text
+
+
+# ---- the mask fill overlapped with the forward (overlap.py): used on every guided decode step,
+# drops nothing, changes no output; and a regression the real engine found ----------------------
+def _run(pipe):
+    from lmdeploy import GenerationConfig
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
+    gens = [GenerationConfig(max_new_tokens=40, top_k=1, response_format=fmt),
+            GenerationConfig(max_new_tokens=8, top_k=1),
+            GenerationConfig(max_new_tokens=24, top_k=1,
+                             response_format={"type": "regex_schema", "regex_schema": r"[a-z]{2,6}-[0-9]{2}"})]
+    return pipe(["Give me a person as JSON.", "Hi", "A code please."], gen_config=gens)
+
+
+def test_overlapped_fill_is_used_and_changes_nothing(pipe, monkeypatch):
+    import re
+
+    from tokenrails.engine_patch.lmdeploy import overlap
+
+    monkeypatch.setenv("TOKENRAILS_OVERLAP", "0")
+    overlap.STATS.reset()
+    serial = _run(pipe)
+    assert overlap.STATS.steps == 0
+
+    monkeypatch.setenv("TOKENRAILS_OVERLAP", "1")
+    overlap.STATS.reset()
+    overlapped = _run(pipe)
+    assert overlap.STATS.steps >= 10, overlap.STATS  # every guided decode step
+    assert overlap.STATS.dropped == 0
+    assert [o.text for o in overlapped] == [o.text for o in serial]
+    assert json.loads(overlapped[0].text)["age"] is not None
+    assert re.fullmatch(r"[a-z]{2,6}-[0-9]{2}", overlapped[2].text)
+
+
+def test_min_new_tokens_past_a_finished_grammar_ends_that_row_and_the_engine_lives(pipe):
+    """Regression, found on the real engine: with ``min_new_tokens`` banning EOS after the
+    grammar completed, the row's EOS repair wrote the engine's inference tensor from a worker
+    thread outside inference mode; the RuntimeError stopped the engine loop, failing every
+    request. The row now ends with its complete output and the batch goes on."""
+    import re
+
+    from lmdeploy import GenerationConfig
+    pattern = r"[a-z]{2}"
+    gens = [GenerationConfig(max_new_tokens=12, min_new_tokens=8, top_k=1,
+                             response_format={"type": "regex_schema", "regex_schema": pattern}),
+            GenerationConfig(max_new_tokens=6, top_k=1)]
+    outs = pipe(["Two letters.", "Hi"], gen_config=gens)
+    assert [o.finish_reason for o in outs] != ["error", "error"], outs
+    assert outs[0].finish_reason == "stop" and re.fullmatch(pattern, outs[0].text), outs[0]
+    assert outs[1].finish_reason in ("stop", "length") and outs[1].generate_token_len > 0
+    again = pipe(["Hi"], gen_config=[GenerationConfig(max_new_tokens=4, top_k=1)])
+    assert again[0].generate_token_len > 0  # the engine is still serving

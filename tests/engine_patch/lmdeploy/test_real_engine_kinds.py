@@ -38,16 +38,6 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 UNGUIDED_PROMPT = "Hi"
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    from tokenrails.models import ModelNotFoundError, resolve_model_dir
-    try:
-        path, _, _ = resolve_model_dir(quiet=True)
-    except ModelNotFoundError as exc:
-        pytest.skip(str(exc))
-    return str(path)
-
-
 @pytest.fixture(scope="module", params=["stock", "tokenrails"])
 def engine(request, model_dir):
     """(mode, pipeline): stock LMDeploy (upgrade never activated while it lives) or the upgrade."""
