@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import json
 import threading
 import warnings
@@ -14,7 +15,7 @@ import weakref
 from typing import Any
 
 from ...guided.backend import CompiledGuide
-from ...guided.errors import InvalidGuideError
+from ...guided.errors import InvalidGuideError, UnsupportedGuideError
 from ...guided.registry import compile_guide
 from ...guided.spec import GuideSpec
 from ...guided.vocabulary import Vocabulary
@@ -185,3 +186,98 @@ def _warn_unenforced(schema: dict) -> None:
             UnenforcedSchemaWarning,
             stacklevel=3,
         )
+
+
+# ---- outlines' regex dialect -------------------------------------------------------------------
+_POSIX = {
+    "alpha": "A-Za-z", "digit": "0-9", "alnum": "0-9A-Za-z", "upper": "A-Z", "lower": "a-z",
+    "space": " \\t\\n\\r\\f\\v", "blank": " \\t", "xdigit": "0-9A-Fa-f", "word": "0-9A-Za-z_",
+    "cntrl": "\\x00-\\x1f\\x7f", "print": "\\x20-\\x7e", "graph": "\\x21-\\x7e", "ascii": "\\x00-\\x7f",
+    "punct": "!-/:-@\\[-`{-~",
+}
+_POSIX_RE = re.compile(r"\[:(\^?)([a-z]+):\]")
+
+
+def _spell_posix(pattern: str) -> str:
+    """``[[:alpha:]]`` (POSIX classes inside a bracket expression) → ``[A-Za-z]``."""
+    if "[:" not in pattern:
+        return pattern
+
+    def repl(m: re.Match) -> str:
+        body = _POSIX.get(m.group(2))
+        if body is None:
+            raise InvalidGuideError(f"unknown POSIX class [:{m.group(2)}:]")
+        if m.group(1):
+            raise UnsupportedGuideError(f"negated POSIX class [:^{m.group(2)}:] is not supported",
+                                        feature="negated POSIX class")
+        return body
+
+    return _POSIX_RE.sub(repl, pattern)
+
+
+def _case_fold(pattern: str) -> str:
+    """A pattern under ``(?i)``: every ASCII letter (literal or in a class range) in both cases."""
+    out: list[str] = []
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            if c == "]":
+                in_class = False
+                out.append(c)
+            elif i + 2 < n and pattern[i + 1] == "-" and pattern[i + 2] != "]":
+                lo, hi = c, pattern[i + 2]
+                out.append(f"{lo}-{hi}")
+                for a, b in (("a", "z"), ("A", "Z")):
+                    s, e = max(lo, a), min(hi, b)
+                    if s <= e:
+                        out.append(f"{s.swapcase()}-{e.swapcase()}")
+                i += 3
+                continue
+            else:
+                out.append(c + (c.swapcase() if c.isascii() and c.isalpha() else ""))
+        elif c == "[":
+            in_class = True
+            out.append(c)
+            if pattern[i + 1:i + 2] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i + 1:i + 2] == "]":
+                out.append("\\]")
+                i += 1
+        elif c == "{":  # a repetition count: copy as is
+            j = pattern.find("}", i)
+            j = n - 1 if j < 0 else j
+            out.append(pattern[i:j + 1])
+            i = j + 1
+            continue
+        elif c.isascii() and c.isalpha():
+            out.append(f"[{c.lower()}{c.upper()}]")
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def outlines_dialect(pattern: str) -> str:
+    """An outlines regex in the dialect tokenrails' backends read.
+
+    outlines reads ``\\d`` as ``[0-9]``, ``\\w`` as ``[0-9A-Za-z_]`` and ``\\s`` as ASCII
+    whitespace (tokenrails' regex kind would admit Unicode digits/letters/spaces), knows POSIX
+    classes inside brackets (``[[:alpha:]]``) and a leading ``(?i)``; each is spelled out here.
+    """
+    if not isinstance(pattern, str):
+        return pattern
+    fold = False
+    while pattern.startswith("(?i)"):
+        fold, pattern = True, pattern[4:]
+    pattern = _spell_posix(pattern)
+    if "\\" in pattern:
+        from ...guided.ecma_patterns import ASCII_CLASSES, spell_shorthands
+
+        pattern = spell_shorthands(pattern, ASCII_CLASSES, "outlines shim")
+    return _case_fold(pattern) if fold else pattern

@@ -16,7 +16,7 @@ import torch
 from ....guided.backend import CompiledGuide
 from ....guided.errors import InvalidGuideError
 from ....guided.spec import GuideSpec
-from .._runtime import compile_for, vocabulary_for
+from .._runtime import compile_for, outlines_dialect, vocabulary_for
 from ..grammars import grammar_spec
 from .states import FINAL, StateSpace
 
@@ -121,7 +121,7 @@ class RegexGuide(TokenrailsGuide):
     def __init__(self, regex_string: str, tokenizer: Any):
         self.regex_string = regex_string
         try:
-            compiled = compile_for(GuideSpec.regex(regex_string), tokenizer)
+            compiled = compile_for(GuideSpec.regex(outlines_dialect(regex_string)), tokenizer)
         except InvalidGuideError as exc:
             if "language is empty" not in str(exc):
                 raise

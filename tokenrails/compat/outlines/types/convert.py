@@ -11,7 +11,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from ....guided.errors import UnsupportedGuideError
 from ....guided.spec import GuideSpec
-from .._runtime import json_spec
+from .._runtime import json_spec, outlines_dialect
 from ..grammars import grammar_spec
 from .dsl import CFG, Choice, JsonSchema, Regex, String, Term
 
@@ -48,7 +48,7 @@ def spec_for_output_type(output_type: Any) -> GuideSpec | None:
     if isinstance(output_type, Term):
         return _spec_for_term(output_type)
     if output_type in _SCALARS:
-        return GuideSpec.regex(_SCALARS[output_type])
+        return GuideSpec.regex(outlines_dialect(_SCALARS[output_type]))
     if output_type is dict:
         return GuideSpec.json_object()
     if get_origin(output_type) is Literal:
@@ -70,7 +70,7 @@ def spec_for_output_type(output_type: Any) -> GuideSpec | None:
 
 def _spec_for_term(term: Term) -> GuideSpec:
     if isinstance(term, Regex):
-        return GuideSpec.regex(term.pattern)
+        return GuideSpec.regex(outlines_dialect(term.pattern))
     if isinstance(term, String):
         return GuideSpec.regex(re.escape(term.value))
     if isinstance(term, JsonSchema):
@@ -82,7 +82,7 @@ def _spec_for_term(term: Term) -> GuideSpec:
     from .dsl import to_regex
 
     try:  # combinators (sequences, alternatives, quantifiers) are regexes
-        return GuideSpec.regex(to_regex(term))
+        return GuideSpec.regex(outlines_dialect(to_regex(term)))
     except TypeError as exc:
         raise UnsupportedGuideError(f"term {term!r} is not supported", feature="output_type") from exc
 
