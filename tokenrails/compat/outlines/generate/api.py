@@ -31,6 +31,9 @@ class SequenceGeneratorAdapter:
         seed: Optional[int] = None,
         **model_specific_params: Any,
     ) -> Any:
+        rng = model_specific_params.pop("rng", None)  # outlines 0.0.x seeding; not a transformers kwarg
+        if seed is None and isinstance(rng, torch.Generator):
+            seed = rng.initial_seed()
         kwargs = dict(self.sampler.generate_kwargs())
         kwargs.update(model_specific_params)
         if max_tokens is not None:

@@ -21,6 +21,9 @@ class OutlinesLogitsProcessor:
         if tensor_library_name not in ("torch", "numpy"):
             raise NotImplementedError(f"Library {tensor_library_name} is not available")
         self.tensor_library_name = tensor_library_name
+        from .tensor_adapters import tensor_adapters
+
+        self.tensor_adapter = tensor_adapters[tensor_library_name]()
 
     def reset(self) -> None:
         """Forget per-generation state (outlines 1.x calls this before each generation)."""
@@ -34,9 +37,11 @@ class OutlinesLogitsProcessor:
         torch_logits = self._to_torch(logits)
         torch_ids = self._to_torch(input_ids)
         if torch_logits.dim() == 1:
-            if torch_ids.dim() != 1:
-                raise ValueError("1-D logits take 1-D input_ids")
+            assert torch_ids.dim() == 1, "1-D logits take 1-D input_ids"
             out = self.process_logits(torch_ids.unsqueeze(0), torch_logits.unsqueeze(0)).squeeze(0)
+        elif torch_logits.dim() == 2 and torch_ids.dim() == 1:
+            assert torch_logits.shape[0] == 1, "1-D input_ids take logits of a single sequence"
+            out = self.process_logits(torch_ids.unsqueeze(0), torch_logits)
         elif torch_logits.dim() == 2:
             if torch_ids.dim() != 2 or torch_ids.shape[0] != torch_logits.shape[0]:
                 raise ValueError(
