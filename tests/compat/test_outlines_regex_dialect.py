@@ -1,46 +1,62 @@
-"""outlines' regex dialect in the shim: ``\\d`` ``\\w`` ``\\s`` are ASCII (outlines-core's reading,
-Python's ``re.ASCII``), POSIX classes inside brackets and a leading ``(?i)`` are understood —
-where tokenrails' own regex kind reads Python's Unicode classes. Oracle: Python ``re`` with
-``re.ASCII`` (and the POSIX classes spelled out by hand)."""
+"""outlines' regex dialect in the shim, proven against outlines-core 0.2 itself (what outlines 1.x
+runs): for each pattern, the set of first tokens outlines-core's ``Index`` allows over a
+vocabulary of single characters (ASCII, Unicode digits, letters, marks and spaces) equals the
+shim's ``RegexGuide`` on the same vocabulary, after every prefix of a probe text too. POSIX
+bracket classes and a leading ``(?i)`` are spelled out by the shim; ``\\d \\w \\s`` are
+Unicode in outlines-core (``\\d`` accepts "٣") and in tokenrails alike."""
 from __future__ import annotations
-
-import re
 
 import pytest
 
-from tokenrails.compat.outlines.fsm.guide import RegexGuide
-from tokenrails.compat.outlines.fsm.states import FINAL
+oc = pytest.importorskip("outlines_core")
 
-CASES = [
-    (r"\d+", ["123", "٣٤", "1٣"]),
-    (r"\w+-\s?\w", ["ab-c", "ab- c", "é-x", "a-\u00a0b"]),
-    (r"(?i)yes|no", ["YES", "yEs", "No", "nö"]),
-    (r"(?i)[a-c]x", ["Bx", "bX", "dx"]),
+from tokenrails.compat.outlines.fsm.guide import RegexGuide  # noqa: E402
+from tokenrails.compat.outlines.fsm.states import FINAL  # noqa: E402
+
+CHARS = [chr(c) for c in range(0x20, 0x7F)] + ["\t", "\n", "٣", "٤", "é", "Ω", "ß", "\u0301", "\u00a0", "\u2003", "_"]
+EOS = len(CHARS) + 1
+
+# Known gap: outlines-core's \w (Rust: Unicode Alphabetic + marks + digits + connectors) also
+# takes combining marks (U+0301), Python's and tokenrails' \w does not.
+W_MARKS = pytest.mark.xfail(strict=True, reason="\\w and combining marks: Rust's \\w includes M, Python's does not")
+PATTERNS = [
+    (r"\d+", "12"), pytest.param(r"\w+", "ab", marks=W_MARKS), (r"\s?x", " x"), (r"[[:alpha:]]+[[:digit:]]", "ab1"),
+    (r"[[:xdigit:][:space:]]+", "a 1"), (r"(?i)yes|no", "Ye"), (r"(?i)[a-c]x", "B"),
+    pytest.param(r"[^a-z]\W", "1", marks=W_MARKS), (r"[^a-z]\D", "1"), (r"\S\D", "x"), (r"a{2,3}b?", "aa"),
 ]
-POSIX = [
-    (r"[[:alpha:]]+[[:digit:]]", r"[A-Za-z]+[0-9]", ["abc1", "ab٣", "é1"]),
-    (r"[[:xdigit:][:space:]]+", r"[0-9A-Fa-f \t\n\r\f\v]+", ["af 09", "g1"]),
-]
 
 
-def _accepts(guide, tok, text: str) -> bool:
-    state = guide.initial_state
-    for t in tok.encode(text, add_special_tokens=False):
-        state = guide.get_next_state(state, t)
-        if state == FINAL:
-            return False
-    return guide.is_final_state(state) or guide.can_terminate_state(state)
+class CharTokenizer:
+    """outlines' tokenizer interface over single characters (id = position + 1)."""
+
+    vocabulary = {c: i + 1 for i, c in enumerate(CHARS)}
+    special_tokens: set = set()
+    eos_token_id = EOS
+
+    def convert_token_to_string(self, token):
+        return token
 
 
-@pytest.mark.parametrize("pattern,texts", CASES)
-def test_shorthands_and_case_folding_read_like_outlines(pattern, texts, smollm2_tokenizer):
-    guide = RegexGuide.from_regex(pattern, smollm2_tokenizer)
-    for text in texts:
-        assert _accepts(guide, smollm2_tokenizer, text) == bool(re.fullmatch(pattern, text, re.ASCII)), text
+def _oc_allowed(guide) -> set[int]:
+    return {t for t in guide.get_tokens() if t != EOS}
 
 
-@pytest.mark.parametrize("pattern,spelled,texts", POSIX)
-def test_posix_classes(pattern, spelled, texts, smollm2_tokenizer):
-    guide = RegexGuide.from_regex(pattern, smollm2_tokenizer)
-    for text in texts:
-        assert _accepts(guide, smollm2_tokenizer, text) == bool(re.fullmatch(spelled, text)), text
+def _ours_allowed(guide, state) -> set[int]:
+    instruction = guide.get_next_instruction(state)
+    tokens = instruction.tokens
+    return {int(t) for t in (tokens.tolist() if hasattr(tokens, "tolist") else tokens)} - {EOS}
+
+
+@pytest.mark.parametrize("pattern,probe", PATTERNS)
+def test_first_token_sets_equal_outlines_core(pattern, probe):
+    vocab = oc.Vocabulary(EOS, {c: [i] for c, i in CharTokenizer.vocabulary.items()})
+    theirs = oc.Guide(oc.Index(pattern, vocab))
+    ours = RegexGuide.from_regex(pattern, CharTokenizer())
+    state = ours.initial_state
+    for ch in [None] + list(probe):
+        if ch is not None:
+            tid = CharTokenizer.vocabulary[ch]
+            theirs.advance(tid)
+            state = ours.get_next_state(state, tid)
+            assert state != FINAL
+        assert _ours_allowed(ours, state) == _oc_allowed(theirs), (pattern, ch)

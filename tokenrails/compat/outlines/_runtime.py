@@ -266,9 +266,11 @@ def _case_fold(pattern: str) -> str:
 def outlines_dialect(pattern: str) -> str:
     """An outlines regex in the dialect tokenrails' backends read.
 
-    outlines reads ``\\d`` as ``[0-9]``, ``\\w`` as ``[0-9A-Za-z_]`` and ``\\s`` as ASCII
-    whitespace (tokenrails' regex kind would admit Unicode digits/letters/spaces), knows POSIX
-    classes inside brackets (``[[:alpha:]]``) and a leading ``(?i)``; each is spelled out here.
+    outlines-core 0.2 (Rust's regex crate, what outlines 1.x runs) knows POSIX classes inside
+    brackets (``[[:alpha:]]``, ASCII) and a leading ``(?i)``; both are spelled out here. Its
+    ``\\d \\w \\s`` are Unicode (``\\d`` accepts "٣", measured on outlines-core 0.2.14), as
+    tokenrails' regex kind reads them: they are left as they are (first-token sets compared with
+    outlines-core in tests/compat/test_outlines_regex_dialect.py).
     """
     if not isinstance(pattern, str):
         return pattern
@@ -276,8 +278,4 @@ def outlines_dialect(pattern: str) -> str:
     while pattern.startswith("(?i)"):
         fold, pattern = True, pattern[4:]
     pattern = _spell_posix(pattern)
-    if "\\" in pattern:
-        from ...guided.ecma_patterns import ASCII_CLASSES, spell_shorthands
-
-        pattern = spell_shorthands(pattern, ASCII_CLASSES, "outlines shim")
     return _case_fold(pattern) if fold else pattern
