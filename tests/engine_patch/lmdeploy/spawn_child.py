@@ -45,3 +45,14 @@ def report_in_ray_worker() -> dict:
     import os
 
     return dict(report_settings_after_agent_import(), pid=os.getpid())
+
+
+def report_cpu_backend_after_engine_import() -> dict:
+    """What a spawned TP worker resolves for ``device_type='cpu'`` (the parent only set the flag)."""
+    import lmdeploy.pytorch.engine  # noqa: F401  (what the engine / TP processes import)
+    from lmdeploy.pytorch.backends.selector import get_backend
+
+    import tokenrails.engine_patch.lmdeploy as patch
+
+    backend = get_backend("cpu")
+    return {"backend": backend.get_name(), "ccl": backend.ccl_backend(), "active": patch.is_active()}

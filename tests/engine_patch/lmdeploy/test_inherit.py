@@ -29,6 +29,8 @@ def test_spawned_agent_process_gets_the_upgrade_and_the_settings(monkeypatch):
     monkeypatch.delenv("TOKENRAILS_LMDEPLOY_BACKEND", raising=False)
     monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # tokenrails importable, nothing else arranged
+    # activate() patches LMDeploy's Ray executor; importing ray sets RAY_CLIENT_MODE once, on its own
+    pytest.importorskip("lmdeploy.pytorch.engine.executor.ray_executor")
     before = dict(os.environ)
     patch.activate(backend="fsm", limits=tr.GuideLimits(max_enum_values=77), reasoning="off")
     try:

@@ -62,6 +62,16 @@ def test_hook_costs_nothing_without_lmdeploy(pth_hook, monkeypatch):
 
 def test_spawned_child_without_flag_is_stock(pth_hook, monkeypatch):
     monkeypatch.delenv("TOKENRAILS_LMDEPLOY", raising=False)
+    monkeypatch.delenv("TOKENRAILS_LMDEPLOY_CPU", raising=False)
     rep = _run_in_spawned_child(spawn_child.report_after_engine_import)
     assert not rep["active"] and not rep["logits_patched"]
     assert rep["manager"] == "GuidedDecodingManager"
+
+
+def test_cpu_flag_registers_the_cpu_device_in_a_spawned_child_without_the_upgrade(pth_hook, monkeypatch):
+    """TP workers and the api_server's engine process are spawned: ``cpu.enable()`` in the parent
+    must reach them (before: ``RuntimeError: Unsupported device type: cpu`` in every TP worker)."""
+    monkeypatch.delenv("TOKENRAILS_LMDEPLOY", raising=False)
+    monkeypatch.setenv("TOKENRAILS_LMDEPLOY_CPU", "1")
+    rep = _run_in_spawned_child(spawn_child.report_cpu_backend_after_engine_import)
+    assert rep == {"backend": "cpu", "ccl": "gloo", "active": False}

@@ -22,6 +22,7 @@ ENV_BACKEND = "TOKENRAILS_LMDEPLOY_BACKEND"
 ENV_LIMITS = "TOKENRAILS_LMDEPLOY_LIMITS"
 ENV_REASONING = "TOKENRAILS_REASONING"
 ENV_TOOL_CALLS = "TOKENRAILS_TOOL_CALLS"
+ENV_CPU = "TOKENRAILS_LMDEPLOY_CPU"  # children enable the CPU device path (cpu/enable.py)
 SITECUSTOMIZE_DIR = Path(__file__).with_name("_sitecustomize")
 
 _SAVED: dict[str, str | None] = {}  # variable -> value before the first export (None: unset)
@@ -39,19 +40,41 @@ def export(*, backend: str | None, limits: GuideLimits | None, reasoning: Any,
         _set(ENV_LIMITS, json.dumps(dataclasses.asdict(limits)))
     if isinstance(reasoning, str):  # a ReasoningConfig object stays in this process (token ids
         _set(ENV_REASONING, reasoning)  # need the vocabulary); give the setting as text to share it
+    _hook_for_children(persistent=False)
+
+
+def export_cpu() -> None:
+    """The CPU device path for every child (TP workers, the api_server's engine process), for as
+    long as this process lives: ``deactivate`` turns the upgrade off, not the device."""
+    os.environ[ENV_CPU] = "1"
+    _SAVED.pop(ENV_CPU, None)
+    _hook_for_children(persistent=True)
+
+
+def _hook_for_children(*, persistent: bool) -> None:
+    """Children run the start-up hook: the installed ``.pth``, else ``_sitecustomize`` on PYTHONPATH."""
     from .startup import pth_installed
 
-    if not pth_installed():
-        entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if str(SITECUSTOMIZE_DIR) not in entries:
-            _set("PYTHONPATH", os.pathsep.join([str(SITECUSTOMIZE_DIR)] + entries))
+    if pth_installed():
+        return
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(SITECUSTOMIZE_DIR) not in entries:
+        value = os.pathsep.join([str(SITECUSTOMIZE_DIR)] + entries)
+        if persistent:
+            os.environ["PYTHONPATH"] = value
+        else:
+            _set("PYTHONPATH", value)
+    if persistent and "PYTHONPATH" in _SAVED:  # restore() must not take the hook away
+        saved = [p for p in (_SAVED["PYTHONPATH"] or "").split(os.pathsep) if p]
+        if str(SITECUSTOMIZE_DIR) not in saved:
+            _SAVED["PYTHONPATH"] = os.pathsep.join([str(SITECUSTOMIZE_DIR)] + saved)
 
 
 def child_env() -> dict[str, str]:
     """The variables a child needs to come up upgraded with this process's settings: for Ray
     workers, whose environment is the cluster's (a cluster started before ``activate`` — or on
     another node — never saw ours), passed in their ``runtime_env``."""
-    names = (ENV_FLAG, ENV_BACKEND, ENV_LIMITS, ENV_REASONING, ENV_TOOL_CALLS, "PYTHONPATH")
+    names = (ENV_FLAG, ENV_BACKEND, ENV_LIMITS, ENV_REASONING, ENV_TOOL_CALLS, ENV_CPU, "PYTHONPATH")
     return {n: os.environ[n] for n in names if n in os.environ}
 
 

@@ -18,6 +18,7 @@ import threading
 from importlib.abc import MetaPathFinder
 
 ENV_FLAG = "TOKENRAILS_LMDEPLOY"
+ENV_CPU = "TOKENRAILS_LMDEPLOY_CPU"  # set by cpu.enable(): children register the CPU device too
 PTH_NAME = "tokenrails_lmdeploy.pth"
 TRIGGERS = frozenset({
     "lmdeploy.pytorch.engine",              # engine process, pipeline(...)
@@ -27,7 +28,8 @@ TRIGGERS = frozenset({
 
 # One line, executed by ``site`` at interpreter start-up (``.pth`` lines starting with "import").
 PTH_LINE = (
-    "import os; os.environ.get('TOKENRAILS_LMDEPLOY', '0').lower() not in ('', '0', 'false', 'no') and "
+    "import os; any(os.environ.get(k, '0').lower() not in ('', '0', 'false', 'no') "
+    "for k in ('TOKENRAILS_LMDEPLOY', 'TOKENRAILS_LMDEPLOY_CPU')) and "
     "__import__('importlib.util').util.find_spec('tokenrails') is not None and exec("
     "\"import importlib.util as u, os.path as p, sys\\n"
     "s = u.find_spec('tokenrails')\\n"
@@ -37,9 +39,28 @@ PTH_LINE = (
 )
 
 
-def enabled(environ: dict | None = None) -> bool:
-    value = (environ if environ is not None else os.environ).get(ENV_FLAG, "0")
+def _truthy(environ: dict | None, name: str) -> bool:
+    value = (environ if environ is not None else os.environ).get(name, "0")
     return value.strip().lower() not in ("", "0", "false", "no")
+
+
+def enabled(environ: dict | None = None) -> bool:
+    """The upgrade is on for this process (inherited ``activate``)."""
+    return _truthy(environ, ENV_FLAG)
+
+
+def hook_wanted(environ: dict | None = None) -> bool:
+    """Something must happen once LMDeploy is imported: the upgrade, the CPU device, or both."""
+    return enabled(environ) or _truthy(environ, ENV_CPU)
+
+
+def _on_lmdeploy_imported() -> None:
+    import importlib
+
+    if _truthy(None, ENV_CPU):
+        importlib.import_module("tokenrails.engine_patch.lmdeploy.cpu").enable()
+    if enabled():
+        importlib.import_module("tokenrails.engine_patch.lmdeploy").activate()
 
 
 class _LoaderProxy:
@@ -109,9 +130,7 @@ class LMDeployImportHook(MetaPathFinder):
             return
         self.fired = True
         _remove_hook()
-        import importlib
-
-        importlib.import_module("tokenrails.engine_patch.lmdeploy").activate()
+        _on_lmdeploy_imported()
 
 
 _HOOK: LMDeployImportHook | None = None
@@ -125,12 +144,10 @@ def _remove_hook() -> None:
 def install() -> None:
     """Activate now if LMDeploy's engine is already imported, else on its first import."""
     global _HOOK
-    if not enabled():
+    if not hook_wanted():
         return
     if any(name in sys.modules for name in TRIGGERS):
-        import importlib
-
-        importlib.import_module("tokenrails.engine_patch.lmdeploy").activate()
+        _on_lmdeploy_imported()
         return
     if _HOOK is None:
         _HOOK = LMDeployImportHook()

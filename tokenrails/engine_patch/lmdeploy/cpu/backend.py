@@ -33,6 +33,11 @@ class CpuOpsBackend(DefaultOpsBackend):
         return super().build_op(spec, enable_deterministic=enable_deterministic)
 
     @staticmethod
+    def ccl_backend() -> str:
+        """Tensor-parallel collectives on CPU tensors: gloo (LMDeploy's default is nccl)."""
+        return 'gloo'
+
+    @staticmethod
     def get_attention_metadata_cls():
         return AttentionMetadata
 

@@ -15,7 +15,10 @@ def enable() -> None:
     from lmdeploy.pytorch.engine import logits_process
     from lmdeploy.pytorch.engine.cache_engine import engine as cache_engine
     from lmdeploy.pytorch.engine.cache_engine import layout as cache_layout
+    from lmdeploy.pytorch.engine.executor import mp_executor
     from lmdeploy.pytorch.engine.model_agent import agent
+    from lmdeploy.pytorch.spec_decode import spec_agent
+    from lmdeploy.pytorch.spec_decode.proposers import base as proposer_base
 
     from . import shim
 
@@ -39,9 +42,13 @@ def enable() -> None:
             return original_handle(self)
 
     EngineChecker.handle = handle
-    for module in (agent, cache_engine, cache_layout, logits_process):  # the modules calling torch.cuda unconditionally
+    # the modules calling torch.cuda unconditionally (speculative decoding's draft model: spec_agent,
+    # proposer_base; TP > 1 workers: mp_executor)
+    for module in (agent, cache_engine, cache_layout, logits_process, spec_agent, proposer_base, mp_executor):
         shim.rebind(module)
     _patch_agent_device(agent.BaseModelAgent)
+    from ..inherit import export_cpu
+    export_cpu()  # TP workers and the api_server's engine process register the device too
     original_to_cuda = agent._try_to_cuda
 
     def _try_to_cuda(val: Any, non_blocking: bool = False) -> Any:
@@ -57,7 +64,27 @@ def enable() -> None:
         return original_to_cuda(val, non_blocking=non_blocking)
 
     agent._try_to_cuda = _try_to_cuda
+    _patch_worker_process_group()
     _ENABLED = True
+
+
+def _patch_worker_process_group() -> None:
+    """TP > 1: ``WorkerWrapperBase.init_process_group`` asks ``get_backend()`` for the collective
+    backend outside any device context, which means CUDA's (nccl); on a CPU worker ask inside the
+    worker's own device context, so the process group is gloo."""
+    from lmdeploy.pytorch.devices import DeviceContext, get_device_manager
+    from lmdeploy.pytorch.engine.executor.base_worker import WorkerWrapperBase
+
+    original = WorkerWrapperBase.init_process_group
+
+    def init_process_group(self, rank: int, master_addr: str | None = None, master_port: str | None = None):
+        if self.device_type != 'cpu':
+            return original(self, rank, master_addr, master_port)
+        with get_device_manager().context(DeviceContext('cpu')):
+            return original(self, rank, master_addr, master_port)
+
+    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    WorkerWrapperBase.init_process_group = init_process_group
 
 
 def _patch_agent_device(cls: type) -> None:
@@ -68,6 +95,12 @@ def _patch_agent_device(cls: type) -> None:
         original(self, *args, **kwargs)
         if getattr(getattr(self, 'device_ctx', None), 'device_type', None) == 'cpu':
             self.device = 'cpu'
+            # the speculative agent and its draft proposer were built inside __init__ with the
+            # hard-coded 'cuda'; they build the draft model and its cache later, from these fields
+            spec_agent = getattr(self, 'spec_agent', None)
+            for part in (spec_agent, getattr(spec_agent, 'proposer', None)):
+                if part is not None and getattr(part, 'device', None) is not None:
+                    part.device = 'cpu'
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
     cls.__init__ = __init__
