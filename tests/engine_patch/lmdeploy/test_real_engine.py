@@ -82,6 +82,7 @@ def test_overlapped_fill_is_used_and_changes_nothing(pipe, monkeypatch):
     overlapped = _run(pipe)
     assert overlap.STATS.steps >= 10, overlap.STATS  # every guided decode step
     assert overlap.STATS.dropped == 0
+    assert overlap.STATS.inline >= 10, overlap.STATS  # 3 rows: the apply skips the thread hop
     assert [o.text for o in overlapped] == [o.text for o in serial]
     assert json.loads(overlapped[0].text)["age"] is not None
     assert re.fullmatch(r"[a-z]{2,6}-[0-9]{2}", overlapped[2].text)

@@ -7,6 +7,9 @@
 * A guided row left with no finite logit (every grammar-legal token was banned) gets EOS when the
   grammar is complete, and otherwise fails with a ``GuideError`` (EOS-only, finished with an error).
 * Fill and accept run in a worker thread: a compile still running never blocks the event loop.
+  Small steps whose work is known to be short run inline instead (a thread hop costs more than
+  they do): the apply of a mask the overlapped fill already finished, and the accept of at most
+  ``INLINE_MAX_ROWS`` rows on host tokens (their matchers exist: the step's fill built them).
 * ``accept_token`` failures (REJECTED) and constraint errors are reported per row, never ignored.
 * Non-last prefill chunks neither fill nor accept (LMDeploy samples and discards a token there).
 * Reasoning: rows are resolved by ``LMDeployGuidedManager.prepare_row`` (config + prompt
@@ -24,6 +27,13 @@ from ...guided.errors import GuideError, InvalidGuideError
 from . import overlap, step_context
 from .requests import spec_of
 from .strategies import CTX_KEY, LMDeployRow
+
+
+INLINE_MAX_ROWS = 8  # guided rows up to which a short step skips the worker thread
+
+
+def _guided_count(rows: list[Any]) -> int:
+    return sum(isinstance(r, GuidedRow) for r in rows)
 
 
 def _is_ours(manager: Any) -> bool:
@@ -114,6 +124,7 @@ def _guided_step(self, scores: torch.Tensor, stream: Any) -> None:
                 _guided_step_inner(self, mgr, scores)
         else:
             _guided_step_inner(self, mgr, scores)
+    self._tr_filled = mgr is not None  # this step's matchers exist: its accept cannot compile
 
 
 def _guided_step_inner(self, mgr: Any, scores: torch.Tensor) -> None:
@@ -178,6 +189,11 @@ def patched_call(original: Callable) -> Callable:
         ctx = step_context.current()
         if ctx is not None and ctx.skip_guided:
             return scores, logprobs
+        if _guided_count(rows) <= INLINE_MAX_ROWS and overlap.ready():
+            overlap.STATS.inline += 1
+            _guided_step(self, scores, None)  # the current stream, this thread
+            step_context.report(self.guided_errors)
+            return scores, logprobs
         stream = None
         if scores.is_cuda:
             await self._wait_stream_once()
@@ -214,6 +230,11 @@ def patched_accept(original: Callable) -> Callable:
         ctx = step_context.current()
         if ctx is not None and ctx.skip_guided:
             return None  # the token of a non-last chunk is thrown away: never feed it to matchers
+        if not next_token_ids.is_cuda and _guided_count(rows) <= INLINE_MAX_ROWS \
+                and getattr(self, "_tr_filled", False):
+            _accept(self, next_token_ids.reshape(-1).tolist())
+            step_context.report(self.guided_errors)
+            return None
         ready = None
         if next_token_ids.is_cuda:
             ready = torch.cuda.Event()

@@ -42,9 +42,10 @@ class OverlapStats:
     fill_s: float = 0.0  # fill time on the worker (what overlapping hides)
     wait_s: float = 0.0  # time the step waited for the fill after the forward (exposed)
     dropped: int = 0  # prefilled masks not used (rows changed)
+    inline: int = 0  # guided steps applied on the event loop's thread (logits.INLINE_MAX_ROWS)
 
     def reset(self) -> None:
-        self.steps, self.fill_s, self.wait_s, self.dropped = 0, 0.0, 0.0, 0
+        self.steps, self.fill_s, self.wait_s, self.dropped, self.inline = 0, 0.0, 0.0, 0, 0
 
 
 STATS = OverlapStats()
@@ -96,6 +97,13 @@ def start(agent: Any, inputs: Any) -> None:
         return filled, time.perf_counter() - t0
 
     PREFILL.set((row_keys(run_rows), _executor().submit(fill)))
+
+
+def ready() -> bool:
+    """This step's mask is already filled (the overlapped fill finished): what is left of the
+    guided step is the in-place apply, too short to be worth a thread hop."""
+    pending = PREFILL.get()
+    return pending is not None and pending[1].done()
 
 
 def take(run_rows: list[Any]):
