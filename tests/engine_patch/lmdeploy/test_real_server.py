@@ -60,7 +60,8 @@ def _start(model, log):
                PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     with open(log, "wb") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "tokenrails.engine_patch.lmdeploy.cpu.serve", str(model),
-                                 "--port", str(port), "--max-batch-size", "4", "--session-len", "512"],
+                                 "--port", str(port), "--max-batch-size", "4", "--session-len", "512",
+                                 "--tool-call-parser", "qwen"],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -223,3 +224,32 @@ def test_concurrent_requests(server):
     assert re.fullmatch(pattern, code[0]), code
     assert colour[0] in ("red", "green", "blue"), colour
     assert hello[0] and hello[1] == "length", hello
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Tokyo"]}},
+           "required": ["city"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "Local time in a city.",
+                                           "parameters": WEATHER}}]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}],
+                         ids=["required", "named"])
+def test_tool_choice_over_http(server, tool_choice):
+    """``tool_choice`` required / named over HTTP (the server runs LMDeploy's ``qwen`` tool-call
+    parser): the engine process enforces the tool-call format, LMDeploy's parser turns the output
+    into ``tool_calls``, and every call names a given tool with arguments valid for its schema."""
+    resp = _post(server, _body(server[1], "What is the weather in Paris?", tools=TOOLS, tool_choice=tool_choice,
+                               max_tokens=80))
+    assert resp.status_code == 200, resp.text
+    message = resp.json()["choices"][0]["message"]
+    calls = message.get("tool_calls") or []
+    assert calls, message
+    names = {t["function"]["name"] for t in TOOLS}
+    for call in calls:
+        fn = call["function"]
+        assert fn["name"] in names, call
+        if isinstance(tool_choice, dict):
+            assert fn["name"] == tool_choice["function"]["name"], call
+        jsonschema.validate(json.loads(fn["arguments"]), WEATHER)

@@ -1,7 +1,7 @@
 """LMDeploy's OpenAI api_server on the CPU path, with the tokenrails upgrade active (or not).
 
     python -m tokenrails.engine_patch.lmdeploy.cpu.serve MODEL_DIR [--port 23333] [--host 127.0.0.1]
-        [--max-batch-size 4] [--session-len 1024] [--num-blocks 64] [--stock]
+        [--max-batch-size 4] [--session-len 1024] [--num-blocks 64] [--tool-call-parser NAME] [--stock]
 
 LMDeploy's own ``lmdeploy.serve.openai.api_server.serve`` with ``cpu_engine_config(...)``: the
 server runs its engine in a spawned process (``enable_mp_engine``); the config's pickle enables the
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--session-len", type=int, default=1024)
     ap.add_argument("--num-blocks", type=int, default=64)
     ap.add_argument("--log-level", default="WARNING")
+    ap.add_argument("--tool-call-parser", default=None, help="LMDeploy's tool-call parser name (e.g. qwen)")
     ap.add_argument("--stock", action="store_true", help="stock LMDeploy: do not activate the upgrade")
     args = ap.parse_args(argv)
     if not args.stock:
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = cpu_engine_config(max_batch_size=args.max_batch_size, session_len=args.session_len,
                             num_gpu_blocks=args.num_blocks)
     serve(args.model, backend="pytorch", backend_config=cfg, server_name=args.host, server_port=args.port,
-          log_level=args.log_level)
+          log_level=args.log_level, tool_call_parser=args.tool_call_parser)
 
 
 if __name__ == "__main__":
