@@ -105,8 +105,12 @@ def test_ten_thousand_mixed_requests(vocab):
             rows: list[GuidedRow | None] = []
             for i in range(start, min(start + BATCH, N_REQUESTS)):
                 r = rng.random()
-                if r < 0.70:
+                if r < 0.62:
                     spec = rng.choice(VALID)
+                elif r < 0.66:  # unique valid specs: the compile cache churns at its bound
+                    spec = GuideSpec.regex(f"u{i}[a-z]{{1,4}}")
+                elif r < 0.70:  # unique refused specs: the negative cache churns too
+                    spec = GuideSpec.json_schema({"enum": list(range(20_000 + i))})
                 elif r < 0.90:
                     spec = rng.choice(INVALID)
                 elif r < 0.95:
@@ -158,7 +162,10 @@ def test_ten_thousand_mixed_requests(vocab):
         growth = _rss_mb() - rss_after_warmup
         stats = mgr.stats()
         assert stats["active_matchers"] == 0 and stats["active_sessions"] == 0, stats
-        assert growth < 64, f"RSS grew {growth:.1f} MB over 8,000 requests"
+        print(f"soak: RSS {rss_after_warmup:.0f} MB after 2,000 requests, +{growth:.1f} MB "
+              f"({100 * growth / rss_after_warmup:.2f}%) over the next 8,000")
+        # issue 16's bound is 10% of the warmed-up RSS; 64 MB caps it when the test process is big
+        assert growth < min(64.0, 0.10 * rss_after_warmup), f"RSS grew {growth:.1f} MB over 8,000 requests"
         assert outcome["timeout"] > 0 and outcome["error"] > 0 and outcome["rejected"] > 0, outcome
         assert stats["cache_entries"] <= limits.cache_max_entries
         # no stuck compile threads: in-flight compiles drain, the pool stays at its size
