@@ -26,6 +26,7 @@ from .batch_step import BatchedGuidedStep, GuidedRow, RowStatus, StepStatus
 from .compile_cache import CompileCache
 from .compile_pool import CompilePool
 from .errors import GuideError, GuideTimeoutError, InvalidGuideError, detached_copy
+from .gc_pause import gc_paused
 from .jump_forward import JumpForward, compute_jump_forward
 from .limits import DEFAULT_LIMITS, GuideLimits
 from .policy import DEFAULT_POLICY, GuidePolicy, check_policy
@@ -153,8 +154,9 @@ class GuidedDecodingManager:
 
     def _compile(self, spec: GuideSpec) -> CompiledGuide:
         try:
-            check_policy(spec, self.policy)  # refused requests are negatively cached like bad ones
-            guide = compile_guide(spec, self.vocab, self.backend, limits=self.limits)
+            with gc_paused():  # the parsed payload must not trigger a full collection (gc_pause.py)
+                check_policy(spec, self.policy)  # refused requests are negatively cached like bad ones
+                guide = compile_guide(spec, self.vocab, self.backend, limits=self.limits)
         except GuideError as exc:
             err = _unpinned(exc)
         except Exception as exc:  # a backend bug must fail this request, not the engine
