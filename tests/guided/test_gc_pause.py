@@ -73,3 +73,21 @@ def test_the_manager_compiles_with_the_gc_paused(vocab, monkeypatch):
         mgr.close()
     assert seen == [False]
     assert gc.isenabled()
+
+
+def test_a_pause_is_bounded_even_if_a_compile_never_ends(monkeypatch):
+    """An abandoned native compile may run for minutes: the GC comes back after MAX_PAUSE_S."""
+    import time
+
+    from tokenrails.guided import gc_pause
+
+    monkeypatch.setattr(gc_pause, "MAX_PAUSE_S", 0.05)
+    with gc_paused():
+        assert not gc.isenabled()
+        deadline = time.monotonic() + 5
+        while not gc.isenabled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gc.isenabled()
+        with gc_paused():  # a compile starting late in an expired pause does not turn it off again
+            assert gc.isenabled()
+    assert gc.isenabled()

@@ -6,7 +6,8 @@ again and again (p99 gap 440 ms). Now over-limit schemas are refused before rout
 (``max_object_properties``) and compiles release the GIL: p99 gap 90-140 ms, one stall of
 110-520 ms per run on 2 cores. That stall was a full cyclic-GC pass (112 ms measured by
 ``gc.callbacks``) set off by the parsed payloads living through young collections; compiles now
-run with the GC paused (``gc_pause.py``): max stall 45-54 ms, p99 gap 55-59 ms (bench/stall.py).
+run with the GC paused, at most 5 s (``gc_pause.py``): max stall 31-84 ms, p99 gap 54-63 ms
+(bench/stall.py).
 The bounds here are wide for a loaded CI machine; the p99 one fails on the code before
 ``max_object_properties``; that compiles pause the GC is checked deterministically in
 tests/guided/test_gc_pause.py.
@@ -26,5 +27,5 @@ def test_decode_tick_keeps_its_rhythm_while_hostile_specs_compile(vocab):
         mgr.close()
     assert quiet.ticks >= int(0.6 / PERIOD)
     assert hostile.p99_gap_ms < 250, hostile
-    assert hostile.max_stall_ms < 250, hostile  # issue 16: <= 100 ms; 45-54 ms measured
+    assert hostile.max_stall_ms < 250, hostile  # issue 16: <= 100 ms; 31-84 ms measured
     assert hostile.ticks >= int(2.0 / PERIOD), hostile  # never starved for long
