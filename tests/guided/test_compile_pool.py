@@ -58,7 +58,7 @@ def test_benign_spec_is_served_while_eight_hostile_compiles_run(vocab, blocking_
 
 
 def test_timed_out_compile_frees_its_slot(vocab, blocking_backend):
-    limits = tr.GuideLimits(compile_timeout_s=0.2)
+    limits = tr.GuideLimits(compile_timeout_s=1.0)
     manager = GuidedDecodingManager(vocab, backend=blocking_backend, limits=limits, compile_workers=1)
     hostile = tr.GuideSpec.regex("hostile-a")
     with pytest.raises(GuideTimeoutError):
@@ -69,7 +69,8 @@ def test_timed_out_compile_frees_its_slot(vocab, blocking_backend):
     start = time.perf_counter()
     with pytest.raises(GuideTimeoutError):  # a repeat is answered from the negative cache
         manager.get_compiled(hostile)
-    assert time.perf_counter() - start < 0.1
+    # answered, not waited for: half the 1 s deadline a wait would take (a loaded CI machine stays far below)
+    assert time.perf_counter() - start < 0.5
     RELEASE.set()
     deadline = time.monotonic() + 10
     while manager._pool.abandoned and time.monotonic() < deadline:
