@@ -26,6 +26,8 @@ import tokenrails as tr  # noqa: E402
 from tokenrails.testing import Tally, check_spec, random_regex, random_schema, regex_case, schema_case  # noqa: E402
 
 BACKENDS = ["auto", "fsm", "xgrammar", "llguidance"]
+MAX_MASK_S = 1.0  # a walk whose mask takes longer is cut and reported (a stall finding, not a wrong accept)
+SLOW_SPEC_S = 2.0  # one spec's checks on one backend (compile + 8 texts + 2 walks of <= 48 masks)
 _KEYS = ["type", "json_schema", "schema", "name", "strict", "regex_schema", "choice", "grammar", "structures",
          "triggers", "begin", "end", "format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
          "response_format", "structured_outputs", "enum", "pattern", "properties", "items", "required"]
@@ -73,6 +75,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=3600, help="stop the differential part after this long")
+    ap.add_argument("--trace", default=None, help="write each (backend, spec) to this file before checking it")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -84,11 +87,20 @@ def main() -> None:
     totals = {b: Tally() for b in BACKENDS}
     start = time.perf_counter()
     next_report = 5_000
+    slow: list[tuple] = []
     while sum(t.checks for t in totals.values()) < args.checks and time.perf_counter() - start < args.seconds:
         make = regex_case if rng.random() < 0.5 else schema_case
         spec, oracle, texts = make(rng)
         for backend in BACKENDS:
-            totals[backend].merge(check_spec(spec, oracle, texts, vocab, encode, decode, backend, rng))
+            if args.trace:
+                with open(args.trace, "w") as fh:  # the last one is what a hang is stuck on
+                    fh.write(f"{backend}\t{spec.kind}\t{spec.payload}\n")
+            t0 = time.perf_counter()
+            totals[backend].merge(check_spec(spec, oracle, texts, vocab, encode, decode, backend, rng,
+                                             max_mask_s=MAX_MASK_S))
+            if time.perf_counter() - t0 > SLOW_SPEC_S:  # a finding of its own: slow masks or compiles
+                slow.append((backend, spec.kind, spec.payload[:300], round(time.perf_counter() - t0, 1)))
+                print(f"  slow: {slow[-1]}", flush=True)
         done = sum(t.checks for t in totals.values())
         if done >= next_report:
             wrong = sum(len(t.wrong_accepts) for t in totals.values())
@@ -101,6 +113,10 @@ def main() -> None:
               f"wrong accepts {len(t.wrong_accepts)}")
         for case in t.wrong_accepts[:5]:
             print(f"      {case}")
+    print(f"  specs slower than {SLOW_SPEC_S} s on one backend: {len(slow)}")
+    for backend, t in totals.items():
+        if t.slow_walks:
+            print(f"  {backend}: {len(t.slow_walks)} walks cut at a mask > {MAX_MASK_S} s, e.g. {t.slow_walks[0]}")
     start = time.perf_counter()
     count, escapes = fuzz_requests(vocab, args.requests, rng)
     print(f"requests: {count} fuzzed in {time.perf_counter() - start:.0f} s, non-GuideError escapes: {len(escapes)}")

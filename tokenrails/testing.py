@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -32,9 +33,11 @@ class Tally:
     wrong_accepts: list = field(default_factory=list)
     refused_specs: int = 0
     compiled_specs: int = 0
+    slow_walks: list = field(default_factory=list)  # walks cut short: one mask took > max_mask_s
 
     def merge(self, other: "Tally") -> None:
         self.checks += other.checks
+        self.slow_walks.extend(other.slow_walks)
         self.wrong_accepts.extend(other.wrong_accepts)
         self.refused_specs += other.refused_specs
         self.compiled_specs += other.compiled_specs
@@ -48,8 +51,12 @@ def accepts(guide, encode: Callable[[str], list[int]], vocab: Vocabulary, text: 
     return bool(matcher.accept_token(vocab.eos_ids[0]))
 
 
+class SlowMask(Exception):
+    """One mask took longer than the walk's budget (a finding, reported, not a wrong accept)."""
+
+
 def walk(guide, vocab: Vocabulary, decode: Callable[[list[int]], str], rng: random.Random,
-         adversarial: bool, max_tokens: int = 48) -> str | None:
+         adversarial: bool, max_tokens: int = 48, max_mask_s: float | None = None) -> str | None:
     """Let the backend's masks drive a sampler; the decoded text when it chose EOS, else None."""
     matcher = guide.matcher()
     bitmask = torch.full((1, (vocab.vocab_size + 31) // 32), -1, dtype=torch.int32)
@@ -57,7 +64,10 @@ def walk(guide, vocab: Vocabulary, decode: Callable[[list[int]], str], rng: rand
     out: list[int] = []
     for _ in range(max_tokens):
         bitmask.fill_(-1)
+        t0 = time.perf_counter()
         matcher.fill_next_token_bitmask(bitmask, 0)
+        if max_mask_s is not None and time.perf_counter() - t0 > max_mask_s:
+            raise SlowMask(f"mask {len(out)} took {time.perf_counter() - t0:.2f} s")
         allowed = _allowed_ids(bitmask[0], vocab.vocab_size)
         if not allowed:
             return None
@@ -81,7 +91,8 @@ def _allowed_ids(row: torch.Tensor, vocab_size: int) -> list[int]:
 
 
 def check_spec(spec: GuideSpec, oracle: Callable[[str], bool], texts: list[str], vocab: Vocabulary,
-               encode, decode, backend: str, rng: random.Random, walks: int = 2) -> Tally:
+               encode, decode, backend: str, rng: random.Random, walks: int = 2,
+               max_mask_s: float | None = None) -> Tally:
     """All checks of one spec on one backend."""
     tally = Tally()
     try:
@@ -95,7 +106,11 @@ def check_spec(spec: GuideSpec, oracle: Callable[[str], bool], texts: list[str],
         if accepts(guide, encode, vocab, text) and not oracle(text):
             tally.wrong_accepts.append((backend, spec.kind, spec.payload[:200], text))
     for n in range(walks):
-        text = walk(guide, vocab, decode, rng, adversarial=n == 0)
+        try:
+            text = walk(guide, vocab, decode, rng, adversarial=n == 0, max_mask_s=max_mask_s)
+        except SlowMask as exc:
+            tally.slow_walks.append((backend, spec.kind, spec.payload[:200], str(exc)))
+            continue
         if text is not None:
             tally.checks += 1
             if not oracle(text):
