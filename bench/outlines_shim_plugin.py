@@ -7,6 +7,10 @@ outlines source distribution. It only adapts the *machine*, never a test:
 * names and submodules the shim lacks resolve to placeholders that raise when used, so one
   missing name fails only the tests that use it (not the whole file at collection);
 * Hugging Face hub model/tokenizer names resolve to the embedded SmolLM2 (no network here);
+* generations are capped at ``GENERATION_CAP`` new tokens: the tests' hub models are tiny random
+  networks that reach EOS within a few tokens ("seed chosen so <EOS> is generated"), while the
+  substitute is a real 135M model on one CPU thread, whose open-ended sampled text (``max_tokens``
+  None: up to its 8,192-token context) took minutes per test and timed the run out;
 * outcomes go to ``$TOKENRAILS_SUITE_REPORT`` (JSON lines: nodeid, outcome).
 """
 from __future__ import annotations
@@ -117,6 +121,9 @@ class MissingOutlinesModules(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
 
 
+GENERATION_CAP = 128
+
+
 def _redirect_hub_names() -> None:
     """Every non-local model/tokenizer name loads the embedded SmolLM2 instead (offline)."""
     from tokenrails.models import resolve_model_dir
@@ -136,6 +143,14 @@ def _redirect_hub_names() -> None:
 
         cls.from_pretrained = classmethod(from_pretrained)
 
+    generate = transformers.GenerationMixin.generate
+
+    def capped_generate(self, *args, **kwargs):
+        if kwargs.get("max_new_tokens") is None or kwargs["max_new_tokens"] > GENERATION_CAP:
+            kwargs["max_new_tokens"] = GENERATION_CAP
+        return generate(self, *args, **kwargs)
+
+    transformers.GenerationMixin.generate = capped_generate
     for cls_name in ("AutoTokenizer", "AutoModelForCausalLM", "AutoModel", "AutoConfig",
                      "AutoModelForSeq2SeqLM", "PreTrainedTokenizerFast", "GPT2Tokenizer", "LlamaTokenizer"):
         cls = getattr(transformers, cls_name, None)
