@@ -366,3 +366,34 @@ def test_an_object_with_too_many_properties_is_refused_before_any_compile(vocab)
         assert info.value.limit == "max_object_properties"
     ok = tr.GuideSpec.json_schema({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(50)}})
     tr.compile_guide(ok, vocab, "auto")
+
+
+# ---- ambiguous repeats on xgrammar (found by bench/differential_fuzz.py's 100k run) -----------
+SLOW_ON_XGRAMMAR = ["((([^a])?)*)+", "(((a)*|([^a])?|(?:b)))*", "((([-x]|[^a])){1,}){3,}", "((([-x])*)+){2,4}"]
+
+
+@pytest.mark.parametrize("pattern", SLOW_ON_XGRAMMAR)
+def test_ambiguous_repeats_are_refused_on_xgrammar_and_served_by_auto(vocab, pattern):
+    """Before: xgrammar's mask time grew with every token on these (0.13 s -> 3.7 s after 48
+    tokens; ~0.9 s per step for a whole output on the last one, under the 2 s step deadline)."""
+    from tokenrails.guided.errors import UnsupportedGuideError
+    from tokenrails.guided.registry import compile_guide
+
+    with pytest.raises(UnsupportedGuideError) as info:
+        compile_guide(tr.GuideSpec.regex(pattern), vocab, "xgrammar")
+    assert info.value.feature == "nested quantifier"
+    guide = compile_guide(tr.GuideSpec.regex(pattern), vocab, "auto")
+    bitmask = torch.zeros((1, (vocab.vocab_size + 31) // 32), dtype=torch.int32)
+    t0 = time.perf_counter()
+    guide.matcher().fill_next_token_bitmask(bitmask, 0)
+    assert time.perf_counter() - t0 < 1.0  # auto's DFA: microseconds; xgrammar's first mask was 0.13 s
+    schema = {"type": "string", "pattern": pattern}  # as a schema pattern xgrammar is fast: still served
+    compile_guide(tr.GuideSpec.json_schema(schema), vocab, "xgrammar")
+
+
+@pytest.mark.parametrize("pattern", [r"[a-z]+(-[a-z]+)*", r"(?:\.[a-z0-9]+)*@x", r"(ab)*", r"(a{2,3})*",
+                                     r"\d{3}-\d{4}", r"(?:a|b)+", r"(a*)\d+"])
+def test_separated_repeats_still_compile_on_xgrammar(vocab, pattern):
+    from tokenrails.guided.registry import compile_guide
+
+    compile_guide(tr.GuideSpec.regex(pattern), vocab, "xgrammar")

@@ -14,6 +14,7 @@ from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
 from ..schema_features import (
     XGRAMMAR_REGEX_HAZARDS,
+    XGRAMMAR_REGEX_KIND_HAZARDS,
     check_grammar_literals,
     check_literals,
     check_schema_limits,
@@ -212,7 +213,7 @@ class XGrammarBackend(GuideBackend):
         elif spec.kind == "regex":
             self.limits.check("max_regex_length", len(spec.pattern))
             scan_repeat_bounds(spec.pattern, self.limits)  # C++ compile cannot be interrupted
-            refuse_regex_hazards(spec.pattern, XGRAMMAR_REGEX_HAZARDS, self.name)
+            refuse_regex_hazards(spec.pattern, XGRAMMAR_REGEX_KIND_HAZARDS, self.name)
         elif spec.kind == "choice":
             self.limits.check("max_enum_values", len(spec.choices))
             check_literals(spec.choices, self.limits)
