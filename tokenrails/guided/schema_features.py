@@ -857,7 +857,7 @@ class _Alt:
     def __init__(self) -> None:
         self.prone = self.nullable = False  # over the finished alternatives
         self.items, self.all_nullable = 0, True  # the current alternative, items before the last
-        self.item_nullable = self.item_unbounded = False  # its last item
+        self.item_nullable = self.item_unbounded = False  # its last item (unbounded: any variable count)
 
     def atom(self, nullable: bool = False) -> None:
         if self.items:
@@ -874,7 +874,7 @@ class _Alt:
 
 def _ambiguous_repeat(pattern: str) -> bool:
     """An unbounded quantifier on a group that can match the empty string, or whose alternative is a
-    single unbounded repeat (``(x*)+``, ``(a?)*``, ``((a|b)+){3,}``): the string splits into
+    single repeat of variable count (``(x*)+``, ``(a?)*``, ``((a|b)+){3,}``, ``(a{2,5}){2,}``): the string splits into
     iterations in ever more ways, and xgrammar's matcher keeps every parse. Separated repeats like
     ``(-[a-z]+)*`` or an e-mail's ``(\.[a-z]+)*`` are not flagged."""
     stack = [_Alt()]
@@ -889,16 +889,17 @@ def _ambiguous_repeat(pattern: str) -> bool:
                 continue
             if c == "{":
                 close = pattern.index("}", i)
-                low, _, high = pattern[i + 1: close].partition(",")
-                minimum, unbounded = int(low or 0), "," in pattern[i + 1: close] and not high
+                low, comma, high = pattern[i + 1: close].partition(",")
+                minimum, unbounded = int(low or 0), bool(comma) and not high
+                variable = unbounded or (bool(comma) and int(high) != minimum)
                 i = close
             else:
-                minimum, unbounded = (0 if c in "*?" else 1), c in "*+"
+                minimum, unbounded, variable = (0 if c in "*?" else 1), c in "*+", True
             if unbounded and last_group is not None and last_group.prone:
                 return True
             top = stack[-1]
             top.item_nullable = top.item_nullable or minimum == 0
-            top.item_unbounded = top.item_unbounded or unbounded
+            top.item_unbounded = top.item_unbounded or variable
             last_group = None
             i += 1
             if i < n and pattern[i] in "?+":  # lazy / possessive modifier
