@@ -852,23 +852,24 @@ def regex_hazards(pattern: str) -> set[str]:
 class _Alt:
     """One open group while scanning for ambiguous repeats: what its alternatives can do."""
 
-    __slots__ = ("prone", "nullable", "items", "all_nullable", "item_nullable", "item_unbounded")
+    __slots__ = ("prone", "nullable", "items", "all_nullable", "item_nullable", "item_unbounded", "item_prone")
 
     def __init__(self) -> None:
         self.prone = self.nullable = False  # over the finished alternatives
         self.items, self.all_nullable = 0, True  # the current alternative, items before the last
         self.item_nullable = self.item_unbounded = False  # its last item (unbounded: any variable count)
+        self.item_prone = False  # its last item is a prone group (a wrapper group stays prone)
 
-    def atom(self, nullable: bool = False) -> None:
+    def atom(self, nullable: bool = False, prone: bool = False) -> None:
         if self.items:
             self.all_nullable = self.all_nullable and self.item_nullable
         self.items += 1
-        self.item_nullable, self.item_unbounded = nullable, False
+        self.item_nullable, self.item_unbounded, self.item_prone = nullable, False, prone
 
     def end_alternative(self) -> None:
         nullable = self.items == 0 or (self.all_nullable and self.item_nullable)
         self.nullable = self.nullable or nullable
-        self.prone = self.prone or nullable or (self.items == 1 and self.item_unbounded)
+        self.prone = self.prone or nullable or (self.items == 1 and (self.item_unbounded or self.item_prone))
         self.items, self.all_nullable = 0, True
 
 
@@ -892,10 +893,12 @@ def _ambiguous_repeat(pattern: str) -> bool:
                 low, comma, high = pattern[i + 1: close].partition(",")
                 minimum, unbounded = int(low or 0), bool(comma) and not high
                 variable = unbounded or (bool(comma) and int(high) != minimum)
+                repeats = unbounded or (variable and int(high) >= 2)  # ``{1,4}``: yes; ``{0,1}``: no
                 i = close
             else:
                 minimum, unbounded, variable = (0 if c in "*?" else 1), c in "*+", True
-            if unbounded and last_group is not None and last_group.prone:
+                repeats = unbounded
+            if repeats and last_group is not None and last_group.prone:
                 return True
             top = stack[-1]
             top.item_nullable = top.item_nullable or minimum == 0
@@ -930,7 +933,7 @@ def _ambiguous_repeat(pattern: str) -> bool:
         elif c == ")" and len(stack) > 1:
             group = stack.pop()
             group.end_alternative()
-            stack[-1].atom(nullable=group.nullable)
+            stack[-1].atom(nullable=group.nullable, prone=group.prone)
             last_group = group
             i += 1
         else:
