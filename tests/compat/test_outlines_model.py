@@ -147,3 +147,19 @@ def test_legacy_loader_by_path(loaded) -> None:
     assert isinstance(model, outlines.models.Transformers)
     out = outlines.generate.regex(model, r"(cat|dog)", sampler=GREEDY)("My pet is a", max_tokens=3)
     assert out in ("cat", "dog")
+
+
+def test_stream_pieces_add_up_to_the_call_output(model) -> None:
+    """``generator.stream``: one piece per step (a list per sequence in a batch); the pieces add up to
+    what the same greedy call returns, and the text is valid."""
+    pattern = r"[0-9]{3}-[a-z]{2,3}"
+    generator = outlines.generate.regex(model, pattern, sampler=GREEDY)
+    pieces = list(generator.stream("Ticket code:", max_tokens=12))
+    assert len(pieces) > 1 and all(isinstance(p, str) for p in pieces)
+    assert "".join(pieces) == generator("Ticket code:", max_tokens=12)
+    assert re.fullmatch(pattern, "".join(pieces))
+    outs = ["", ""]
+    for step in generator.stream(["Ticket code:", "Another ticket code:"], max_tokens=12):
+        assert isinstance(step, list) and len(step) == 2
+        outs = [o + p for o, p in zip(outs, step)]
+    assert all(re.fullmatch(pattern, o) for o in outs), outs

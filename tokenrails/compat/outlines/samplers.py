@@ -18,6 +18,17 @@ import torch
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class SamplingParameters:
+    """outlines 0.1's summary of a sampler (``sampler.sampling_params``), read by its model adapters."""
+
+    sampler: str
+    num_samples: int = 1
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    temperature: Optional[float] = None
+
+
 def keep_top_k_logits(k: int) -> LogitsProcessor:
     """Everything below the ``k``-th largest logit of a row becomes -inf."""
     if not isinstance(k, int) or k < 1:
@@ -66,6 +77,10 @@ class GreedySampler:
     def __call__(self, next_token_logits: torch.Tensor, sequence_weights: torch.Tensor, _rng: Any = None):
         return _continue(next_token_logits, sequence_weights, torch.argmax(next_token_logits, dim=-1, keepdim=True))
 
+    @property
+    def sampling_params(self) -> SamplingParameters:
+        return SamplingParameters("greedy", self.samples, None, None, 0.0)
+
     def generate_kwargs(self) -> dict[str, Any]:
         return {"do_sample": False, "num_beams": 1}
 
@@ -95,6 +110,10 @@ class MultinomialSampler:
             logits = process(logits)
         ids = torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=rng)
         return _continue(logits, sequence_weights, ids)
+
+    @property
+    def sampling_params(self) -> SamplingParameters:
+        return SamplingParameters("multinomial", self.samples, self.top_p, self.top_k, self.temperature)
 
     def generate_kwargs(self) -> dict[str, Any]:
         out: dict[str, Any] = {"do_sample": True, "num_return_sequences": self.samples}
@@ -126,6 +145,10 @@ class BeamSearchSampler:
         best, index = torch.topk(weights, self.beams, dim=1, largest=True, sorted=True)
         ancestors = (index // vocab) + torch.arange(groups, device=index.device).unsqueeze(1) * self.beams
         return (index % vocab).reshape(-1, 1), ancestors.reshape(-1), best.reshape(-1)
+
+    @property
+    def sampling_params(self) -> SamplingParameters:
+        return SamplingParameters("beam_search", self.beams, None, None, 1.0)
 
     def generate_kwargs(self) -> dict[str, Any]:
         return {"do_sample": False, "num_beams": self.beams, "num_return_sequences": self.beams}
