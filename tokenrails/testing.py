@@ -66,8 +66,9 @@ def walk(guide, vocab: Vocabulary, decode: Callable[[list[int]], str], rng: rand
         bitmask.fill_(-1)
         t0 = time.perf_counter()
         matcher.fill_next_token_bitmask(bitmask, 0)
-        if max_mask_s is not None and time.perf_counter() - t0 > max_mask_s:
-            raise SlowMask(f"mask {len(out)} took {time.perf_counter() - t0:.2f} s")
+        took = time.perf_counter() - t0
+        if max_mask_s is not None and took > max_mask_s:
+            raise SlowMask(f"mask {len(out)} took {took:.2f} s")
         allowed = _allowed_ids(bitmask[0], vocab.vocab_size)
         if not allowed:
             return None

@@ -87,7 +87,7 @@ def _unpinned(err: GuideError) -> GuideError:
 
     A refused 20k-value enum parses into ~20k small objects in pymalloc arenas; a cache entry
     allocated while they lived landed in those arenas and kept each one resident after the
-    payload was freed (+0.3 MB per distinct refused spec, 773 MB after 1,550; measured with
+    payload was freed (+0.3-0.56 MB per distinct refused spec, 773 MB after 1,550; measured with
     pymalloc, flat with ``PYTHONMALLOC=malloc``). The waiter gets the error with no traceback
     beyond its re-raise, which is all the engine reports anyway.
     """

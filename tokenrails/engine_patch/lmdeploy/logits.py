@@ -189,7 +189,8 @@ def patched_call(original: Callable) -> Callable:
         ctx = step_context.current()
         if ctx is not None and ctx.skip_guided:
             return scores, logprobs
-        if _guided_count(rows) <= INLINE_MAX_ROWS and overlap.ready():
+        run_rows = [r if isinstance(r, GuidedRow) else None for r in rows]
+        if _guided_count(rows) <= INLINE_MAX_ROWS and overlap.ready(run_rows):
             overlap.STATS.inline += 1
             _guided_step(self, scores, None)  # the current stream, this thread
             step_context.report(self.guided_errors)

@@ -99,11 +99,13 @@ def start(agent: Any, inputs: Any) -> None:
     PREFILL.set((row_keys(run_rows), _executor().submit(fill)))
 
 
-def ready() -> bool:
-    """This step's mask is already filled (the overlapped fill finished): what is left of the
-    guided step is the in-place apply, too short to be worth a thread hop."""
+def ready(run_rows: list[Any]) -> bool:
+    """This step's mask is already filled for exactly these rows (the overlapped fill finished):
+    what is left of the guided step is the in-place apply, too short to be worth a thread hop.
+    Rows that changed since the fill started are not ready: their fill (which may still wait for
+    a compile) must not run on the event loop."""
     pending = PREFILL.get()
-    return pending is not None and pending[1].done()
+    return pending is not None and pending[1].done() and pending[0] == row_keys(run_rows)
 
 
 def take(run_rows: list[Any]):

@@ -95,8 +95,11 @@ class SequenceGeneratorAdapter:
             for k, token in enumerate(step):
                 ids[k].append(token)
                 text = tokenizer.decode(ids[k], skip_special_tokens=True)
-                pieces.append(text[len(texts[k]):] if text.startswith(texts[k]) else "")
-                texts[k] = text if text.startswith(texts[k]) else texts[k]
+                if text.startswith(texts[k]):  # else: an incomplete character, held until it completes
+                    pieces.append(text[len(texts[k]):])
+                    texts[k] = text
+                else:
+                    pieces.append("")
             yield pieces[0] if single and len(pieces) == 1 else pieces
         worker.join()
         if failure:
