@@ -11,7 +11,8 @@ outlines source distribution. It only adapts the *machine*, never a test:
   networks that reach EOS within a few tokens ("seed chosen so <EOS> is generated"), while the
   substitute is a real 135M model on one CPU thread, whose open-ended sampled text (``max_tokens``
   None: up to its 8,192-token context) took minutes per test and timed the run out;
-* outcomes go to ``$TOKENRAILS_SUITE_REPORT`` (JSON lines: nodeid, outcome).
+* outcomes go to ``$TOKENRAILS_SUITE_REPORT`` (JSON lines: nodeid, outcome, and for a failure
+  the last line of its error, so a run can be triaged by cause).
 """
 from __future__ import annotations
 
@@ -124,21 +125,75 @@ class MissingOutlinesModules(importlib.abc.MetaPathFinder):
 GENERATION_CAP = 128
 
 
+# hub names of architectures other than the embedded model's: the suites use them as tiny random
+# networks ("hf-internal-testing/tiny-random-MambaForCausalLM", "facebook/bart-base" in a test that
+# only checks the output's form); here they become a tiny random network of the same architecture
+# built from a config, with the embedded tokenizer's vocabulary and special tokens
+_OTHER_ARCHITECTURES = (("mamba", "MambaForCausalLM"), ("bart", "BartForConditionalGeneration"),
+                        ("t5", "T5ForConditionalGeneration"))
+_RANDOM_MODELS: dict = {}
+
+
+def _architecture_of(name: str):
+    lowered = name.lower()
+    for key, arch in _OTHER_ARCHITECTURES:
+        if key in lowered:
+            return arch
+    return None
+
+
+def _random_model(arch: str, local: str):
+    """A small random-weight ``arch`` network over the embedded tokenizer (seeded, cached)."""
+    if arch in _RANDOM_MODELS:
+        return _RANDOM_MODELS[arch]
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(local)
+    ids = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+               eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id if tok.bos_token_id is not None
+               else tok.eos_token_id)
+    if arch == "MambaForCausalLM":
+        config = transformers.MambaConfig(hidden_size=64, num_hidden_layers=2, state_size=8, **ids)
+    elif arch == "BartForConditionalGeneration":
+        config = transformers.BartConfig(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                                         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                         max_position_embeddings=1024, decoder_start_token_id=ids["eos_token_id"],
+                                         forced_eos_token_id=None, **ids)
+    else:
+        config = transformers.T5Config(d_model=64, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+                                       decoder_start_token_id=ids["pad_token_id"], **ids)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(0)
+    try:
+        model = getattr(transformers, arch)(config).eval()
+    finally:
+        torch.random.set_rng_state(state)
+    _RANDOM_MODELS[arch] = model
+    return model
+
+
 def _redirect_hub_names() -> None:
-    """Every non-local model/tokenizer name loads the embedded SmolLM2 instead (offline)."""
+    """Every non-local model/tokenizer name loads the embedded SmolLM2 instead (offline); names of
+    other architectures (mamba, BART, T5) load a tiny random network of that architecture."""
     from tokenrails.models import resolve_model_dir
 
     local, _, _ = resolve_model_dir(quiet=True)
     local = str(local)
     import transformers
 
-    def wrap(cls):
+    def wrap(cls, is_model):
         original = cls.from_pretrained.__func__
 
         def from_pretrained(klass, name, *args, **kwargs):
             if isinstance(name, str) and not os.path.exists(name):
+                arch = _architecture_of(name) if is_model else None
+                if arch is not None:
+                    return _random_model(arch, local)
                 name = local
                 kwargs.pop("revision", None)
+                if not is_model and klass.__name__ in ("BartTokenizer", "T5Tokenizer", "T5TokenizerFast"):
+                    return transformers.AutoTokenizer.from_pretrained(name, *args, **kwargs)
             return original(klass, name, *args, **kwargs)
 
         cls.from_pretrained = classmethod(from_pretrained)
@@ -151,11 +206,47 @@ def _redirect_hub_names() -> None:
         return generate(self, *args, **kwargs)
 
     transformers.GenerationMixin.generate = capped_generate
-    for cls_name in ("AutoTokenizer", "AutoModelForCausalLM", "AutoModel", "AutoConfig",
-                     "AutoModelForSeq2SeqLM", "PreTrainedTokenizerFast", "GPT2Tokenizer", "LlamaTokenizer"):
+    models = ("AutoModelForCausalLM", "AutoModel", "AutoModelForSeq2SeqLM", *(a for _, a in _OTHER_ARCHITECTURES))
+    for cls_name in ("AutoTokenizer", "AutoConfig", "PreTrainedTokenizerFast", "GPT2Tokenizer", "LlamaTokenizer",
+                     "BartTokenizer", "T5Tokenizer", "T5TokenizerFast", *models):
         cls = getattr(transformers, cls_name, None)
         if cls is not None and hasattr(cls, "from_pretrained"):
-            wrap(cls)
+            wrap(cls, cls_name in models)
+
+
+def _redirect_outlines_core_vocabulary(local: str) -> None:
+    """``outlines_core.Vocabulary.from_pretrained(hub name)`` (a Rust download) builds the same
+    kind of vocabulary from the embedded tokenizer instead: each token's exact bytes → its ids."""
+    import outlines_core
+    import transformers
+    from tokenrails.guided.vocabulary import Vocabulary as TokenrailsVocabulary
+
+    real = outlines_core.Vocabulary
+
+    class _Meta(type):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, real)
+
+    class Vocabulary(metaclass=_Meta):
+        def __new__(cls, *args, **kwargs):
+            return real(*args, **kwargs)
+
+        @staticmethod
+        def from_pretrained(name, *args, **kwargs):
+            if os.path.exists(str(name)):
+                return real.from_pretrained(name, *args, **kwargs)
+            hf = transformers.AutoTokenizer.from_pretrained(local)
+            vocab = TokenrailsVocabulary.from_huggingface(hf)
+            skip = set(vocab.eos_ids) | set(vocab.special_ids)
+            tokens: dict = {}
+            for token_id, data in enumerate(vocab.token_bytes):
+                if data and token_id not in skip:
+                    tokens.setdefault(bytes(data), []).append(token_id)
+            return real(vocab.eos_ids[0], tokens)
+
+        from_binary = staticmethod(real.from_binary)
+
+    outlines_core.Vocabulary = Vocabulary
 
 
 def pytest_configure(config):
@@ -172,6 +263,9 @@ def pytest_configure(config):
     sys.meta_path.append(MissingOutlinesModules())
     try:
         _redirect_hub_names()
+        from tokenrails.models import resolve_model_dir
+
+        _redirect_outlines_core_vocabulary(str(resolve_model_dir(quiet=True)[0]))
     except Exception as exc:  # no model: the model tests fail, the rest still run
         print(f"outlines_shim_plugin: no local model ({exc})", file=sys.stderr)
 
@@ -182,11 +276,21 @@ def pytest_runtest_logreport(report):
         return
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         with open(path, "a") as fh:
-            fh.write(json.dumps({"nodeid": report.nodeid, "outcome": report.outcome}) + "\n")
+            fh.write(json.dumps({"nodeid": report.nodeid, "outcome": report.outcome,
+                                 "error": _last_line(report)}) + "\n")
 
 
 def pytest_collectreport(report):
     path = os.environ.get("TOKENRAILS_SUITE_REPORT")
     if path and report.outcome == "failed":
         with open(path, "a") as fh:
-            fh.write(json.dumps({"nodeid": report.nodeid, "outcome": "collection-error"}) + "\n")
+            fh.write(json.dumps({"nodeid": report.nodeid, "outcome": "collection-error",
+                                 "error": _last_line(report)}) + "\n")
+
+
+def _last_line(report) -> str | None:
+    if report.outcome != "failed" or report.longrepr is None:
+        return None
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    return text.strip().splitlines()[-1][:300] if text.strip() else None

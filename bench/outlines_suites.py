@@ -10,7 +10,7 @@ In scope: everything but other inference providers and hardware (llama.cpp, vLLM
 exllamav2, OpenAI and other API clients, TGI, SGLang, Ollama, LM Studio, vision/multimodal).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/outlines_suites.py [--versions 0.0.46,0.1.14,1.3.3]
-        [--files PATTERN] [--timeout 900] [--verbose]
+        [--files PATTERN] [--timeout 900] [--verbose] [--save-reports DIR]
 """
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ OUT_OF_SCOPE = re.compile(
     r"sglang|tgi|provider_exceptions|vision|multimodal|"
     r"tests/test_exceptions\.py")  # 1.x: per-provider (API client) exception mapping
 # parametrized cases that run another provider or hardware inside an in-scope file
-OUT_OF_SCOPE_PARAM = re.compile(r"\[.*(llamacpp|llama_cpp|exllama|mlx|vllm|vision|openai).*\]|::test_vision")
+# (and 1.x's black-box generator tests, which drive the vLLM OpenAI-client model with a mocked client)
+OUT_OF_SCOPE_PARAM = re.compile(r"\[.*(llamacpp|llama_cpp|exllama|mlx|vllm|vision|openai).*\]|::test_vision|"
+                                r"test_generator\.py::(test_black_box|test_async_black_box|test_generator_black_box)")
 # outlines' own runtime/test dependencies its tests import (light ones; none pins torch)
 TEST_DEPS = ["interegular", "lark", "nest_asyncio", "cloudpickle", "diskcache", "pycountry", "airportsdata",
              "genson", "iso3166", "pytest-mock", "pytest-asyncio", "responses", "pillow"]
@@ -63,7 +65,8 @@ def in_scope_files(src: Path, pattern: str | None) -> list[str]:
     return [f for f in files if pattern is None or re.search(pattern, f)]
 
 
-def run(version: str, pattern: str | None, timeout: float, verbose: bool) -> dict[str, dict[str, int]]:
+def run(version: str, pattern: str | None, timeout: float, verbose: bool,
+        save_dir: Path | None = None) -> dict[str, dict[str, int]]:
     src = fetch(version)
     files = in_scope_files(src, pattern)
     work = Path(tempfile.mkdtemp(prefix=f"outlines-{version}-"))
@@ -83,6 +86,9 @@ def run(version: str, pattern: str | None, timeout: float, verbose: bool) -> dic
         counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for f in files:
             counts[f]  # every in-scope file shows up, even with nothing collected
+        if report.exists() and save_dir is not None:
+            save_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy(report, save_dir / f"outlines-{version}.jsonl")
         if report.exists():
             for line in report.read_text().splitlines():
                 rec = json.loads(line)
@@ -120,6 +126,8 @@ def main() -> None:
     ap.add_argument("--files", default=None, help="regex on test file paths")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--save-reports", type=Path, default=None,
+                    help="keep each version's per-test outcomes and error lines (JSON lines) here")
     ap.add_argument("--no-install", action="store_true", help="do not pip-install outlines' test dependencies")
     args = ap.parse_args()
     if not args.no_install:
@@ -127,7 +135,7 @@ def main() -> None:
                        check=True)
     results = {}
     for version in args.versions.split(","):
-        counts = run(version, args.files, args.timeout, args.verbose)
+        counts = run(version, args.files, args.timeout, args.verbose, args.save_reports)
         results[version] = summarize(version, counts)
     print("\n" + json.dumps({v: {"passed": p, "total": t} for v, (p, t) in results.items()}))
 

@@ -874,7 +874,7 @@ class _Alt:
 
 
 def _ambiguous_repeat(pattern: str) -> bool:
-    """An unbounded quantifier on a group that can match the empty string, or whose alternative is a
+    r"""An unbounded quantifier on a group that can match the empty string, or whose alternative is a
     single repeat of variable count (``(x*)+``, ``(a?)*``, ``((a|b)+){3,}``, ``(a{2,5}){2,}``): the string splits into
     iterations in ever more ways, and xgrammar's matcher keeps every parse. Separated repeats like
     ``(-[a-z]+)*`` or an e-mail's ``(\.[a-z]+)*`` are not flagged."""

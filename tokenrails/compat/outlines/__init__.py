@@ -4,8 +4,10 @@ Use it directly (``from tokenrails.compat import outlines``) or call ``install()
 unmodified ``import outlines`` code runs on tokenrails. Regex, choice and JSON keep outlines'
 exact languages (FSM backend); CFGs are EBNF, compiled by xgrammar.
 """
-from . import base, caching, fsm, generate, grammars, models, processors, prompts, samplers, templates, types
+from . import applications, base, caching, fsm, function, inputs, generate, grammars, models, processors, prompts, samplers, templates, types
 from ._install import install, is_installed, uninstall
+from .applications import Application
+from .function import Function
 from .generator import Generator
 from .models import from_transformers
 from .prompts import Prompt, prompt
@@ -15,7 +17,7 @@ from .caching import clear_cache, disable_cache, get_cache
 from .base import vectorize
 
 __all__ = [
-    "Generator", "Prompt", "Template", "base", "caching", "cfg", "clear_cache", "disable_cache", "get_cache", "from_transformers", "fsm", "generate", "grammars", "install",
+    "Application", "Function", "Generator", "function", "applications", "inputs", "Prompt", "Template", "base", "caching", "cfg", "clear_cache", "disable_cache", "get_cache", "from_transformers", "fsm", "generate", "grammars", "install",
     "is_installed", "json_schema", "models", "processors", "prompt", "prompts", "regex", "samplers", "templates", "types", "vectorize",
     "uninstall",
 ]

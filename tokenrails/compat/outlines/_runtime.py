@@ -42,9 +42,21 @@ def hf_tokenizer_of(tokenizer: Any, _depth: int = 0) -> Any:
     )
 
 
+def _wraps_transformers_exactly(tokenizer: Any) -> bool:
+    """The shim's own ``TransformerTokenizer`` (its string conversion not overridden): its guides
+    read the wrapped transformers tokenizer's exact bytes."""
+    from .models.transformers import TransformerTokenizer
+
+    return isinstance(tokenizer, TransformerTokenizer) and \
+        type(tokenizer).convert_token_to_string is TransformerTokenizer.convert_token_to_string and \
+        hasattr(getattr(tokenizer, "tokenizer", None), "get_vocab")
+
+
 def _is_outlines_tokenizer(tokenizer: Any) -> bool:
     """outlines' own tokenizer interface (``vocabulary`` dict, ``eos_token_id``), as outlines'
     tests and custom integrations write it — no transformers tokenizer behind it."""
+    if _wraps_transformers_exactly(tokenizer):
+        return False
     return isinstance(getattr(tokenizer, "vocabulary", None), dict) and \
         getattr(tokenizer, "eos_token_id", None) is not None and \
         not (hasattr(tokenizer, "get_vocab") and hasattr(tokenizer, "convert_ids_to_tokens"))
@@ -117,8 +129,9 @@ def backend_for(spec: GuideSpec) -> str:
     return "auto"
 
 
-def compile_for(spec: GuideSpec, tokenizer: Any) -> CompiledGuide:
-    return compile_guide(spec, vocabulary_for(tokenizer), backend=backend_for(spec))
+def compile_for(spec: GuideSpec, tokenizer: Any, backend: str | None = None) -> CompiledGuide:
+    """``spec`` compiled for ``tokenizer``; ``backend`` overrides the outlines-language routing."""
+    return compile_guide(spec, vocabulary_for(tokenizer), backend=backend or backend_for(spec))
 
 
 def schema_to_str(schema: Any) -> str:

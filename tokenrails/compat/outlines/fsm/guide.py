@@ -78,9 +78,9 @@ class TokenrailsGuide(Guide):
         self.states = StateSpace(compiled)
 
     @classmethod
-    def from_spec(cls, spec: GuideSpec, tokenizer: Any) -> "TokenrailsGuide":
+    def from_spec(cls, spec: GuideSpec, tokenizer: Any, backend: Optional[str] = None) -> "TokenrailsGuide":
         guide = cls.__new__(cls)
-        guide._init_compiled(compile_for(spec, tokenizer), tokenizer)
+        guide._init_compiled(compile_for(spec, tokenizer, backend), tokenizer)
         return guide
 
     def get_next_instruction(self, state: int) -> Instruction:

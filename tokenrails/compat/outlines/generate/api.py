@@ -33,11 +33,29 @@ class SequenceGeneratorAdapter:
         seed: Optional[int] = None,
         **model_specific_params: Any,
     ) -> Any:
+        if not callable(getattr(self.sampler, "generate_kwargs", None)):
+            generator, rng = self._outlines_loop(model_specific_params.pop("rng", None), seed)
+            return generator(prompts, max_tokens=max_tokens, stop_at=stop_at, rng=rng)
         processor, kwargs = self._prepare(max_tokens, stop_at, seed, model_specific_params)
         single = isinstance(prompts, str)
         texts = self.model.generate_ids_text([prompts] if single else list(prompts), processor, **kwargs)
         result = self._format(texts)
         return result[0] if single else result
+
+    def _outlines_loop(self, rng: Optional[torch.Generator],
+                       seed: Optional[int]) -> tuple["SequenceGenerator", Optional[torch.Generator]]:
+        """A sampler of outlines' own protocol (``sampler(logits, weights, rng)``, no transformers
+        equivalent): outlines' token loop with this generator's guide, formatting included."""
+        from ..fsm.guide import StopAtEOSGuide
+
+        guide = (self.logits_processor.guide.copy() if self.logits_processor is not None
+                 else StopAtEOSGuide(self.model.tokenizer))
+        generator = SequenceGenerator(guide, self.model, self.sampler, self.model.model.device)
+        generator.format_sequence = self.format_sequence
+        if rng is None and seed is not None:
+            rng = torch.Generator(device=generator.device)
+            rng.manual_seed(seed)
+        return generator, rng
 
     def _prepare(self, max_tokens: Optional[int], stop_at: Any, seed: Optional[int],
                  model_specific_params: dict) -> tuple[Any, dict]:
@@ -121,3 +139,96 @@ class _StepStreamer:
 
     def end(self) -> None:
         pass
+
+
+class SequenceGenerator:
+    """outlines 0.x's own loop over ``model(token_ids, attention_masks, kv_cache) -> (logits,
+    kv_cache)`` with one FSM copy per row (``sequence_generator``). For code that built it by hand
+    (custom FSMs or samplers); ``generate.*`` return the transformers-backed adapter instead."""
+
+    def __init__(self, fsm: Any, model: Any, sampler: Any, device: Any):
+        self.fsm = fsm
+        self.model = model
+        self.sampler = sampler
+        self.tokenizer = model.tokenizer
+        self.device = device
+        self.num_samples = getattr(sampler, "samples", 1)
+
+    def format_sequence(self, sequence: str) -> Any:
+        return sequence
+
+    def _start(self, prompts: List[str], rng: Optional[torch.Generator]) -> tuple[Iterator[Any], torch.Tensor]:
+        from .generator import sequence_generator
+
+        token_ids, attention_masks = self.tokenizer.encode(prompts)
+        token_ids = token_ids.to(self.device).repeat_interleave(self.num_samples, dim=0)
+        attention_masks = attention_masks.to(self.device).repeat_interleave(self.num_samples, dim=0)
+        rows = token_ids.shape[0]
+        fsm_states = [0] * rows
+        fsms = [self.fsm.copy() for _ in range(rows)]
+        weights = torch.zeros(rows, dtype=torch.float, device=self.device)
+        if rng is None:
+            rng = torch.Generator(device=self.device)
+            rng.seed()
+        states = sequence_generator(self.model, self.sampler, fsms, token_ids, weights, attention_masks,
+                                    fsm_states, rng=rng)
+        return states, token_ids
+
+    def _generated(self, prompt_ids: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        return token_ids[:, prompt_ids.shape[1]:]
+
+    def __call__(self, prompts: Union[str, List[str]], max_tokens: Optional[int] = None,
+                 stop_at: Optional[Union[str, List[str]]] = None, rng: Optional[torch.Generator] = None) -> Any:
+        single = isinstance(prompts, str)
+        prompts = [prompts] if single else list(prompts)
+        stops = [stop_at] if isinstance(stop_at, str) else list(stop_at or [])
+        states, prompt_ids = self._start(prompts, rng)
+        last = None
+        for count, state in enumerate(states, start=1):
+            last = state
+            if max_tokens is not None and count >= max_tokens:
+                break
+            if stops and all(any(s in t for s in stops)
+                             for t in self.tokenizer.decode(self._generated(prompt_ids, state.token_ids))):
+                break
+        if last is None:
+            return "" if single else ["" for _ in prompts]
+        texts = self.tokenizer.decode(self._generated(prompt_ids, last.token_ids))
+        texts = [self.format_sequence(_strip_stop(t, stops)) for t in texts]
+        n = self.num_samples
+        output: list = [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+        if n == 1:
+            output = [group[0] for group in output]
+        return output[0] if single else output
+
+    def stream(self, prompts: Union[str, List[str]], max_tokens: Optional[int] = None,
+               stop_at: Optional[Union[str, List[str]]] = None,
+               rng: Optional[torch.Generator] = None) -> Iterator[Any]:
+        """The new token's text per step: a ``str`` for one prompt and one sample, else a list
+        (a list of lists with several samples per prompt)."""
+        single = isinstance(prompts, str)
+        prompts = [prompts] if single else list(prompts)
+        stops = [stop_at] if isinstance(stop_at, str) else list(stop_at or [])
+        states, prompt_ids = self._start(prompts, rng)
+        previous: Optional[List[str]] = None
+        for count, state in enumerate(states, start=1):
+            texts = self.tokenizer.decode(self._generated(prompt_ids, state.token_ids))
+            old = previous or ["" for _ in texts]
+            pieces = [t[len(o):] if t.startswith(o) else t for t, o in zip(texts, old)]
+            previous = texts
+            n = self.num_samples
+            grouped = [pieces[i * n:(i + 1) * n] for i in range(len(prompts))]
+            yield grouped[0][0] if single and n == 1 else (grouped if n > 1 else [g[0] for g in grouped])
+            if max_tokens is not None and count >= max_tokens:
+                return
+            if stops and all(any(s in t for s in stops) for t in texts):
+                return
+
+
+def _strip_stop(text: str, stops: List[str]) -> str:
+    """The text up to and including the first stop sequence it contains."""
+    for stop in stops:
+        at = text.find(stop)
+        if at >= 0:
+            text = text[:at + len(stop)]
+    return text

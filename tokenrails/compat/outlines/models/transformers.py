@@ -13,11 +13,18 @@ from typing import Any, Optional, Union
 import torch
 
 
-class TransformerTokenizer:
-    """outlines' tokenizer wrapper: ``eos_token_id``, ``vocabulary``, ``encode``, ``decode``."""
+SPIECE_UNDERLINE = "\u2581"
 
-    def __init__(self, tokenizer: Any, **_kwargs: Any):
+
+class TransformerTokenizer:
+    """outlines' tokenizer wrapper: ``eos_token_id``, ``vocabulary``, ``encode``, ``decode``.
+
+    Guides built from it read the wrapped tokenizer's exact token bytes (``vocabulary_for``), not
+    ``convert_token_to_string`` (which turns partial UTF-8 byte tokens into U+FFFD)."""
+
+    def __init__(self, tokenizer: Any, **kwargs: Any):
         self.tokenizer = tokenizer
+        self.kwargs = kwargs
         self.eos_token_id = tokenizer.eos_token_id
         self.eos_token = tokenizer.eos_token
         if tokenizer.pad_token_id is None:
@@ -39,15 +46,83 @@ class TransformerTokenizer:
         return self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
 
     def convert_token_to_string(self, token: str) -> str:
-        return self.tokenizer.convert_tokens_to_string([token])
+        """The token's text; SentencePiece's word-start mark and ``<0x20>`` keep their space
+        (``convert_tokens_to_string`` of one such token drops it)."""
+        string = self.tokenizer.convert_tokens_to_string([token])
+        if token.startswith(SPIECE_UNDERLINE) or token == "<0x20>":
+            return " " + string
+        return string
+
+    def _identity(self) -> tuple:
+        """What makes two wrappers interchangeable: the tokenizer's class, vocabulary and special
+        tokens (two loads of one model are equal, as outlines' content hash makes them)."""
+        key = self.__dict__.get("_identity_key")
+        if key is None:
+            vocab = tuple(sorted(self.vocabulary.items()))
+            key = (type(self.tokenizer).__name__, hash(vocab), len(vocab), tuple(sorted(self.special_tokens)),
+                   self.eos_token_id, self.pad_token_id)
+            self.__dict__["_identity_key"] = key
+        return key
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, TransformerTokenizer):
-            return other.tokenizer is self.tokenizer
-        return NotImplemented
+        if not isinstance(other, TransformerTokenizer):
+            return NotImplemented
+        if other.tokenizer is self.tokenizer:
+            return True
+        return self._identity() == other._identity()
 
     def __hash__(self) -> int:
-        return id(self.tokenizer)
+        return hash(self._identity())
+
+    def __getstate__(self) -> dict:
+        return {"tokenizer": self.tokenizer, "kwargs": self.kwargs}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["tokenizer"], **state.get("kwargs", {}))
+
+
+class TransformersTypeAdapter:
+    """outlines 1.x: turns a model input into the prompt text and an output type into the
+    ``logits_processor`` argument of ``generate``.
+
+    A plain string goes through the tokenizer's chat template as one user message when the
+    tokenizer has one (outlines 1.3's behaviour); a ``Chat`` always does. Media inputs are refused:
+    the shim runs text-only models."""
+
+    def __init__(self, tokenizer: Any, has_chat_template: Optional[bool] = None):
+        from .tokenizer import _check_hf_chat_template
+
+        self.tokenizer = tokenizer
+        self.has_chat_template = (_check_hf_chat_template(tokenizer) if has_chat_template is None
+                                  else has_chat_template)
+
+    def format_input(self, model_input: Any) -> str:
+        from ..inputs import Chat, has_media
+
+        if has_media(model_input):
+            raise TypeError(f"The input type {type(model_input).__name__} with media (image, video, audio) is "
+                            "not available. The outlines shim runs text-only transformers models.")
+        if isinstance(model_input, str):
+            if self.has_chat_template:
+                return self.format_chat_input(Chat([{"role": "user", "content": model_input}]))
+            return model_input
+        if isinstance(model_input, Chat):
+            return self.format_chat_input(model_input)
+        if isinstance(model_input, list) and all(isinstance(m, dict) for m in model_input):
+            return self.format_chat_input(Chat(list(model_input)))
+        raise TypeError(f"The input type {type(model_input).__name__} is not available. "
+                        "Please provide a string or a Chat.")
+
+    def format_chat_input(self, chat: Any) -> str:
+        return self.tokenizer.apply_chat_template(list(chat.messages), tokenize=False, add_generation_prompt=True)
+
+    def format_output_type(self, output_type: Any = None) -> Any:
+        """A logits processor as transformers' ``LogitsProcessorList`` (``None`` stays ``None``)."""
+        if output_type is None:
+            return None
+        from transformers import LogitsProcessorList
+
+        return LogitsProcessorList([output_type])
 
 
 class Transformers:
@@ -58,23 +133,49 @@ class Transformers:
         self.model = model
         self.hf_tokenizer = tokenizer
         self.tokenizer = TransformerTokenizer(tokenizer)
+        self.type_adapter = TransformersTypeAdapter(tokenizer)
         self.device_dtype = device_dtype
         self.tensor_library_name = "torch"
 
-    # ---- 1.x API -----------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    # ---- 1.x API (and 0.x's forward call) -----------------------------------------------------
     def __call__(self, model_input: Any, output_type: Any = None, backend: Optional[str] = None,
                  **inference_kwargs: Any) -> Any:
+        if isinstance(model_input, torch.Tensor):  # 0.x: model(input_ids, attention_mask, kv_cache)
+            return self.next_token_logits(model_input, output_type, backend)
         from ..generator import Generator
 
         return Generator(self, output_type, backend)(model_input, **inference_kwargs)
 
+    def next_token_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          past_key_values: Any = None) -> tuple[torch.Tensor, Any]:
+        """outlines 0.x's forward step: the last position's logits and the key/value cache (a
+        tuple of per-layer ``(key, value)`` when the model keeps one), for ``SequenceGenerator``."""
+        assert input_ids.ndim == 2, "input_ids must be [batch, length]"
+        if past_key_values is not None:  # only the new token goes through the network
+            input_ids = input_ids[..., -1:]
+            past_key_values = _as_cache(past_key_values)
+        with torch.inference_mode():
+            output = self.model(input_ids.to(self.model.device), attention_mask=attention_mask.to(self.model.device),
+                                past_key_values=past_key_values, use_cache=True, return_dict=True)
+        cache = output.past_key_values
+        legacy = getattr(cache, "to_legacy_cache", None)
+        if callable(legacy):
+            cache = legacy()
+        return output.logits[..., -1, :], cache
+
     def generate(self, model_input: Any, output_type: Any = None, **inference_kwargs: Any) -> Any:
         """Text for one prompt (a list of texts with ``num_return_sequences`` > 1)."""
-        texts = self.generate_ids_text([model_input], _as_processor(self, output_type), **inference_kwargs)
+        texts = self.generate_ids_text([self.type_adapter.format_input(model_input)],
+                                       _as_processor(self, output_type), **inference_kwargs)
         return texts[0]
 
     def generate_batch(self, model_input: list, output_type: Any = None, **inference_kwargs: Any) -> list:
-        return self.generate_ids_text(list(model_input), _as_processor(self, output_type), **inference_kwargs)
+        prompts = [self.type_adapter.format_input(p) for p in model_input]
+        return self.generate_ids_text(prompts, _as_processor(self, output_type), **inference_kwargs)
 
     def batch(self, model_input: list, output_type: Any = None, **inference_kwargs: Any) -> list:
         return self.generate_batch(model_input, output_type, **inference_kwargs)
@@ -130,10 +231,24 @@ def _as_processor(model: Transformers, output_type: Any) -> Any:
     from ..processors.structured import processor_for_spec
     from ..types.convert import spec_for_output_type
 
-    if output_type is None or isinstance(output_type, OutlinesLogitsProcessor):
+    if output_type is None or isinstance(output_type, OutlinesLogitsProcessor) or \
+            callable(getattr(output_type, "process_logits", None)):
         return output_type
     spec = spec_for_output_type(output_type)
     return None if spec is None else processor_for_spec(spec, model.tokenizer)
+
+
+def _as_cache(past_key_values: Any) -> Any:
+    """A legacy tuple cache as the model's ``Cache`` object (recent transformers take only those)."""
+    if isinstance(past_key_values, tuple):
+        try:
+            from transformers import DynamicCache
+        except ImportError:
+            return past_key_values
+        from_legacy = getattr(DynamicCache, "from_legacy_cache", None)
+        if callable(from_legacy):
+            return from_legacy(past_key_values)
+    return past_key_values
 
 
 def from_transformers(model: Any, tokenizer_or_processor: Any, *,
@@ -158,6 +273,15 @@ def transformers(model_name: str, device: Optional[str] = None, model_kwargs: Op
     tokenizer_kwargs.setdefault("padding_side", "left")
     tokenizer = (tokenizer_class or AutoTokenizer).from_pretrained(model_name, **tokenizer_kwargs)
     return Transformers(model, tokenizer)
+
+
+def mamba(model_name: str, device: Optional[str] = None, model_kwargs: Optional[dict] = None,
+          tokenizer_kwargs: Optional[dict] = None) -> Transformers:
+    """outlines 0.1: a Mamba model through transformers' ``MambaForCausalLM``."""
+    from transformers import MambaForCausalLM
+
+    return transformers(model_name, device=device, model_kwargs=model_kwargs, tokenizer_kwargs=tokenizer_kwargs,
+                        model_class=MambaForCausalLM)
 
 
 class _CallableModule(types.ModuleType):
