@@ -39,7 +39,7 @@ OUT_OF_SCOPE_PARAM = re.compile(r"\[.*(llamacpp|llama_cpp|exllama|mlx|vllm|visio
                                 r"test_generator\.py::(test_black_box|test_async_black_box|test_generator_black_box)")
 # outlines' own runtime/test dependencies its tests import (light ones; none pins torch)
 TEST_DEPS = ["interegular", "lark", "nest_asyncio", "cloudpickle", "diskcache", "pycountry", "airportsdata",
-             "genson", "iso3166", "pytest-mock", "pytest-asyncio", "responses", "pillow"]
+             "genson", "iso3166", "pytest-mock", "pytest-asyncio", "responses", "pillow", "jax"]
 # the files issue 15 wants at 100 %
 CORE = re.compile(r"tests/(fsm/|types/|processors/)|json_schema|test_types\.py")
 

@@ -188,7 +188,7 @@ def test_cfg_guide_takes_ebnf_and_outlines_lark(smollm2_tokenizer) -> None:
     assert lark_guide.is_final_state(s) or lark_guide.can_terminate_state(s)
     with pytest.raises(InvalidGuideError):
         CFGGuide("start: ???", smollm2_tokenizer)  # malformed: a clear error
-    lark = outlines.grammars.check_ebnf(outlines.grammars.arithmetic)
+    lark = outlines.grammars.check_ebnf(outlines.grammars.arithmetic_ebnf)
     g = CFGGuide(lark, smollm2_tokenizer)
     s = g.initial_state
     for t in smollm2_tokenizer.encode("(1+2)*3", add_special_tokens=False):

@@ -38,8 +38,6 @@ class Function:
 
 def download_from_github(short_path: str) -> str:
     """The text of ``https://raw.githubusercontent.com/{user}/{repo}/main/{path}.py``."""
-    import requests
-
     parts = short_path.split("/", 2)
     if len(parts) < 3:
         raise ValueError("Please provide a valid path in the form {USERNAME}/{REPO_NAME}/{PATH_TO_FILE}.")
@@ -47,6 +45,8 @@ def download_from_github(short_path: str) -> str:
         raise ValueError("Do not append the `.py` extension to the program name.")
     username, repo, path = parts
     url = f"https://raw.githubusercontent.com/{username}/{repo}/main/{path}.py"
+    import requests
+
     response = requests.get(url, timeout=30)
     if response.status_code == 200:
         return response.text

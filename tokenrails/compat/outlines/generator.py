@@ -80,6 +80,8 @@ def Generator(model: Any, output_type: Any = None, backend: Optional[str] = None
     """outlines 1.x factory. ``backend`` picks one of ``outlines.backends`` (``outlines_core``,
     ``xgrammar``, ``llguidance``, ``tokenrails``); without it, tokenrails routes regex, choice and
     JSON to its FSM backend (outlines' language), Lark CFGs to llguidance and EBNF to xgrammar."""
+    if model is None:
+        raise ValueError("Generator needs a model")
     if output_type is not None and processor is not None:
         raise ValueError("At most one of output_type or processor can be provided")
     if processor is not None:

@@ -1,16 +1,63 @@
-"""``outlines.grammars``: ready-made grammars, in EBNF (the dialect tokenrails' CFG path takes).
+"""``outlines.grammars``: ready-made grammars, in Lark like outlines' own.
 
-Outlines writes its grammars in Lark; ``grammar_spec`` sends Lark grammars to llguidance (which
-reads Lark natively) and EBNF (GBNF-like: ``rule ::= ...``, root rule ``root``) to xgrammar.
-The ready-made grammars here are EBNF; ``check_ebnf`` insists on EBNF where only xgrammar will do.
+``grammar_spec`` sends Lark grammars to llguidance (which reads Lark natively) and EBNF
+(GBNF-like: ``rule ::= ...``, root rule ``root``) to xgrammar. ``json`` and ``arithmetic`` are Lark
+(they parse with ``lark.Lark(..., import_paths=[GRAMMAR_PATH])`` too); ``json_ebnf`` and
+``arithmetic_ebnf`` are the same languages in EBNF, for code that needs xgrammar's dialect
+(``check_ebnf`` insists on EBNF).
 """
 from __future__ import annotations
 
+import os
 import re
 
 from ...guided.errors import InvalidGuideError
 
+# where outlines' grammar imports resolve (Lark's own ``common`` grammar is found by Lark itself)
+GRAMMAR_PATH = os.path.dirname(os.path.abspath(__file__))
+
 json = r"""
+?start: value
+
+?value: object
+      | array
+      | ESCAPED_STRING
+      | SIGNED_NUMBER
+      | "true"
+      | "false"
+      | "null"
+
+array: "[" [value ("," value)*] "]"
+object: "{" [pair ("," pair)*] "}"
+pair: ESCAPED_STRING ":" value
+
+%import common.ESCAPED_STRING
+%import common.SIGNED_NUMBER
+%import common.WS
+%ignore WS
+""".strip()
+
+arithmetic = r"""
+?start: sum
+
+?sum: product
+    | sum "+" product
+    | sum "-" product
+
+?product: atom
+    | product "*" atom
+    | product "/" atom
+
+?atom: NUMBER
+     | "-" atom
+     | "(" sum ")"
+
+%import common.NUMBER
+%import common.WS_INLINE
+%ignore WS_INLINE
+""".strip()
+
+json_ebnf = r"""
 root ::= ws value ws
 value ::= object | array | string | number | "true" | "false" | "null"
 object ::= "{" ws ( member ( ws "," ws member )* ws )? "}"
@@ -23,7 +70,7 @@ number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [+-]? [0-9]+ )?
 ws ::= [ \t\n\r]*
 """.strip()
 
-arithmetic = r"""
+arithmetic_ebnf = r"""
 root ::= sum
 sum ::= product ( ws [+-] ws product )*
 product ::= atom ( ws [*/] ws atom )*

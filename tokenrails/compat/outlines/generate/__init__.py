@@ -78,9 +78,10 @@ def cfg(model: Any, cfg_str: str, sampler: Any = None) -> SequenceGeneratorAdapt
 
 
 def fsm(model: Any, fsm: Any, sampler: Any = None) -> SequenceGeneratorAdapter:  # noqa: A002
-    raise NotImplementedError(
-        "generate.fsm takes an interegular FSM, which tokenrails does not accept; use generate.regex"
-    )
+    """Text accepted by an interegular FSM (converted back to a regex: same language)."""
+    from ..fsm.fsm_regex import fsm_to_regex
+
+    return SequenceGeneratorAdapter(model, RegexLogitsProcessor(fsm_to_regex(fsm), tokenizer=model.tokenizer), sampler)
 
 
 __all__ = ["SequenceGeneratorAdapter", "cfg", "choice", "format", "fsm", "json", "regex", "text"]

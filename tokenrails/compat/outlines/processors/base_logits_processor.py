@@ -1,7 +1,7 @@
 """``OutlinesLogitsProcessor`` (and 0.0.x's ``BaseLogitsProcessor``): the shared ``__call__``.
 
-Callers (transformers ``generate``, llama-cpp, user loops) pass torch tensors, numpy arrays or
-lists, 1-D or 2-D; subclasses implement ``process_logits`` on 2-D torch tensors only.
+Callers (transformers ``generate``, llama-cpp, user loops) pass torch tensors, numpy arrays, jax
+arrays or lists, 1-D or 2-D; subclasses implement ``process_logits`` on 2-D torch tensors only.
 """
 from __future__ import annotations
 
@@ -61,6 +61,11 @@ class OutlinesLogitsProcessor:
             return torch.from_numpy(value)
         if isinstance(value, (list, tuple)):
             return torch.tensor(value)
+        if _is_jax(type(value)):  # jax arrays: shared memory through DLPack when possible
+            try:
+                return torch.from_dlpack(value)
+            except (TypeError, RuntimeError, BufferError):
+                return torch.from_numpy(np.asarray(value))
         raise TypeError(
             f"LogitsProcessor must be called with torch.Tensor, numpy arrays or lists, got {type(value)}"
         )
@@ -75,7 +80,17 @@ class OutlinesLogitsProcessor:
             return tensor.detach().tolist()
         if target is tuple:
             return tuple(tensor.detach().tolist())
+        if _is_jax(target):
+            import jax.numpy as jnp
+
+            return jnp.asarray(tensor.detach().cpu().numpy())
         raise TypeError(f"cannot convert logits back to {target}")
+
+
+def _is_jax(kind: type) -> bool:
+    """A jax array type (checked by module, so jax is imported only when one is passed)."""
+    module = getattr(kind, "__module__", "") or ""
+    return module.startswith(("jax", "jaxlib"))
 
 
 BaseLogitsProcessor = OutlinesLogitsProcessor

@@ -82,9 +82,8 @@ class NumpyTensorAdapter(TensorAdapter):
         return np.ones_like(tensor, dtype=bool)
 
     def apply_mask(self, tensor: Any, mask: Any, value: Any) -> Any:
-        out = tensor.copy()
-        out[mask] = value
-        return out
+        """``value`` where ``mask`` is true; a lower-rank mask broadcasts (as torch's masked_fill)."""
+        return np.where(np.broadcast_to(mask, tensor.shape), np.asarray(value, dtype=tensor.dtype), tensor)
 
     def argsort_descending(self, tensor: Any) -> Any:
         return np.argsort(-tensor)
