@@ -21,6 +21,28 @@ from ..grammars import grammar_spec
 from .states import FINAL, StateSpace
 
 
+class TokenIds(torch.Tensor):
+    """A ``LongTensor`` of token ids (outlines-core 0.1's instruction type) that also reads as
+    outlines 0.0.x's list of ints: iterating gives ints, ``== [1, 2]`` compares as a list. Every
+    other operation gives a plain tensor."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __iter__(self):
+        return iter(self.tolist()) if self.dim() == 1 else super().__iter__()
+
+    def __eq__(self, other: object):  # type: ignore[override]
+        if isinstance(other, (list, tuple)):
+            return self.tolist() == list(other)
+        return torch.Tensor.__eq__(self, other)
+
+    __hash__ = torch.Tensor.__hash__
+
+
+def token_ids(ids: Any) -> TokenIds:
+    return torch.as_tensor(ids, dtype=torch.long).reshape(-1).as_subclass(TokenIds)
+
+
 @dataclass(frozen=True)
 class Write:
     """Append ``tokens`` (outlines' instruction; emitted with ``[eos]`` in the final state)."""
@@ -85,8 +107,8 @@ class TokenrailsGuide(Guide):
 
     def get_next_instruction(self, state: int) -> Instruction:
         if state == FINAL:
-            return Write(torch.tensor([self.eos_token_id]))
-        return Generate(self.states.allowed(int(state)))
+            return Write(token_ids([self.eos_token_id]))
+        return Generate(token_ids(self.states.allowed(int(state))))
 
     def get_next_state(self, state: int, token_id: int) -> int:
         return self.states.advance(int(state), int(token_id))

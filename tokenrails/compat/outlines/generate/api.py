@@ -86,7 +86,14 @@ class SequenceGeneratorAdapter:
     ) -> Iterator[Any]:
         """outlines' ``generator.stream``: the new text of each step, a ``str`` for one prompt and a
         list (one piece per sequence) for several. Generation runs in a thread feeding a streamer;
-        pieces are differences of each sequence's decoded text, so multi-token characters arrive whole."""
+        pieces are differences of each sequence's decoded text, so multi-token characters arrive whole.
+        Several samples per prompt (multinomial ``samples=``, beam search) stream through outlines'
+        own loop, which keeps outlines' ``[prompt][sample]`` grouping (transformers' streamers
+        refuse beams)."""
+        if getattr(self.sampler, "samples", 1) > 1 or not callable(getattr(self.sampler, "generate_kwargs", None)):
+            generator, rng = self._outlines_loop(model_specific_params.pop("rng", None), seed)
+            yield from generator.stream(prompts, max_tokens=max_tokens, stop_at=stop_at, rng=rng)
+            return
         processor, kwargs = self._prepare(max_tokens, stop_at, seed, model_specific_params)
         single = isinstance(prompts, str)
         steps: queue.Queue = queue.Queue()
