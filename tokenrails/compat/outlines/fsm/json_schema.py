@@ -30,16 +30,11 @@ def build_regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = Non
 
 
 def get_schema_from_signature(fn: Callable) -> dict:
-    """JSON schema of a function's keyword arguments (what ``generate.json(model, fn)`` used)."""
-    from pydantic import create_model
+    """JSON schema of a function's arguments (what ``generate.json(model, fn)`` used); every
+    argument needs a type annotation, as in outlines."""
+    from ..types.utils import get_schema_from_signature as from_signature
 
-    fields: dict[str, Any] = {}
-    for name, param in inspect.signature(fn).parameters.items():
-        annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation
-        default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[name] = (annotation, default)
-    name = getattr(fn, "__name__", "Arguments")
-    return create_model(name, **fields).model_json_schema()
+    return from_signature(fn)
 
 
 def get_schema_from_enum(myenum: type[Enum]) -> dict:
