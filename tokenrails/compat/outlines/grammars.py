@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 
 from ...guided.errors import InvalidGuideError
+
+if TYPE_CHECKING:
+    from ...guided.spec import GuideSpec
 
 # where outlines' grammar imports resolve (Lark's own ``common`` grammar is found by Lark itself)
 GRAMMAR_PATH = os.path.dirname(os.path.abspath(__file__))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass, field
 from io import BytesIO
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Union
 
 
 @dataclass

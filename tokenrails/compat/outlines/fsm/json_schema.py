@@ -1,7 +1,6 @@
 """``outlines.fsm.json_schema``: schema → regex exactly as outlines-core builds it."""
 from __future__ import annotations
 
-import inspect
 import json
 from enum import Enum
 from typing import Any, Callable, Optional

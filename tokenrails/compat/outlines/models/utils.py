@@ -1,8 +1,6 @@
 """``outlines.models.utils`` (1.x): schema helpers shared by model integrations."""
 from __future__ import annotations
 
-from typing import Any
-
 from ...schema_transforms import disable_additional_properties
 
 

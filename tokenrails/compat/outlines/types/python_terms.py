@@ -6,13 +6,10 @@ follows outlines 1.x's documented semantics and test cases; written here, not co
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import re
 import types as _pytypes
-import typing
-from enum import Enum
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from .convert import BOOLEAN, DATE, DATETIME, INTEGER, NUMBER, STRING, TIME
 from .dsl import CFG, Alternatives, JsonSchema, KleeneStar, Optional, Regex, Sequence, String, Term
