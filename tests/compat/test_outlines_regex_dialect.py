@@ -1,9 +1,11 @@
 """outlines' regex dialect in the shim, proven against outlines-core 0.2 itself (what outlines 1.x
 runs): for each pattern, the set of first tokens outlines-core's ``Index`` allows over a
 vocabulary of single characters (ASCII, Unicode digits, letters, marks and spaces) equals the
-shim's ``RegexGuide`` on the same vocabulary, after every prefix of a probe text too. POSIX
-bracket classes and a leading ``(?i)`` are spelled out by the shim; ``\\d \\w \\s`` are
-Unicode in outlines-core (``\\d`` accepts "٣") and in tokenrails alike."""
+shim's ``RegexGuide`` on the same vocabulary, after every prefix of a probe text too; random
+strings are accepted by both or by neither (the languages); and the shim's table of Rust's
+``\\w \\d \\s`` equals outlines-core's over every code point. POSIX bracket classes and a leading
+``(?i)`` are spelled out by the shim, and so are ``\\w \\d \\s``: Python's Unicode tables differ
+from Rust's (combining marks, superscript digits, newer digits, ``\\x1c``)."""
 from __future__ import annotations
 
 import pytest
@@ -13,16 +15,17 @@ oc = pytest.importorskip("outlines_core")
 from tokenrails.compat.outlines.fsm.guide import RegexGuide  # noqa: E402
 from tokenrails.compat.outlines.fsm.states import FINAL  # noqa: E402
 
-CHARS = [chr(c) for c in range(0x20, 0x7F)] + ["\t", "\n", "٣", "٤", "é", "Ω", "ß", "\u0301", "\u00a0", "\u2003", "_"]
+# ASCII, and characters where Python's and Rust's Unicode classes disagree: a combining mark (Rust
+# \w), superscript two / vulgar half (Python \w), information separators (Python \s), a circled
+# letter (Rust \w: Alphabetic), a Kawi digit (Unicode 15: Rust \d)
+CHARS = [chr(c) for c in range(0x20, 0x7F)] + ["\t", "\n", "٣", "٤", "é", "Ω", "ß", "\u0301", "\u00a0", "\u2003", "_",
+                                               "\u00b2", "\u00bd", "\x1c", "\x1f", "\u24b6", "\U00011f50"]
 EOS = len(CHARS) + 1
 
-# Known gap: outlines-core's \w (Rust: Unicode Alphabetic + marks + digits + connectors) also
-# takes combining marks (U+0301), Python's and tokenrails' \w does not.
-W_MARKS = pytest.mark.xfail(strict=True, reason="\\w and combining marks: Rust's \\w includes M, Python's does not")
 PATTERNS = [
-    (r"\d+", "12"), pytest.param(r"\w+", "ab", marks=W_MARKS), (r"\s?x", " x"), (r"[[:alpha:]]+[[:digit:]]", "ab1"),
+    (r"\d+", "12"), (r"\w+", "ab"), (r"\s+\d", " \u00a01"), (r"\s?x", " x"), (r"[[:alpha:]]+[[:digit:]]", "ab1"),
     (r"[[:xdigit:][:space:]]+", "a 1"), (r"(?i)yes|no", "Ye"), (r"(?i)[a-c]x", "B"),
-    pytest.param(r"[^a-z]\W", "1", marks=W_MARKS), (r"[^a-z]\D", "1"), (r"\S\D", "x"), (r"a{2,3}b?", "aa"),
+    (r"[^a-z]\W", "1"), (r"[\w\s]+", "a b"), (r"[^\d\s]x", "ax"), (r"[^a-z]\D", "1"), (r"\S\D", "x"), (r"a{2,3}b?", "aa"),
 ]
 
 
@@ -60,3 +63,57 @@ def test_first_token_sets_equal_outlines_core(pattern, probe):
             state = ours.get_next_state(state, tid)
             assert state != FINAL
         assert _ours_allowed(ours, state) == _oc_allowed(theirs), (pattern, ch)
+
+
+def _walk_accepts(pattern: str, text: str) -> tuple[bool, bool]:
+    """(outlines-core accepts ``text``, the shim accepts it), one character token at a time."""
+    vocab = oc.Vocabulary(EOS, {c: [i] for c, i in CharTokenizer.vocabulary.items()})
+    theirs = oc.Guide(oc.Index(pattern, vocab))
+    ours = RegexGuide.from_regex(pattern, CharTokenizer())
+    state, theirs_ok = ours.initial_state, True
+    for ch in text:
+        tid = CharTokenizer.vocabulary[ch]
+        if theirs_ok and tid in theirs.get_tokens():
+            theirs.advance(tid)
+        else:
+            theirs_ok = False
+        state = ours.get_next_state(state, tid) if state != FINAL else FINAL
+    theirs_final = theirs_ok and EOS in theirs.get_tokens()
+    ours_final = state != FINAL and EOS in _ours_allowed_with_eos(ours, state)
+    return theirs_final, ours_final
+
+
+def _ours_allowed_with_eos(guide, state) -> set[int]:
+    tokens = guide.get_next_instruction(state).tokens
+    return {int(t) for t in (tokens.tolist() if hasattr(tokens, "tolist") else tokens)}
+
+
+LANGUAGE_PATTERNS = [r"\w+", r"\d{1,3}", r"[^\s]\s?", r"\W\D", r"[[:alpha:]_]\w*", r"(?i)ab\d"]
+
+
+@pytest.mark.parametrize("pattern", LANGUAGE_PATTERNS)
+def test_languages_equal_outlines_core_on_random_strings(pattern):
+    """The same strings accepted and refused (hypothesis over the probe alphabet)."""
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=120, deadline=None, database=None)
+    @given(st.text(alphabet=CHARS, max_size=4))
+    def same(text):
+        theirs, ours = _walk_accepts(pattern, text)
+        assert theirs == ours, (pattern, text, theirs, ours)
+
+    same()
+
+
+def test_shorthand_table_equals_outlines_core_over_every_code_point():
+    """``regex_classes.py`` (what the shim spells ``\\w \\d \\s`` as) is exactly what the installed
+    outlines-core matches; regenerate it with scripts/gen_outlines_regex_classes.py if not."""
+    from tokenrails.compat.outlines import regex_classes
+
+    chars = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    vocab = oc.Vocabulary(len(chars) + 1, {chr(c): [i] for i, c in enumerate(chars)})
+    for name, pattern in (("WORD", r"\w"), ("DIGIT", r"\d"), ("SPACE", r"\s")):
+        index = oc.Index(pattern, vocab)
+        theirs = {chars[i] for i in index.get_allowed_tokens(index.get_initial_state()) if i < len(chars)}
+        ours = {c for a, b in getattr(regex_classes, name) for c in range(a, b + 1)}
+        assert ours == theirs, (name, sorted(ours ^ theirs)[:10])

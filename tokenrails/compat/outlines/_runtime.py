@@ -276,14 +276,105 @@ def _case_fold(pattern: str) -> str:
     return "".join(out)
 
 
+_CLASS_ESCAPE = set("\\]^-[")
+
+
+def _class_body(ranges: tuple) -> str:
+    """Ranges as the inside of a bracket expression (literal characters, specials escaped)."""
+    def char(c: int) -> str:
+        ch = chr(c)
+        return "\\" + ch if ch in _CLASS_ESCAPE else ch
+
+    return "".join(char(a) if a == b else f"{char(a)}-{char(b)}" for a, b in ranges)
+
+
+def _complement(ranges: tuple) -> tuple:
+    """The code points (surrogates aside) not in ``ranges``."""
+    out, start = [], 0
+    for a, b in ranges:
+        if a > start:
+            out.append((start, a - 1))
+        start = b + 1
+    if start <= 0x10FFFF:
+        out.append((start, 0x10FFFF))
+    return tuple((a, b) for a, b in _drop_surrogates(out))
+
+
+def _drop_surrogates(ranges: list) -> list:
+    out = []
+    for a, b in ranges:
+        if b < 0xD800 or a > 0xDFFF:
+            out.append((a, b))
+            continue
+        if a < 0xD800:
+            out.append((a, 0xD7FF))
+        if b > 0xDFFF:
+            out.append((0xE000, b))
+    return out
+
+
+_SHORTHAND_BODIES: dict[str, str] = {}
+
+
+def _shorthand_body(letter: str) -> str:
+    """The bracket-expression body of outlines-core's ``\\w \\d \\s`` (or their negations)."""
+    body = _SHORTHAND_BODIES.get(letter)
+    if body is None:
+        from . import regex_classes
+
+        ranges = {"w": regex_classes.WORD, "d": regex_classes.DIGIT, "s": regex_classes.SPACE}[letter.lower()]
+        body = _class_body(ranges if letter.islower() else _complement(ranges))
+        _SHORTHAND_BODIES[letter] = body
+    return body
+
+
+def _spell_shorthands(pattern: str) -> str:
+    """``\\w \\d \\s \\W \\D \\S`` (outside and inside brackets) as the exact code points
+    outlines-core's (Rust's) classes match: Python's and Rust's Unicode tables differ (marks, newer
+    digits, ``\\x1c``-``\\x1f``), measured over every code point."""
+    if "\\" not in pattern:
+        return pattern
+    out: list[str] = []
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            letter = pattern[i + 1]
+            if letter in "wdsWDS":
+                body = _shorthand_body(letter)
+                out.append(body if in_class else f"[{body}]")
+            else:
+                out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            if c == "]":
+                in_class = False
+        elif c == "[":
+            in_class = True
+            out.append(c)
+            i += 1
+            if pattern[i:i + 1] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i:i + 1] == "]":  # a leading ] is a literal
+                out.append("\\]")
+                i += 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def outlines_dialect(pattern: str) -> str:
     """An outlines regex in the dialect tokenrails' backends read.
 
     outlines-core 0.2 (Rust's regex crate, what outlines 1.x runs) knows POSIX classes inside
     brackets (``[[:alpha:]]``, ASCII) and a leading ``(?i)``; both are spelled out here. Its
-    ``\\d \\w \\s`` are Unicode (``\\d`` accepts "٣", measured on outlines-core 0.2.14), as
-    tokenrails' regex kind reads them: they are left as they are (first-token sets compared with
-    outlines-core in tests/compat/test_outlines_regex_dialect.py).
+    ``\\d \\w \\s`` are Rust's Unicode classes, which differ from Python's in thousands of code
+    points: they are spelled out as the exact code points outlines-core matches
+    (``regex_classes.py``, read from outlines-core; compared with it in
+    tests/compat/test_outlines_regex_dialect.py).
     """
     if not isinstance(pattern, str):
         return pattern
@@ -291,4 +382,6 @@ def outlines_dialect(pattern: str) -> str:
     while pattern.startswith("(?i)"):
         fold, pattern = True, pattern[4:]
     pattern = _spell_posix(pattern)
-    return _case_fold(pattern) if fold else pattern
+    if fold:
+        pattern = _case_fold(pattern)
+    return _spell_shorthands(pattern)
