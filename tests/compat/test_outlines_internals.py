@@ -314,3 +314,29 @@ def test_generate_fsm_follows_the_automaton(tokenizer):
     guide = generator.logits_processor.guide
     generated = SequenceGenerator(guide, RandomLogitsModel(tokenizer, 3), worst_allowed, "cpu")("Code:", max_tokens=10)
     assert re.fullmatch(r"[0-9]{2}-[a-z]", generated), generated
+
+
+def _cfg_accepts(grammar: str, text: str, hf_tokenizer) -> bool:
+    guide = outlines.fsm.guide.CFGGuide(grammar, hf_tokenizer)
+    state = guide.initial_state
+    for token in hf_tokenizer.encode(text, add_special_tokens=False):
+        state = guide.get_next_state(state, token)
+        if state == -1:
+            return False
+    return guide.is_final_state(state)
+
+
+def test_lark_ignored_terminals_may_come_first_as_in_lark(smollm2_tokenizer):
+    """Lark accepts an %ignore'd terminal before the first token; llguidance alone does not."""
+    lark = pytest.importorskip("lark")
+    grammar = 'start: LETTER+\nLETTER: "a"\nWS: " "\n%ignore WS\n'
+    parser = lark.Lark(grammar, parser="lalr")
+    for text in ["aa", "a a", " a", "  a a ", "b", " "]:
+        try:
+            parser.parse(text)
+            expected = True
+        except lark.exceptions.LarkError:
+            expected = False
+        assert _cfg_accepts(grammar, text, smollm2_tokenizer) == expected, text
+    rewritten = outlines.grammars.leading_ignores('start: "start" /start/ // start\nWS: " "\n%ignore WS\n')
+    assert '"start" /start/ // start' in rewritten and rewritten.startswith("start: (WS)* ")

@@ -94,8 +94,33 @@ def grammar_spec(grammar: str) -> "GuideSpec":
     if not isinstance(grammar, str) or not grammar.strip():
         raise InvalidGuideError("grammar must be a non-empty Lark or EBNF string")
     if "::=" not in grammar and _LARK_RULE.search(grammar):
-        return GuideSpec.grammar(grammar, dialect="lark")
+        return GuideSpec.grammar(leading_ignores(grammar), dialect="lark")
     return GuideSpec.grammar(grammar)
+
+
+_IGNORE_NAME = re.compile(r"^[ \t]*%ignore[ \t]+([A-Z_][A-Z_0-9]*)[ \t]*$", re.MULTILINE)
+_START_DEF = re.compile(r"^([ \t]*[?!]?)start([ \t]*(?:\.[0-9-]+)?[ \t]*:)", re.MULTILINE)
+_PROTECTED = re.compile(r'"(?:[^"\\\n]|\\.)*"i?|/(?:[^/\\\n]|\\.)+/[imslux]*|//[^\n]*')
+_START_REF = re.compile(r"\bstart\b")
+_LIFTED_START = "tokenrails_lark_start"
+
+
+def leading_ignores(grammar: str) -> str:
+    """Lark lets an ``%ignore``d terminal come before the first token too; llguidance ignores only
+    between tokens. A grammar ignoring named terminals gets a new ``start`` that allows them first
+    (the old one renamed; string, regex and comment text untouched). Others are left as they are."""
+    names = _IGNORE_NAME.findall(grammar)
+    if not names or not _START_DEF.search(grammar) or _LIFTED_START in grammar:
+        return grammar
+    out, last = [], 0
+    for m in _PROTECTED.finditer(grammar):  # rename ``start`` outside literals, regexes, comments
+        out.append(_START_REF.sub(_LIFTED_START, grammar[last:m.start()]))
+        out.append(m.group(0))
+        last = m.end()
+    out.append(_START_REF.sub(_LIFTED_START, grammar[last:]))
+    renamed = "".join(out)
+    ignored = " | ".join(dict.fromkeys(names))
+    return f"start: ({ignored})* {_LIFTED_START}\n{renamed}"
 
 
 def check_ebnf(grammar: str) -> str:
