@@ -17,8 +17,8 @@ from .base import BaseBackend, tensor_library_of, tokenizer_of
 
 class OutlinesCoreLogitsProcessor(OutlinesLogitsProcessor):
     """Walks an ``outlines_core.Index`` per row (states keyed by each row's generated ids, so beam
-    reorders and new generations are followed); EOS is the only token once a row's text is final
-    and has no continuation, or after EOS itself."""
+    reorders and new generations are followed); after EOS a row may take only what every final
+    state allows (EOS among it)."""
 
     def __init__(self, index: Index, tensor_library_name: str = "torch"):
         super().__init__(tensor_library_name)
@@ -29,14 +29,19 @@ class OutlinesCoreLogitsProcessor(OutlinesLogitsProcessor):
         self._start: Optional[int] = None
         self._states: Dict[Tuple[int, ...], Optional[int]] = {(): self.index.get_initial_state()}
 
-    def _state(self, generated: Tuple[int, ...]) -> Optional[int]:
-        """The row's index state (``None``: EOS emitted or a token the index refused)."""
-        hit = self._states.get(generated, -1)
-        if hit != -1:
-            return hit
-        previous = self._state(generated[:-1])
-        state = None if previous is None else self.index.get_next_state(previous, generated[-1])
-        self._states[generated] = state
+    def _state(self, generated: Tuple[int, ...], previous: Dict[Tuple[int, ...], Optional[int]]) -> Optional[int]:
+        """The row's index state (``None``: EOS emitted or a token the index refused): one step
+        from the last call's state of its prefix, else a walk from the start (new rows)."""
+        if generated in previous:
+            return previous[generated]
+        if generated[:-1] in previous:
+            start, state = len(generated) - 1, previous[generated[:-1]]
+        else:
+            start, state = 0, self.index.get_initial_state()
+        for token in generated[start:]:
+            if state is None:
+                break
+            state = self.index.get_next_state(state, token)
         return state
 
     def process_logits(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -45,11 +50,14 @@ class OutlinesCoreLogitsProcessor(OutlinesLogitsProcessor):
             self.reset()
             self._start = length
         mask = torch.ones_like(logits, dtype=torch.bool)
+        previous, current = self._states, {}
         for row, ids in enumerate(input_ids[:, self._start:].tolist()):
-            state = self._state(tuple(ids))
+            generated = tuple(ids)
+            state = current[generated] = self._state(generated, previous)
             allowed: List[int] = self._after_end if state is None else list(self.index.get_allowed_tokens(state))
             index = torch.as_tensor([t for t in allowed if t < logits.shape[1]], dtype=torch.long)
             mask[row, index.to(logits.device)] = False
+        self._states = current  # only this step's rows are kept
         return logits.masked_fill_(mask, float("-inf"))
 
     @property
