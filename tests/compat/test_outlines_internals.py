@@ -340,3 +340,40 @@ def test_lark_ignored_terminals_may_come_first_as_in_lark(smollm2_tokenizer):
         assert _cfg_accepts(grammar, text, smollm2_tokenizer) == expected, text
     rewritten = outlines.grammars.leading_ignores('start: "start" /start/ // start\nWS: " "\n%ignore WS\n')
     assert '"start" /start/ // start' in rewritten and rewritten.startswith("start: (WS)* ")
+
+
+class _CharTokenizer:
+    """outlines' tokenizer interface: one token per character, EOS last."""
+
+    def __init__(self, chars: str):
+        self.vocabulary = {c: i + 1 for i, c in enumerate(chars)}
+        self.eos_token_id = len(chars) + 1
+        self.vocabulary["<eos>"] = self.eos_token_id
+        self.special_tokens = {"<eos>"}
+
+    def convert_token_to_string(self, token):
+        return token
+
+
+def test_paths_to_one_automaton_state_share_an_id_and_the_state_space_stays_finite():
+    tokenizer = _CharTokenizer("abc")
+    guide = RegexGuide("(ab)*c?", tokenizer)
+    a, b = tokenizer.vocabulary["a"], tokenizer.vocabulary["b"]
+    state = guide.initial_state
+    for _ in range(50):  # 100 tokens around the loop: still the same two states
+        state = guide.get_next_state(guide.get_next_state(state, a), b)
+        assert state == guide.initial_state
+    assert len(guide.states) == 2
+    maps = guide.states_to_token_maps
+    assert maps == {0: {a: 1, tokenizer.vocabulary["c"]: 2}, 1: {b: 0}}
+    # every listed transition is what walking the guide gives
+    for source, row in maps.items():
+        for token, target in row.items():
+            assert guide.get_next_state(source, token) == target
+
+
+def test_states_to_token_maps_numbers_breadth_first():
+    tokenizer = _CharTokenizer("1a")
+    guide = RegexGuide("[1-9]", tokenizer)
+    assert guide.states_to_token_maps == {0: {1: 1}}  # outlines' own example
+    assert guide.is_final_state(1) and not guide.is_final_state(0)

@@ -34,6 +34,10 @@ class _GuideFSM:
     def final_states(self) -> Any:
         return getattr(self.guide, "final_states", {self.final_state})
 
+    @property
+    def states_to_token_maps(self) -> Any:
+        return self.guide.states_to_token_maps
+
     def allowed_token_ids(self, state: Any) -> Optional[List[int]]:
         return _as_list(self.guide.get_next_instruction(state).tokens)
 

@@ -116,6 +116,12 @@ class TokenrailsGuide(Guide):
     def is_final_state(self, state: int) -> bool:
         return self.states.is_accepting(int(state))
 
+    @property
+    def states_to_token_maps(self) -> dict:
+        """``{state: {token: next state}}`` of a finite automaton (outlines' attribute); see
+        ``StateSpace.token_maps`` for the numbering and the bounds."""
+        return self.states.token_maps()
+
     def can_terminate_state(self, state: int) -> bool:
         return self.is_final_state(state)
 

@@ -4,7 +4,9 @@ Outlines guides are pure functions of ``(state, token) -> state`` with int state
 initial state and ``-1`` the final one. Matchers are mutable, so each state id names a token
 path; only a bounded number of states keep a live matcher (the most recently used — usually
 one per sequence being decoded). A state whose matcher was evicted is rebuilt by replaying its
-path, so any old state can still be walked from, exactly.
+path, so any old state can still be walked from, exactly. When the matcher exposes its automaton
+state (the FSM backend's DFA state), paths reaching the same automaton state share one id, as
+outlines' DFA states do: the state space stays as small as the automaton.
 """
 from __future__ import annotations
 
@@ -36,7 +38,13 @@ class StateSpace:
         self._children: dict[tuple[int, int], int] = {}
         self._live: OrderedDict[int, Matcher] = OrderedDict()
         self._accepting: dict[int, bool] = {}
+        self._by_automaton: dict[int, int] = {}  # automaton state -> id (matchers that expose one)
         self._row = allocate_token_bitmask(1, self.vocab.vocab_size)
+        start = compiled.matcher()
+        where = _automaton_state(start)
+        if where is not None:
+            self._by_automaton[where] = 0
+        self._keep(0, start)
 
     def __len__(self) -> int:
         return len(self._parent)
@@ -81,10 +89,16 @@ class StateSpace:
         else:
             m = self.matcher(state)
             if m.accept_token(token):
-                nxt = len(self._parent)
-                self._parent.append((state, token))
                 self._live.pop(state, None)  # the matcher moves on with the path
-                self._keep(nxt, m)
+                where = _automaton_state(m)
+                nxt = self._by_automaton.get(where, -1) if where is not None else -1
+                if nxt < 0:
+                    nxt = len(self._parent)
+                    self._parent.append((state, token))
+                    if where is not None:
+                        self._by_automaton[where] = nxt
+                if nxt not in self._live:
+                    self._keep(nxt, m)
             else:
                 nxt = FINAL
         self._children[key] = nxt
@@ -111,6 +125,42 @@ class StateSpace:
     def allowed(self, state: int) -> torch.Tensor:
         self.fill(state, self._row, 0)
         return allowed_token_ids(self._row[0], self.vocab.vocab_size)
+
+    def token_maps(self, max_states: int = 1_000, max_transitions: int = 200_000) -> dict[int, dict[int, int]]:
+        """outlines' ``states_to_token_maps``: ``{state: {token: next state}}`` over every state
+        reachable from the start (EOS left out; states without transitions absent), numbered in
+        breadth-first order over ascending token ids. Only finite automata can be listed: a state
+        space that keeps growing (matchers without automaton states) past ``max_states`` or
+        ``max_transitions`` raises ``NotImplementedError``."""
+        out: dict[int, dict[int, int]] = {}
+        queue, seen, transitions = [0], {0}, 0
+        eos = set(self.vocab.eos_ids)
+        while queue:
+            state = queue.pop(0)
+            row: dict[int, int] = {}
+            for token in self.allowed(state).tolist():
+                if token in eos:
+                    continue
+                nxt = self.advance(state, token)
+                row[token] = nxt
+                transitions += 1
+                if nxt not in seen:
+                    seen.add(nxt)
+                    queue.append(nxt)
+            if row:
+                out[state] = row
+            if len(seen) > max_states or transitions > max_transitions:
+                raise NotImplementedError(
+                    f"states_to_token_maps lists at most {max_states} states / {max_transitions} transitions")
+        return out
+
+
+def _automaton_state(matcher: Matcher) -> int | None:
+    """The matcher's automaton state, when it has one (the FSM backend's DFA state)."""
+    if getattr(matcher, "is_terminated", lambda: False)():
+        return None
+    state = getattr(matcher, "state", None)
+    return state if isinstance(state, int) else None
 
 
 def _bit(i: int) -> int:
