@@ -1,0 +1,194 @@
+"""outlines 0.0.x's ``outlines.fsm.regex`` automaton toolkit on the shim, against oracles.
+
+Byte-level automata must accept exactly the UTF-8 encodings of what the character automaton
+accepts (hypothesis); relabelling and unions must keep languages; the vectorised token index must
+equal a one-token-at-a-time walk; and walking the index with a random token picker must only ever
+spell strings ``re.fullmatch`` accepts."""
+from __future__ import annotations
+
+import random
+import re
+
+import interegular
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tokenrails.compat.outlines.fsm.regex import (
+    create_fsm_index_end_to_end,
+    create_fsm_index_tokenizer,
+    fsm_union,
+    get_sub_fsms_from_seq,
+    get_token_transition_keys,
+    get_vocabulary_transition_keys,
+    make_byte_level_better_fsm,
+    make_byte_level_fsm,
+    make_deterministic_fsm,
+    reduced_vocabulary,
+    state_scan_tokens,
+    walk_fsm,
+)
+from tokenrails.compat.outlines.integrations.utils import adapt_tokenizer
+from tokenrails.compat.outlines.models.transformers import TransformerTokenizer
+
+PATTERNS = [
+    "[^a]é",            # a state with an explicit multi-byte edge *and* anything_else
+    "(é|ü)+[^x]?",
+    "[^😀-😍]{2}",
+    "[😀-🙌]+a",
+    "a.b",
+    "[^a-c]*😀",
+    "(?:x|[^xé])*é",
+    "[Ā-ſ]{1,3}",
+]
+ALPHABET = st.sampled_from(list("abcxé üĀſ€😀😈😍🙌🙏一\n"))
+
+
+def to_byte_symbols(text: str) -> list:
+    return [chr(b) if b < 0x80 else f"\x00{b:02X}" for b in text.encode("utf-8")]
+
+
+def char_fsm(pattern: str):
+    return interegular.parse_pattern(pattern).to_fsm().reduce()
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(ALPHABET, max_size=5))
+def test_byte_level_fsm_accepts_the_utf8_of_the_same_strings(pattern, text):
+    chars = char_fsm(pattern)
+    expected = chars.accepts(text)
+    assert make_byte_level_fsm(chars).accepts(to_byte_symbols(text)) == expected
+    mixed = make_byte_level_fsm(chars, keep_utf8=True)
+    assert mixed.accepts(to_byte_symbols(text)) == expected
+    assert mixed.accepts(text) == expected
+
+
+def test_explicit_multibyte_edge_survives_next_to_anything_else():
+    """``[^a]é``: é is both listed and covered by [^a]; its byte path must stay open."""
+    byte_fsm = make_byte_level_fsm(char_fsm("[^a]é"))
+    assert byte_fsm.accepts(to_byte_symbols("éé"))
+    assert byte_fsm.accepts(to_byte_symbols("€é"))
+    assert not byte_fsm.accepts(to_byte_symbols("aé"))
+
+
+@pytest.mark.parametrize("pattern", PATTERNS + ["0|[1-9][0-9]*", "(ab|cd)*e?"])
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(st.sampled_from(list("0129abcdeé😀x")), max_size=6))
+def test_deterministic_labels_keep_the_language(pattern, text):
+    original = char_fsm(pattern)
+    relabelled, old_to_new = make_deterministic_fsm(original)
+    assert relabelled.accepts(text) == original.accepts(text)
+    assert relabelled.initial == 0 and sorted(relabelled.states) == list(range(len(original.states)))
+    again, identity = make_deterministic_fsm(relabelled)
+    assert identity == {s: s for s in relabelled.states}  # labels are a fixed point
+    assert again.map == relabelled.map
+
+
+def test_walk_fsm_full_and_partial_matches():
+    fsm, _ = make_deterministic_fsm(char_fsm("0|[1-9][0-9]*"))
+    info = fsm.fsm_info
+
+    def keys(text):
+        return get_token_transition_keys(info.alphabet_symbol_mapping, info.alphabet_anything_value, text)
+
+    walked = walk_fsm(fsm, keys("12"), 0)
+    assert len(walked) == 2 and walked[0] == walked[1] and walked[1] in fsm.finals
+    assert walk_fsm(fsm, keys("01"), 0) == []                      # stuck after a final
+    assert walk_fsm(fsm, keys("01"), 0, full_match=False) == walk_fsm(fsm, keys("0"), 0)
+    assert walk_fsm(fsm, keys("x"), 0, full_match=False) == []
+
+
+@settings(max_examples=80, deadline=None)
+@given(text=st.text(st.sampled_from(list("abdefmt+=1 ")), min_size=1, max_size=6))
+def test_union_accepts_what_some_part_accepts_and_names_it(text):
+    patterns = ["def", "match", "[a-z]+[0-9]*", r"\+=", r"\+"]
+    parts = [make_deterministic_fsm(char_fsm(p))[0] for p in patterns]
+    union, records = fsm_union(parts)
+    accepted_by = [i for i, p in enumerate(parts) if p.accepts(text)]
+    assert union.accepts(text) == bool(accepted_by)
+    if accepted_by:
+        info = union.fsm_info
+        seq = [union.initial] + walk_fsm(union, get_token_transition_keys(
+            info.alphabet_symbol_mapping, info.alphabet_anything_value, text), union.initial)
+        finals = {part for part, _, final in get_sub_fsms_from_seq(seq, records) if final}
+        assert finals == set(accepted_by)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_tokenizer):
+    return TransformerTokenizer(smollm2_tokenizer)
+
+
+@pytest.mark.parametrize("pattern", [r"[0-9]{1,4}(\.[0-9]+)?", r"(é|ü|[a-z])+ ?😀?", r'"[^"\\]{0,12}"'])
+def test_vectorised_index_equals_token_by_token_walk(tokenizer, pattern):
+    fsm = make_byte_level_better_fsm(make_deterministic_fsm(char_fsm(pattern))[0], keep_utf8=True)
+    info = fsm.fsm_info
+    vocabulary, _ = reduced_vocabulary(tokenizer)
+    keys = get_vocabulary_transition_keys(info.alphabet_symbol_mapping, info.alphabet_anything_value, vocabulary)
+    index = create_fsm_index_end_to_end(info, vocabulary)
+    assert index, "the initial state must be indexed"
+    for state in sorted(index)[:4]:
+        scalar = state_scan_tokens(info.transitions, info.alphabet_symbol_mapping, info.alphabet_anything_value,
+                                   info.initial, info.finals, vocabulary, keys, state)
+        assert index[state] == scalar
+
+
+def _raw_bytes(tokenizer, token_id: int) -> bytes:
+    from tokenrails.compat.outlines.fsm.regex import gpt2_unicode_to_bytes
+
+    table = gpt2_unicode_to_bytes()
+    return bytes(table[c] for c in tokenizer.tokenizer.convert_ids_to_tokens(token_id))
+
+
+@pytest.mark.parametrize("pattern", [r"(0|[1-9][0-9]*)\.[0-9]{2}", r"[a-zé]{2,6}( [a-zé]{2,6}){0,2}",
+                                     r"(yes|no|maybe)!?"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_walks_over_the_token_index_spell_the_language(tokenizer, pattern, seed):
+    byte_fsm = make_byte_level_fsm(char_fsm(pattern), keep_utf8=True)
+    fsm, _ = make_deterministic_fsm(byte_fsm)
+    index, empty = create_fsm_index_tokenizer(fsm, tokenizer)
+    assert not empty
+    rng = random.Random(seed)
+    state, out = fsm.initial, b""
+    for _ in range(40):
+        choices = sorted(index.get(state, {}).items())
+        if not choices:
+            break
+        token_id, state = rng.choice(choices)
+        if token_id == tokenizer.eos_token_id:
+            break
+        out += _raw_bytes(tokenizer, token_id)
+    if state in fsm.finals:
+        assert re.fullmatch(pattern, out.decode("utf-8")), out
+    else:  # stopped early: what was spelled is still a prefix of the language
+        assert len(out) > 0
+
+
+def test_eos_only_in_final_states(tokenizer):
+    fsm, _ = make_deterministic_fsm(make_byte_level_fsm(char_fsm("ab?"), keep_utf8=True))
+    index, _ = create_fsm_index_tokenizer(fsm, tokenizer)
+    for state, row in index.items():
+        assert (tokenizer.eos_token_id in row) == (state in fsm.finals)
+
+
+def test_reduced_vocabulary_is_shared_by_equal_tokenizers_and_spells_partial_bytes(smollm2_tokenizer):
+    one, two = TransformerTokenizer(smollm2_tokenizer), TransformerTokenizer(smollm2_tokenizer)
+    assert reduced_vocabulary(one) is reduced_vocabulary(two)
+    vocabulary, empty = reduced_vocabulary(one)
+    texts = {text for text, _ in vocabulary}
+    assert not empty
+    assert any("\x00" in t for t in texts)  # partial UTF-8 tokens are spelled as byte symbols
+    assert not any("\ufffd" in t for t in texts)
+    ids = sorted(int(i) for _, group in vocabulary for i in group)
+    assert len(ids) == len(set(ids))
+
+
+def test_adapt_tokenizer_and_rare_replacement_tokens(smollm2_tokenizer):
+    from transformers import AutoTokenizer
+
+    hf = adapt_tokenizer(AutoTokenizer.from_pretrained(smollm2_tokenizer.name_or_path))
+    assert hf.vocabulary == hf.get_vocab() and hf.convert_token_to_string("a") == "a"
+    hf.vocabulary["\ufffd\ufffd"] = max(hf.vocabulary.values()) + 1  # a token that *is* U+FFFD
+    vocabulary, _ = reduced_vocabulary(hf)
+    assert ("\ufffd\ufffd", [hf.vocabulary["\ufffd\ufffd"]]) in [(t, list(i)) for t, i in vocabulary]
