@@ -193,7 +193,29 @@ def test_cfg_guide_takes_ebnf_and_outlines_lark(smollm2_tokenizer) -> None:
     s = g.initial_state
     for t in smollm2_tokenizer.encode("(1+2)*3", add_special_tokens=False):
         s = g.get_next_state(s, t)
-    assert g.is_final_state(s) and s != FINAL
+    # outlines 0.0.x: a CFG guide may end here but is final only once EOS is generated
+    assert g.can_terminate_state(s) and not g.is_final_state(s) and s != FINAL
+    assert g.is_final_state(g.get_next_state(s, smollm2_tokenizer.eos_token_id))
+
+
+def test_cfg_guide_keeps_0_0_generation_and_terminal_boundaries(smollm2_tokenizer) -> None:
+    """0.0.x's stateful extras: ``generation`` (text fed so far), ``reset_state`` (the last
+    Generate was between terminals), ``Write([eos])`` once only EOS may follow."""
+    g = CFGGuide('start: WORD ("," WORD)*\nWORD: "ab" | "cd"', smollm2_tokenizer)
+    tokens = {t: smollm2_tokenizer.convert_tokens_to_ids(t) for t in ["a", "b", ","]}
+    state = g.initial_state
+    assert isinstance(g.get_next_instruction(state), Generate) and g.reset_state  # nothing read yet
+    state = g.get_next_state(state, tokens["a"])
+    g.get_next_instruction(state)
+    assert g.generation == "a" and not g.reset_state  # inside the terminal "ab"
+    state = g.get_next_state(state, tokens["b"])
+    instruction = g.get_next_instruction(state)
+    assert g.generation == "ab" and g.reset_state and g.eos_token_id in instruction.tokens.tolist()
+    assert not g.is_final_state(state) and g.can_terminate_state(state) and not g.must_terminate_state(state)
+    state = g.get_next_state(state, g.eos_token_id)
+    assert g.is_final_state(state) and g.generation == "ab"
+    assert isinstance(g.get_next_instruction(state), Write)
+    assert g.copy().generation == ""
 
 
 SCHEMAS = [

@@ -69,20 +69,21 @@ class RegexFSM(_GuideFSM):
 
 
 class CFGFSM(_GuideFSM):
-    """Also keeps ``generation``: the text of the tokens accepted so far (EOS excluded)."""
+    """``generation`` / ``reset_state`` are the guide's (see ``CFGGuide``)."""
 
     def __init__(self, cfg_string: str, tokenizer: Any):
         _deprecated("CFGFSM", "CFGGuide")
         self.guide = CFGGuide(cfg_string, tokenizer)
         self.tokenizer = tokenizer
         self.final_state = self.guide.final_state
-        self.generation = ""
 
-    def next_state(self, state: Any, token_id: int) -> Any:
-        nxt = self.guide.get_next_state(state, token_id)
-        if token_id != getattr(self.tokenizer, "eos_token_id", None) and nxt != self.final_state:
-            self.generation += self.tokenizer.decode([token_id])[0]
-        return nxt
+    @property
+    def generation(self) -> str:
+        return self.guide.generation
+
+    @property
+    def reset_state(self) -> bool:
+        return self.guide.reset_state
 
 
 __all__ = ["CFGFSM", "RegexFSM", "StopAtEosFSM"]

@@ -60,6 +60,14 @@ class Generate:
 Instruction = Union[Write, Generate]
 
 
+class StatesToTokenMaps(dict):
+    """outlines 0.0.x's ``states_to_token_maps`` dict that also answers outlines-core 0.1's
+    ``Index.get_transitions()`` (what 0.1.x returned in its place)."""
+
+    def get_transitions(self) -> dict:
+        return {state: dict(row) for state, row in self.items()}
+
+
 class Guide:
     """Base of every guide (outlines' protocol); subclasses implement the four methods."""
 
@@ -117,10 +125,10 @@ class TokenrailsGuide(Guide):
         return self.states.is_accepting(int(state))
 
     @property
-    def states_to_token_maps(self) -> dict:
+    def states_to_token_maps(self) -> "StatesToTokenMaps":
         """``{state: {token: next state}}`` of a finite automaton (outlines' attribute); see
         ``StateSpace.token_maps`` for the numbering and the bounds."""
-        return self.states.token_maps()
+        return StatesToTokenMaps(self.states.token_maps())
 
     def can_terminate_state(self, state: int) -> bool:
         return self.is_final_state(state)
@@ -165,11 +173,98 @@ class RegexGuide(TokenrailsGuide):
 
 
 class CFGGuide(TokenrailsGuide):
-    """Text in the language of a context-free grammar, written in EBNF (xgrammar's dialect)."""
+    """Text in the language of a context-free grammar (outlines' Lark, or EBNF).
+
+    As in outlines 0.0.x, a CFG guide is final only once EOS is generated (``is_final_state``);
+    whether the text may end or must end now is ``can_terminate_state`` / ``must_terminate_state``
+    (0.1.x's names), and ``get_next_instruction`` is ``Write([eos])`` when it must. Like 0.0.x's
+    guide it also keeps ``generation``, the text of every non-EOS token passed to
+    ``get_next_state`` since it was made (0.0.x guides served one sequence), and ``reset_state``:
+    whether the last ``Generate`` instruction was for a position between terminals (read lazily
+    with Lark; ``False`` for EBNF grammars).
+    """
 
     def __init__(self, cfg_string: str, tokenizer: Any):
         self.cfg_string = cfg_string
         super().__init__(compile_for(grammar_spec(cfg_string), tokenizer), tokenizer)
+
+    def _init_compiled(self, compiled: CompiledGuide, tokenizer: Any = None) -> None:
+        super()._init_compiled(compiled, tokenizer)
+        self.generation = ""
+        self._generate_state: Optional[int] = None
+        self._boundaries: dict = {}
+
+    def get_next_instruction(self, state: int) -> Instruction:
+        if state == FINAL or self.must_terminate_state(state):
+            return Write(token_ids([self.eos_token_id]))
+        self._generate_state = int(state)
+        return super().get_next_instruction(state)
+
+    def get_next_state(self, state: int, token_id: int) -> int:
+        if state != FINAL and int(token_id) not in self.vocabulary_.eos_ids:
+            self.generation += _token_text(self.tokenizer, self.vocabulary_, int(token_id))
+        return super().get_next_state(state, token_id)
+
+    def is_final_state(self, state: int) -> bool:
+        return state == FINAL
+
+    def can_terminate_state(self, state: int) -> bool:
+        return self.states.is_accepting(int(state))
+
+    @property
+    def reset_state(self) -> bool:
+        state = self._generate_state
+        if state is None:
+            return False
+        hit = self._boundaries.get(state)
+        if hit is None:
+            text = "".join(_token_text(self.tokenizer, self.vocabulary_, t) for t in self.states.path(state))
+            hit = self._boundaries[state] = _lexes_completely(self.cfg_string, text)
+        return hit
+
+
+def _token_text(tokenizer: Any, vocab: Any, token_id: int) -> str:
+    """One token's text the way outlines 0.0.x read it (``tokenizer.decode([id])[0]``)."""
+    decode = getattr(tokenizer, "decode", None)
+    if decode is not None:
+        try:
+            out = decode([token_id])
+            return out[0] if isinstance(out, (list, tuple)) else str(out)
+        except Exception:  # noqa: BLE001 - fall back to the vocabulary's bytes
+            pass
+    return vocab.token_bytes[token_id].decode("utf-8", "replace")
+
+
+def _lexes_completely(grammar: str, text: str) -> bool:
+    """Whether Lark's contextual lexer reads ``text`` as whole terminals (False if it cannot tell)."""
+    try:
+        from lark.exceptions import LarkError
+
+        from ..grammars import GRAMMAR_PATH
+    except ImportError:
+        return False
+    try:
+        parser = _lark_parser(grammar, GRAMMAR_PATH)
+        interactive = parser.parse_interactive(text)
+        interactive.exhaust_lexer()
+        return True
+    except LarkError:
+        return False
+
+
+_LARK_PARSERS: dict = {}
+
+
+def _lark_parser(grammar: str, grammar_path: str) -> Any:
+    from lark import Lark
+
+    parser = _LARK_PARSERS.get(grammar)
+    if parser is None:
+        if len(_LARK_PARSERS) >= 16:
+            _LARK_PARSERS.pop(next(iter(_LARK_PARSERS)))
+        parser = _LARK_PARSERS[grammar] = Lark(grammar, parser="lalr", lexer="contextual",
+                                               import_paths=[grammar_path])
+    return parser
 
 
 class StopAtEOSGuide(Guide):
