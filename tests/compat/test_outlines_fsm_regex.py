@@ -192,3 +192,57 @@ def test_adapt_tokenizer_and_rare_replacement_tokens(smollm2_tokenizer):
     hf.vocabulary["\ufffd\ufffd"] = max(hf.vocabulary.values()) + 1  # a token that *is* U+FFFD
     vocabulary, _ = reduced_vocabulary(hf)
     assert ("\ufffd\ufffd", [hf.vocabulary["\ufffd\ufffd"]]) in [(t, list(i)) for t, i in vocabulary]
+
+
+@pytest.mark.parametrize("pattern", ["[0-9]{2,3}", "(ab|cd)e?", "[😁-😎]", " [a-c]+x", r"(yes|no)\.?"])
+def test_regex_guide_states_are_outlines_own_numbers(tokenizer, pattern):
+    """The shim's RegexGuide hands out the state numbers outlines' pipeline gives (interegular
+    byte automaton, deterministic labels, token index): the whole ``states_to_token_maps``
+    must equal the index built by outlines' algorithm."""
+    from tokenrails.compat.outlines.fsm.guide import RegexGuide
+
+    guide = RegexGuide(pattern, tokenizer)
+    fsm, _ = make_deterministic_fsm(make_byte_level_fsm(char_fsm(pattern), keep_utf8=True))
+    index, _ = create_fsm_index_tokenizer(fsm, tokenizer)
+    expected = {s: {t: e for t, e in row.items() if t != tokenizer.eos_token_id} for s, row in index.items()}
+    assert guide.states_to_token_maps == {s: row for s, row in expected.items() if row}
+    for state in fsm.finals & set(index):  # resuming from any number outlines would have handed out
+        assert guide.copy().is_final_state(state)
+
+
+def test_regex_guide_without_outlines_numbers_still_walks(tokenizer):
+    from tokenrails.compat.outlines.fsm.guide import RegexGuide
+
+    pattern = "(" + "|".join(f"k{i:04d}" for i in range(250)) + ")"  # past MAX_REGEX_CHARS: own numbering
+    guide = RegexGuide(pattern, tokenizer)
+    assert guide._state_labels() is None
+    state = guide.initial_state
+    for token in tokenizer.tokenizer.encode("k0042", add_special_tokens=False):
+        state = guide.get_next_state(state, token)
+    assert state > 0 and guide.is_final_state(state)
+
+
+class _ByteLevelMock:
+    """An outlines-interface tokenizer whose partial-character tokens are GPT-2 byte strings
+    (their text is U+FFFD): guides must read their bytes, as outlines did."""
+
+    vocabulary = {"1": 1, "a": 2, "eos": 3, "😍": 4, " ": 5, "\ufffd": 6, "ðŁĺ": 8, "Ī": 9, "Ġð": 10, "ŁĺĪ": 11,
+                  "ðŁĺį": 12}
+    special_tokens = {"eos"}
+    eos_token_id = 3
+
+    def convert_token_to_string(self, token):
+        return "\ufffd" if self.vocabulary[token] in (8, 9, 10, 11) else ("😍" if token == "ðŁĺį" else token)
+
+
+@pytest.mark.parametrize("pattern", [" [😁-😎]", "[😁-😎]+", " ?😍"])
+def test_partial_character_tokens_of_outlines_tokenizers_are_bytes(pattern):
+    from tokenrails.compat.outlines.fsm.guide import RegexGuide
+
+    tokenizer = _ByteLevelMock()
+    guide = RegexGuide(pattern, tokenizer)
+    fsm, _ = make_deterministic_fsm(make_byte_level_fsm(char_fsm(pattern), keep_utf8=True))
+    index, _ = create_fsm_index_tokenizer(fsm, tokenizer)
+    expected = {s: {t: e for t, e in row.items() if t != tokenizer.eos_token_id} for s, row in index.items()}
+    assert guide.states_to_token_maps == {s: row for s, row in expected.items() if row}
+    assert any(8 in row or 10 in row for row in expected.values())  # the byte tokens take part

@@ -72,6 +72,28 @@ def _token_bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+_REPLACEMENT_TOKEN = re.compile(r"^▁*\ufffd+\.*$")  # tokens that *are* U+FFFD (Gemma, GPT-SW3, NorwAI)
+
+
+def partial_char_bytes(token: str, text: str) -> bytes | None:
+    """The bytes of a token that holds part of a UTF-8 character, by outlines' rule: its text
+    shows U+FFFD and it is not itself a replacement-character token. A ``<0xXX>`` byte-fallback
+    piece is that byte; otherwise the token is read through GPT-2's byte table (byte-level BPE).
+    None when the token is whole text, or is neither kind."""
+    if "\ufffd" not in text or _REPLACEMENT_TOKEN.match(token):
+        return None
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return bytes([int(token[3:5], 16)])
+        except ValueError:
+            return None
+    from .fsm.regex import gpt2_unicode_to_bytes
+
+    table = gpt2_unicode_to_bytes()
+    raw = [table.get(c) for c in token]
+    return None if None in raw else bytes(raw)  # type: ignore[arg-type]
+
+
 def _vocabulary_from_outlines_tokenizer(tokenizer: Any) -> Vocabulary:
     vocab_map: dict = tokenizer.vocabulary
     eos = int(tokenizer.eos_token_id)
@@ -81,7 +103,9 @@ def _vocabulary_from_outlines_tokenizer(tokenizer: Any) -> Vocabulary:
     special = {vocab_map[t] for t in (getattr(tokenizer, "special_tokens", None) or ()) if t in vocab_map}
     for token, idx in vocab_map.items():
         text = convert(token) if callable(convert) else token
-        token_bytes[int(idx)] = _token_bytes(token if token.startswith("<0x") else text)
+        partial = partial_char_bytes(token, text)
+        token_bytes[int(idx)] = partial if partial is not None else \
+            _token_bytes(token if token.startswith("<0x") else text)
     # ids the vocabulary does not name are never tokens (empty bytes, special)
     special |= {i for i, b in enumerate(token_bytes) if not b}
     return Vocabulary(token_bytes=token_bytes, eos_ids=(eos,), special_ids=frozenset(special),

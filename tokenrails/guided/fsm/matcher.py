@@ -164,6 +164,15 @@ class FSMMatcher(Matcher):
         self._history.clear()
         self._terminated = False
 
+    def seek(self, state: int) -> None:
+        """Stand at DFA ``state`` with no history: for callers that name automaton states
+        themselves (outlines' guide protocol hands out state numbers and may resume from any)."""
+        if not START <= int(state) < self._dfa.num_states:
+            raise ValueError(f"no live DFA state {state}")
+        self._state = int(state)
+        self._history.clear()
+        self._terminated = False
+
     # ---- queries ------------------------------------------------------------------------
     def is_terminated(self) -> bool:
         return self._terminated

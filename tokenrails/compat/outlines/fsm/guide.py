@@ -8,6 +8,7 @@ language); CFG guides take EBNF and run on xgrammar.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -18,13 +19,15 @@ from ....guided.errors import InvalidGuideError
 from ....guided.spec import GuideSpec
 from .._runtime import compile_for, outlines_dialect, vocabulary_for
 from ..grammars import grammar_spec
+from .outlines_labels import outlines_labels
 from .states import FINAL, StateSpace
 
 
 class TokenIds(torch.Tensor):
     """A ``LongTensor`` of token ids (outlines-core 0.1's instruction type) that also reads as
-    outlines 0.0.x's list of ints: iterating gives ints, ``== [1, 2]`` compares as a list. Every
-    other operation gives a plain tensor."""
+    outlines 0.0.x's list of ints: iterating gives ints (ascending), and ``== [2, 1]`` compares
+    the allowed *sets* (0.0.x listed them in its index's hash order, which carries no meaning).
+    Every other operation gives a plain tensor."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -33,7 +36,7 @@ class TokenIds(torch.Tensor):
 
     def __eq__(self, other: object):  # type: ignore[override]
         if isinstance(other, (list, tuple)):
-            return self.tolist() == list(other)
+            return sorted(self.tolist()) == sorted(other)
         return torch.Tensor.__eq__(self, other)
 
     __hash__ = torch.Tensor.__hash__
@@ -105,7 +108,7 @@ class TokenrailsGuide(Guide):
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_id = eos if eos in compiled.vocab.eos_ids else compiled.vocab.eos_ids[0]
         self.final_states = {FINAL}
-        self.states = StateSpace(compiled)
+        self.states = StateSpace(compiled, labels=getattr(self, "_state_labels", None))
 
     @classmethod
     def from_spec(cls, spec: GuideSpec, tokenizer: Any, backend: Optional[str] = None) -> "TokenrailsGuide":
@@ -143,6 +146,8 @@ class TokenrailsGuide(Guide):
     def copy(self) -> "TokenrailsGuide":
         """Same compiled guide, fresh state table (cheap: nothing is recompiled)."""
         other = self.__class__.__new__(self.__class__)
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k in ("regex_string", "cfg_string",
+                                                                               "_state_labels")})
         other._init_compiled(self.compiled, self.tokenizer)
         return other
 
@@ -165,11 +170,21 @@ class RegexGuide(TokenrailsGuide):
             raise InvalidGuideError(
                 "The vocabulary does not allow us to build a sequence that matches the input regex"
             ) from exc
+        if getattr(compiled, "dfa", None) is not None:  # FSM backend: states are outlines' own numbers
+            self._state_labels = functools.partial(_cached_labels, compiled, regex_string)
         super().__init__(compiled, tokenizer)
 
     @classmethod
     def from_regex(cls, regex_string: str, tokenizer: Any, **_kwargs: Any) -> "RegexGuide":
         return cls(regex_string, tokenizer)
+
+
+def _cached_labels(compiled: CompiledGuide, regex: str) -> Optional[dict]:
+    """outlines' labels for a compiled regex, computed once per compiled guide."""
+    cache = compiled.__dict__.setdefault("_outlines_labels", {})
+    if regex not in cache:
+        cache[regex] = outlines_labels(regex, compiled.dfa)  # type: ignore[attr-defined]
+    return cache[regex]
 
 
 class CFGGuide(TokenrailsGuide):

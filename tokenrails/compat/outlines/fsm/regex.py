@@ -465,7 +465,6 @@ def create_fsm_index_end_to_end(fsm_info: FSMInfo,
 # ---------------------------------------------------------------------------------------------
 # tokenizer vocabularies
 
-_LLAMA_BYTE_TOKEN = re.compile(r"^<0x[0-9A-F]{2}>$")
 # tokens that *are* replacement characters (Gemma/GPT-SW3 "▁" prefix, NorwAI "." suffix)
 _REPLACEMENT_TOKEN = re.compile(r"^▁*\ufffd+\.*$")
 
@@ -487,17 +486,17 @@ def gpt2_unicode_to_bytes() -> Dict[str, int]:
 
 def _token_text(tokenizer: Any, token: str) -> str:
     """A token as index text: its string, or its bytes when it holds part of a character."""
+    from .._runtime import partial_char_bytes
+
     text = tokenizer.convert_token_to_string(token)
-    if not text or "\ufffd" not in text or _REPLACEMENT_TOKEN.match(token):
+    if not text or "\ufffd" not in text:
         return text
-    if _LLAMA_BYTE_TOKEN.match(token):  # SentencePiece byte fallback: <0xXX>
-        raw: List[Optional[int]] = [int(token[3:5], 16)]
-    else:  # byte-level BPE: each character stands for one byte
-        table = gpt2_unicode_to_bytes()
-        raw = [table.get(c) for c in token]
-    if None in raw:
+    raw = partial_char_bytes(token, text)
+    if raw is None:
+        if _REPLACEMENT_TOKEN.match(token):
+            return text
         raise RuntimeError(f"Cannot convert token `{token}` to bytes: {text}")
-    return "".join(byte_symbol(b) for b in raw)  # type: ignore[arg-type]
+    return "".join(byte_symbol(b) for b in raw)
 
 
 @lru_cache(maxsize=32)

@@ -6,11 +6,14 @@ path; only a bounded number of states keep a live matcher (the most recently use
 one per sequence being decoded). A state whose matcher was evicted is rebuilt by replaying its
 path, so any old state can still be walked from, exactly. When the matcher exposes its automaton
 state (the FSM backend's DFA state), paths reaching the same automaton state share one id, as
-outlines' DFA states do: the state space stays as small as the automaton.
+outlines' DFA states do: the state space stays as small as the automaton. Given ``labels``
+(automaton state → id, e.g. outlines' own numbers from ``outlines_labels``) those ids are used
+instead, and any labelled id can be resumed from even if it was never handed out.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Callable
 
 import torch
 
@@ -30,7 +33,8 @@ def allowed_token_ids(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tenso
 class StateSpace:
     """State ids → token paths, with live matchers for the most recently used states."""
 
-    def __init__(self, compiled: CompiledGuide, max_live: int = 64):
+    def __init__(self, compiled: CompiledGuide, max_live: int = 64,
+                 labels: Callable[[], dict[int, int] | None] | None = None):
         self.compiled = compiled
         self.vocab = compiled.vocab
         self.max_live = max_live
@@ -42,12 +46,25 @@ class StateSpace:
         self._row = allocate_token_bitmask(1, self.vocab.vocab_size)
         start = compiled.matcher()
         where = _automaton_state(start)
+        self._labelled: dict[int, int] = {}  # id -> automaton state (labels given)
+        self._issued: set[int] = {0}
+        # labels are read on the first step (only id 0 exists before it): building a guide stays cheap
+        self._labels = labels if where is not None and hasattr(start, "seek") else None
         if where is not None:
             self._by_automaton[where] = 0
+        self._start_where = where
         self._keep(0, start)
 
+    def _read_labels(self) -> None:
+        source, self._labels = self._labels, None
+        labels = source() if source is not None else None
+        if labels and labels.get(self._start_where) == 0:
+            self._by_automaton = dict(labels)
+            self._labelled = {i: a for a, i in labels.items()}
+
     def __len__(self) -> int:
-        return len(self._parent)
+        """How many distinct states were handed out (the start included)."""
+        return len(self._issued)
 
     def path(self, state: int) -> list[int]:
         out: list[int] = []
@@ -62,7 +79,13 @@ class StateSpace:
         if m is not None:
             self._live.move_to_end(state)
             return m
+        if self._labels is not None:
+            self._read_labels()
         m = self.compiled.matcher()
+        if state in self._labelled:
+            m.seek(self._labelled[state])  # type: ignore[attr-defined]
+            self._keep(state, m)
+            return m
         for token in self.path(state):
             if not m.accept_token(token):  # pragma: no cover - paths only hold accepted tokens
                 raise RuntimeError(f"replay of guide state {state} failed at token {token}")
@@ -77,7 +100,9 @@ class StateSpace:
 
     def advance(self, state: int, token: int) -> int:
         """outlines' ``get_next_state``: EOS, a forbidden token or the final state give ``-1``."""
-        if state < 0 or state >= len(self._parent):
+        if self._labels is not None:
+            self._read_labels()
+        if state < 0 or (state >= len(self._parent) and state not in self._labelled):
             return FINAL
         key = (state, token)
         hit = self._children.get(key)
@@ -93,6 +118,8 @@ class StateSpace:
                 where = _automaton_state(m)
                 nxt = self._by_automaton.get(where, -1) if where is not None else -1
                 if nxt < 0:
+                    while len(self._parent) in self._labelled:  # path ids skip the labels
+                        self._parent.append((FINAL, FINAL))
                     nxt = len(self._parent)
                     self._parent.append((state, token))
                     if where is not None:
@@ -102,6 +129,8 @@ class StateSpace:
             else:
                 nxt = FINAL
         self._children[key] = nxt
+        if nxt >= 0:
+            self._issued.add(nxt)
         return nxt
 
     def is_accepting(self, state: int) -> bool:
