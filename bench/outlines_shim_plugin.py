@@ -138,12 +138,16 @@ class _AliasLoader(importlib.abc.Loader):
 class OutlinesCoreV01Modules(importlib.abc.MetaPathFinder):
     """outlines 0.1.x tests import outlines-core 0.1's layout (``outlines_core.fsm.*``), which the
     installed outlines-core 0.2 moved: ``outlines_core.fsm.json_schema`` is 0.2's
-    ``outlines_core.json_schema`` (same ``build_regex_from_schema``); the rest are guarded stubs, so
-    only the tests using a removed 0.1 internal fail."""
+    ``outlines_core.json_schema`` (same ``build_regex_from_schema``); ``outlines_core.fsm.regex``
+    (0.1's Python automaton toolkit, 0.0.x's ``outlines.fsm.regex``) is the shim's
+    ``outlines.fsm.regex``; the rest are guarded stubs, so only the tests using a removed 0.1
+    internal fail."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == "outlines_core.fsm.json_schema":
             return importlib.machinery.ModuleSpec(fullname, _AliasLoader("outlines_core.json_schema"))
+        if fullname == "outlines_core.fsm.regex":
+            return importlib.machinery.ModuleSpec(fullname, _AliasLoader("tokenrails.compat.outlines.fsm.regex"))
         if fullname == "outlines_core.fsm" or fullname.startswith("outlines_core.fsm."):
             return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
         return None
