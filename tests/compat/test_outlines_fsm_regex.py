@@ -246,3 +246,46 @@ def test_partial_character_tokens_of_outlines_tokenizers_are_bytes(pattern):
     expected = {s: {t: e for t, e in row.items() if t != tokenizer.eos_token_id} for s, row in index.items()}
     assert guide.states_to_token_maps == {s: row for s, row in expected.items() if row}
     assert any(8 in row or 10 in row for row in expected.values())  # the byte tokens take part
+
+
+def _regexes(atoms):
+    """Small random regexes: concatenation, alternation, ?, +, *, {m,n} over ``atoms``."""
+    return st.recursive(atoms, lambda inner: st.one_of(
+        st.tuples(inner, inner).map(lambda t: t[0] + t[1]),
+        st.tuples(inner, inner).map(lambda t: f"({t[0]}|{t[1]})"),
+        inner.map(lambda r: f"({r})?"), inner.map(lambda r: f"({r})+"), inner.map(lambda r: f"({r})*"),
+        st.tuples(inner, st.integers(0, 2), st.integers(0, 2)).map(lambda t: f"({t[0]}){{{t[1]},{t[1] + t[2]}}}")),
+        max_leaves=6)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pattern=_regexes(st.sampled_from(["a", "b", "é", "😀", "[ab]", "[a-c]", " ", "\\.", "x", "[é-ü]"])))
+def test_random_regexes_get_outlines_index_exactly(tokenizer, pattern):
+    """Fuzzed: without negated classes (where outlines admits ill-formed UTF-8) the guide's
+    whole ``states_to_token_maps`` is the index outlines' algorithm builds."""
+    from tokenrails.compat.outlines.fsm.guide import RegexGuide
+
+    guide = RegexGuide(pattern, tokenizer)
+    assert guide._state_labels() is not None, pattern
+    fsm, _ = make_deterministic_fsm(make_byte_level_fsm(char_fsm(pattern), keep_utf8=True))
+    index, _ = create_fsm_index_tokenizer(fsm, tokenizer)
+    expected = {s: {t: e for t, e in row.items() if t != tokenizer.eos_token_id} for s, row in index.items()}
+    assert guide.states_to_token_maps == {s: row for s, row in expected.items() if row}, pattern
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pattern=_regexes(st.sampled_from(["a", "é", "😀", "[^a]", ".", "[^é]", " "])))
+def test_every_state_number_resumes_to_the_same_automaton_state(tokenizer, pattern):
+    """Fuzzed, negated classes included: outlines merges mid-character states that tokenrails
+    keeps apart (it admits only well-formed UTF-8); every number must still name one state, so
+    resuming from it on a fresh guide allows exactly the tokens listed for it and leads to the
+    same numbers."""
+    from tokenrails.compat.outlines.fsm.guide import RegexGuide
+
+    maps = RegexGuide(pattern, tokenizer).states_to_token_maps
+    fresh = RegexGuide(pattern, tokenizer)
+    for state, row in maps.items():
+        allowed = set(fresh.copy().get_next_instruction(state).tokens.tolist()) - {tokenizer.eos_token_id}
+        assert allowed == set(row), pattern
+        for token, nxt in list(row.items())[:40]:
+            assert fresh.copy().get_next_state(state, token) == nxt, pattern

@@ -4,7 +4,8 @@ outlines 0.0.x / 0.1.x numbered a regex guide's states by labelling interegular'
 automaton (:func:`.regex.make_deterministic_fsm`), and code written against it stores, compares
 and resumes from those numbers. For small regexes the shim reproduces them: it builds outlines'
 automaton for the same regex and walks it in step with tokenrails' DFA, byte by byte; each DFA
-state takes the label of the outlines state it meets. Any disagreement between the two automata
+state takes the label of the outlines state it meets (mid-character states that outlines merges
+get fresh numbers: tokenrails admits only well-formed UTF-8). Any disagreement between the two automata
 (a dialect difference, a construct interegular lacks) means no labels: the guide then numbers
 states in the order it meets them, as before. Bounded by ``MAX_REGEX_CHARS`` / ``MAX_STATES`` so
 large guides never pay interegular's cost.
@@ -39,7 +40,7 @@ def outlines_labels(regex: str, dfa: Any) -> Optional[Dict[int, int]]:
     ours_by_byte = np.asarray(dfa.trans)[:, np.asarray(dfa.cls, dtype=np.int64)]
     keys = np.asarray([theirs.alphabet[byte_symbol(b)] for b in range(256)], dtype=np.int64)
     n_labels = max(theirs.states) + 1
-    theirs_by_key = np.full((n_labels, int(max(keys.max(), max(k for _, k in theirs.flat_transition_map)) + 1)),
+    theirs_by_key = np.full((n_labels, int(max([int(keys.max())] + [k for _, k in theirs.flat_transition_map])) + 1),
                             -1, dtype=np.int64)
     for (label, key), target in theirs.flat_transition_map.items():
         theirs_by_key[label, key] = target
@@ -67,4 +68,18 @@ def outlines_labels(regex: str, dfa: Any) -> Optional[Dict[int, int]]:
                     return None
                 seen.add((nxt, other))
                 queue.append((nxt, other))
-    return labels
+    return _distinct(labels, n_labels)
+
+
+def _distinct(labels: Dict[int, int], first_free: int) -> Dict[int, int]:
+    """One id per DFA state. outlines' automaton admits some ill-formed UTF-8 (any continuation
+    byte after any lead byte), so several of tokenrails' stricter mid-character states can meet
+    one outlines state; the first met keeps its label, the others get fresh numbers."""
+    taken: set = set()
+    out: Dict[int, int] = {}
+    for ours, label in labels.items():  # breadth-first order
+        if label in taken:
+            label, first_free = first_free, first_free + 1
+        taken.add(label)
+        out[ours] = label
+    return out
