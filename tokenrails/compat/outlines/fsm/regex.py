@@ -384,23 +384,56 @@ def get_sub_fsms_from_seq(state_seq: Sequence[int],
 # ---------------------------------------------------------------------------------------------
 # the state → token index
 
+def _vocabulary_keys(fsm_info: FSMInfo, texts: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
+    """Every text's transition keys, flat, and each text's key count.
+
+    Texts without byte symbols (almost all) are mapped in one numpy lookup over their code
+    points; the few with ``"\\x00XX"`` symbols go through :func:`get_token_transition_keys`."""
+    mapping, other = fsm_info.alphabet_symbol_mapping, fsm_info.alphabet_anything_value
+    plain = np.fromiter(("\x00" not in t for t in texts), dtype=bool, count=len(texts))
+    lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+    chars = [(ord(sym), key) for sym, key in mapping.items() if len(sym) == 1]
+    cps_known = np.asarray(sorted(c for c, _ in chars), dtype=np.int64)
+    keys_known = np.asarray([k for _, k in sorted(chars)], dtype=np.int64)
+    joined = "".join(t for t, p in zip(texts, plain) if p)
+    cps = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)
+    slot = np.clip(np.searchsorted(cps_known, cps), 0, max(len(cps_known) - 1, 0))
+    plain_keys = np.where((cps_known[slot] == cps) if len(cps_known) else np.zeros(len(cps), bool),
+                          keys_known[slot] if len(keys_known) else 0, other)
+    parts, start = [], 0
+    plain_list = plain.tolist()
+    for i, text in enumerate(texts):
+        if plain_list[i]:
+            parts.append(plain_keys[start:start + lengths[i]])
+            start += lengths[i]
+        else:
+            keys = get_token_transition_keys(mapping, other, text)
+            parts.append(keys)
+            lengths[i] = len(keys)
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return flat, lengths
+
+
 class _VocabularyWalk:
     """Every token's key sequence in one padded matrix (longest first) for vectorised walks."""
 
     def __init__(self, fsm_info: FSMInfo, vocabulary: Sequence[Tuple[str, Any]]):
-        keys = get_vocabulary_transition_keys(fsm_info.alphabet_symbol_mapping,
-                                              fsm_info.alphabet_anything_value, vocabulary)
-        lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
+        flat_keys, lengths = _vocabulary_keys(fsm_info, [text for text, _ in vocabulary])
         self.order = np.argsort(-lengths, kind="stable")
         self.lengths = lengths[self.order]
-        width = int(self.lengths[0]) if len(keys) else 0
-        self.keys = np.zeros((len(keys), width), dtype=np.int64)
-        for row, i in enumerate(self.order):
-            self.keys[row, :lengths[i]] = keys[i]
+        width = int(self.lengths[0]) if len(lengths) else 0
+        self.keys = np.zeros((len(lengths), width), dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
+        rows = np.repeat(np.argsort(self.order), lengths)  # sorted row of each flat key
+        cols = np.arange(len(flat_keys)) - np.repeat(starts, lengths)
+        self.keys[rows, cols] = flat_keys
         # active[j] = how many tokens are longer than j (a prefix, thanks to the order)
         self.active = np.searchsorted(-self.lengths, -np.arange(width), side="left")
         ids = [np.asarray(token_ids, dtype=np.int64).reshape(-1) for _, token_ids in vocabulary]
-        self.ids = [ids[i] for i in self.order]
+        # every token id with the (sorted) row of its text, flat, so results gather in one step
+        per_row = [ids[i] for i in self.order.tolist()]
+        self.flat_ids = np.concatenate(per_row) if per_row else np.zeros(0, dtype=np.int64)
+        self.flat_row = np.repeat(np.arange(len(per_row)), [len(x) for x in per_row])
 
         states = sorted({s for s, _ in fsm_info.transitions} | set(fsm_info.transitions.values())
                         | {fsm_info.initial} | set(fsm_info.finals))
@@ -414,18 +447,17 @@ class _VocabularyWalk:
             self.table[self.row_of[source], key] = self.row_of[target]
         self.dead = dead
 
-    def scan(self, start_state: int) -> Set[Tuple[int, int]]:
-        """(token id, end state) for every token readable whole from ``start_state``."""
+    def scan(self, start_state: int) -> Tuple[Set[Tuple[int, int]], List[int]]:
+        """(token id, end state) for every token readable whole from ``start_state``, and the
+        distinct end states."""
         n = len(self.lengths)
         current = np.full(n, self.row_of.get(start_state, self.dead), dtype=np.int64)
-        for j, count in enumerate(self.active):
+        for j, count in enumerate(self.active.tolist()):
             current[:count] = self.table[current[:count], self.keys[:count, j]]
-        ok = np.nonzero((current != self.dead) & (self.lengths > 0))[0]
-        out: Set[Tuple[int, int]] = set()
-        for row in ok.tolist():
-            end = int(self.state_of[current[row]])
-            out.update((int(t), end) for t in self.ids[row])
-        return out
+        ok = (current != self.dead) & (self.lengths > 0)
+        picked = ok[self.flat_row]
+        ends = self.state_of[current[self.flat_row[picked]]]
+        return set(zip(self.flat_ids[picked].tolist(), ends.tolist())), np.unique(ends).tolist()
 
 
 def state_scan_tokens(fsm_transitions: Dict[Tuple[int, int], int], alphabet_symbol_mapping: Dict[str, int],
@@ -455,10 +487,10 @@ def create_fsm_index_end_to_end(fsm_info: FSMInfo,
         if state in seen:
             continue
         seen.add(state)
-        pairs = walk.scan(state)
+        pairs, ends = walk.scan(state)
         if pairs:
             index[state] = pairs
-        pending.extend(end for _, end in pairs if end not in seen)
+        pending.extend(end for end in ends if end not in seen)
     return index
 
 
