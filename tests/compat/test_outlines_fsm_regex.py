@@ -311,3 +311,45 @@ def test_every_state_number_resumes_to_the_same_automaton_state(pattern):
         assert allowed == set(row), pattern
         for token, nxt in row.items():
             assert fresh.copy().get_next_state(state, token) == nxt, pattern
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_states_agree_with_outlines_on_shared_text_when_dialects_differ(tokenizer, seed):
+    """``\\d`` is ASCII for outlines 0.0's interegular and Unicode for outlines-core (the shim's
+    dialect): the automata differ, yet on text both accept the guide's state after every token is
+    outlines' own (what SGLang's jump-forward map, keyed by those numbers, relies on)."""
+    from tokenrails.compat.outlines.fsm.guide import RegexGuide
+
+    pattern = r"IP: ((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
+    rng = random.Random(seed)
+    text = "IP: " + ".".join(str(rng.randrange(256)) for _ in range(4))
+    theirs, _ = make_deterministic_fsm(make_byte_level_fsm(char_fsm(pattern), keep_utf8=True))
+    info = theirs.fsm_info
+    guide = RegexGuide(pattern, tokenizer)
+    state, label = guide.initial_state, theirs.initial
+    for token in tokenizer.tokenizer.encode(text, add_special_tokens=False):
+        state = guide.get_next_state(state, token)
+        piece = tokenizer.tokenizer.decode([token])
+        label = walk_fsm(theirs, get_token_transition_keys(info.alphabet_symbol_mapping,
+                                                           info.alphabet_anything_value, piece), label, False)[-1]
+        assert state == label, (text, piece)
+    assert guide.is_final_state(state) and label in theirs.finals
+
+
+def test_states_outlines_lacks_are_numbered_and_replay_from_a_labelled_ancestor(tokenizer):
+    """outlines-core's ``\\d`` reads Arabic-Indic digits, outlines 0.0's did not: those states have
+    no outlines number, get the guide's own, and still replay exactly after their matcher is
+    evicted (from the nearest state outlines does number)."""
+    from tokenrails.compat.outlines.fsm.guide import RegexGuide
+
+    guide = RegexGuide(r"n=\d{3}", tokenizer)
+    guide.states.max_live = 1  # every revisit replays
+    states = [guide.initial_state]
+    for token in tokenizer.tokenizer.encode("n=٣٤٥", add_special_tokens=False):
+        states.append(guide.get_next_state(states[-1], token))
+    assert all(s >= 0 for s in states) and guide.is_final_state(states[-1])
+    labels = guide._state_labels()
+    assert labels is not None and any(s not in labels.values() for s in states)  # some are the guide's own
+    for state in states[:-1]:  # revisit every state: allowed tokens are recomputed by replay
+        assert guide.get_next_instruction(state).tokens.numel() > 0
+    assert guide.get_next_state(states[0], tokenizer.tokenizer.encode("n", add_special_tokens=False)[0]) == states[1]

@@ -2,13 +2,14 @@
 
 outlines 0.0.x / 0.1.x numbered a regex guide's states by labelling interegular's byte-level
 automaton (:func:`.regex.make_deterministic_fsm`), and code written against it stores, compares
-and resumes from those numbers. For small regexes the shim reproduces them: it builds outlines'
-automaton for the same regex and walks it in step with tokenrails' DFA, byte by byte; each DFA
-state takes the label of the outlines state it meets (mid-character states that outlines merges
-get fresh numbers: tokenrails admits only well-formed UTF-8). Any disagreement between the two automata
-(a dialect difference, a construct interegular lacks) means no labels: the guide then numbers
-states in the order it meets them, as before. Bounded by ``MAX_REGEX_CHARS`` / ``MAX_STATES`` so
-large guides never pay interegular's cost.
+and resumes from those numbers (SGLang's jump-forward map is keyed by them). For small regexes the
+shim reproduces them: it builds outlines' automaton for the same regex and walks it in step with
+tokenrails' DFA, byte by byte, over the bytes both read; each DFA state takes the label of the
+outlines state it meets first. States outlines does not have (where the dialects differ, e.g.
+Unicode ``\d``) are numbered by the guide as it meets them, and mid-character states that
+outlines merges (it admits some ill-formed UTF-8) get fresh numbers: one number always names one
+DFA state. A construct interegular cannot read means no labels at all. Bounded by
+``MAX_REGEX_CHARS`` / ``MAX_STATES`` so large guides never pay interegular's cost.
 """
 from __future__ import annotations
 
@@ -45,23 +46,18 @@ def outlines_labels(regex: str, dfa: Any) -> Optional[Dict[int, int]]:
     for (label, key), target in theirs.flat_transition_map.items():
         theirs_by_key[label, key] = target
     theirs_by_byte = theirs_by_key[:, keys]
-    finals = np.zeros(n_labels, dtype=bool)
-    finals[list(theirs.finals)] = True
-    accepting = np.asarray(dfa.accepting_list, dtype=bool)
 
     labels = {_START: theirs.initial}
     seen = {(_START, theirs.initial)}
     queue = [(_START, theirs.initial)]
-    while queue:  # breadth-first over pairs: every pair must agree, the first pair names the state
+    while queue:  # breadth-first over pairs, bytes in order: the first pair met names the state
         ours, label = queue.pop(0)
-        if accepting[ours] != finals[label]:
-            return None
-        ours_next = ours_by_byte[ours]
-        live = ours_next != _DEAD  # outlines also admits some ill-formed UTF-8; ours never does
-        theirs_next = theirs_by_byte[label]
-        if (theirs_next[live] < 0).any():
-            return None  # tokenrails reads on where outlines stops: not the same language
-        for nxt, other in set(zip(ours_next[live].tolist(), theirs_next[live].tolist())):
+        ours_next, theirs_next = ours_by_byte[ours], theirs_by_byte[label]
+        # only bytes both read: outlines also admits some ill-formed UTF-8 (tokenrails never does),
+        # and where the dialects differ (outlines 0.0's interegular `\d` is ASCII, outlines-core's
+        # is Unicode) the states only tokenrails has are numbered by the guide as it meets them
+        both = (ours_next != _DEAD) & (theirs_next >= 0)
+        for nxt, other in dict.fromkeys(zip(ours_next[both].tolist(), theirs_next[both].tolist())):
             labels.setdefault(nxt, other)
             if (nxt, other) not in seen:
                 if len(seen) > 4 * MAX_STATES:

@@ -67,11 +67,17 @@ class StateSpace:
         return len(self._issued)
 
     def path(self, state: int) -> list[int]:
+        """The tokens from the start to ``state`` (for a labelled guide: from its nearest
+        labelled ancestor, see ``_anchor``)."""
+        return self._anchor(state)[1]
+
+    def _anchor(self, state: int) -> tuple[int, list[int]]:
+        """(the start or the nearest labelled ancestor of ``state``, the tokens from it)."""
         out: list[int] = []
-        while state > 0:
+        while state > 0 and state not in self._labelled:
             state, token = self._parent[state]
             out.append(token)
-        return out[::-1]
+        return state, out[::-1]
 
     def matcher(self, state: int) -> Matcher:
         """The live matcher positioned at ``state`` (rebuilt by replay if it was evicted)."""
@@ -82,11 +88,10 @@ class StateSpace:
         if self._labels is not None:
             self._read_labels()
         m = self.compiled.matcher()
-        if state in self._labelled:
-            m.seek(self._labelled[state])  # type: ignore[attr-defined]
-            self._keep(state, m)
-            return m
-        for token in self.path(state):
+        anchor, tokens = self._anchor(state)
+        if anchor in self._labelled:
+            m.seek(self._labelled[anchor])  # type: ignore[attr-defined]
+        for token in tokens:
             if not m.accept_token(token):  # pragma: no cover - paths only hold accepted tokens
                 raise RuntimeError(f"replay of guide state {state} failed at token {token}")
         self._keep(state, m)
