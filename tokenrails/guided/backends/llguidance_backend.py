@@ -482,7 +482,11 @@ class LLGuidanceBackend(GuideBackend):
                 "lenient": False}
 
     def compile(self, spec: GuideSpec) -> LLGuidanceGuide:
-        grammar = self.grammar_text(spec)
+        return self.compile_grammar(spec, self.grammar_text(spec))
+
+    def compile_grammar(self, spec: GuideSpec, grammar: str) -> LLGuidanceGuide:
+        """``grammar`` in llguidance's own form (what ``grammar_text`` or ``llguidance.grammar_from``
+        produce), with the same limits and the same refusal of dropped constraints; ``spec`` names it."""
         proto = llg.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.parser_limits)
         if proto.is_error():
             raise classify_error(proto.get_error(), spec.kind)

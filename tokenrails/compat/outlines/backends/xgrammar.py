@@ -1,17 +1,89 @@
-"""``outlines.backends.xgrammar``: every kind compiled by tokenrails' xgrammar backend (EBNF grammars)."""
+"""``outlines.backends.xgrammar``: every kind compiled by tokenrails' xgrammar backend (EBNF grammars).
+
+As in outlines 1.x, the backend takes Transformers models only (anything else is a
+``ValueError``), exposes the model's ``xgrammar.GrammarCompiler`` as ``grammar_compiler``, and
+``XGrammarLogitsProcessor(compiled_grammar, tensor_library_name)`` accepts a grammar compiled with
+xgrammar directly; masks are applied with tokenrails' kernels either way.
+"""
 from __future__ import annotations
 
+from functools import cached_property
+from typing import Any
+
+from ....guided.errors import InvalidGuideError, UnsupportedGuideError
+from ....guided.spec import GuideSpec
+from ....guided.vocabulary import Vocabulary
+from ..fsm.guide import TokenrailsGuide
 from ..processors.structured import GuideLogitsProcessor
+from .._runtime import hf_tokenizer_of
 from .tokenrails import TokenrailsBackend
 
 
+def _vocabulary_of(info: Any) -> Vocabulary:
+    """The tokenrails vocabulary an ``xgrammar.TokenizerInfo`` describes (its decoded bytes)."""
+    decoded = list(info.decoded_vocab)
+    size = int(info.vocab_size)
+    token_bytes = decoded[:size] + [b""] * max(0, size - len(decoded))
+    special = set(int(i) for i in info.special_token_ids) | {i for i, b in enumerate(token_bytes) if not b}
+    eos = tuple(int(i) for i in info.stop_token_ids)
+    return Vocabulary(token_bytes=token_bytes, eos_ids=eos, special_ids=frozenset(special - set(eos)),
+                      name="xgrammar.TokenizerInfo")
+
+
+def _guide_of_compiled_grammar(compiled: Any) -> TokenrailsGuide:
+    """A guide over a grammar the caller compiled with xgrammar itself."""
+    from ....guided.backends.xgrammar_backend import XGrammarGuide
+
+    vocab = _vocabulary_of(compiled.tokenizer_info)
+    spec = GuideSpec.grammar("root ::= \"\"  # compiled by the caller with xgrammar")
+    return TokenrailsGuide(XGrammarGuide(spec, vocab, compiled))
+
+
 class XGrammarLogitsProcessor(GuideLogitsProcessor):
-    """A guide compiled by xgrammar, masked with tokenrails' kernels."""
+    """A guide compiled by xgrammar, masked with tokenrails' kernels.
+
+    ``XGrammarLogitsProcessor(compiled_grammar, tensor_library_name)`` (outlines 1.x) takes an
+    ``xgrammar.CompiledGrammar``; the shim's backend passes ``(tokenizer, guide, library)``."""
+
+    def __init__(self, first: Any, second: Any = None, tensor_library_name: str = "torch"):
+        import xgrammar as xgr
+
+        if isinstance(first, xgr.CompiledGrammar):
+            super().__init__(None, _guide_of_compiled_grammar(first), second or tensor_library_name)
+        else:
+            super().__init__(first, second, tensor_library_name)
+
+
+class WhitespacePatternUnsupported(UnsupportedGuideError, NotImplementedError):
+    """xgrammar has no custom JSON whitespace: tokenrails' typed refusal, and outlines' type."""
 
 
 class XGrammarBackend(TokenrailsBackend):
     backend = "xgrammar"
     processor_class = XGrammarLogitsProcessor
+
+    def get_json_schema_logits_processor(self, json_schema: str, whitespace_pattern: Any = None) -> Any:
+        if whitespace_pattern is not None:  # refused up front, as outlines' xgrammar backend does
+            raise WhitespacePatternUnsupported("xgrammar does not support a custom whitespace_pattern; "
+                                               "use the llguidance or tokenrails backend",
+                                               feature="whitespace_pattern", backend="xgrammar")
+        return super().get_json_schema_logits_processor(json_schema)
+
+    def __init__(self, model: Any):
+        try:
+            hf_tokenizer_of(getattr(model, "hf_tokenizer", None) or getattr(model, "tokenizer", None))
+        except InvalidGuideError:
+            raise ValueError("The xgrammar backend only supports Transformers and MLXLM models") from None
+        super().__init__(model)
+
+    @cached_property
+    def grammar_compiler(self) -> Any:
+        """The model's ``xgrammar.GrammarCompiler`` (built on first use)."""
+        import xgrammar as xgr
+
+        hf = hf_tokenizer_of(self.tokenizer)
+        info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=len(hf.get_vocab()))
+        return xgr.GrammarCompiler(info)
 
 
 __all__ = ["XGrammarBackend", "XGrammarLogitsProcessor"]

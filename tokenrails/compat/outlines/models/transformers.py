@@ -45,6 +45,10 @@ class TransformerTokenizer:
     def decode(self, token_ids: Any) -> list[str]:
         return self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
 
+    def get_vocab(self) -> dict:
+        """The wrapped tokenizer's ``get_vocab()`` (outlines 1.x exposes it on the wrapper)."""
+        return self.tokenizer.get_vocab()
+
     def convert_token_to_string(self, token: str) -> str:
         """The token's text; SentencePiece's word-start mark and ``<0x20>`` keep their space
         (``convert_tokens_to_string`` of one such token drops it)."""
