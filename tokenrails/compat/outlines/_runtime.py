@@ -5,6 +5,7 @@ Outlines objects take an outlines ``Tokenizer`` (or, in 1.x, a model); tokenrail
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -62,17 +63,39 @@ def _is_outlines_tokenizer(tokenizer: Any) -> bool:
         not (hasattr(tokenizer, "get_vocab") and hasattr(tokenizer, "convert_ids_to_tokens"))
 
 
+def _byte_fallback(token: str) -> bytes | None:
+    """The byte of a SentencePiece byte-fallback piece (``<0xF0>``), else None."""
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return bytes([int(token[3:5], 16)])
+        except ValueError:
+            return None
+    return None
+
+
 def _token_bytes(text: str) -> bytes:
     """A token's bytes: byte-fallback pieces (``<0xF0>``) are that byte, the rest UTF-8."""
-    if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
-        try:
-            return bytes([int(text[3:5], 16)])
-        except ValueError:
-            pass
-    return text.encode("utf-8", "surrogatepass")
+    piece = _byte_fallback(text)
+    return piece if piece is not None else text.encode("utf-8", "surrogatepass")
 
 
-_REPLACEMENT_TOKEN = re.compile(r"^▁*\ufffd+\.*$")  # tokens that *are* U+FFFD (Gemma, GPT-SW3, NorwAI)
+# tokens that *are* U+FFFD (Gemma/GPT-SW3 "▁" prefix, NorwAI "." suffix)
+REPLACEMENT_TOKEN = re.compile(r"^▁*\ufffd+\.*$")
+
+
+@functools.lru_cache()
+def gpt2_bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte → printable character table (what byte-level BPE vocabularies are written in)."""
+    try:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+    except ImportError:  # transformers < 4.40 kept it with the GPT-2 tokenizer
+        from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+    return dict(bytes_to_unicode())
+
+
+@functools.lru_cache()
+def gpt2_unicode_to_bytes() -> dict[str, int]:
+    return {v: k for k, v in gpt2_bytes_to_unicode().items()}
 
 
 def partial_char_bytes(token: str, text: str) -> bytes | None:
@@ -80,15 +103,10 @@ def partial_char_bytes(token: str, text: str) -> bytes | None:
     shows U+FFFD and it is not itself a replacement-character token. A ``<0xXX>`` byte-fallback
     piece is that byte; otherwise the token is read through GPT-2's byte table (byte-level BPE).
     None when the token is whole text, or is neither kind."""
-    if "\ufffd" not in text or _REPLACEMENT_TOKEN.match(token):
+    if "\ufffd" not in text or REPLACEMENT_TOKEN.match(token):
         return None
-    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
-        try:
-            return bytes([int(token[3:5], 16)])
-        except ValueError:
-            return None
-    from .fsm.regex import gpt2_unicode_to_bytes
-
+    if token.startswith("<0x"):
+        return _byte_fallback(token)
     table = gpt2_unicode_to_bytes()
     raw = [table.get(c) for c in token]
     return None if None in raw else bytes(raw)  # type: ignore[arg-type]

@@ -13,13 +13,14 @@ vocabulary scan walks every token at once, one character position at a time, so 
 """
 from __future__ import annotations
 
-import re
 from collections import namedtuple
 from functools import lru_cache
 from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 from interegular.fsm import FSM, Alphabet, anything_else
+
+from .._runtime import REPLACEMENT_TOKEN, gpt2_bytes_to_unicode, gpt2_unicode_to_bytes, partial_char_bytes
 
 __all__ = [
     "BetterAlphabet", "BetterFSM", "FSMInfo", "byte_symbol", "make_byte_level_fsm",
@@ -497,38 +498,15 @@ def create_fsm_index_end_to_end(fsm_info: FSMInfo,
 # ---------------------------------------------------------------------------------------------
 # tokenizer vocabularies
 
-# tokens that *are* replacement characters (Gemma/GPT-SW3 "▁" prefix, NorwAI "." suffix)
-_REPLACEMENT_TOKEN = re.compile(r"^▁*\ufffd+\.*$")
-
-
-@lru_cache()
-def gpt2_bytes_to_unicode() -> Dict[int, str]:
-    """GPT-2's byte → printable character table (what byte-level BPE vocabularies are written in)."""
-    try:
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
-    except ImportError:  # transformers < 4.40 kept it with the GPT-2 tokenizer
-        from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-    return dict(bytes_to_unicode())
-
-
-@lru_cache()
-def gpt2_unicode_to_bytes() -> Dict[str, int]:
-    return {v: k for k, v in gpt2_bytes_to_unicode().items()}
-
-
 def _token_text(tokenizer: Any, token: str) -> str:
     """A token as index text: its string, or its bytes when it holds part of a character."""
-    from .._runtime import partial_char_bytes
-
     text = tokenizer.convert_token_to_string(token)
-    if not text or "\ufffd" not in text:
-        return text
-    raw = partial_char_bytes(token, text)
-    if raw is None:
-        if _REPLACEMENT_TOKEN.match(token):
-            return text
+    raw = partial_char_bytes(token, text) if text else None
+    if raw is not None:
+        return "".join(byte_symbol(b) for b in raw)
+    if "\ufffd" in text and not REPLACEMENT_TOKEN.match(token):
         raise RuntimeError(f"Cannot convert token `{token}` to bytes: {text}")
-    return "".join(byte_symbol(b) for b in raw)
+    return text
 
 
 @lru_cache(maxsize=32)

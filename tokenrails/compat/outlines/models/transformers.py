@@ -16,6 +16,15 @@ import torch
 SPIECE_UNDERLINE = "\u2581"
 
 
+def token_string(hf_tokenizer: Any, token: Union[str, bytes]) -> str:
+    """One token's text; SentencePiece's word-start mark and ``<0x20>`` keep their space
+    (``convert_tokens_to_string`` of one such token drops it)."""
+    string = hf_tokenizer.convert_tokens_to_string([token])
+    if isinstance(token, str) and (token.startswith(SPIECE_UNDERLINE) or token == "<0x20>"):
+        return " " + string
+    return string
+
+
 class TransformerTokenizer:
     """outlines' tokenizer wrapper: ``eos_token_id``, ``vocabulary``, ``encode``, ``decode``.
 
@@ -50,12 +59,7 @@ class TransformerTokenizer:
         return self.tokenizer.get_vocab()
 
     def convert_token_to_string(self, token: str) -> str:
-        """The token's text; SentencePiece's word-start mark and ``<0x20>`` keep their space
-        (``convert_tokens_to_string`` of one such token drops it)."""
-        string = self.tokenizer.convert_tokens_to_string([token])
-        if token.startswith(SPIECE_UNDERLINE) or token == "<0x20>":
-            return " " + string
-        return string
+        return token_string(self.tokenizer, token)
 
     def _identity(self) -> tuple:
         """What makes two wrappers interchangeable: the tokenizer's class, vocabulary and special
