@@ -7,7 +7,6 @@ xgrammar directly; masks are applied with tokenrails' kernels either way.
 """
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Any
 
 from ....guided.errors import InvalidGuideError, UnsupportedGuideError
@@ -15,7 +14,8 @@ from ....guided.spec import GuideSpec
 from ....guided.vocabulary import Vocabulary
 from ..fsm.guide import TokenrailsGuide
 from ..processors.structured import GuideLogitsProcessor
-from .._runtime import hf_tokenizer_of
+from ....guided.registry import get_backend
+from .._runtime import hf_tokenizer_of, vocabulary_for
 from .tokenrails import TokenrailsBackend
 
 
@@ -76,14 +76,11 @@ class XGrammarBackend(TokenrailsBackend):
             raise ValueError("The xgrammar backend only supports Transformers and MLXLM models") from None
         super().__init__(model)
 
-    @cached_property
+    @property
     def grammar_compiler(self) -> Any:
-        """The model's ``xgrammar.GrammarCompiler`` (built on first use)."""
-        import xgrammar as xgr
-
-        hf = hf_tokenizer_of(self.tokenizer)
-        info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=len(hf.get_vocab()))
-        return xgr.GrammarCompiler(info)
+        """The model's ``xgrammar.GrammarCompiler``: tokenrails' xgrammar backend's own for this
+        vocabulary (special tokens blanked, so grammars compiled with it never emit them)."""
+        return get_backend("xgrammar", vocabulary_for(self.tokenizer)).compiler
 
 
 __all__ = ["XGrammarBackend", "XGrammarLogitsProcessor"]
