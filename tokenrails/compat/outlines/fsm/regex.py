@@ -108,17 +108,16 @@ def _trie_put(trie: _Trie, keys: Sequence[int], value: Optional[int], overwrite:
 
 
 def _trie_fill(trie: _Trie, defaults: _Trie) -> None:
-    """Add ``defaults``' paths that ``trie`` does not decide yet (explicit entries win)."""
+    """Add ``defaults``' paths that ``trie`` does not decide yet (explicit entries win).
+
+    Default sub-tries are shared, not copied: only the state's own (explicit) sub-tries are ever
+    filled into, and the finished trie is only read."""
     for key, value in defaults.items():
         mine = trie.get(key, _MISSING)
         if isinstance(mine, dict) and isinstance(value, dict):
             _trie_fill(mine, value)
         elif mine is _MISSING:
-            trie[key] = _copy_trie(value)
-
-
-def _copy_trie(value: Any) -> Any:
-    return {k: _copy_trie(v) for k, v in value.items()} if isinstance(value, dict) else value
+            trie[key] = value
 
 
 _MISSING = object()
