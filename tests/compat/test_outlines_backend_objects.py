@@ -75,3 +75,12 @@ def test_backends_check_the_model_and_refuse_what_they_cannot_enforce(model):
     with pytest.raises(NotImplementedError, match="whitespace_pattern") as err:
         backend.get_json_schema_logits_processor('{"type": "object"}', whitespace_pattern=r"[ ]?")
     assert isinstance(err.value, UnsupportedGuideError)  # also tokenrails' typed refusal
+
+
+@pytest.mark.parametrize("make", [lambda: XGrammarLogitsProcessor('root ::= "a"', "torch"),
+                                  lambda: LLGuidanceLogitsProcessor("start: /a/", "torch")])
+def test_processors_given_the_wrong_objects_say_what_they_take(make):
+    """A grammar string where a compiled grammar / tokenizer goes is a clear TypeError at
+    construction (it used to surface as an AttributeError at the first step)."""
+    with pytest.raises(TypeError, match="takes .*tensor_library_name"):
+        make()

@@ -45,6 +45,8 @@ class LLGuidanceLogitsProcessor(GuideLogitsProcessor):
     ``LLGuidanceLogitsProcessor(grammar, llg_tokenizer, tensor_library_name)`` (outlines 1.x)
     takes llguidance's grammar and tokenizer; the shim's backend passes ``(tokenizer, guide, library)``."""
 
+    accepted_arguments = "(llguidance grammar, llguidance.LLTokenizer, tensor_library_name) or (tokenizer, guide, tensor_library_name)"
+
     def __init__(self, first: Any, second: Any = None, tensor_library_name: str = "torch"):
         import llguidance as llg
 

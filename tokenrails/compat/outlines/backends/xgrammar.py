@@ -45,6 +45,8 @@ class XGrammarLogitsProcessor(GuideLogitsProcessor):
     ``XGrammarLogitsProcessor(compiled_grammar, tensor_library_name)`` (outlines 1.x) takes an
     ``xgrammar.CompiledGrammar``; the shim's backend passes ``(tokenizer, guide, library)``."""
 
+    accepted_arguments = "(xgrammar.CompiledGrammar, tensor_library_name) or (tokenizer, guide, tensor_library_name)"
+
     def __init__(self, first: Any, second: Any = None, tensor_library_name: str = "torch"):
         import xgrammar as xgr
 

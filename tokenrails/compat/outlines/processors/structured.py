@@ -24,7 +24,12 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 class GuideLogitsProcessor(OutlinesLogitsProcessor):
     """Bias generation with any outlines-style ``Guide`` (fast path for tokenrails guides)."""
 
+    accepted_arguments = "(tokenizer, guide, tensor_library_name)"
+
     def __init__(self, tokenizer: Any, guide: Guide, tensor_library_name: str = "torch"):
+        if not all(callable(getattr(guide, m, None)) for m in ("get_next_instruction", "get_next_state")):
+            raise TypeError(f"{type(self).__name__} takes {self.accepted_arguments}; got a "
+                            f"{type(guide).__name__} where the guide goes")
         super().__init__(tensor_library_name)
         self.tokenizer = tokenizer
         self.guide = guide
