@@ -218,6 +218,72 @@ def test_cfg_guide_keeps_0_0_generation_and_terminal_boundaries(smollm2_tokenize
     assert g.copy().generation == ""
 
 
+class _PieceTokenizer:
+    """An outlines-interface tokenizer whose vocabulary is a handful of text pieces (EOS = 0)."""
+
+    special_tokens = {"<eos>"}
+    eos_token_id = 0
+
+    def __init__(self, pieces: list[str]):
+        self.vocabulary = {"<eos>": 0, **{p: i + 1 for i, p in enumerate(pieces)}}
+        self.pieces = dict(enumerate(["<eos>", *pieces]))
+
+    def convert_token_to_string(self, token: str) -> str:
+        return token
+
+    def decode(self, ids: list[int]) -> list[str]:
+        return [self.pieces[i] for i in ids]
+
+
+# Finite languages whose literals overlap (a terminal that is a prefix or a concatenation of
+# others), so a guide that keeps one spelling of forced text would refuse some tokenizations.
+FINITE_LARK = [
+    '?start: "a" "b" "c" "ab"',
+    'start: "ab" "c" | "a" "bc" | "abc" "a"',
+    'start: A B? C\nA: "a" | "ab"\nB: "b"\nC: "c" | "bc"',
+    'start: ("a" | "b") "cab" "b"?',
+]
+
+
+@pytest.mark.parametrize("grammar", FINITE_LARK)
+def test_cfg_guide_allows_every_tokenization_like_outlines_lark_guide(grammar: str) -> None:
+    """outlines 0.x's Lark guide allowed every spelling of the language: oracle = Lark's own
+    parser over all strings up to 7 characters; at every reachable state the allowed tokens must
+    be exactly the pieces that keep the text a prefix of a sentence, and EOS exactly on sentences."""
+    import itertools
+
+    import lark
+
+    parser = lark.Lark(grammar, parser="lalr")
+
+    def parses(text: str) -> bool:
+        try:
+            parser.parse(text)
+            return True
+        except lark.exceptions.LarkError:
+            return False
+
+    sentences = {"".join(p) for n in range(1, 8) for p in itertools.product("abc", repeat=n)}
+    sentences = {s for s in sentences if parses(s)}
+    assert sentences  # the oracle found the language
+    pieces = ["a", "b", "c", "ab", "bc", "ca", "abc", "cab", "bca"]
+    tokenizer = _PieceTokenizer(pieces)
+    guide = CFGGuide(grammar, tokenizer)
+    frontier = [(guide.initial_state, "")]
+    seen = 0
+    while frontier:
+        state, text = frontier.pop()
+        allowed = {int(t) for t in guide.get_next_instruction(state).tokens}
+        expected = {i for i, p in enumerate(pieces, 1) if any(s.startswith(text + p) for s in sentences)}
+        if text in sentences:
+            expected.add(0)
+        assert allowed == expected, (grammar, text)
+        seen += 1
+        for i in expected - {0}:
+            frontier.append((guide.get_next_state(state, i), text + pieces[i - 1]))
+    assert seen > len(sentences)  # walked every tokenization, not one spelling
+
+
 SCHEMAS = [
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]},
     {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 3},

@@ -86,16 +86,27 @@ ws ::= " "*
 _LARK_RULE = re.compile(r"^\s*[?!]?[A-Za-z_][A-Za-z_0-9.]*\s*:(?!:=)", re.MULTILINE)
 
 
-def grammar_spec(grammar: str) -> "GuideSpec":
+def grammar_spec(grammar: str, *, every_tokenization: bool = False) -> "GuideSpec":
     """The spec of an outlines CFG: Lark (outlines' dialect) compiles on llguidance, which reads
-    Lark natively; EBNF (``name ::= ...``) on xgrammar."""
+    Lark natively; EBNF (``name ::= ...``) on xgrammar.
+
+    Where the grammar forces text (only one string can come next), llguidance allows only that
+    text's canonical tokenization, as outlines 1.x's llguidance backend does. outlines 0.x's own
+    Lark guide allowed every tokenization of the language; ``every_tokenization`` asks for that
+    (llguidance's ``no_forcing`` option; xgrammar always allows every tokenization)."""
     from ...guided.spec import GuideSpec
 
     if not isinstance(grammar, str) or not grammar.strip():
         raise InvalidGuideError("grammar must be a non-empty Lark or EBNF string")
     if "::=" not in grammar and _LARK_RULE.search(grammar):
-        return GuideSpec.grammar(leading_ignores(grammar), dialect="lark")
+        text = leading_ignores(grammar)
+        if every_tokenization:
+            text = _NO_FORCING + text
+        return GuideSpec.grammar(text, dialect="lark")
     return GuideSpec.grammar(grammar)
+
+
+_NO_FORCING = '%llguidance {"no_forcing": true}\n'
 
 
 _IGNORE_NAME = re.compile(r"^[ \t]*%ignore[ \t]+([A-Z_][A-Z_0-9]*)[ \t]*$", re.MULTILINE)

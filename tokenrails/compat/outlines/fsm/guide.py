@@ -196,12 +196,13 @@ class CFGGuide(TokenrailsGuide):
     guide it also keeps ``generation``, the text of every non-EOS token passed to
     ``get_next_state`` since it was made (0.0.x guides served one sequence), and ``reset_state``:
     whether the last ``Generate`` instruction was for a position between terminals (read lazily
-    with Lark; ``False`` for EBNF grammars).
+    with Lark; ``False`` for EBNF grammars). Like outlines 0.x's Lark guide it allows every
+    tokenization of the language, also where the grammar forces text (``grammar_spec``).
     """
 
     def __init__(self, cfg_string: str, tokenizer: Any):
         self.cfg_string = cfg_string
-        super().__init__(compile_for(grammar_spec(cfg_string), tokenizer), tokenizer)
+        super().__init__(compile_for(grammar_spec(cfg_string, every_tokenization=True), tokenizer), tokenizer)
 
     def _init_compiled(self, compiled: CompiledGuide, tokenizer: Any = None) -> None:
         super()._init_compiled(compiled, tokenizer)
