@@ -2,12 +2,15 @@
 
 Measures, for regex / choice / JSON constraints:
   * compile: shim processor construction vs ``outlines_core.Index`` construction;
-  * step: one masking step on a [1, V] logits row while replaying a valid token path
-    (shim ``RegexLogitsProcessor``/``JSONLogitsProcessor.__call__`` vs outlines-core
-    ``Guide.advance`` + ``write_mask_into`` + the same bitmask apply kernel).
+  * step: one masking step on a [1, V] logits row while replaying a valid token path, through
+    the shim's processor (``RegexLogitsProcessor``/``JSONLogitsProcessor.__call__``) against two
+    peers: a bare outlines-core loop (``Guide.advance`` + ``write_mask_into`` + the same bitmask
+    apply kernel: the floor, no processor around it) and outlines 1.3.3's own
+    ``OutlinesCoreLogitsProcessor`` on that index (what an outlines 1.x user ran; its sdist is
+    fetched with pip at run time, as bench/outlines_suites.py does; ``--no-outlines`` skips it).
 Prints ratios peer/ours (> 1 means the shim is faster).
 
-    OMP_NUM_THREADS=1 python bench/compat_outlines.py [--tokenizer DIR] [--steps N]
+    OMP_NUM_THREADS=1 python bench/compat_outlines.py [--tokenizer DIR] [--repeat N] [--no-outlines]
 """
 from __future__ import annotations
 
@@ -65,11 +68,28 @@ def outlines_core_regex(kind: str, payload) -> str:
     return build_regex_from_schema(json.dumps(payload))
 
 
+def outlines_1x_processor_class():
+    """outlines 1.3.3's ``OutlinesCoreLogitsProcessor``, imported from its fetched sdist (None,
+    with a note, when it cannot be fetched or imported here)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        from outlines_suites import fetch
+
+        sys.path.insert(0, str(fetch("1.3.3") / "src"))
+        from outlines.backends.outlines_core import OutlinesCoreLogitsProcessor
+    except Exception as exc:  # noqa: BLE001 - a missing peer is reported, not fatal
+        print(f"(outlines 1.3.3 processor peer unavailable: {exc!r})")
+        return None
+    return OutlinesCoreLogitsProcessor
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", default=str(ROOT / "tests/fixtures/smollm2"))
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-outlines", action="store_true", help="skip the outlines 1.3.3 processor peer")
     args = ap.parse_args()
+    real_processor = None if args.no_outlines else outlines_1x_processor_class()
 
     import outlines_core as oc
     from transformers import AutoTokenizer
@@ -94,7 +114,7 @@ def main() -> None:
     outlines.processors.RegexLogitsProcessor("a", tok)
 
     print(f"{'case':8} {'compile ours':>13} {'compile peer':>13} {'ratio':>6} | "
-          f"{'step ours':>10} {'step peer':>10} {'ratio':>6}")
+          f"{'step ours':>10} {'core loop':>10} {'ratio':>6} | {'outlines 1.3.3':>14} {'ratio':>6}")
     for kind, payload, example in CASES:
         regex = outlines_core_regex(kind, payload)
         path = tok.encode(example, add_special_tokens=False)
@@ -135,11 +155,24 @@ def main() -> None:
                 if t is not None:
                     guide.advance(t)
 
+        def real_walk():
+            p.reset()
+            ids = prompt
+            for t in [*path, None]:
+                p(ids, logits.clone())
+                if t is not None:
+                    ids = torch.cat([ids, torch.tensor([[t]])], dim=1)
+
         steps = len(path) + 1
         s_ours = best(ours_walk, args.repeat) / steps
         s_peer = best(peer_walk, args.repeat) / steps
+        real = "n/a"
+        if real_processor is not None:
+            p = real_processor(index, "torch")
+            s_real = best(real_walk, args.repeat) / steps
+            real = f"{s_real * 1e6:12.0f}us {s_real / s_ours:6.2f}"
         print(f"{kind:8} {c_ours * 1e3:11.1f}ms {c_peer * 1e3:11.1f}ms {c_peer / c_ours:6.2f} | "
-              f"{s_ours * 1e6:8.0f}us {s_peer * 1e6:8.0f}us {s_peer / s_ours:6.2f}")
+              f"{s_ours * 1e6:8.0f}us {s_peer * 1e6:8.0f}us {s_peer / s_ours:6.2f} | {real}")
     print(f"(steps include cloning a [1, {V}] float32 row in both; peer = outlines-core {oc.__version__ if hasattr(oc, '__version__') else ''})")
 
 
