@@ -55,6 +55,26 @@ def test_xgrammar_processor_from_a_compiled_grammar(model, seed):
     assert re.fullmatch(REGEX, text), text
 
 
+def test_processors_from_compiled_grammars_share_one_vocabulary_and_mask_like_xgrammar(model):
+    """Per-request processors over compiled grammars reuse the vocabulary read back from
+    xgrammar (same grammar: remembered on it; same TokenizerInfo content: by digest), and the
+    first mask equals xgrammar's own matcher's, bit for bit."""
+    import xgrammar as xgr
+
+    compiler = XGrammarBackend(model).grammar_compiler
+    a, b = compiler.compile_regex(REGEX), compiler.compile_regex("[a-c]+")
+    procs = [XGrammarLogitsProcessor(g, "torch") for g in (a, a, b)]
+    assert procs[0].guide.vocabulary_ is procs[1].guide.vocabulary_ is procs[2].guide.vocabulary_
+    vocab = len(model.hf_tokenizer)
+    for grammar, proc in ((a, procs[0]), (b, procs[2])):
+        logits = proc(torch.tensor([[1, 2, 3]]), torch.zeros((1, vocab)))
+        bitmask = xgr.allocate_token_bitmask(1, vocab)
+        xgr.GrammarMatcher(grammar).fill_next_token_bitmask(bitmask)
+        expected = torch.zeros((1, vocab))
+        xgr.apply_token_bitmask_inplace(expected, bitmask)
+        assert torch.equal(torch.isinf(logits), torch.isinf(expected))
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_llguidance_processor_from_a_grammar_and_tokenizer(model, seed):
     import llguidance

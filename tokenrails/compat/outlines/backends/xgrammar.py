@@ -7,6 +7,9 @@ xgrammar directly; masks are applied with tokenrails' kernels either way.
 """
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from ....guided.errors import InvalidGuideError, UnsupportedGuideError
@@ -17,6 +20,37 @@ from ..processors.structured import GuideLogitsProcessor
 from ....guided.registry import get_backend
 from .._runtime import hf_tokenizer_of, vocabulary_for
 from .tokenrails import TokenrailsBackend
+
+
+_VOCABULARIES: "OrderedDict[str, Vocabulary]" = OrderedDict()  # TokenizerInfo digest -> vocabulary
+_VOCABULARIES_MAX = 4
+_VOCABULARIES_LOCK = threading.Lock()
+
+
+def _vocabulary_of_compiled(compiled: Any) -> Vocabulary:
+    """The vocabulary of a compiled grammar's TokenizerInfo, remembered on the grammar and by the
+    info's content: reading ``decoded_vocab`` back from xgrammar costs ~150 ms at 49k tokens, and
+    callers build one processor per request from the same compiled grammar (and tokenizer)."""
+    vocab = getattr(compiled, "_tokenrails_vocabulary", None)
+    if vocab is not None:
+        return vocab
+    info = compiled.tokenizer_info
+    key = hashlib.sha256(info.serialize_json().encode()).hexdigest()  # ~40 ms, content-exact
+    with _VOCABULARIES_LOCK:
+        vocab = _VOCABULARIES.get(key)
+        if vocab is not None:
+            _VOCABULARIES.move_to_end(key)
+    if vocab is None:
+        vocab = _vocabulary_of(info)
+        with _VOCABULARIES_LOCK:
+            _VOCABULARIES[key] = vocab
+            while len(_VOCABULARIES) > _VOCABULARIES_MAX:
+                _VOCABULARIES.popitem(last=False)
+    try:
+        compiled._tokenrails_vocabulary = vocab
+    except AttributeError:  # a binding without instance attributes: the content cache still holds
+        pass
+    return vocab
 
 
 def _vocabulary_of(info: Any) -> Vocabulary:
@@ -34,7 +68,7 @@ def _guide_of_compiled_grammar(compiled: Any) -> TokenrailsGuide:
     """A guide over a grammar the caller compiled with xgrammar itself."""
     from ....guided.backends.xgrammar_backend import XGrammarGuide
 
-    vocab = _vocabulary_of(compiled.tokenizer_info)
+    vocab = _vocabulary_of_compiled(compiled)
     spec = GuideSpec.grammar("root ::= \"\"  # compiled by the caller with xgrammar")
     return TokenrailsGuide(XGrammarGuide(spec, vocab, compiled))
 
