@@ -86,27 +86,75 @@ ws ::= " "*
 _LARK_RULE = re.compile(r"^\s*[?!]?[A-Za-z_][A-Za-z_0-9.]*\s*:(?!:=)", re.MULTILINE)
 
 
-def grammar_spec(grammar: str, *, every_tokenization: bool = False) -> "GuideSpec":
+def grammar_spec(grammar: str, *, lark_guide: bool = False) -> "GuideSpec":
     """The spec of an outlines CFG: Lark (outlines' dialect) compiles on llguidance, which reads
-    Lark natively; EBNF (``name ::= ...``) on xgrammar.
+    Lark natively; EBNF (``name ::= ...``) on xgrammar. Lark's ``%ignore``d terminals may come
+    first and last (``edge_ignores``), as in Lark.
 
-    Where the grammar forces text (only one string can come next), llguidance allows only that
-    text's canonical tokenization, as outlines 1.x's llguidance backend does. outlines 0.x's own
-    Lark guide allowed every tokenization of the language; ``every_tokenization`` asks for that
-    (llguidance's ``no_forcing`` option; xgrammar always allows every tokenization)."""
+    ``lark_guide``: read the grammar as outlines 0.x's Lark-based ``CFGGuide`` did (outlines 1.x
+    hands it to llguidance as it is, which is the default here):
+
+    * ``%import common.X`` comes from outlines' own ``common`` grammar where it differs from
+      Lark's/llguidance's (``outlines_common``: its ``ESCAPED_STRING`` is JSON's, with no control
+      characters, so ``outlines.grammars.json`` gives JSON strings without raw newlines);
+    * every tokenization of the language is allowed: where the grammar forces text (only one
+      string can come next) llguidance would allow only that text's canonical tokenization
+      (llguidance's ``no_forcing``; xgrammar always allows every tokenization).
+    """
     from ...guided.spec import GuideSpec
 
     if not isinstance(grammar, str) or not grammar.strip():
         raise InvalidGuideError("grammar must be a non-empty Lark or EBNF string")
     if "::=" not in grammar and _LARK_RULE.search(grammar):
-        text = leading_ignores(grammar)
-        if every_tokenization:
-            text = _NO_FORCING + text
-        return GuideSpec.grammar(text, dialect="lark")
+        if lark_guide:
+            return GuideSpec.grammar(_NO_FORCING + edge_ignores(outlines_common(grammar)), dialect="lark")
+        return GuideSpec.grammar(edge_ignores(grammar), dialect="lark")
     return GuideSpec.grammar(grammar)
 
 
 _NO_FORCING = '%llguidance {"no_forcing": true}\n'
+
+# outlines' ``common`` grammar (outlines/grammars/common.lark, 0.0 - 1.x) against Lark's: the same
+# terminals but for its strings, which follow outlines' JSON string regex. Same languages here:
+_NOT_CONTROL = r"\x00-\x1F\x7F-\x9F"
+_OUTLINES_COMMON = {
+    "ESCAPED_STRING": rf'/"([^"\\{_NOT_CONTROL}]|\\[^{_NOT_CONTROL}])*"/',
+    "ESCAPED_STRING_INNER": rf'/[^"\\{_NOT_CONTROL}]|\\[^{_NOT_CONTROL}]/',
+    "UNESCAPED_STRING": r'/"[^"]*"/',
+    "_NON_CONTROL_CHAR": rf'/[^"\\{_NOT_CONTROL}]/',
+    "_ESCAPED_CHAR": rf'/\\[^{_NOT_CONTROL}]/',
+}
+_COMMON_IMPORT = re.compile(
+    r"^[ \t]*%import[ \t]+common(?:\.([A-Z_][A-Z_0-9]*)(?:[ \t]*->[ \t]*([A-Z_][A-Z_0-9]*))?"
+    r"|[ \t]*\(([^)]*)\))[ \t]*$", re.MULTILINE)
+
+
+def outlines_common(grammar: str) -> str:
+    """``grammar`` with its imports of the terminals outlines' ``common`` defines differently from
+    Lark's replaced by those definitions (``%import common.X``, ``... -> ALIAS`` and
+    ``%import common (X, Y)``); every other import is left to the parser's own ``common``."""
+
+    defined: set[str] = set()  # an import repeated: one definition (Lark imports it once too)
+
+    def replace(m: re.Match) -> str:
+        if m.group(3) is not None:  # %import common (A, B, ...)
+            names = [n.strip() for n in m.group(3).split(",") if n.strip()]
+            pairs = [(n, n) for n in names]
+        else:
+            pairs = [(m.group(1), m.group(2) or m.group(1))]
+        kept = [n for n, _ in pairs if n not in _OUTLINES_COMMON]
+        if len(kept) == len(pairs):
+            return m.group(0)
+        lines = []
+        for name, alias in pairs:
+            if name in _OUTLINES_COMMON and alias not in defined:
+                defined.add(alias)
+                lines.append(f"{alias}: {_OUTLINES_COMMON[name]}")
+        if kept:
+            lines.append(f"%import common ({', '.join(kept)})")
+        return "\n".join(lines)
+
+    return _COMMON_IMPORT.sub(replace, grammar)
 
 
 _IGNORE_NAME = re.compile(r"^[ \t]*%ignore[ \t]+([A-Z_][A-Z_0-9]*)[ \t]*$", re.MULTILINE)
@@ -116,10 +164,11 @@ _START_REF = re.compile(r"\bstart\b")
 _LIFTED_START = "tokenrails_lark_start"
 
 
-def leading_ignores(grammar: str) -> str:
-    """Lark lets an ``%ignore``d terminal come before the first token too; llguidance ignores only
-    between tokens. A grammar ignoring named terminals gets a new ``start`` that allows them first
-    (the old one renamed; string, regex and comment text untouched). Others are left as they are."""
+def edge_ignores(grammar: str) -> str:
+    """Lark lets an ``%ignore``d terminal come before the first token and after the last too;
+    llguidance ignores only between tokens. A grammar ignoring named terminals gets a new
+    ``start`` that allows them first and last (the old one renamed; string, regex and comment text
+    untouched). Others are left as they are."""
     names = _IGNORE_NAME.findall(grammar)
     if not names or not _START_DEF.search(grammar) or _LIFTED_START in grammar:
         return grammar
@@ -131,7 +180,7 @@ def leading_ignores(grammar: str) -> str:
     out.append(_START_REF.sub(_LIFTED_START, grammar[last:]))
     renamed = "".join(out)
     ignored = " | ".join(dict.fromkeys(names))
-    return f"start: ({ignored})* {_LIFTED_START}\n{renamed}"
+    return f"start: ({ignored})* {_LIFTED_START} ({ignored})*\n{renamed}"
 
 
 def check_ebnf(grammar: str) -> str:

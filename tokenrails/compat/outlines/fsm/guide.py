@@ -18,7 +18,7 @@ from ....guided.backend import CompiledGuide
 from ....guided.errors import InvalidGuideError
 from ....guided.spec import GuideSpec
 from .._runtime import compile_for, outlines_dialect, vocabulary_for
-from ..grammars import grammar_spec
+from ..grammars import grammar_spec, outlines_common
 from .outlines_labels import outlines_labels
 from .states import FINAL, StateSpace
 
@@ -196,13 +196,14 @@ class CFGGuide(TokenrailsGuide):
     guide it also keeps ``generation``, the text of every non-EOS token passed to
     ``get_next_state`` since it was made (0.0.x guides served one sequence), and ``reset_state``:
     whether the last ``Generate`` instruction was for a position between terminals (read lazily
-    with Lark; ``False`` for EBNF grammars). Like outlines 0.x's Lark guide it allows every
-    tokenization of the language, also where the grammar forces text (``grammar_spec``).
+    with Lark; ``False`` for EBNF grammars). The grammar means what it meant to outlines 0.x's
+    Lark guide: ``%import common.X`` from outlines' ``common`` grammar, every tokenization of the
+    language allowed (``grammar_spec(..., lark_guide=True)``).
     """
 
     def __init__(self, cfg_string: str, tokenizer: Any):
         self.cfg_string = cfg_string
-        super().__init__(compile_for(grammar_spec(cfg_string, every_tokenization=True), tokenizer), tokenizer)
+        super().__init__(compile_for(grammar_spec(cfg_string, lark_guide=True), tokenizer), tokenizer)
 
     def _init_compiled(self, compiled: CompiledGuide, tokenizer: Any = None) -> None:
         super()._init_compiled(compiled, tokenizer)
@@ -235,7 +236,7 @@ class CFGGuide(TokenrailsGuide):
         hit = self._boundaries.get(state)
         if hit is None:
             text = "".join(_token_text(self.tokenizer, self.vocabulary_, t) for t in self.states.path(state))
-            hit = self._boundaries[state] = _lexes_completely(self.cfg_string, text)
+            hit = self._boundaries[state] = _lexes_completely(outlines_common(self.cfg_string), text)
         return hit
 
 
