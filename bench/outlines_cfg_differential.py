@@ -123,6 +123,50 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps(run_walks(CFGGuide, TransformerTokenizer, cases, args.tokenizers.split(","), args.positions, False)))
 
 
+def explain(key: str, step: int, ours: set[int], theirs: set[int], cases: dict, tokenizers: dict) -> str:
+    """Where the sets differ, what the differences are: EOS (judged by Lark's own parser: is the
+    text so far a sentence?) and tokens that would make the text invalid UTF-8 (outlines reads
+    each token as decoded text, so a lone UTF-8 continuation byte is a U+FFFD to it)."""
+    import lark
+
+    from tokenrails.compat.outlines._runtime import vocabulary_for
+    from tokenrails.compat.outlines.grammars import outlines_common
+
+    name, sample = key.split("|", 1)
+    hf, case = tokenizers[name], cases[sample]
+    vocab = vocabulary_for(hf)
+    ids = hf.encode(case["text"], add_special_tokens=False)[:step]
+    prefix = b"".join(vocab.token_bytes[t] for t in ids)
+    parts = []
+    eos = vocab.eos_ids[0]
+    if (eos in ours) != (eos in theirs):
+        parser = lark.Lark(outlines_common(case["grammar"]), parser="lalr")  # outlines' common strings
+        try:
+            parser.parse(prefix.decode())
+            complete = True
+        except lark.exceptions.LarkError:
+            complete = False
+        right = "ours" if (eos in ours) == complete else "theirs"
+        parts.append(f"EOS {'ours' if eos in ours else 'theirs'} only (Lark: text {'is' if complete else 'is not'} "
+                     f"a sentence -> {right} right)")
+
+    def invalid_utf8(t: int) -> bool:
+        import codecs
+
+        try:
+            codecs.getincrementaldecoder("utf-8")().decode(prefix + vocab.token_bytes[t], final=False)
+            return False
+        except UnicodeDecodeError:
+            return True
+
+    for side, only in (("ours", ours - theirs - {eos}), ("theirs", theirs - ours - {eos})):
+        if only:
+            bad = sum(invalid_utf8(t) for t in only)
+            sample_text = [hf.decode([t]) for t in sorted(only)[:6]]
+            parts.append(f"{len(only)} tokens only {side} ({bad} make invalid UTF-8; e.g. {sample_text})")
+    return f"step {step}: " + "; ".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizers", default="smollm2,llama3.2")
@@ -150,10 +194,14 @@ def main() -> None:
         result["allowed"] = {int(i): ids for i, ids in result["allowed"].items()}
     print(f"outlines {PEER_VERSION} (outlines-core 0.1.26, lark 1.2.2): {time.perf_counter() - t0:.0f} s")
 
+    from transformers import AutoTokenizer
+
     from tokenrails.compat.outlines.fsm.guide import CFGGuide
     from tokenrails.compat.outlines.models.transformers import TransformerTokenizer
 
-    ours = run_walks(CFGGuide, TransformerTokenizer, samples(src), args.tokenizers.split(","), args.positions, True)
+    cases = {c["name"]: c for c in samples(src)}
+    tokenizers = {name: AutoTokenizer.from_pretrained(tokenizer_path(name)) for name in args.tokenizers.split(",")}
+    ours = run_walks(CFGGuide, TransformerTokenizer, list(cases.values()), list(tokenizers), args.positions, True)
     print(f"{'tokenizer | sample':58} {'tokens':>6} {'sets equal':>10} {'walk ours':>10} {'walk theirs':>11}"
           f" {'step ours':>10} {'step theirs':>11} {'ratio':>7}")
     equal_total = compared_total = 0
@@ -169,9 +217,7 @@ def main() -> None:
               f"{verdict(peer):>11} {mine_step * 1e3:8.2f}ms {peer_step * 1e3:9.0f}ms {peer_step / mine_step:7.0f}")
         for i in peer["allowed"]:
             if mine["allowed"][i] != peer["allowed"][i]:
-                a, b = set(mine["allowed"][i]), set(peer["allowed"][i])
-                print(f"    step {i}: only ours {sorted(a - b)[:8]} ({len(a - b)}), "
-                      f"only theirs {sorted(b - a)[:8]} ({len(b - a)})")
+                print("    " + explain(key, i, set(mine["allowed"][i]), set(peer["allowed"][i]), cases, tokenizers))
     print(f"allowed sets equal at {equal_total}/{compared_total} compared steps; ratio = their step time / ours")
 
 
