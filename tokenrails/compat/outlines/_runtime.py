@@ -426,4 +426,88 @@ def outlines_dialect(pattern: str) -> str:
     pattern = _spell_posix(pattern)
     if fold:
         pattern = _case_fold(pattern)
-    return _spell_shorthands(pattern)
+    return _group_stacked_repeats(_spell_shorthands(pattern))
+
+
+_REPEAT = re.compile(r"[*+?]|\{[0-9]+(?:,[0-9]*)?\}|\{,[0-9]+\}")
+
+
+def _group_stacked_repeats(pattern: str) -> str:
+    """Rust's regex crate (so outlines-core) reads a repetition of a repetition, ``X+{1,2}`` or
+    ``X{2}{3}``, as nested repetition; Python's parser refuses it ("multiple repeat"). Each
+    repetition after the first is given its operand as a group: ``(?:X+){1,2}``. A ``?`` right
+    after a repetition stays its lazy marker."""
+    if not any(c in pattern for c in "*+?}"):
+        return pattern
+    items: list[list[str]] = []  # [text, kind]; kind: atom | repeat | op | open
+    groups: list[int] = []  # where each open group's items start
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        m = _REPEAT.match(pattern, i)
+        if m and items and items[-1][1] in ("atom", "repeat"):
+            text, i = m.group(0), m.end()
+            if pattern.startswith("?", i):  # lazy marker of this repetition
+                text, i = text + "?", i + 1
+            last = items[-1]
+            if last[1] == "repeat":
+                last[0] = f"(?:{last[0]})"
+            last[0], last[1] = last[0] + text, "repeat"
+        elif c == "\\" and i + 1 < n:
+            items.append([pattern[i:i + 2], "atom"])
+            i += 2
+        elif c == "[":
+            j = _class_end(pattern, i)
+            items.append([pattern[i:j], "atom"])
+            i = j
+        elif c == "(":
+            j, standalone = _group_prefix_end(pattern, i)
+            if standalone:  # (?i) and the like: a flag setting, not a group
+                items.append([pattern[i:j], "op"])
+            else:
+                groups.append(len(items))
+                items.append([pattern[i:j], "open"])
+            i = j
+        elif c == ")" and groups:
+            start = groups.pop()
+            text = "".join(t for t, _ in items[start:]) + ")"
+            del items[start:]
+            items.append([text, "atom"])
+            i += 1
+        else:
+            items.append([c, "op" if c in "|^$" else "atom"])
+            i += 1
+    return "".join(t for t, _ in items)
+
+
+def _group_prefix_end(pattern: str, i: int) -> tuple[int, bool]:
+    """Where the opening of the group at ``pattern[i] == "("`` ends (``(``, ``(?:``, ``(?P<n>``,
+    ``(?=``, ``(?i:``...), and whether it is a standalone flag setting such as ``(?i)``."""
+    j = i + 1
+    if not pattern.startswith("?", j):
+        return j, False
+    j += 1
+    if pattern[j:j + 1] in (":", "=", "!"):
+        return j + 1, False
+    if pattern.startswith("<=", j) or pattern.startswith("<!", j):
+        return j + 2, False
+    if pattern.startswith("P<", j) or pattern.startswith("<", j):
+        k = pattern.find(">", j)
+        return (k + 1, False) if k >= 0 else (j, False)
+    while j < len(pattern) and (pattern[j].isalpha() or pattern[j] == "-"):
+        j += 1
+    if pattern[j:j + 1] == ")":
+        return j + 1, True
+    return j + (1 if pattern[j:j + 1] == ":" else 0), False
+
+
+def _class_end(pattern: str, i: int) -> int:
+    """The index just past the bracket class starting at ``pattern[i] == "["``."""
+    j = i + 1
+    if pattern[j:j + 1] == "^":
+        j += 1
+    if pattern[j:j + 1] == "]":
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return min(j + 1, len(pattern))
