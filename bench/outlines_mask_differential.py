@@ -8,6 +8,11 @@ bench/outlines_suites.py does; outlines-core 0.2.14 is the venv's), builds both 
 the same constraint and tokenizer, feeds both the same token walks (a random allowed token each
 step, until EOS or ``--steps``) and compares the masked logits positions at every step, bit for bit.
 
+Every difference is judged (``Judge``): the oracle is the ``regex`` module's partial matching
+(full-match semantics) on the constraint's regex; a token the two read differently (outlines'
+vocabulary holds tokens as decoded alone, so partial UTF-8 bytes become U+FFFD, and keeps special
+tokens as their text) is named as such. A difference nothing explains is printed UNEXPLAINED.
+
 Constraints: ``--regexes`` random regexes (``tokenrails.testing.random_regex`` joined with the
 constructs where regex dialects differ: ``\\d \\w \\s`` and negations, POSIX classes, non-ASCII
 literals, ``(?i)``) and ``--schemas`` random JSON Schemas (``tokenrails.testing.random_schema``,
@@ -151,6 +156,20 @@ def _whole_chars(data: bytes) -> bool:
         return False
 
 
+def oracle_for(pattern: str):
+    """The oracle: the ``regex`` module on the pattern in outlines-core's class dialect
+    (``outlines_dialect``), with a leading ``(?i)`` left to the ``regex`` module's own (simple)
+    case folding rather than the shim's spelled-out folding."""
+    import regex as regex_module
+
+    from tokenrails.compat.outlines._runtime import outlines_dialect
+
+    flags = 0
+    while pattern.startswith("(?i)"):
+        pattern, flags = pattern[4:], regex_module.IGNORECASE
+    return regex_module.compile(outlines_dialect(pattern), flags | regex_module.V0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--regexes", type=int, default=200)
@@ -167,10 +186,6 @@ def main() -> None:
 
     from tokenrails.compat.outlines.processors import JSONLogitsProcessor, RegexLogitsProcessor
     from tokenrails.testing import random_schema
-
-    import regex as regex_module
-
-    from tokenrails.compat.outlines._runtime import outlines_dialect
 
     their_processor, their_vocabulary, their_tokenizer = outlines_1x()
     hf = AutoTokenizer.from_pretrained(args.tokenizer)
@@ -202,7 +217,7 @@ def main() -> None:
             tally["shim refused"] += 1
             unexplained.append(f"{kind} {payload!r}: the shim refuses ({type(exc).__name__}: {exc})"[:300])
             continue
-        oracle = regex_module.compile(outlines_dialect(regex))
+        oracle = oracle_for(regex)
         tally["constraints"] += 1
         tally["constraint"] = regex if kind == "regex" else json.dumps(payload)
         for _ in range(args.walks):

@@ -150,3 +150,46 @@ def test_stacked_repetitions_keep_their_whole_language(pattern, nested):
             text = "".join(chars)
             _, ours = _walk_accepts(pattern, text)
             assert ours == bool(re.fullmatch(nested, text)), (pattern, text)
+
+
+def _case_sample() -> list[str]:
+    """Letters whose case classes are unusual (Kelvin and Angstrom signs, long s, sharp s, final
+    sigma, dotless i, title-case digraphs, micro sign), ASCII, and 200 seeded cased letters."""
+    import random
+
+    from tokenrails.compat.outlines._runtime import _case_classes
+
+    table = _case_classes()
+    tricky = "kKsSß\u1e9eσςΣéÉǅǆǄθϑΘµμΜåÅ\u212a\u212b\u017fiIİı"
+    picked = random.Random(7).sample(sorted(table), 200)
+    return sorted(set(tricky) | {chr(c) for c in range(ord("a"), ord("z") + 1)} | {chr(c) for c in picked})
+
+
+def test_case_insensitive_letters_match_what_outlines_core_matches():
+    """``(?i)`` + one letter, and ``(?i)`` classes and ranges: the first tokens the shim allows
+    over a vocabulary of every letter of the sample and all its case variants are outlines-core's."""
+    import re
+
+    from tokenrails.compat.outlines._runtime import _case_classes
+
+    table = _case_classes()
+    letters = _case_sample()
+    chars = sorted({chr(m) for ch in letters for m in table.get(ord(ch), (ord(ch),))} | set(letters) | set("19-_ "))
+    eos = len(chars)
+
+    class Chars:
+        vocabulary = {c: i for i, c in enumerate(chars)}
+        special_tokens: set = set()
+        eos_token_id = eos
+
+        def convert_token_to_string(self, token):
+            return token
+
+    vocab = oc.Vocabulary(eos, {c: [i] for c, i in Chars.vocabulary.items()})
+    patterns = [re.escape(ch) for ch in letters] + ["[é-ü]", "[^a-z]", "[a-f0-9]", "[^é]", "[ǅ-ǆ]", "[ß-ÿ]"]
+    for body in patterns:
+        pattern = "(?i)" + body
+        theirs = {t for t in oc.Guide(oc.Index(pattern, vocab)).get_tokens() if t != eos}
+        ours_guide = RegexGuide.from_regex(pattern, Chars())
+        ours = {int(t) for t in ours_guide.get_next_instruction(ours_guide.initial_state).tokens} - {eos}
+        assert ours == theirs, pattern

@@ -271,7 +271,10 @@ def _spell_posix(pattern: str) -> str:
 
 
 def _case_fold(pattern: str) -> str:
-    """A pattern under ``(?i)``: every ASCII letter (literal or in a class range) in both cases."""
+    """A pattern under ``(?i)``: every letter (literal, in a class or in a class range) with the
+    letters Unicode case folding makes equal to it, as Rust's regex crate (outlines-core) reads
+    ``(?i)``: ``k`` also matches the Kelvin sign, ``é`` ``É``, ``σ`` ``Σ`` and ``ς``; ``ı`` only
+    itself. Escaped characters are left as written."""
     out: list[str] = []
     i, n, in_class = 0, len(pattern), False
     while i < n:
@@ -284,17 +287,14 @@ def _case_fold(pattern: str) -> str:
             if c == "]":
                 in_class = False
                 out.append(c)
-            elif i + 2 < n and pattern[i + 1] == "-" and pattern[i + 2] != "]":
-                lo, hi = c, pattern[i + 2]
-                out.append(f"{lo}-{hi}")
-                for a, b in (("a", "z"), ("A", "Z")):
-                    s, e = max(lo, a), min(hi, b)
-                    if s <= e:
-                        out.append(f"{s.swapcase()}-{e.swapcase()}")
+            elif i + 2 < n and pattern[i + 1] == "-" and pattern[i + 2] not in "]\\":
+                lo, hi = ord(c), ord(pattern[i + 2])
+                out.append(pattern[i:i + 3])
+                out.append(_class_body(_ranges(_fold_extras(range(lo, hi + 1)))))
                 i += 3
                 continue
             else:
-                out.append(c + (c.swapcase() if c.isascii() and c.isalpha() else ""))
+                out.append(c if c in "^-" else _class_body(_ranges({ord(c)} | _fold_extras([ord(c)]))))
         elif c == "[":
             in_class = True
             out.append(c)
@@ -310,12 +310,54 @@ def _case_fold(pattern: str) -> str:
             out.append(pattern[i:j + 1])
             i = j + 1
             continue
-        elif c.isascii() and c.isalpha():
-            out.append(f"[{c.lower()}{c.upper()}]")
         else:
-            out.append(c)
+            extras = _fold_extras([ord(c)])
+            out.append(f"[{_class_body(_ranges({ord(c)} | extras))}]" if extras else c)
         i += 1
     return "".join(out)
+
+
+def _fold_extras(code_points) -> set[int]:
+    """The code points case folding makes equal to some of ``code_points``, not among them."""
+    table = _case_classes()
+    members = set(code_points)
+    extras = {m for cp in members if cp in table for m in table[cp]}
+    return extras - members
+
+
+@functools.lru_cache(maxsize=1)
+def _case_classes() -> dict[int, tuple[int, ...]]:
+    """Code point -> the code points with the same Unicode case folding (only classes of two or
+    more). Read once from Python's Unicode tables (~0.3 s), when a ``(?i)`` pattern first needs it."""
+    groups: dict[str, set[int]] = {}
+    for cp in range(0x110000):
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        ch = chr(cp)
+        key = ch.casefold()
+        if key == ch and ch.upper() == ch and ch.lower() == ch:
+            continue  # uncased (it joins a class below if another character folds to it)
+        groups.setdefault(key, set()).add(cp)
+    table: dict[int, tuple[int, ...]] = {}
+    for key, members in groups.items():
+        if len(key) == 1:
+            members.add(ord(key))
+        if len(members) > 1:
+            ordered = tuple(sorted(members))
+            for cp in ordered:
+                table[cp] = ordered
+    return table
+
+
+def _ranges(code_points) -> tuple:
+    """Sorted code points as (first, last) runs."""
+    out: list[list[int]] = []
+    for cp in sorted(code_points):
+        if out and cp == out[-1][1] + 1:
+            out[-1][1] = cp
+        else:
+            out.append([cp, cp])
+    return tuple((a, b) for a, b in out)
 
 
 _CLASS_ESCAPE = set("\\]^-[")
