@@ -162,7 +162,7 @@ def oracle_for(pattern: str):
     case folding rather than the shim's spelled-out folding."""
     import regex as regex_module
 
-    from tokenrails.compat.outlines._runtime import outlines_dialect
+    from tokenrails.compat.outlines.regex_dialect import outlines_dialect
 
     flags = 0
     while pattern.startswith("(?i)"):

@@ -157,7 +157,7 @@ def _case_sample() -> list[str]:
     sigma, dotless i, title-case digraphs, micro sign), ASCII, and 200 seeded cased letters."""
     import random
 
-    from tokenrails.compat.outlines._runtime import _case_classes
+    from tokenrails.compat.outlines.regex_dialect import _case_classes
 
     table = _case_classes()
     tricky = "kKsSß\u1e9eσςΣéÉǅǆǄθϑΘµμΜåÅ\u212a\u212b\u017fiIİı"
@@ -170,7 +170,7 @@ def test_case_insensitive_letters_match_what_outlines_core_matches():
     over a vocabulary of every letter of the sample and all its case variants are outlines-core's."""
     import re
 
-    from tokenrails.compat.outlines._runtime import _case_classes
+    from tokenrails.compat.outlines.regex_dialect import _case_classes
 
     table = _case_classes()
     letters = _case_sample()
@@ -193,3 +193,13 @@ def test_case_insensitive_letters_match_what_outlines_core_matches():
         ours_guide = RegexGuide.from_regex(pattern, Chars())
         ours = {int(t) for t in ours_guide.get_next_instruction(ours_guide.initial_state).tokens} - {eos}
         assert ours == theirs, pattern
+
+
+def test_posix_classes_outlines_core_refuses_are_typed_errors():
+    from tokenrails import InvalidGuideError, UnsupportedGuideError
+    from tokenrails.compat.outlines.regex_dialect import outlines_dialect
+
+    with pytest.raises(InvalidGuideError, match="bogus"):
+        outlines_dialect("[[:bogus:]]")
+    with pytest.raises(UnsupportedGuideError, match="negated POSIX class"):
+        outlines_dialect("[[:^alpha:]]")

@@ -1,0 +1,323 @@
+"""outlines' regex dialect: an outlines regex rewritten so tokenrails' backends read it as
+outlines-core 0.2 (Rust's regex crate, what outlines 1.x runs) does.
+
+Spelled out here: POSIX bracket classes, ``(?i)`` (Unicode case folding), ``\\d \\w \\s`` and
+their negations (the exact code points outlines-core matches, ``regex_classes.py``), and
+repetitions of repetitions (nested, as Rust reads them).
+"""
+from __future__ import annotations
+
+import functools
+import re
+
+from ...guided.errors import InvalidGuideError, UnsupportedGuideError
+
+_POSIX = {
+    "alpha": "A-Za-z", "digit": "0-9", "alnum": "0-9A-Za-z", "upper": "A-Z", "lower": "a-z",
+    "space": " \\t\\n\\r\\f\\v", "blank": " \\t", "xdigit": "0-9A-Fa-f", "word": "0-9A-Za-z_",
+    "cntrl": "\\x00-\\x1f\\x7f", "print": "\\x20-\\x7e", "graph": "\\x21-\\x7e", "ascii": "\\x00-\\x7f",
+    "punct": "!-/:-@\\[-`{-~",
+}
+_POSIX_RE = re.compile(r"\[:(\^?)([a-z]+):\]")
+
+
+def _spell_posix(pattern: str) -> str:
+    """``[[:alpha:]]`` (POSIX classes inside a bracket expression) → ``[A-Za-z]``."""
+    if "[:" not in pattern:
+        return pattern
+
+    def repl(m: re.Match) -> str:
+        body = _POSIX.get(m.group(2))
+        if body is None:
+            raise InvalidGuideError(f"unknown POSIX class [:{m.group(2)}:]")
+        if m.group(1):
+            raise UnsupportedGuideError(f"negated POSIX class [:^{m.group(2)}:] is not supported",
+                                        feature="negated POSIX class")
+        return body
+
+    return _POSIX_RE.sub(repl, pattern)
+
+
+def _case_fold(pattern: str) -> str:
+    """A pattern under ``(?i)``: every letter (literal, in a class or in a class range) with the
+    letters Unicode case folding makes equal to it, as Rust's regex crate (outlines-core) reads
+    ``(?i)``: ``k`` also matches the Kelvin sign, ``é`` ``É``, ``σ`` ``Σ`` and ``ς``; ``ı`` only
+    itself. Escaped characters are left as written."""
+    out: list[str] = []
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            if c == "]":
+                in_class = False
+                out.append(c)
+            elif i + 2 < n and pattern[i + 1] == "-" and pattern[i + 2] not in "]\\":
+                lo, hi = ord(c), ord(pattern[i + 2])
+                out.append(pattern[i:i + 3])
+                out.append(_class_body(_ranges(_fold_extras(range(lo, hi + 1)))))
+                i += 3
+                continue
+            else:
+                out.append(c if c in "^-" else _class_body(_ranges({ord(c)} | _fold_extras([ord(c)]))))
+        elif c == "[":
+            in_class = True
+            out.append(c)
+            if pattern[i + 1:i + 2] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i + 1:i + 2] == "]":
+                out.append("\\]")
+                i += 1
+        elif c == "{":  # a repetition count: copy as is
+            j = pattern.find("}", i)
+            j = n - 1 if j < 0 else j
+            out.append(pattern[i:j + 1])
+            i = j + 1
+            continue
+        else:
+            extras = _fold_extras([ord(c)])
+            out.append(f"[{_class_body(_ranges({ord(c)} | extras))}]" if extras else c)
+        i += 1
+    return "".join(out)
+
+
+def _fold_extras(code_points) -> set[int]:
+    """The code points case folding makes equal to some of ``code_points``, not among them."""
+    table = _case_classes()
+    members = set(code_points)
+    extras = {m for cp in members if cp in table for m in table[cp]}
+    return extras - members
+
+
+@functools.lru_cache(maxsize=1)
+def _case_classes() -> dict[int, tuple[int, ...]]:
+    """Code point -> the code points with the same Unicode case folding (only classes of two or
+    more). Read once from Python's Unicode tables (~0.3 s), when a ``(?i)`` pattern first needs it."""
+    groups: dict[str, set[int]] = {}
+    for cp in range(0x110000):
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        ch = chr(cp)
+        key = ch.casefold()
+        if key == ch and ch.upper() == ch and ch.lower() == ch:
+            continue  # uncased (it joins a class below if another character folds to it)
+        groups.setdefault(key, set()).add(cp)
+    table: dict[int, tuple[int, ...]] = {}
+    for key, members in groups.items():
+        if len(key) == 1:
+            members.add(ord(key))
+        if len(members) > 1:
+            ordered = tuple(sorted(members))
+            for cp in ordered:
+                table[cp] = ordered
+    return table
+
+
+def _ranges(code_points) -> tuple:
+    """Sorted code points as (first, last) runs."""
+    out: list[list[int]] = []
+    for cp in sorted(code_points):
+        if out and cp == out[-1][1] + 1:
+            out[-1][1] = cp
+        else:
+            out.append([cp, cp])
+    return tuple((a, b) for a, b in out)
+
+
+_CLASS_ESCAPE = set("\\]^-[")
+
+
+def _class_body(ranges: tuple) -> str:
+    """Ranges as the inside of a bracket expression (literal characters, specials escaped)."""
+    def char(c: int) -> str:
+        ch = chr(c)
+        return "\\" + ch if ch in _CLASS_ESCAPE else ch
+
+    return "".join(char(a) if a == b else f"{char(a)}-{char(b)}" for a, b in ranges)
+
+
+def _complement(ranges: tuple) -> tuple:
+    """The code points (surrogates aside) not in ``ranges``."""
+    out, start = [], 0
+    for a, b in ranges:
+        if a > start:
+            out.append((start, a - 1))
+        start = b + 1
+    if start <= 0x10FFFF:
+        out.append((start, 0x10FFFF))
+    return tuple((a, b) for a, b in _drop_surrogates(out))
+
+
+def _drop_surrogates(ranges: list) -> list:
+    out = []
+    for a, b in ranges:
+        if b < 0xD800 or a > 0xDFFF:
+            out.append((a, b))
+            continue
+        if a < 0xD800:
+            out.append((a, 0xD7FF))
+        if b > 0xDFFF:
+            out.append((0xE000, b))
+    return out
+
+
+_SHORTHAND_BODIES: dict[str, str] = {}
+
+
+def _shorthand_body(letter: str) -> str:
+    """The bracket-expression body of outlines-core's ``\\w \\d \\s`` (or their negations)."""
+    body = _SHORTHAND_BODIES.get(letter)
+    if body is None:
+        from . import regex_classes
+
+        ranges = {"w": regex_classes.WORD, "d": regex_classes.DIGIT, "s": regex_classes.SPACE}[letter.lower()]
+        body = _class_body(ranges if letter.islower() else _complement(ranges))
+        _SHORTHAND_BODIES[letter] = body
+    return body
+
+
+def _spell_shorthands(pattern: str) -> str:
+    """``\\w \\d \\s \\W \\D \\S`` (outside and inside brackets) as the exact code points
+    outlines-core's (Rust's) classes match: Python's and Rust's Unicode tables differ (marks, newer
+    digits, ``\\x1c``-``\\x1f``), measured over every code point."""
+    if "\\" not in pattern:
+        return pattern
+    out: list[str] = []
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            letter = pattern[i + 1]
+            if letter in "wdsWDS":
+                body = _shorthand_body(letter)
+                out.append(body if in_class else f"[{body}]")
+            else:
+                out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            if c == "]":
+                in_class = False
+        elif c == "[":
+            in_class = True
+            out.append(c)
+            i += 1
+            if pattern[i:i + 1] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i:i + 1] == "]":  # a leading ] is a literal
+                out.append("\\]")
+                i += 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def outlines_dialect(pattern: str) -> str:
+    """An outlines regex in the dialect tokenrails' backends read.
+
+    outlines-core 0.2 (Rust's regex crate, what outlines 1.x runs) knows POSIX classes inside
+    brackets (``[[:alpha:]]``, ASCII) and a leading ``(?i)``; both are spelled out here. Its
+    ``\\d \\w \\s`` are Rust's Unicode classes, which differ from Python's in thousands of code
+    points: they are spelled out as the exact code points outlines-core matches
+    (``regex_classes.py``, read from outlines-core; compared with it in
+    tests/compat/test_outlines_regex_dialect.py).
+    """
+    if not isinstance(pattern, str):
+        return pattern
+    fold = False
+    while pattern.startswith("(?i)"):
+        fold, pattern = True, pattern[4:]
+    pattern = _spell_posix(pattern)
+    if fold:
+        pattern = _case_fold(pattern)
+    return _group_stacked_repeats(_spell_shorthands(pattern))
+
+
+_REPEAT = re.compile(r"[*+?]|\{[0-9]+(?:,[0-9]*)?\}|\{,[0-9]+\}")
+
+
+def _group_stacked_repeats(pattern: str) -> str:
+    """Rust's regex crate (so outlines-core) reads a repetition of a repetition, ``X+{1,2}`` or
+    ``X{2}{3}``, as nested repetition; Python's parser refuses it ("multiple repeat"). Each
+    repetition after the first is given its operand as a group: ``(?:X+){1,2}``. A ``?`` right
+    after a repetition stays its lazy marker."""
+    if not any(c in pattern for c in "*+?}"):
+        return pattern
+    items: list[list[str]] = []  # [text, kind]; kind: atom | repeat | op | open
+    groups: list[int] = []  # where each open group's items start
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        m = _REPEAT.match(pattern, i)
+        if m and items and items[-1][1] in ("atom", "repeat"):
+            text, i = m.group(0), m.end()
+            if pattern.startswith("?", i):  # lazy marker of this repetition
+                text, i = text + "?", i + 1
+            last = items[-1]
+            if last[1] == "repeat":
+                last[0] = f"(?:{last[0]})"
+            last[0], last[1] = last[0] + text, "repeat"
+        elif c == "\\" and i + 1 < n:
+            items.append([pattern[i:i + 2], "atom"])
+            i += 2
+        elif c == "[":
+            j = _class_end(pattern, i)
+            items.append([pattern[i:j], "atom"])
+            i = j
+        elif c == "(":
+            j, standalone = _group_prefix_end(pattern, i)
+            if standalone:  # (?i) and the like: a flag setting, not a group
+                items.append([pattern[i:j], "op"])
+            else:
+                groups.append(len(items))
+                items.append([pattern[i:j], "open"])
+            i = j
+        elif c == ")" and groups:
+            start = groups.pop()
+            text = "".join(t for t, _ in items[start:]) + ")"
+            del items[start:]
+            items.append([text, "atom"])
+            i += 1
+        else:
+            items.append([c, "op" if c in "|^$" else "atom"])
+            i += 1
+    return "".join(t for t, _ in items)
+
+
+def _group_prefix_end(pattern: str, i: int) -> tuple[int, bool]:
+    """Where the opening of the group at ``pattern[i] == "("`` ends (``(``, ``(?:``, ``(?P<n>``,
+    ``(?=``, ``(?i:``...), and whether it is a standalone flag setting such as ``(?i)``."""
+    j = i + 1
+    if not pattern.startswith("?", j):
+        return j, False
+    j += 1
+    if pattern[j:j + 1] in (":", "=", "!"):
+        return j + 1, False
+    if pattern.startswith("<=", j) or pattern.startswith("<!", j):
+        return j + 2, False
+    if pattern.startswith("P<", j) or pattern.startswith("<", j):
+        k = pattern.find(">", j)
+        return (k + 1, False) if k >= 0 else (j, False)
+    while j < len(pattern) and (pattern[j].isalpha() or pattern[j] == "-"):
+        j += 1
+    if pattern[j:j + 1] == ")":
+        return j + 1, True
+    return j + (1 if pattern[j:j + 1] == ":" else 0), False
+
+
+def _class_end(pattern: str, i: int) -> int:
+    """The index just past the bracket class starting at ``pattern[i] == "["``."""
+    j = i + 1
+    if pattern[j:j + 1] == "^":
+        j += 1
+    if pattern[j:j + 1] == "]":
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return min(j + 1, len(pattern))
