@@ -814,7 +814,7 @@ def regex_hazards(pattern: str) -> set[str]:
             i, prev = i + 2, "atom"
             continue
         if c == "[":
-            i, prev = _class_end(pattern, i), "atom"
+            i, prev = class_end(pattern, i), "atom"
             continue
         if c in "*+?" or (c == "{" and _quantifier_at(pattern, i)):
             if prev == "quant":
@@ -914,7 +914,7 @@ def _ambiguous_repeat(pattern: str) -> bool:
             i += 2
         elif c == "[":
             stack[-1].atom()
-            i = _class_end(pattern, i)
+            i = class_end(pattern, i)
         elif c == "(":
             stack.append(_Alt())
             i += 1
@@ -953,7 +953,7 @@ def _surrogate_escape(pattern: str, j: int) -> bool:
         return False
 
 
-def _class_end(pattern: str, i: int) -> int:
+def class_end(pattern: str, i: int) -> int:
     """Index just past the character class opening at ``i`` (``[]a]`` and ``[^]a]`` included)."""
     j = i + 1
     if pattern[j: j + 1] == "^":

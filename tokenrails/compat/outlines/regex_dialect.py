@@ -11,6 +11,7 @@ import functools
 import re
 
 from ...guided.errors import InvalidGuideError, UnsupportedGuideError
+from ...guided.schema_features import class_end
 
 _POSIX = {
     "alpha": "A-Za-z", "digit": "0-9", "alnum": "0-9A-Za-z", "upper": "A-Z", "lower": "a-z",
@@ -267,7 +268,7 @@ def _group_stacked_repeats(pattern: str) -> str:
             items.append([pattern[i:i + 2], "atom"])
             i += 2
         elif c == "[":
-            j = _class_end(pattern, i)
+            j = class_end(pattern, i)
             items.append([pattern[i:j], "atom"])
             i = j
         elif c == "(":
@@ -309,15 +310,3 @@ def _group_prefix_end(pattern: str, i: int) -> tuple[int, bool]:
     if pattern[j:j + 1] == ")":
         return j + 1, True
     return j + (1 if pattern[j:j + 1] == ":" else 0), False
-
-
-def _class_end(pattern: str, i: int) -> int:
-    """The index just past the bracket class starting at ``pattern[i] == "["``."""
-    j = i + 1
-    if pattern[j:j + 1] == "^":
-        j += 1
-    if pattern[j:j + 1] == "]":
-        j += 1
-    while j < len(pattern) and pattern[j] != "]":
-        j += 2 if pattern[j] == "\\" else 1
-    return min(j + 1, len(pattern))
