@@ -4,10 +4,10 @@ from __future__ import annotations
 import re
 import warnings
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tokenrails import GuideError
+from tokenrails import GuideError, GuideLimitError
 from tokenrails.guided.fsm.compiler import compile_regex
 from tokenrails.guided.limits import GuideLimits
 
@@ -25,7 +25,12 @@ def _compile(pattern):
             return None, None
     try:
         return compiled, compile_regex(pattern, LIMITS)
-    except GuideError as exc:  # every generated pattern is supported and small: nothing may fail
+    except GuideLimitError:
+        # a rare draw blows the automaton past the state limit (Unicode \w and [^ab] overlapping
+        # under nested repetition: (c.(\w){2,}([^ab]){2,}){1,3}); a typed refusal, tested in
+        # tests/safety/test_hostile.py: not an example for these properties
+        assume(False)
+    except GuideError as exc:  # every other generated pattern is supported: nothing else may fail
         raise AssertionError(f"{pattern!r}: {exc}") from exc
 
 
