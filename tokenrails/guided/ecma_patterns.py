@@ -20,9 +20,12 @@ ECMA_CLASSES = {"d": "0-9", "w": "A-Za-z0-9_",
 ASCII_CLASSES = {"d": "0-9", "w": "0-9A-Za-z_", "s": " \\t\\n\\r\\f\\v"}
 
 
-def spell_shorthands(pattern: str, classes: dict[str, str], who: str) -> str:
+def spell_shorthands(pattern: str, classes: dict[str, str], who: str,
+                     negated: dict[str, str] | None = None) -> str:
     """``pattern`` with ``\\d \\w \\s \\D \\W \\S`` spelled out from ``classes``. A negated
-    shorthand inside a class (``[\\D.]``) has no plain spelling: ``UnsupportedGuideError``."""
+    shorthand is ``[^body]``, and inside a class (``[\\D.]``) has no plain spelling:
+    ``UnsupportedGuideError``; unless ``negated`` gives the complement's own body (keys lower
+    case), which then stands for it inside and outside classes."""
     out: list[str] = []
     i, n, in_class = 0, len(pattern), False
     while i < n:
@@ -30,8 +33,11 @@ def spell_shorthands(pattern: str, classes: dict[str, str], who: str) -> str:
         if c == "\\" and i + 1 < n:
             nxt = pattern[i + 1]
             body = classes.get(nxt.lower())
+            complement = negated.get(nxt.lower()) if negated is not None and nxt.isupper() else None
             if body is None:
                 out.append(pattern[i: i + 2])
+            elif complement is not None:
+                out.append(complement if in_class else "[" + complement + "]")
             elif not in_class:
                 out.append(("[^" if nxt.isupper() else "[") + body + "]")
             elif nxt.isupper():

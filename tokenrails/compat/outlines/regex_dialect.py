@@ -11,6 +11,7 @@ import functools
 import re
 
 from ...guided.errors import InvalidGuideError, UnsupportedGuideError
+from ...guided.ecma_patterns import spell_shorthands
 from ...guided.schema_features import class_end
 
 _POSIX = {
@@ -166,19 +167,15 @@ def _drop_surrogates(ranges: list) -> list:
     return out
 
 
-_SHORTHAND_BODIES: dict[str, str] = {}
+@functools.lru_cache(maxsize=1)
+def _outlines_classes() -> tuple[dict[str, str], dict[str, str]]:
+    """Bracket-expression bodies of outlines-core's ``\\d \\w \\s`` and of their complements
+    (keys ``d w s``); built once (~5 ms)."""
+    from . import regex_classes
 
-
-def _shorthand_body(letter: str) -> str:
-    """The bracket-expression body of outlines-core's ``\\w \\d \\s`` (or their negations)."""
-    body = _SHORTHAND_BODIES.get(letter)
-    if body is None:
-        from . import regex_classes
-
-        ranges = {"w": regex_classes.WORD, "d": regex_classes.DIGIT, "s": regex_classes.SPACE}[letter.lower()]
-        body = _class_body(ranges if letter.islower() else _complement(ranges))
-        _SHORTHAND_BODIES[letter] = body
-    return body
+    ranges = {"w": regex_classes.WORD, "d": regex_classes.DIGIT, "s": regex_classes.SPACE}
+    return ({k: _class_body(r) for k, r in ranges.items()},
+            {k: _class_body(_complement(r)) for k, r in ranges.items()})
 
 
 def _spell_shorthands(pattern: str) -> str:
@@ -187,36 +184,8 @@ def _spell_shorthands(pattern: str) -> str:
     digits, ``\\x1c``-``\\x1f``), measured over every code point."""
     if "\\" not in pattern:
         return pattern
-    out: list[str] = []
-    i, n, in_class = 0, len(pattern), False
-    while i < n:
-        c = pattern[i]
-        if c == "\\" and i + 1 < n:
-            letter = pattern[i + 1]
-            if letter in "wdsWDS":
-                body = _shorthand_body(letter)
-                out.append(body if in_class else f"[{body}]")
-            else:
-                out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if in_class:
-            if c == "]":
-                in_class = False
-        elif c == "[":
-            in_class = True
-            out.append(c)
-            i += 1
-            if pattern[i:i + 1] == "^":
-                out.append("^")
-                i += 1
-            if pattern[i:i + 1] == "]":  # a leading ] is a literal
-                out.append("\\]")
-                i += 1
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
+    classes, negated = _outlines_classes()
+    return spell_shorthands(pattern, classes, "outlines dialect", negated=negated)
 
 
 def outlines_dialect(pattern: str) -> str:
