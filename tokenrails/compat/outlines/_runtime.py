@@ -20,7 +20,6 @@ from ...guided.errors import InvalidGuideError
 from ...guided.registry import compile_guide
 from ...guided.spec import GuideSpec
 from ...guided.vocabulary import Vocabulary
-from .regex_dialect import outlines_dialect  # noqa: F401  (re-exported: the shim's modules import it from here)
 
 _LOCK = threading.Lock()
 _VOCABS: dict[int, tuple[Any, Vocabulary]] = {}

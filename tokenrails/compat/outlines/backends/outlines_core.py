@@ -11,7 +11,7 @@ from outlines_core import Index, Vocabulary
 from outlines_core.json_schema import build_regex_from_schema
 
 from ..processors.base_logits_processor import OutlinesLogitsProcessor
-from .._runtime import outlines_dialect
+from ..regex_dialect import outlines_dialect
 from .base import BaseBackend, tensor_library_of, tokenizer_of
 
 

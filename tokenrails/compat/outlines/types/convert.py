@@ -11,7 +11,8 @@ from typing import Any, Literal, get_args, get_origin
 
 from ....guided.errors import UnsupportedGuideError
 from ....guided.spec import GuideSpec
-from .._runtime import json_spec, outlines_dialect
+from .._runtime import json_spec
+from ..regex_dialect import outlines_dialect
 from ..grammars import grammar_spec
 from .dsl import CFG, Choice, JsonSchema, Regex, String, Term
 
