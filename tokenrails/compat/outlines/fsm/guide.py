@@ -229,6 +229,11 @@ class CFGGuide(TokenrailsGuide):
     def can_terminate_state(self, state: int) -> bool:
         return self.states.is_accepting(int(state))
 
+    @functools.cached_property
+    def _lark_text(self) -> str:
+        """The grammar as Lark reads it for ``reset_state`` (outlines' ``common`` strings)."""
+        return outlines_common(self.cfg_string)
+
     @property
     def reset_state(self) -> bool:
         state = self._generate_state
@@ -237,7 +242,7 @@ class CFGGuide(TokenrailsGuide):
         hit = self._boundaries.get(state)
         if hit is None:
             text = "".join(_token_text(self.tokenizer, self.vocabulary_, t) for t in self.states.path(state))
-            hit = self._boundaries[state] = _lexes_completely(outlines_common(self.cfg_string), text)
+            hit = self._boundaries[state] = _lexes_completely(self._lark_text, text)
         return hit
 
 
