@@ -73,9 +73,9 @@ def outlines_1x_processor_class():
     with a note, when it cannot be fetched or imported here)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
-        from outlines_suites import fetch
+        from outlines_suites import package_root
 
-        sys.path.insert(0, str(fetch("1.3.3") / "src"))
+        sys.path.insert(0, str(package_root("1.3.3")))
         from outlines.backends.outlines_core import OutlinesCoreLogitsProcessor
     except Exception as exc:  # noqa: BLE001 - a missing peer is reported, not fatal
         print(f"(outlines 1.3.3 processor peer unavailable: {exc!r})")

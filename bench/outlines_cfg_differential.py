@@ -182,10 +182,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from outlines_suites import fetch
+    from outlines_suites import fetch, package_root
 
     src = fetch(PEER_VERSION)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(peer_libs()), str(src)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(peer_libs()), str(package_root(PEER_VERSION))]))
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--worker", str(src), "--tokenizers", args.tokenizers,
                            "--positions", str(args.positions)], env=env, capture_output=True, text=True,

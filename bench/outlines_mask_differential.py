@@ -58,9 +58,9 @@ def random_constraint_regex(rng: random.Random) -> str:
 
 def outlines_1x(version: str = "1.3.3"):
     """outlines 1.3.3's processor class and vocabulary builder, from its fetched sdist."""
-    from outlines_suites import fetch
+    from outlines_suites import package_root
 
-    sys.path.insert(0, str(fetch(version) / "src"))
+    sys.path.insert(0, str(package_root(version)))
     from outlines.backends.outlines_core import OutlinesCoreBackend, OutlinesCoreLogitsProcessor
     from outlines.models.transformers import TransformerTokenizer
 

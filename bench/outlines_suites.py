@@ -61,6 +61,13 @@ def fetch(version: str) -> Path:
     return src
 
 
+def package_root(version: str) -> Path:
+    """The folder holding outlines ``version``'s ``outlines`` package (``src/`` from 1.0 on), to
+    put first on ``sys.path`` / ``PYTHONPATH`` and import outlines itself as a peer."""
+    src = fetch(version)
+    return src / "src" if (src / "src" / "outlines").is_dir() else src
+
+
 def in_scope_files(src: Path, pattern: str | None) -> list[str]:
     files = sorted(str(p.relative_to(src)) for p in (src / "tests").rglob("test_*.py"))
     files = [f for f in files if not OUT_OF_SCOPE.search(f)]
