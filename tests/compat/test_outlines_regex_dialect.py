@@ -203,3 +203,23 @@ def test_posix_classes_outlines_core_refuses_are_typed_errors():
         outlines_dialect("[[:bogus:]]")
     with pytest.raises(UnsupportedGuideError, match="negated POSIX class"):
         outlines_dialect("[[:^alpha:]]")
+
+
+def test_case_folded_ranges_equal_the_code_point_walk_and_stay_cheap():
+    """A class range under ``(?i)`` gains exactly the letters folding adds to its code points
+    (against walking every code point, on random ranges), and a hostile pattern of 3,000
+    full-range classes (16k characters, the regex length limit) is rewritten in seconds."""
+    import random
+    import time
+
+    from tokenrails.compat.outlines.regex_dialect import _fold_extras, _fold_extras_of_range, outlines_dialect
+
+    rng = random.Random(3)
+    for _ in range(300):
+        lo = rng.choice([0, 0x41, 0xC0, 0x370, 0x400, 0x1E00, 0x2100, 0xFF00, 0x10400]) + rng.randrange(64)
+        hi = lo + rng.randrange(0, 700)
+        assert _fold_extras_of_range(lo, hi) == _fold_extras(range(lo, hi + 1)), (lo, hi)
+    ranges = "".join(f"[{chr(k + 0x100)}-\U0010ffff]" for k in range(3000))  # 3,000 distinct ranges
+    started = time.perf_counter()
+    outlines_dialect("(?i)" + ranges)
+    assert time.perf_counter() - started < 10

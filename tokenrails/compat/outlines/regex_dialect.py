@@ -7,6 +7,7 @@ repetitions of repetitions (nested, as Rust reads them).
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 
@@ -60,7 +61,7 @@ def _case_fold(pattern: str) -> str:
             elif i + 2 < n and pattern[i + 1] == "-" and pattern[i + 2] not in "]\\":
                 lo, hi = ord(c), ord(pattern[i + 2])
                 out.append(pattern[i:i + 3])
-                out.append(_class_body(_ranges(_fold_extras(range(lo, hi + 1)))))
+                out.append(_class_body(_ranges(_fold_extras_of_range(lo, hi))))
                 i += 3
                 continue
             else:
@@ -93,6 +94,22 @@ def _fold_extras(code_points) -> set[int]:
     members = set(code_points)
     extras = {m for cp in members if cp in table for m in table[cp]}
     return extras - members
+
+
+@functools.lru_cache(maxsize=1024)
+def _fold_extras_of_range(lo: int, hi: int) -> frozenset[int]:
+    """``_fold_extras(range(lo, hi + 1))``, visiting only the cased code points in the range (a
+    few thousand in all) instead of every code point: a hostile ``(?i)`` pattern of 3,000
+    full-range classes took minutes, now under a second."""
+    cased = _cased_code_points()
+    table = _case_classes()
+    extras = {m for cp in cased[bisect.bisect_left(cased, lo):bisect.bisect_right(cased, hi)] for m in table[cp]}
+    return frozenset(m for m in extras if not lo <= m <= hi)
+
+
+@functools.lru_cache(maxsize=1)
+def _cased_code_points() -> list[int]:
+    return sorted(_case_classes())
 
 
 @functools.lru_cache(maxsize=1)
