@@ -174,7 +174,40 @@ def main() -> None:
         print(f"{kind:8} {c_ours * 1e3:11.1f}ms {c_peer * 1e3:11.1f}ms {c_peer / c_ours:6.2f} | "
               f"{s_ours * 1e6:8.0f}us {s_peer * 1e6:8.0f}us {s_peer / s_ours:6.2f} | {real}")
     print(f"(steps include cloning a [1, {V}] float32 row in both; peer = outlines-core {oc.__version__ if hasattr(oc, '__version__') else ''})")
+    if real_processor is not None:
+        xgrammar_processor_rows(tok, V, args.repeat)
 
+
+def xgrammar_processor_rows(tok, width: int, repeat: int) -> None:
+    """A processor per request from an ``xgrammar.CompiledGrammar`` (outlines 1.x's
+    ``XGrammarLogitsProcessor(compiled_grammar, "torch")``): construction plus the first masking
+    step, the shim's against outlines 1.3.3's own, for a grammar seen before and for a freshly
+    compiled one on the same tokenizer (compilation itself excluded from both)."""
+    import xgrammar as xgr
+    from outlines.backends.xgrammar import XGrammarLogitsProcessor as TheirXGrammarProcessor
+
+    from tokenrails.compat.outlines.backends.xgrammar import XGrammarLogitsProcessor as OurXGrammarProcessor
+
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=width))
+    ids, logits = torch.tensor([[1, 2, 3]]), torch.randn(1, width)
+
+    def first_step(cls, grammar) -> float:
+        t0 = time.perf_counter()
+        cls(grammar, "torch")(ids, logits.clone())
+        return time.perf_counter() - t0
+
+    seen = compiler.compile_regex(r"[0-9]{3}-[a-z]{2,8}")
+    first_step(OurXGrammarProcessor, seen)  # this grammar's first processor: the "new grammar" row
+    fresh = [compiler.compile_regex(f"[0-9]{{{n}}}-[a-z]+") for n in range(1, 2 * repeat + 1)]
+    rows = {
+        "same grammar": ([seen] * repeat, [seen] * repeat),
+        "new grammar": (fresh[:repeat], fresh[repeat:]),  # each grammar's first processor, on each side
+    }
+    print("processor per request from a compiled xgrammar grammar (construction + first step):")
+    for label, (ours_grammars, their_grammars) in rows.items():
+        ours = min(first_step(OurXGrammarProcessor, g) for g in ours_grammars)
+        theirs = min(first_step(TheirXGrammarProcessor, g) for g in their_grammars)
+        print(f"  {label:13} ours {ours * 1e3:8.2f}ms  outlines 1.3.3 {theirs * 1e3:8.2f}ms  ratio {theirs / ours:6.2f}")
 
 if __name__ == "__main__":
     main()
