@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import load_tokenizer  # noqa: E402
 from bench.fsm_vs_peers import workloads  # noqa: E402
 from tokenrails import Vocabulary, native  # noqa: E402
-from tokenrails.guided.fsm.compiler import _compile_ast, compile_ast, compile_choices, compile_regex, no_gc  # noqa: E402
+from tokenrails.guided.fsm.compiler import _compile_ast, compile_ast, compile_choices, compile_regex  # noqa: E402
+from tokenrails.guided.gc_pause import gc_paused as no_gc  # noqa: E402
 from tokenrails.guided.fsm.dfa import START, native_module  # noqa: E402
 from tokenrails.guided.fsm.matcher import grammar_bytes  # noqa: E402
 from tokenrails.guided.fsm.nfa import Deadline  # noqa: E402

@@ -273,7 +273,7 @@ def test_class_cache_respects_the_ascii_flag():
 def test_gc_is_paused_during_compile_and_restored():
     import gc
 
-    from tokenrails.guided.fsm.compiler import no_gc
+    from tokenrails.guided.gc_pause import gc_paused as no_gc
 
     assert gc.isenabled()
     with pytest.raises(ValueError):

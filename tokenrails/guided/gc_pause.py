@@ -1,60 +1,99 @@
-"""Keep the cyclic GC from running while a compile thread holds a client's parsed payload.
+"""The one pause of the cyclic GC: off while any compile runs, back on after the last one.
 
 A large schema parses into tens of thousands of dicts and strings that live for the length of the
-compile. Surviving young collections, they count toward a *full* collection, which then walks every
-tracked object of the process while holding the GIL: 112 ms measured in one pass (issue 16's
-28k-property schema next to a 50 ms decode tick), longer in an engine process holding a model.
-Those objects are acyclic and freed by reference counting when the compile ends, so the GC only
-needs to stay off while a compile runs; the first compile to start turns it off and the last one
-to finish turns it back on. A process that disabled the GC itself is left as it was.
+compile; automaton construction allocates many short-lived lists and tuples. Surviving young
+collections, they count toward a *full* collection, which then walks every tracked object of the
+process while holding the GIL: 112 ms measured in one pass (issue 16's 28k-property schema next to
+a 50 ms decode tick), milliseconds per pass in a process holding a 152k vocabulary. Those objects
+are acyclic and freed by reference counting when the compile ends, so the GC only needs to stay off
+while a compile runs.
+
+One process-wide count of pauses, so pauses nest correctly however they interleave (a manager
+compile around an FSM build, compiles on several threads): the first to start turns the GC off
+*if it was on*, the last to end turns it back on *only if a pause turned it off*. A process that
+disabled the GC itself is left as it was. (There used to be a second pause in the FSM compiler that
+saved and restored ``gc.isenabled()`` itself; interleaved with this one, its exit turned the GC
+back on in the middle of a manager compile.)
 
 A compile can outlive its deadline (native code cannot be interrupted; the pool abandons it), so a
 pause is bounded: after ``MAX_PAUSE_S`` the GC comes back on, and stays on until every compile of
-that pause has ended. Cyclic garbage made meanwhile waits at most that long.
+that pause has ended. One lazily started watchdog thread does that; entering and leaving a pause
+costs a lock and a counter (it wraps every FSM compile, some of which take microseconds).
 """
 from __future__ import annotations
 
 import gc
+import os
 import threading
-from contextlib import contextmanager
-from typing import Iterator
+import time
 
 MAX_PAUSE_S = 5.0
 
-_LOCK = threading.Lock()
-_DEPTH = 0
-_WE_DISABLED = False
-_TIMER: threading.Timer | None = None
 
+class _Pause:
+    """Process-wide pause state; ``gc_paused()`` hands out the one instance as a context manager."""
 
-def _expire() -> None:
-    global _WE_DISABLED
-    with _LOCK:
-        if _WE_DISABLED:
-            _WE_DISABLED = False
+    __slots__ = ("_cond", "_depth", "_we_disabled", "_started", "_watchdog")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._depth = 0
+        self._we_disabled = False
+        self._started = 0.0
+        self._watchdog: threading.Thread | None = None
+
+    def __enter__(self) -> None:
+        with self._cond:
+            if self._depth == 0 and gc.isenabled():
+                gc.disable()
+                self._we_disabled = True
+                self._started = time.monotonic()
+                self._cond.notify()
+            if self._we_disabled and self._watchdog is None:  # first pause (or first since a fork)
+                self._watchdog = threading.Thread(target=self._watch, name="tokenrails-gc-pause", daemon=True)
+                self._watchdog.start()
+            self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._depth -= 1
+            if self._depth == 0 and self._we_disabled:
+                self._we_disabled = False
+                gc.enable()
+
+    def _watch(self) -> None:
+        """Turn the GC back on once a pause has lasted ``MAX_PAUSE_S``."""
+        with self._cond:
+            while True:
+                if not self._we_disabled:
+                    self._cond.wait()
+                    continue
+                left = self._started + MAX_PAUSE_S - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self._we_disabled = False
+                gc.enable()
+
+    def depth(self) -> int:
+        """How many pauses are open now (diagnostics and tests)."""
+        return self._depth
+
+    def _after_fork(self) -> None:
+        """A forked child has neither the watchdog nor the threads whose compiles held the pause
+        (only the forking thread survives): give the GC back rather than leave it off for good."""
+        self._cond = threading.Condition(threading.Lock())
+        self._watchdog = None
+        if self._we_disabled:
+            self._we_disabled = False
             gc.enable()
 
 
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    global _DEPTH, _WE_DISABLED, _TIMER
-    with _LOCK:
-        if _DEPTH == 0 and gc.isenabled():
-            gc.disable()
-            _WE_DISABLED = True
-            _TIMER = threading.Timer(MAX_PAUSE_S, _expire)
-            _TIMER.daemon = True
-            _TIMER.start()
-        _DEPTH += 1
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _DEPTH -= 1
-            if _DEPTH == 0:
-                if _TIMER is not None:
-                    _TIMER.cancel()
-                    _TIMER = None
-                if _WE_DISABLED:
-                    _WE_DISABLED = False
-                    gc.enable()
+_PAUSE = _Pause()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_PAUSE._after_fork)
+
+
+def gc_paused() -> _Pause:
+    """``with gc_paused(): ...`` — the GC stays off for the block (re-entrant, thread-safe)."""
+    return _PAUSE

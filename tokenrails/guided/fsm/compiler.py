@@ -1,8 +1,7 @@
 """Spec payloads → minimal byte DFA, under the configured limits and compile deadline."""
 from __future__ import annotations
 
-import gc
-
+from ..gc_pause import gc_paused
 from ..limits import GuideLimits
 from .dfa import (
     DFA, NATIVE_MAX_BYTES, _native_dfa, compile_ast_native, determinize, dfa_from_strings, expanded_size_error,
@@ -16,30 +15,8 @@ from .unicode_classes import unicode_digit, unicode_space, unicode_word
 NFA_STATES_PER_DFA_STATE = 2  # the Thompson NFA may be this many times max_dfa_states
 
 
-class no_gc:
-    """Pause the cyclic GC while building automata (``with no_gc(): ...``).
-
-    Construction allocates many short-lived lists and tuples (none of them in cycles); in a
-    process holding a large vocabulary, each generation-2 pass they trigger walks hundreds of
-    thousands of objects and costs milliseconds. Re-enabled only if it was enabled on entry.
-    A plain class, not ``contextlib.contextmanager``: this wraps every compile, and the generator
-    machinery costs more than the pause itself.
-    """
-
-    __slots__ = ("was_enabled",)
-
-    def __enter__(self) -> None:
-        self.was_enabled = gc.isenabled()
-        if self.was_enabled:
-            gc.disable()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.was_enabled:
-            gc.enable()
-
-
 def compile_ast(node: Node, limits: GuideLimits, deadline: Deadline | None = None) -> DFA:
-    with no_gc():
+    with gc_paused():  # the one process-wide pause (gc_pause.py)
         return _compile_ast(node, limits, deadline or Deadline(limits.compile_timeout_s))
 
 
@@ -69,7 +46,7 @@ def compile_regex(pattern: str, limits: GuideLimits, *, check_length: bool = Tru
         dfa = _compile_regex_native(mod, pattern, limits, deadline)
         if dfa is not None:
             return dfa
-    with no_gc():
+    with gc_paused():
         return _compile_ast(parse_regex(pattern, limits.max_repeat), limits, deadline)
 
 
@@ -97,5 +74,5 @@ def compile_choices(choices: list[str], limits: GuideLimits) -> DFA:
     """DFA accepting exactly the given strings."""
     limits.check("max_enum_values", len(choices))
     deadline = Deadline(limits.compile_timeout_s)
-    with no_gc():
+    with gc_paused():
         return dfa_from_strings([c.encode("utf-8", "surrogatepass") for c in choices], limits.max_dfa_states, deadline)
