@@ -6,7 +6,7 @@ escapes) and how long they took.
 
 Checks: random regexes (oracle Python ``re``) and JSON Schemas (oracle ``jsonschema``) on every
 backend (see ``tokenrails/testing.py``). Requests: random request bodies in every shape
-``GuideSpec.from_request`` reads, compiled on ``auto``; any exception that is not a ``GuideError``
+``tokenrails.spec_from_request`` reads, compiled on ``auto``; any exception that is not a ``GuideError``
 is an escape.
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ def fuzz_requests(vocab, count: int, rng: random.Random) -> tuple[int, list]:
     for _ in range(count):
         body = random_value(rng)
         try:
-            spec = tr.GuideSpec.from_request(body)
+            spec = tr.spec_from_request(body)
             if spec is not None:
                 tr.compile_guide(spec, vocab, "auto")
         except tr.GuideError:

@@ -1,8 +1,9 @@
 """The package's import graph is one-way: no import cycles, and the core never imports the adapters.
 
 Read with `ast` only (nothing is imported, no extra dependency). Every `import` statement counts,
-including those inside functions and under `if TYPE_CHECKING:`: a deferred import is still a
-dependency, it only hides the cycle until the first call. `from pkg import name` is an edge to
+including those inside functions and under `if TYPE_CHECKING:`, and `importlib.import_module` /
+`__import__` calls with a literal module name: a deferred import is still a dependency, it only
+hides the cycle until the first call. `from pkg import name` is an edge to
 `pkg.name` when that is a module of ours, else to `pkg` itself.
 
 Layers: `tokenrails/guided/` and `tokenrails/kernels/` (the core) must not import
@@ -74,6 +75,16 @@ def _owning_module(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
+def _is_import_call(node: ast.AST) -> bool:
+    """``importlib.import_module("tokenrails....")`` / ``__import__("...")`` with a literal name."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return name in ("import_module", "__import__")
+
+
 def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """Every tokenrails module `module` imports, at any depth of its code."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -89,6 +100,8 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 else (node.module or "")
             )
             names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        elif _is_import_call(node):
+            names = [node.args[0].value]
         else:
             continue
         for name in names:

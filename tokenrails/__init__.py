@@ -26,6 +26,8 @@ _LAZY = {
     "ReasoningConfig": "tokenrails.guided.reasoning",
     "JumpForward": "tokenrails.guided.jump_forward",
     "Finalization": "tokenrails.guided.termination",
+    "spec_from_request": "tokenrails.requests",
+    "parse_request": "tokenrails.requests",
 }
 
 
@@ -62,5 +64,7 @@ __all__ = [
     "allocate_token_bitmask",
     "apply_token_bitmask_inplace",
     "compile_guide",
+    "parse_request",
+    "spec_from_request",
 ]
 __version__ = "0.1.0"

@@ -9,8 +9,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tokenrails import GuideSpec, InvalidGuideError
+from tokenrails.requests import spec_from_request
 from tokenrails.compat import normalize_request, parse_request
-from tokenrails.compat.schema_transforms import disable_additional_properties
+from tokenrails.requests.schema_transforms import disable_additional_properties
 
 SCHEMA = {
     "type": "object",
@@ -111,8 +112,9 @@ EQUIVALENT: list[tuple[str, Any]] = [
 def test_legacy_shape_maps_to_modern_key(expected: str, request_obj: Any) -> None:
     spec = normalize_request(request_obj)
     assert spec is not None
-    assert spec.key == MODERN[expected].key, (spec, MODERN[expected])
-    assert GuideSpec.from_request(request_obj).key == spec.key
+    # a backend hint adds routing options (tests/compat/test_backend_routing.py); the language is the same
+    assert spec.with_routing(None).key == MODERN[expected].key, (spec, MODERN[expected])
+    assert spec_from_request(request_obj).key == spec.key
 
 
 def test_pydantic_schema_everywhere_is_the_same_spec() -> None:
@@ -201,7 +203,7 @@ def test_whitespace_pattern_reaches_the_spec() -> None:
 def test_disable_any_whitespace_reaches_the_spec(req: Any) -> None:
     spec = normalize_request(req)
     assert spec.option("any_whitespace") is False
-    assert spec.key == GuideSpec.json_schema(SCHEMA, any_whitespace=False).key
+    assert spec.with_routing(None).key == GuideSpec.json_schema(SCHEMA, any_whitespace=False).key
 
 
 def test_disable_any_whitespace_on_json_object() -> None:
@@ -248,10 +250,14 @@ def test_backend_hints_are_recorded() -> None:
     assert parse_request(body(guided_regex="a")).backend is None
 
 
-def test_backend_hint_does_not_change_the_key() -> None:
-    keys = {normalize_request(body(guided_regex="a+", guided_decoding_backend=b)).key
-            for b in ("outlines", "xgrammar", "guidance", "lm-format-enforcer", "auto", None)}
-    assert keys == {GuideSpec.regex("a+").key}
+def test_backend_hint_changes_only_the_routing_options() -> None:
+    specs = {b: normalize_request(body(guided_regex="a+", guided_decoding_backend=b))
+             for b in ("outlines", "xgrammar", "guidance", "lm-format-enforcer", "auto", None)}
+    assert {s.with_routing(None).key for s in specs.values()} == {GuideSpec.regex("a+").key}
+    assert {b: s.option("backend") for b, s in specs.items()} == {
+        "outlines": "fsm", "xgrammar": "xgrammar", "guidance": "llguidance",
+        "lm-format-enforcer": None, "auto": None, None: None}
+    assert specs["auto"].key == specs[None].key == GuideSpec.regex("a+").key
 
 
 def test_reasoning_key_is_set_aside_not_a_constraint():
@@ -264,5 +270,5 @@ def test_reasoning_key_is_set_aside_not_a_constraint():
                {"type": "structural_tag", "structures": [{"begin": "<a>", "schema": {"type": "integer"}, "end": "</a>"}],
                 "triggers": ["<a>"]}):
         with_key = dict(rf, tokenrails_reasoning="off")
-        assert GuideSpec.from_request({"response_format": with_key}) == GuideSpec.from_request({"response_format": rf})
-    assert GuideSpec.from_request({"response_format": {"type": "text", "tokenrails_reasoning": "auto"}}) is None
+        assert spec_from_request({"response_format": with_key}) == spec_from_request({"response_format": rf})
+    assert spec_from_request({"response_format": {"type": "text", "tokenrails_reasoning": "auto"}}) is None

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 from tokenrails import GuideSpec, Vocabulary, compile_guide
-from tokenrails.compat.requests import normalize_request
+from tokenrails.requests import normalize_request
 from tokenrails.guided.errors import GuideError, UnsupportedGuideError
 from tokenrails.guided.routing import route
 from tokenrails.guided.limits import DEFAULT_LIMITS
@@ -339,6 +339,8 @@ def test_disable_additional_properties_with_strict_false_is_closed(byte_vocab):
     spec = normalize_request({"response_format": _rf(strict=False),
                               "guided_decoding_backend": "xgrammar:no-additional-properties"})
     assert spec.option("strict") is False
+    assert spec.option("backend") == "xgrammar"  # the hint routes an auto compile
+    spec = spec.with_routing(None)  # ... and a pinned backend refuses another's request
     for backend in BACKENDS:
         g = compile_guide(spec, byte_vocab, backend)
         assert _accepts(g, '{"a": 1}', byte_vocab) and not _accepts(g, '{"a": 1, "b": 2}', byte_vocab)

@@ -4,6 +4,7 @@ import pytest
 from pydantic import BaseModel
 
 from tokenrails import GuideSpec, InvalidGuideError
+from tokenrails.requests import spec_from_request
 
 
 class Person(BaseModel):
@@ -45,20 +46,20 @@ def test_bad_schemas_raise_invalid(bad):
 
 def test_from_request_openai_and_lmdeploy_shapes():
     schema = {"type": "object", "properties": {"x": {"type": "string"}}}
-    assert GuideSpec.from_request({"type": "text"}) is None
-    assert GuideSpec.from_request(None) is None
-    a = GuideSpec.from_request({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    assert spec_from_request({"type": "text"}) is None
+    assert spec_from_request(None) is None
+    a = spec_from_request({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
     assert a.key == GuideSpec.json_schema(schema).key
-    assert GuideSpec.from_request({"type": "json_object"}).key == GuideSpec.json_object().key
-    r = GuideSpec.from_request({"type": "regex_schema", "regex_schema": "[a-z]+"})
+    assert spec_from_request({"type": "json_object"}).key == GuideSpec.json_object().key
+    r = spec_from_request({"type": "regex_schema", "regex_schema": "[a-z]+"})
     assert r.key == GuideSpec.regex("[a-z]+").key
     tag = {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": schema, "end": "</f>"}], "triggers": ["<f>"]}
-    assert GuideSpec.from_request(tag).kind == "structural_tag"
-    assert GuideSpec.from_request(json.dumps({"type": "json_object"})).kind == "json_object"
+    assert spec_from_request(tag).kind == "structural_tag"
+    assert spec_from_request(json.dumps({"type": "json_object"})).kind == "json_object"
     with pytest.raises(InvalidGuideError):
-        GuideSpec.from_request({"type": "json_schema"})
+        spec_from_request({"type": "json_schema"})
     with pytest.raises(InvalidGuideError):
-        GuideSpec.from_request({"type": "yaml"})
+        spec_from_request({"type": "yaml"})
 
 
 def test_property_order_is_kept_because_it_decides_output_order():

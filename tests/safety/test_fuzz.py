@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenrails import GuideSpec, compile_guide
-from tokenrails.compat.requests import normalize_request
+from tokenrails.requests import normalize_request
 from tokenrails.guided.errors import GuideError
 from tokenrails.guided.limits import GuideLimits
 from tokenrails.guided.registry import available_backends

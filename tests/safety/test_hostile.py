@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tokenrails import GuideSpec, compile_guide
-from tokenrails.compat.requests import normalize_request
+from tokenrails.requests import normalize_request
 from tokenrails.guided.errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from tokenrails.guided.limits import GuideLimits
 from tokenrails.guided.registry import available_backends, get_backend

@@ -50,7 +50,7 @@ ESCAPING_REQUESTS = [
 
 
 def compile_request(request, vocab, backend):
-    return tr.compile_guide(tr.GuideSpec.from_request(request), vocab, backend)
+    return tr.compile_guide(tr.spec_from_request(request), vocab, backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from ..guided.errors import GuideError, InvalidGuideError
 from ..guided.reasoning import ReasoningConfig
-from ..compat.response_format import REASONING_KEY
+from ..requests.response_format import REASONING_KEY
 from ..guided.vocabulary import Vocabulary
 
 __all__ = [

@@ -63,7 +63,14 @@ def compile_guide(
     *,
     limits: GuideLimits | None = None,
 ) -> CompiledGuide:
-    """Compile ``spec`` for ``vocab``. ``backend="auto"`` picks per request, at compile time."""
+    """Compile ``spec`` for ``vocab``. ``backend="auto"`` picks per request, at compile time.
+
+    A request's routing options (``GuideSpec.with_routing``, from a client's backend hint): under
+    ``auto``, ``backend`` is tried first and the auto ladder follows unless ``fallback`` is False
+    (then only the first backend is tried). A caller that pinned one backend compiles only with
+    it, and a request naming another backend is refused (``UnsupportedGuideError``), never
+    silently compiled by the pinned one.
+    """
     from .routing import auto_ladder
 
     if not isinstance(spec, GuideSpec):
@@ -76,7 +83,9 @@ def compile_guide(
         from .schema_features import check_schema_limits
 
         check_schema_limits(spec.schema, limits)
-    names = auto_ladder(spec, vocab, limits) if backend == "auto" else [backend]
+    names = _backends_to_try(spec, vocab, limits, backend, auto_ladder)
+    if len(names) == 1:
+        backend = names[0]  # one backend: its own error is the answer, as for a pinned backend
     reasons: list[str] = []
     last: GuideError | None = None
     over_limit: GuideLimitError | None = None
@@ -107,6 +116,26 @@ def compile_guide(
     )
 
 
+
+
+def _backends_to_try(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits, backend: str,
+                     auto_ladder) -> list[str]:
+    """The caller's backend, or the auto ladder reordered/cut by the request's routing options."""
+    wanted = spec.option("backend")
+    fallback = spec.option("fallback", True)
+    if backend != "auto":
+        if wanted is not None and wanted != backend:
+            raise UnsupportedGuideError(
+                f"the request asks for backend {wanted!r}; this engine compiles with {backend!r} only",
+                backend=wanted,
+            )
+        return [backend]
+    if wanted is not None and wanted not in _BACKENDS:
+        raise InvalidGuideError(f"unknown backend {wanted!r}; known: {sorted(_BACKENDS)} or 'auto'")
+    ladder = auto_ladder(spec, vocab, limits)
+    if wanted is not None:
+        ladder = [wanted] + [name for name in ladder if name != wanted]
+    return ladder if fallback else ladder[:1]
 
 
 def _refuse_empty_language(compiled: CompiledGuide, vocab: Vocabulary) -> None:

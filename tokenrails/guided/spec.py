@@ -3,6 +3,8 @@
 Every surface (OpenAI ``response_format``, vLLM ``guided_*``, outlines, LMDeploy) is turned into a
 ``GuideSpec`` first; backends, caches and matchers only ever see this type. Equal requests give
 equal ``key``s, so the key is safe to use for compile caches and per-sequence matcher identity.
+Reading request objects into a spec is ``tokenrails.requests`` (``spec_from_request``), a layer
+above this module: the core never parses a client's request shape itself.
 """
 from __future__ import annotations
 
@@ -230,15 +232,22 @@ class GuideSpec:
         _check_legacy_tag(tag)
         return cls("structural_tag", _canonical_json(dict(tag)))
 
-    @classmethod
-    def from_request(cls, obj: Any) -> "GuideSpec | None":
-        """Accept any supported request shape (OpenAI/LMDeploy ``response_format``, vLLM fields...).
+    def with_routing(self, backend: str | None, *, fallback: bool = True) -> "GuideSpec":
+        """This spec, compiled by ``backend`` first (a registry name; None: auto's choice) and,
+        with ``fallback=False``, by that backend only (``compile_guide`` reads both options).
 
-        Returns ``None`` for an unconstrained request (``{"type": "text"}`` or ``None``).
-        """
-        from ..compat.requests import normalize_request
-
-        return normalize_request(obj)
+        Routing is part of the key: a guide one backend compiled is not another backend's."""
+        opts = {k: v for k, v in self.options if k not in ("backend", "fallback")}
+        if backend is not None:
+            if not isinstance(backend, str) or not backend:
+                raise InvalidGuideError(f"backend must be a non-empty string, got {backend!r}")
+            opts["backend"] = backend
+        if not fallback:
+            opts["fallback"] = False
+        options = _sorted(opts)
+        if options == self.options:
+            return self
+        return GuideSpec(self.kind, self.payload, options)
 
     # ---- accessors ----------------------------------------------------------------------
     def option(self, name: str, default: Any = None) -> Any:

@@ -67,7 +67,7 @@ def test_harmony_wraps_choice_and_grammar_in_the_final_channel(upgraded, vocab, 
     parser = _harmony()
     assert parser._build_response_format_grammar.__func__ if hasattr(parser._build_response_format_grammar, "__func__") else True
     tag = parser._build_response_format_grammar(fmt)
-    guide = tr.compile_guide(tr.GuideSpec.from_request({"type": "structural_tag", **tag}), vocab, "xgrammar")
+    guide = tr.compile_guide(tr.spec_from_request({"type": "structural_tag", **tag}), vocab, "xgrammar")
 
     def accepts(text: str) -> bool:
         m = guide.matcher()

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from tokenrails import GuideSpec
+from tokenrails.requests import spec_from_request
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
@@ -117,7 +118,7 @@ def test_http_every_kind_reaches_engine(upgraded, rf, kind):
     message = r.json()["message"]
     assert message.startswith("REACHED "), message
     sent = json.loads(message.split("REACHED ", 1)[1])  # what the engine would receive
-    assert spec_of(sent).key == GuideSpec.from_request(rf).key
+    assert spec_of(sent).key == spec_from_request(rf).key
 
 
 @pytest.mark.parametrize("rf", INVALID[:3])

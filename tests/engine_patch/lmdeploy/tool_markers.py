@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from tokenrails.requests import spec_from_request
+
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 # registry packages that carry a tokenizer.json (found without importing them)
@@ -116,7 +118,7 @@ class Ours:
         from tokenrails.guided.spec import GuideSpec
 
         self.vocab = vocab
-        self.guide = compile_guide(GuideSpec.from_request(response_format), vocab, backend=backend)
+        self.guide = compile_guide(spec_from_request(response_format), vocab, backend=backend)
         self.matcher = self.guide.matcher()
         self.bitmask = torch.zeros((1, (vocab.vocab_size + 31) // 32), dtype=torch.int32)
 

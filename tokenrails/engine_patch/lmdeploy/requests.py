@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, model_serializer
 from ...guided.errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
 from ...guided.spec import GuideSpec
+from ...requests import spec_from_request
 from ..reasoning import REQUEST_KEY, ReasoningSetting, parse_setting, split_request_setting
 
 __all__ = ["WideResponseFormat", "ensure_response_format_compilable", "parse_format", "spec_of",
@@ -49,7 +50,7 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
     setting = parse_setting(raw)
     if isinstance(rf, dict) and rf.get("type", "text") == "text":
         return None, setting
-    return GuideSpec.from_request(rf), setting
+    return spec_from_request(rf), setting
 
 
 def spec_of(response_format: Any) -> GuideSpec | None:

@@ -7,7 +7,16 @@ any of those (non-constraint fields such as ``messages`` are ignored; ``extra_bo
 Rules (docs/migrating-from-outlines.md): exactly one constraint per request; an empty
 constraint, an unknown ``guided_*`` key or an unknown key inside a constraint object raises
 ``InvalidGuideError``; every option is applied to the spec or, when it cannot apply, raises.
-Backend hints are validated and returned by ``parse_request`` (never part of the spec key).
+
+Backend hints route the compile: ``guided_decoding_backend`` / ``backend`` name the backend tried
+first (``GuideSpec.with_routing``: the spec's ``backend`` option, read by ``compile_guide``), and
+``no-fallback`` / ``disable_fallback: true`` stop the fallback to other backends. Both are part of
+the spec key (a guide compiled by one backend is not another's). ``backend_was_auto: true`` (vLLM's
+mark for a backend it filled in itself) makes the hint a non-binding default again: the hint is
+dropped. The request's reasoning setting (``response_format["tokenrails_reasoning"]``) is set aside
+unparsed on ``NormalizedRequest.reasoning`` for the engine adapter that interprets it.
+
+This package sits beside the core: it imports ``GuideSpec`` and is never imported by it.
 """
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ from ..guided.errors import InvalidGuideError, client_input_boundary
 from ..guided.spec import GuideSpec
 from .backend_hints import BackendHint, parse_backend_hint
 from .response_format import (
+    REASONING_KEY,
     RawConstraint,
     canonical_structural_tag,
     is_pydantic_model_class,
@@ -47,22 +57,29 @@ BODY_CONTAINERS = ("response_format", "structured_outputs", "guided_decoding")
 
 @dataclass(frozen=True)
 class NormalizedRequest:
-    """The spec plus what else the request said: the backend hint (tokenrails name or None)."""
+    """The spec plus what else the request said, read once: the backend hint (tokenrails name or
+    None for auto; already applied to ``spec`` as routing options), whether fallback to other
+    backends is allowed, and the raw ``tokenrails_reasoning`` value (None: not sent)."""
 
     spec: GuideSpec | None
     backend: str | None = None
     engine: str | None = None
     source: str | None = None
+    fallback: bool = True
+    reasoning: Any = None
 
 
 def normalize_request(obj: Any) -> GuideSpec | None:
-    """Map a request object (dict, JSON text, pydantic model, ``GuideSpec``) to a ``GuideSpec``."""
+    """Map a request object (dict, JSON text, pydantic model, ``GuideSpec``) to a ``GuideSpec``.
+
+    Returns ``None`` for an unconstrained request (``{"type": "text"}`` or ``None``). This is what
+    ``GuideSpec.from_request`` did before request parsing moved out of the core."""
     return parse_request(obj).spec
 
 
 @client_input_boundary("reading the request failed")
 def parse_request(obj: Any) -> NormalizedRequest:
-    """Like ``normalize_request`` but also returns the validated backend hint."""
+    """Like ``normalize_request`` but returns everything the request said (``NormalizedRequest``)."""
     if obj is None:
         return NormalizedRequest(None)
     if isinstance(obj, GuideSpec):
@@ -109,12 +126,18 @@ class _Collector:
         self.no_additional_properties: str | None = None
         self.hint: tuple[str, BackendHint] | None = None
         self.non_strict: str | None = None  # where an explicit ``strict: false`` came from
+        self.no_fallback: str | None = None  # where fallback was turned off
+        self.hint_was_auto = False  # vLLM's backend_was_auto: the hint is not the client's
+        self.reasoning: Any = None
 
     # ---- surfaces --------------------------------------------------------------------------
     def add_response_format(self, rf: Any, view: Any = None) -> None:
         """``view``: the same response_format as the client set it (see ``_unset_view``)."""
+        if not is_pydantic_model_class(rf):
+            rf = load_json_like(rf, "response_format")  # once: the constraint and the reasoning key
         raw = parse_response_format(rf)
         self.add_raw("response_format", raw)
+        self.set_reasoning(rf)
         if raw is not None and raw[0] == "json_schema" and explicit_strict(
                 rf if view is None else view) is False:
             self.non_strict = "response_format.json_schema.strict"
@@ -189,8 +212,12 @@ class _Collector:
                     self.no_additional_properties = label
             elif key in ("backend", "_backend"):
                 self.set_hint(label, value)
-            else:  # disable_fallback, backend_was_auto: tokenrails never falls back silently
-                _as_bool(label, value)
+            elif key == "disable_fallback":
+                if _as_bool(label, value):
+                    self.no_fallback = label
+            else:  # backend_was_auto, _backend_was_auto
+                if _as_bool(label, value):
+                    self.hint_was_auto = True
 
     # ---- options ---------------------------------------------------------------------------
     def set_whitespace_pattern(self, source: str, value: Any) -> None:
@@ -214,10 +241,19 @@ class _Collector:
             self.set_any_whitespace(source, False)
         if "no-additional-properties" in hint.options:
             self.no_additional_properties = source
+        if "no-fallback" in hint.options:
+            self.no_fallback = source
+
+    def set_reasoning(self, rf: Any) -> None:
+        """Keep the raw reasoning setting of a (loaded) response_format; the adapters interpret it."""
+        if isinstance(rf, Mapping) and rf.get(REASONING_KEY) is not None:
+            self.reasoning = rf[REASONING_KEY]
 
     # ---- result ----------------------------------------------------------------------------
     def build(self) -> NormalizedRequest:
-        hint = self.hint[1] if self.hint else None
+        hint = self.hint[1] if self.hint and not self.hint_was_auto else None
+        backend, engine = (hint.backend, hint.engine) if hint else (None, None)
+        fallback = self.no_fallback is None
         if len(self.constraints) > 1:
             names = [s for s, _ in self.constraints]
             raise InvalidGuideError(f"request has more than one constraint: {names}")
@@ -229,10 +265,10 @@ class _Collector:
                 raise InvalidGuideError(
                     f"{self.no_additional_properties} is set but the request has no constraint"
                 )
-            return NormalizedRequest(None, hint and hint.backend, hint and hint.engine)
+            return NormalizedRequest(None, backend, engine, None, fallback, self.reasoning)
         source, (kind, value) = self.constraints[0]
-        spec = self._spec(source, kind, value)
-        return NormalizedRequest(spec, hint and hint.backend, hint and hint.engine, source)
+        spec = self._spec(source, kind, value).with_routing(backend, fallback=fallback)
+        return NormalizedRequest(spec, backend, engine, source, fallback, self.reasoning)
 
     def _spec(self, source: str, kind: str, value: Any) -> GuideSpec:
         json_kinds = ("json_schema", "json_object")
