@@ -96,7 +96,7 @@ def main() -> None:
 
     from tokenrails import apply_token_bitmask_inplace
     from tokenrails.compat import outlines
-    from tokenrails.compat.outlines._runtime import vocabulary_for
+    from tokenrails.compat.outlines._vocabulary import vocabulary_for
     from tokenrails.guided.spec import GuideSpec
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer)

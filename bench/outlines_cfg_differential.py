@@ -130,7 +130,7 @@ def explain(key: str, step: int, ours: set[int], theirs: set[int], cases: dict, 
     description and whether every difference is one of those with the shim on the right side."""
     import lark
 
-    from tokenrails.compat.outlines._runtime import vocabulary_for
+    from tokenrails.compat.outlines._vocabulary import vocabulary_for
     from tokenrails.compat.outlines.grammars import outlines_common
 
     name, sample = key.split("|", 1)

@@ -77,7 +77,7 @@ class Judge:
     text so far plus the token, or a difference in how the two read the token."""
 
     def __init__(self, hf, their_strings: dict[int, str]):
-        from tokenrails.compat.outlines._runtime import vocabulary_for
+        from tokenrails.compat.outlines._vocabulary import vocabulary_for
 
         vocab = vocabulary_for(hf)
         self.bytes = vocab.token_bytes

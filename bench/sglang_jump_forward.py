@@ -81,7 +81,7 @@ def main() -> None:
         m = jf.JumpForwardMap(regex)
         return {s: (e.symbol, e.symbol_next_state, e.byte, e.byte_next_state) for s, e in m.state_to_jump_forward.items()}
 
-    from tokenrails.compat.outlines._runtime import vocabulary_for
+    from tokenrails.compat.outlines._vocabulary import vocabulary_for
     from tokenrails.compat.outlines.fsm import regex as ours
 
     same_maps = agreeing = checked = 0

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from tokenrails import InvalidGuideError, UnsupportedGuideError
 from tokenrails.compat import outlines
-from tokenrails.compat.outlines._runtime import UnenforcedSchemaWarning, json_spec, outlines_regex
+from tokenrails.compat.outlines._json_language import UnenforcedSchemaWarning, json_spec, outlines_regex
 from tokenrails.compat.outlines.fsm.guide import CFGGuide, Generate, RegexGuide, Write
 from tokenrails.compat.outlines.fsm.json_schema import build_regex_from_schema
 from tokenrails.compat.outlines.fsm.states import FINAL
@@ -512,7 +512,7 @@ def core_vocabulary(smollm2_tokenizer):
     """outlines-core's own Vocabulary for the same tokens (the engine outlines 1.x runs on)."""
     import outlines_core
 
-    from tokenrails.compat.outlines._runtime import vocabulary_for
+    from tokenrails.compat.outlines._vocabulary import vocabulary_for
 
     vocab = vocabulary_for(smollm2_tokenizer)
     token_map: dict[bytes, list[int]] = {}

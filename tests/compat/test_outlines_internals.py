@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tokenrails.compat import outlines
-from tokenrails.compat.outlines._runtime import vocabulary_for
+from tokenrails.compat.outlines._vocabulary import vocabulary_for
 from tokenrails.compat.outlines.fsm.guide import RegexGuide
 from tokenrails.compat.outlines.generate.api import SequenceGenerator
 from tokenrails.compat.outlines.generate.generator import (

@@ -322,7 +322,7 @@ def test_outlines_compat_keeps_outlines_language(byte_vocab):
     no strict option): same regex as outlines-core for a type-less schema."""
     from outlines_core.json_schema import build_regex_from_schema
 
-    from tokenrails.compat.outlines._runtime import json_spec, outlines_regex
+    from tokenrails.compat.outlines._json_language import json_spec, outlines_regex
 
     schema = {"properties": {"a": {"type": "integer"}}, "required": ["a"]}
     spec = json_spec(schema)

@@ -58,7 +58,7 @@ def _backend_processor(backend_name: str, model: Any, spec: Any) -> Any:
     import re
 
     from . import backends
-    from ._runtime import outlines_regex
+    from ._json_language import outlines_regex
 
     backend = backends._get_backend(backend_name, model)
     if spec.kind == "grammar":

@@ -15,7 +15,7 @@ from ....guided.spec import GuideSpec
 from ....guided.vocabulary import Vocabulary
 from ..fsm.guide import TokenrailsGuide
 from ..processors.structured import GuideLogitsProcessor
-from .._runtime import vocabulary_for
+from .._vocabulary import vocabulary_for
 from .tokenrails import TokenrailsBackend
 
 # LLTokenizers handed out as ``llg_tokenizer`` → the tokenrails backend that owns them

@@ -8,7 +8,7 @@ from ....guided.spec import GuideSpec
 from ..fsm.guide import TokenrailsGuide
 from ..grammars import grammar_spec
 from ..processors.structured import GuideLogitsProcessor
-from .._runtime import json_spec
+from .._json_language import json_spec
 from ..regex_dialect import outlines_dialect
 from .base import BaseBackend, tensor_library_of, tokenizer_of
 

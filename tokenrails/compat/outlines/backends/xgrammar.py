@@ -18,7 +18,7 @@ from ....guided.vocabulary import Vocabulary
 from ..fsm.guide import TokenrailsGuide
 from ..processors.structured import GuideLogitsProcessor
 from ....guided.registry import get_backend
-from .._runtime import hf_tokenizer_of, vocabulary_for
+from .._vocabulary import hf_tokenizer_of, vocabulary_for
 from .tokenrails import TokenrailsBackend
 
 

@@ -17,7 +17,8 @@ import torch
 from ....guided.backend import CompiledGuide
 from ....guided.errors import InvalidGuideError
 from ....guided.spec import GuideSpec
-from .._runtime import compile_for, vocabulary_for
+from .._compile import compile_for
+from .._vocabulary import vocabulary_for
 from ..regex_dialect import outlines_dialect
 from ..grammars import grammar_spec, outlines_common
 from .outlines_labels import outlines_labels

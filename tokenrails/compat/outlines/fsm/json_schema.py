@@ -20,7 +20,7 @@ from outlines_core.json_schema import (  # noqa: F401  (re-exported regex buildi
 )
 from outlines_core.json_schema import build_regex_from_schema as _core_build
 
-from .._runtime import schema_to_str as convert_json_schema_to_str  # noqa: F401  (outlines name)
+from .._json_language import schema_to_str as convert_json_schema_to_str  # noqa: F401  (outlines name)
 
 
 def build_regex_from_schema(schema: Any, whitespace_pattern: Optional[str] = None) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Seq
 import numpy as np
 from interegular.fsm import FSM, Alphabet, anything_else
 
-from .._runtime import REPLACEMENT_TOKEN, gpt2_bytes_to_unicode, gpt2_unicode_to_bytes, partial_char_bytes
+from .._vocabulary import REPLACEMENT_TOKEN, gpt2_bytes_to_unicode, gpt2_unicode_to_bytes, partial_char_bytes
 
 __all__ = [
     "BetterAlphabet", "BetterFSM", "FSMInfo", "byte_symbol", "make_byte_level_fsm",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from .._runtime import schema_to_str as convert_json_schema_to_str
+from .._json_language import schema_to_str as convert_json_schema_to_str
 from ..models.transformers import token_string
 
 __all__ = ["adapt_tokenizer", "convert_json_schema_to_str"]

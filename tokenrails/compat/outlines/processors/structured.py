@@ -14,7 +14,7 @@ import torch
 
 from ....guided.spec import GuideSpec
 from ....kernels import allocate_token_bitmask, apply_token_bitmask_inplace
-from .._runtime import json_spec
+from .._json_language import json_spec
 from ..fsm.guide import CFGGuide, Guide, RegexGuide, TokenrailsGuide
 from .base_logits_processor import OutlinesLogitsProcessor
 

@@ -11,19 +11,13 @@ from typing import Any, Literal, get_args, get_origin
 
 from ....guided.errors import UnsupportedGuideError
 from ....guided.spec import GuideSpec
-from .._runtime import json_spec
+from .._json_language import json_spec
 from ..regex_dialect import outlines_dialect
 from ..grammars import grammar_spec
-from .dsl import CFG, Choice, JsonSchema, Regex, String, Term
-
+from .terms import CFG, Choice, JsonSchema, Regex, String, Term
 # outlines 1.x ``outlines.types`` patterns for Python types.
-INTEGER = r"[+-]?(0|[1-9][0-9]*)"
-NUMBER = rf"{INTEGER}(\.[0-9]+)?([eE][+-]?[0-9]+)?"
-BOOLEAN = "(True|False)"
-STRING = r'"[^"]*"'
-DATE = r"([0-9]{4})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
-TIME = r"([0-1][0-9]|2[0-3]):([0-5][0-9]):([0-5][0-9])"
-DATETIME = rf"({DATE})( )({TIME})"
+from .type_regexes import BOOLEAN, DATE, DATETIME, INTEGER, NUMBER, STRING, TIME  # noqa: F401  (outlines names)
+
 _SCALARS: dict[Any, str] = {
     int: INTEGER, float: NUMBER, bool: BOOLEAN, str: STRING,
     datetime.datetime: DATETIME, datetime.date: DATE, datetime.time: TIME,
@@ -80,7 +74,7 @@ def _spec_for_term(term: Term) -> GuideSpec:
         return GuideSpec.choice(_literal_strings(term.items))
     if isinstance(term, CFG):
         return grammar_spec(term.definition)
-    from .dsl import to_regex
+    from .terms import to_regex
 
     try:  # combinators (sequences, alternatives, quantifiers) are regexes
         return GuideSpec.regex(outlines_dialect(to_regex(term)))

@@ -11,9 +11,9 @@ import re
 import types as _pytypes
 from typing import Any, Literal, get_args, get_origin
 
-from .convert import BOOLEAN, DATE, DATETIME, INTEGER, NUMBER, STRING, TIME
-from .dsl import CFG, Alternatives, JsonSchema, KleeneStar, Optional, Regex, Sequence, String, Term
+from .terms import CFG, Alternatives, JsonSchema, KleeneStar, Optional, Regex, Sequence, String, Term
 from . import utils
+from .type_regexes import BOOLEAN, DATE, DATETIME, INTEGER, NUMBER, STRING, TIME
 
 MAX_DEPTH = 10
 _NONE = "None"

@@ -1,4 +1,4 @@
-"""Shared plumbing of the outlines shim: tokenizer → ``Vocabulary``, spec → compiled guide.
+"""Outlines tokenizers → tokenrails ``Vocabulary``.
 
 Outlines objects take an outlines ``Tokenizer`` (or, in 1.x, a model); tokenrails needs a
 ``Vocabulary``. Building one decodes the whole vocabulary, so it is memoized per tokenizer object.
@@ -6,20 +6,14 @@ Outlines objects take an outlines ``Tokenizer`` (or, in 1.x, a model); tokenrail
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 import re
-import json
 import threading
-import warnings
 import weakref
 from typing import Any
 
-from ...guided.backend import CompiledGuide
 from ...guided.errors import InvalidGuideError
-from ...guided.registry import compile_guide
-from ...guided.spec import GuideSpec
 from ...guided.vocabulary import Vocabulary
+from .models.transformer_tokenizer import TransformerTokenizer
 
 _LOCK = threading.Lock()
 _VOCABS: dict[int, tuple[Any, Vocabulary]] = {}
@@ -46,8 +40,6 @@ def hf_tokenizer_of(tokenizer: Any, _depth: int = 0) -> Any:
 def _wraps_transformers_exactly(tokenizer: Any) -> bool:
     """The shim's own ``TransformerTokenizer`` (its string conversion not overridden): its guides
     read the wrapped transformers tokenizer's exact bytes."""
-    from .models.transformers import TransformerTokenizer
-
     return isinstance(tokenizer, TransformerTokenizer) and \
         type(tokenizer).convert_token_to_string is TransformerTokenizer.convert_token_to_string and \
         hasattr(getattr(tokenizer, "tokenizer", None), "get_vocab")
@@ -152,93 +144,3 @@ def vocabulary_for(tokenizer: Any) -> Vocabulary:
             ref = (lambda obj=hf: obj)
         _VOCABS[id(hf)] = (ref, vocab)
     return vocab
-
-
-def fsm_available() -> bool:
-    """Whether the FSM backend (outlines' exact regex/JSON language) is installed and not
-    switched off with ``TOKENRAILS_OUTLINES_REGEX_BACKEND=xgrammar``."""
-    if os.environ.get("TOKENRAILS_OUTLINES_REGEX_BACKEND", "fsm") == "xgrammar":
-        return False
-    return importlib.util.find_spec("tokenrails.guided.fsm.backend") is not None
-
-
-def backend_for(spec: GuideSpec) -> str:
-    """Regex/choice/JSON → the FSM backend (outlines' language); CFG/EBNF → xgrammar."""
-    if spec.kind == "grammar":
-        return "llguidance" if spec.option("dialect") == "lark" else "xgrammar"
-    if spec.kind in ("regex", "choice", "json_schema"):
-        return "fsm" if fsm_available() else "xgrammar"
-    return "auto"
-
-
-def compile_for(spec: GuideSpec, tokenizer: Any, backend: str | None = None) -> CompiledGuide:
-    """``spec`` compiled for ``tokenizer``; ``backend`` overrides the outlines-language routing."""
-    return compile_guide(spec, vocabulary_for(tokenizer), backend=backend or backend_for(spec))
-
-
-def schema_to_str(schema: Any) -> str:
-    """outlines' ``convert_json_schema_to_str``: dict / JSON text / pydantic model → JSON text."""
-    if isinstance(schema, dict):
-        return json.dumps(schema)
-    if isinstance(schema, str):
-        return schema
-    if isinstance(schema, type) and callable(getattr(schema, "model_json_schema", None)):
-        return json.dumps(schema.model_json_schema())
-    raise InvalidGuideError(
-        f"cannot parse schema {schema!r}: expected a dict, a JSON string or a pydantic model"
-    )
-
-
-class UnenforcedSchemaWarning(UserWarning):
-    """The schema uses keywords outlines ignored; the shim keeps outlines' language, so they
-    are not enforced either (use ``GuideSpec.json_schema`` + ``compile_guide`` to enforce them)."""
-
-
-def json_spec(schema: Any, whitespace_pattern: str | None = None) -> GuideSpec:
-    """outlines' JSON language: ``build_regex_from_schema(schema, whitespace_pattern)``.
-
-    With the FSM backend this is a ``json_schema`` spec that asks it for outlines' lenient
-    lowering (``fsm_ignore_unenforced``); without it, the very regex outlines-core builds.
-    Either way the accepted language is outlines'; keywords outlines ignored raise an
-    ``UnenforcedSchemaWarning`` naming them instead of passing silently.
-    """
-    from outlines_core.json_schema import build_regex_from_schema
-
-    text = schema_to_str(schema)
-    base = GuideSpec.json_schema(text, whitespace_pattern=whitespace_pattern)
-    _warn_unenforced(base.schema)
-    if fsm_available():
-        options = dict(base.options, fsm_ignore_unenforced=True)
-        return GuideSpec("json_schema", base.payload, tuple(sorted(options.items())))
-    try:
-        regex = build_regex_from_schema(text, whitespace_pattern)
-    except (ValueError, TypeError, RuntimeError) as exc:
-        raise InvalidGuideError(f"outlines-core rejected the JSON schema: {exc}") from exc
-    return GuideSpec.regex(regex)
-
-
-def outlines_regex(spec: GuideSpec) -> str:
-    """The regex outlines would have used for a spec made by ``json_spec`` (or a regex spec)."""
-    from outlines_core.json_schema import build_regex_from_schema
-
-    if spec.kind == "regex":
-        return spec.pattern
-    if spec.kind == "json_schema":
-        return build_regex_from_schema(spec.payload, spec.option("whitespace_pattern"))
-    raise InvalidGuideError(f"{spec.kind} specs have no outlines regex")
-
-
-def _warn_unenforced(schema: dict) -> None:
-    try:
-        from ...guided.fsm.schema import outlines_unenforced
-    except ImportError:  # the FSM backend is optional
-        return
-    findings = outlines_unenforced(schema)
-    if findings:
-        warnings.warn(
-            "outlines ignores these schema keywords and so does the outlines shim: "
-            + "; ".join(findings[:5]),
-            UnenforcedSchemaWarning,
-            stacklevel=3,
-        )
-

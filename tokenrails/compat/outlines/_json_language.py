@@ -1,0 +1,78 @@
+"""outlines' JSON language: schema text, the spec that keeps outlines' lowering, its regex, and a
+warning naming the keywords outlines ignores."""
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+from ...guided.errors import InvalidGuideError
+from ...guided.spec import GuideSpec
+from ._compile import fsm_available
+
+
+def schema_to_str(schema: Any) -> str:
+    """outlines' ``convert_json_schema_to_str``: dict / JSON text / pydantic model → JSON text."""
+    if isinstance(schema, dict):
+        return json.dumps(schema)
+    if isinstance(schema, str):
+        return schema
+    if isinstance(schema, type) and callable(getattr(schema, "model_json_schema", None)):
+        return json.dumps(schema.model_json_schema())
+    raise InvalidGuideError(
+        f"cannot parse schema {schema!r}: expected a dict, a JSON string or a pydantic model"
+    )
+
+
+class UnenforcedSchemaWarning(UserWarning):
+    """The schema uses keywords outlines ignored; the shim keeps outlines' language, so they
+    are not enforced either (use ``GuideSpec.json_schema`` + ``compile_guide`` to enforce them)."""
+
+
+def json_spec(schema: Any, whitespace_pattern: str | None = None) -> GuideSpec:
+    """outlines' JSON language: ``build_regex_from_schema(schema, whitespace_pattern)``.
+
+    With the FSM backend this is a ``json_schema`` spec that asks it for outlines' lenient
+    lowering (``fsm_ignore_unenforced``); without it, the very regex outlines-core builds.
+    Either way the accepted language is outlines'; keywords outlines ignored raise an
+    ``UnenforcedSchemaWarning`` naming them instead of passing silently.
+    """
+    from outlines_core.json_schema import build_regex_from_schema
+
+    text = schema_to_str(schema)
+    base = GuideSpec.json_schema(text, whitespace_pattern=whitespace_pattern)
+    _warn_unenforced(base.schema)
+    if fsm_available():
+        options = dict(base.options, fsm_ignore_unenforced=True)
+        return GuideSpec("json_schema", base.payload, tuple(sorted(options.items())))
+    try:
+        regex = build_regex_from_schema(text, whitespace_pattern)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise InvalidGuideError(f"outlines-core rejected the JSON schema: {exc}") from exc
+    return GuideSpec.regex(regex)
+
+
+def outlines_regex(spec: GuideSpec) -> str:
+    """The regex outlines would have used for a spec made by ``json_spec`` (or a regex spec)."""
+    from outlines_core.json_schema import build_regex_from_schema
+
+    if spec.kind == "regex":
+        return spec.pattern
+    if spec.kind == "json_schema":
+        return build_regex_from_schema(spec.payload, spec.option("whitespace_pattern"))
+    raise InvalidGuideError(f"{spec.kind} specs have no outlines regex")
+
+
+def _warn_unenforced(schema: dict) -> None:
+    try:
+        from ...guided.fsm.schema import outlines_unenforced
+    except ImportError:  # the FSM backend is optional
+        return
+    findings = outlines_unenforced(schema)
+    if findings:
+        warnings.warn(
+            "outlines ignores these schema keywords and so does the outlines shim: "
+            + "; ".join(findings[:5]),
+            UnenforcedSchemaWarning,
+            stacklevel=3,
+        )
