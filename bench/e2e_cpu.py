@@ -34,7 +34,7 @@ from tokenrails.engine_patch.transformers import (  # noqa: E402
     vocabulary_for,
 )
 from tokenrails.guided.batch_step import GuidedRow  # noqa: E402
-from tokenrails.models import load_model  # noqa: E402
+from tokenrails.demo_model import load_model  # noqa: E402
 
 EXTRACT = {
     "type": "object",

@@ -160,7 +160,7 @@ def _pipeline(batches: list[int], tokens: int):
     from lmdeploy import pipeline
 
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
-    from tokenrails.models import resolve_model_dir
+    from tokenrails.demo_model import resolve_model_dir
     path, _, _ = resolve_model_dir(quiet=True)
     max_batch = max(batches)
     blocks_per_seq = (64 + tokens + 63) // 64 + 1

@@ -280,7 +280,7 @@ def _second_tokenizer():
 def _redirect_hub_names() -> None:
     """Every non-local model/tokenizer name loads the embedded SmolLM2 instead (offline); names of
     other architectures (mamba, BART, T5) load a tiny random network of that architecture."""
-    from tokenrails.models import resolve_model_dir
+    from tokenrails.demo_model import resolve_model_dir
 
     local, _, _ = resolve_model_dir(quiet=True)
     local = str(local)
@@ -377,7 +377,7 @@ def pytest_configure(config):
         sys.meta_path.append(OtherProviderModules())
     try:
         _redirect_hub_names()
-        from tokenrails.models import resolve_model_dir
+        from tokenrails.demo_model import resolve_model_dir
 
         _redirect_outlines_core_vocabulary(str(resolve_model_dir(quiet=True)[0]))
     except Exception as exc:  # no model: the model tests fail, the rest still run

@@ -50,7 +50,7 @@ def parse_spec_arg(arg: str):
 
 # ---- check ------------------------------------------------------------------------------
 def _load_check_tokenizer(path: str | None) -> Any:
-    from .models import load_tokenizer
+    from .demo_model import load_tokenizer
 
     if path is None:
         return load_tokenizer(None)
@@ -134,7 +134,7 @@ def _spec_from_generate_args(args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     from .engine_patch.transformers import generate_guided
     from .guided.errors import GuideError
-    from .models import load_model
+    from .demo_model import load_model
 
     try:
         spec = _spec_from_generate_args(args)
@@ -195,7 +195,7 @@ def demo_batch():
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .engine_patch.transformers import generate_guided
-    from .models import load_model
+    from .demo_model import load_model
 
     lm = load_model(args.model, threads=args.threads, quiet=args.quiet)
     batch = demo_batch()
@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a clear one-line message for expected failures (missing model...)
-        from .models import ModelNotFoundError
+        from .demo_model import ModelNotFoundError
 
         if isinstance(exc, ModelNotFoundError):
             _err(str(exc))

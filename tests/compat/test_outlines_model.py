@@ -24,7 +24,7 @@ class User(BaseModel):
 
 @pytest.fixture(scope="module")
 def loaded():
-    from tokenrails.models import load_model
+    from tokenrails.demo_model import load_model
 
     torch.set_num_threads(1)
     return load_model(quiet=True)

@@ -7,7 +7,7 @@ import torch
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from tokenrails.models import load_model
+    from tokenrails.demo_model import load_model
 
     torch.set_num_threads(1)
     return load_model(quiet=True)

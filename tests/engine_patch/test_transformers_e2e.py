@@ -158,7 +158,7 @@ def test_embedded_tokenizer_matches_reference(smollm2, smollm2_tokenizer):
 
 
 def test_model_cache_is_reused(smollm2):
-    from tokenrails.models import ModelNotFoundError, resolve_model_dir
+    from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir
 
     path, source, converted = resolve_model_dir(None, quiet=True)
     assert not converted and str(path) == smollm2.path and source.endswith(".gguf")

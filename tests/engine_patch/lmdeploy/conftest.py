@@ -46,7 +46,7 @@ def mode(request, cpu_lmdeploy):
 @pytest.fixture(scope="module")
 def model_dir():
     """The embedded SmolLM2 as a safetensors directory (the demo's cache) for the real engine."""
-    from tokenrails.models import ModelNotFoundError, resolve_model_dir
+    from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir
     try:
         path, _, _ = resolve_model_dir(quiet=True)
     except ModelNotFoundError as exc:

@@ -95,7 +95,7 @@ def _wait_ready(proc, base, log):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tokenrails.models import ModelNotFoundError, resolve_model_dir
+    from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir
     try:
         model, _, _ = resolve_model_dir(quiet=True)
     except ModelNotFoundError as exc:

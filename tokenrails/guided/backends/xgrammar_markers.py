@@ -441,11 +441,6 @@ def decode_literal(piece: str) -> str:
     return "".join(out)
 
 
-def _escape_text(text: str) -> str:
-    """``text`` escaped for the inside of an EBNF double-quoted literal."""
-    return ebnf_string_literal(text)[1:-1]
-
-
 def ebnf_string_literal(text: str) -> str:
     """An EBNF double-quoted literal for ``text`` (escapes quotes, backslashes, controls)."""
     out = []

@@ -113,15 +113,6 @@ class DFA:
         return int(self.trans.nbytes * 4 + self.accepting.nbytes + 2048)
 
 
-def byte_classes(edge_ranges) -> np.ndarray:
-    """Byte → class id such that every ``(lo, hi)`` range is a union of whole classes."""
-    cuts: set[int] = set()
-    for lo, hi in edge_ranges:
-        cuts.add(lo)
-        cuts.add(hi + 1)
-    return np.asarray(_classes_from_cuts(cuts), dtype=np.int32)
-
-
 def _classes_from_cuts(cuts: set[int]) -> list[int]:
     """Classmap as a list: a new class starts at every cut point (1..255)."""
     out: list[int] = []
