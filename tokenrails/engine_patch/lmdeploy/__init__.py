@@ -18,7 +18,7 @@ from ._patching import Patcher, UnsupportedLMDeployError, require_attrs, require
 
 __all__ = ["UnsupportedLMDeployError", "activate", "deactivate", "is_active", "ENV_FLAG"]
 
-ENV_FLAG = "TOKENRAILS_LMDEPLOY"
+ENV_FLAG = inherit.ENV_FLAG  # owned by the start-up hook (startup.py)
 _PATCHER = Patcher()
 _LOCK = threading.RLock()
 _ACTIVE = False

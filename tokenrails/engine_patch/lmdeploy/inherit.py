@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ...guided.limits import GuideLimits
+from ._hook_file import startup_hook
 
-ENV_FLAG = "TOKENRAILS_LMDEPLOY"
+_HOOK = startup_hook()  # owns the names its children read: the upgrade flag and the CPU device
+ENV_FLAG = _HOOK.ENV_FLAG
+ENV_CPU = _HOOK.ENV_CPU  # children enable the CPU device path (cpu/enable.py)
 ENV_BACKEND = "TOKENRAILS_LMDEPLOY_BACKEND"
 ENV_LIMITS = "TOKENRAILS_LMDEPLOY_LIMITS"
 ENV_REASONING = "TOKENRAILS_REASONING"
 ENV_TOOL_CALLS = "TOKENRAILS_TOOL_CALLS"
-ENV_CPU = "TOKENRAILS_LMDEPLOY_CPU"  # children enable the CPU device path (cpu/enable.py)
 SITECUSTOMIZE_DIR = Path(__file__).with_name("_sitecustomize")
 
 _SAVED: dict[str, str | None] = {}  # variable -> value before the first export (None: unset)
@@ -53,9 +55,7 @@ def export_cpu() -> None:
 
 def _hook_for_children(*, persistent: bool) -> None:
     """Children run the start-up hook: the installed ``.pth``, else ``_sitecustomize`` on PYTHONPATH."""
-    from .startup import pth_installed
-
-    if pth_installed():
+    if _HOOK.pth_installed():
         return
     entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(SITECUSTOMIZE_DIR) not in entries:

@@ -8,6 +8,12 @@ environment (inherited by every child), the ``.pth`` line below loads *this file
 returns (the outermost LMDeploy import finished, so no package is half-initialized), it calls
 ``tokenrails.engine_patch.lmdeploy.activate()``. Processes that never import LMDeploy pay one
 environment lookup. This file must stay importable without importing ``tokenrails``.
+
+This file owns the names of the variables it reads (``ENV_FLAG``, ``ENV_CPU``); the ``.pth`` line
+is written from them. It is a script loaded by file path, never imported as part of the package by
+tokenrails code: the package reaches it through ``_hook_file.startup_hook()``, which returns the
+copy this process already runs (one copy, one finder), so the modules this hook starts do not
+import it back.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from importlib.abc import MetaPathFinder
 ENV_FLAG = "TOKENRAILS_LMDEPLOY"
 ENV_CPU = "TOKENRAILS_LMDEPLOY_CPU"  # set by cpu.enable(): children register the CPU device too
 PTH_NAME = "tokenrails_lmdeploy.pth"
+MODULE_NAME = "_tokenrails_lmdeploy_startup"  # sys.modules name of the one loaded copy
 TRIGGERS = frozenset({
     "lmdeploy.pytorch.engine",              # engine process, pipeline(...)
     "lmdeploy.pytorch.engine.model_agent",  # TP / DP worker processes
@@ -29,11 +36,11 @@ TRIGGERS = frozenset({
 # One line, executed by ``site`` at interpreter start-up (``.pth`` lines starting with "import").
 PTH_LINE = (
     "import os; any(os.environ.get(k, '0').lower() not in ('', '0', 'false', 'no') "
-    "for k in ('TOKENRAILS_LMDEPLOY', 'TOKENRAILS_LMDEPLOY_CPU')) and "
+    f"for k in ({ENV_FLAG!r}, {ENV_CPU!r})) and "
     "__import__('importlib.util').util.find_spec('tokenrails') is not None and exec("
     "\"import importlib.util as u, os.path as p, sys\\n"
     "s = u.find_spec('tokenrails')\\n"
-    "f = u.spec_from_file_location('_tokenrails_lmdeploy_startup', "
+    f"f = u.spec_from_file_location({MODULE_NAME!r}, "
     "p.join(s.submodule_search_locations[0], 'engine_patch', 'lmdeploy', 'startup.py'))\\n"
     "m = u.module_from_spec(f); sys.modules[f.name] = m; f.loader.exec_module(m); m.install()\")\n"
 )
