@@ -1,6 +1,6 @@
 """Two jobs: ship the LMDeploy start-up hook (a ``.pth``) at the wheel root, and build the optional
 C kernels (``tokenrails._apply_native``: bitmask apply; ``tokenrails._fsm_native``: token-trie
-walk; ``tokenrails._dfa_native``: subset construction and minimization).
+walk; ``tokenrails._dfa_native``: Thompson NFA, subset construction and minimization).
 
 The hook costs one environment lookup per interpreter start and activates the engine upgrade
 only in processes started with ``TOKENRAILS_LMDEPLOY=1`` (see docs/lmdeploy.md). Editable installs
@@ -27,8 +27,15 @@ class BuildWithStartupHook(build_py):
 
 
 def native(name: str) -> Extension:
-    return Extension(f"tokenrails._{name}_native", [f"csrc/{name}_native.c"], depends=["csrc/native_common.h"],
-                     extra_compile_args=C_FLAGS, optional=True)
+    """``csrc/<name>_native.c``, or every ``.c`` of ``csrc/<name>_native/`` (one extension split by stage)."""
+    folder = Path("csrc") / f"{name}_native"
+    if folder.is_dir():
+        sources = sorted(str(p) for p in folder.glob("*.c"))
+        depends = sorted(str(p) for p in folder.glob("*.h")) + ["csrc/native_common.h"]
+    else:
+        sources, depends = [f"csrc/{name}_native.c"], ["csrc/native_common.h"]
+    return Extension(f"tokenrails._{name}_native", sources, depends=depends, extra_compile_args=C_FLAGS,
+                     optional=True)
 
 
 setup(cmdclass={"build_py": BuildWithStartupHook}, ext_modules=[native("apply"), native("fsm"), native("dfa")])

@@ -8,18 +8,17 @@ is the fastest total (a less noisy number on a shared machine).
 The automaton step is timed both ways in the same run, interleaved: "dfa ms" with the C builder
 (tokenrails._dfa_native, when built) and "py dfa ms" with the pure-Python path (only the DFA
 step is switched; the index always uses whatever is built); "py/C" is their ratio.
-A second table times the whole regex → DFA step as ``compile_regex`` does it: "fast us" with the
-C fast-path parser (``_dfa_native.compile_regex``: parse and build in one call), "parser us" with
-the Python parser + the C builder (``parse_regex`` → ``flatten_ast`` → ``compile_ast``: the path
-before the fast parser, and the one every declined pattern still takes), interleaved in the same
-run; "pure us" all in Python
-(``TOKENRAILS_NATIVE=0``, timed after the other two); medians, with "parser/fast" and "pure/fast".
+A second table times the whole regex → DFA step as ``compile_regex`` does it: "regex us" (the one
+parser, Python, then the C builder from the flattened AST) and "pure us" all in Python
+(``TOKENRAILS_NATIVE=0``, timed after the other); medians, with "pure/regex".
 With ``--variants`` (or ``--regex-only``) the second table also times ``VARIANTS``: anchored forms
 of typical user patterns (``^...$``, ``\\A...\\Z``) and non-ASCII character sets (Unicode ``\\w``,
-``[^"\\\\]``, ``.``, ``[é-ü]``), the shapes the fast path once declined or paid a Python callback for.
-``--baseline-so PATH`` (another build of ``_dfa_native``, e.g. the previous commit's) adds "base us":
-``compile_regex`` with that module swapped in, interleaved with the other two, and "base/fast" --
-a same-run before/after of a change to the C module.
+``[^"\\\\]``, ``.``, ``[é-ü]``).
+``--baseline-so PATH`` (another build of ``_dfa_native``, e.g. the previous commit's) adds "base us",
+interleaved with "regex us" in the same run, and "base/regex": with a build that still has the C
+regex parser (``compile_regex``, removed in issue 23) the baseline is that parser's one-call
+parse-and-build, so the column is the before/after of moving to one (Python) parser; with any other
+build it is ``compile_regex`` with that module's builder swapped in.
 ``--profile NAME`` prints a cProfile of the automaton step of one workload.
 Run: OMP_NUM_THREADS=1 python bench/fsm_compile_breakdown.py [--vocab qwen2] [--repeat 21] [--variants]
      [--regex-only] [--baseline-so PATH]
@@ -40,11 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import load_tokenizer  # noqa: E402
 from bench.fsm_vs_peers import workloads  # noqa: E402
 from tokenrails import Vocabulary, native  # noqa: E402
-from tokenrails.guided.fsm.compiler import _compile_ast, compile_ast, compile_choices, compile_regex  # noqa: E402
-from tokenrails.guided.gc_pause import gc_paused as no_gc  # noqa: E402
-from tokenrails.guided.fsm.dfa import START, native_module  # noqa: E402
+from tokenrails.guided.fsm.compiler import compile_ast, compile_choices, compile_regex  # noqa: E402
+from tokenrails.guided.fsm.dfa import START  # noqa: E402
+from tokenrails.guided.fsm.native_builder import NATIVE_MAX_BYTES, native_dfa, native_module  # noqa: E402
+from tokenrails.guided.fsm.thompson import charset_fragment  # noqa: E402
 from tokenrails.guided.fsm.matcher import grammar_bytes  # noqa: E402
-from tokenrails.guided.fsm.nfa import Deadline  # noqa: E402
+from tokenrails.guided.fsm.deadline import Deadline  # noqa: E402
 from tokenrails.guided.fsm.regex_parser import parse_regex  # noqa: E402
 from tokenrails.guided.fsm.token_index import TokenIndex  # noqa: E402
 from tokenrails.guided.fsm.token_trie import token_trie  # noqa: E402
@@ -85,17 +85,23 @@ def automaton(regex, choices, limits, python: bool):
             os.environ["TOKENRAILS_NATIVE"] = old
 
 
-def via_parser(regex, limits):
-    """``compile_regex`` without the fast path: the Python parser, then the (C) builder."""
+def _old_fast_path(mod, regex, limits):
+    """A build with the removed C regex parser: its parse-and-build call, as compile_regex made it."""
+    from tokenrails.guided.fsm.unicode_classes import unicode_digit, unicode_space, unicode_word
+
     deadline = Deadline(limits.compile_timeout_s)
-    with no_gc():
-        return _compile_ast(parse_regex(regex, limits.max_repeat), limits, deadline)
-
-
-def fast_path_handles(regex, limits) -> bool:
-    mod = native_module()
-    return mod is not None and hasattr(mod, "parse_regex_program") and isinstance(
-        mod.parse_regex_program(regex, limits.max_repeat), tuple)
+    max_nfa = max(2 * limits.max_dfa_states, 1024)
+    for _ in range(4):  # it asked for the \\d \\w \\s tables on first use
+        result = mod.compile_regex(regex, limits.max_repeat, max_nfa, limits.max_dfa_states,
+                                   max(deadline.remaining(), 0.0), NATIVE_MAX_BYTES, charset_fragment)
+        if type(result) is not int:
+            break
+        for bit, index, table in ((1, 0, unicode_digit), (2, 1, unicode_word), (4, 2, unicode_space)):
+            if result & bit:
+                mod.set_class_ranges(index, table())
+    if result is None or type(result) is int:  # declined: the Python parser, then that build's builder
+        return _with_module(mod, lambda: compile_regex(regex, limits))()
+    return native_dfa(result, limits.max_dfa_states, deadline, NATIVE_MAX_BYTES, max_nfa)
 
 
 def _median_us(fn, n: int) -> float:
@@ -128,23 +134,24 @@ def _with_module(mod, fn):
 
 
 def regex_table(limits, repeat: int, variants: bool = False, baseline=None) -> None:
-    """regex → DFA: fast path vs Python parser (+ C builder) [vs the baseline build], interleaved;
-    pure Python after them (its allocations would evict the caches the other two run in, so it is
-    not interleaved)."""
+    """regex → DFA: this tree [vs the baseline build], interleaved; pure Python after them (its
+    allocations would evict the caches the others run in, so it is not interleaved)."""
     print()
-    print(f"{'regex->DFA':12s} {'fast us':>9s} {'parser us':>9s} {'parser/fast':>11s} {'pure us':>9s} "
-          f"{'pure/fast':>9s} {'handled':>7s}" + (f" {'base us':>9s} {'base/fast':>9s}" if baseline else ""))
+    print(f"{'regex->DFA':12s} {'regex us':>9s} {'pure us':>9s} {'pure/regex':>10s}"
+          + (f" {'base us':>9s} {'base/regex':>10s}" if baseline else ""))
     n = max(repeat, 21) * 10
     old = os.environ.get("TOKENRAILS_NATIVE")
     try:
         cases = [(name, regex) for name, regex, _text, choices in workloads() if not choices]
         for name, regex in cases + (VARIANTS if variants else []):
             os.environ["TOKENRAILS_NATIVE"] = "1"
-            fast = lambda: compile_regex(regex, limits)  # noqa: E731
-            parser = lambda: via_parser(regex, limits)  # noqa: E731
-            runners = [("fast", fast), ("parser", parser)]
+            current = lambda: compile_regex(regex, limits)  # noqa: E731
+            runners = [("regex", current)]
             if baseline is not None:
-                runners.append(("base", _with_module(baseline, fast)))
+                if hasattr(baseline, "compile_regex"):
+                    runners.append(("base", lambda: _old_fast_path(baseline, regex, limits)))
+                else:
+                    runners.append(("base", _with_module(baseline, current)))
             for _key, fn in runners:  # warm caches
                 fn()
             times: dict[str, list[float]] = {key: [] for key, _fn in runners}
@@ -155,13 +162,11 @@ def regex_table(limits, repeat: int, variants: bool = False, baseline=None) -> N
                     fn()
                     times[key].append(time.perf_counter() - t0)
             med = {k: sorted(v)[n // 2] * 1e6 for k, v in times.items()}
-            handled = fast_path_handles(regex, limits)
             os.environ["TOKENRAILS_NATIVE"] = "0"
-            fast()
-            pure = _median_us(fast, max(repeat, 21))
-            base = f" {med['base']:9.1f} {med['base'] / med['fast']:9.2f}" if baseline is not None else ""
-            print(f"{name:12s} {med['fast']:9.1f} {med['parser']:9.1f} {med['parser'] / med['fast']:11.2f} "
-                  f"{pure:9.1f} {pure / med['fast']:9.1f} {'yes' if handled else 'no':>7s}" + base)
+            current()
+            pure = _median_us(current, max(repeat, 21))
+            base = f" {med['base']:9.1f} {med['base'] / med['regex']:10.2f}" if baseline is not None else ""
+            print(f"{name:12s} {med['regex']:9.1f} {pure:9.1f} {pure / med['regex']:10.1f}" + base)
     finally:
         if old is None:
             os.environ.pop("TOKENRAILS_NATIVE", None)

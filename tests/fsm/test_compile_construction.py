@@ -16,8 +16,12 @@ from hypothesis import strategies as st
 
 from tokenrails import InvalidGuideError
 from tokenrails.guided.fsm.compiler import compile_choices, compile_regex
-from tokenrails.guided.fsm.dfa import DEAD, START, DFA, dfa_from_strings, hopcroft, prune_dead_ends
-from tokenrails.guided.fsm.nfa import ByteNFA, Deadline, build_nfa
+from tokenrails.guided.fsm.deadline import Deadline
+from tokenrails.guided.fsm.dfa import DEAD, START, DFA
+from tokenrails.guided.fsm.dfa_fallback import hopcroft, prune_dead_ends
+from tokenrails.guided.fsm.native_builder import dfa_from_strings
+from tokenrails.guided.fsm.nfa import ByteNFA
+from tokenrails.guided.fsm.thompson import build_nfa
 from tokenrails.guided.fsm.regex_parser import parse_regex
 from tokenrails.guided.limits import GuideLimits
 
@@ -226,7 +230,7 @@ def test_choice_limits():
 
 # ---- limits on the new paths --------------------------------------------------------------------
 def test_unminimized_fallback_is_exact(monkeypatch):
-    import tokenrails.guided.fsm.dfa as dfa_mod
+    import tokenrails.guided.fsm.dfa_fallback as dfa_mod
 
     monkeypatch.setenv("TOKENRAILS_NATIVE", "0")  # the Python path's cutoff (the native builder always minimizes)
     pattern = r"(ab|a)(bc|c)*x{0,3}"

@@ -19,8 +19,12 @@ from hypothesis import strategies as st
 
 from tokenrails import GuideLimitError, GuideTimeoutError, InvalidGuideError
 from tokenrails.guided.fsm.compiler import NFA_STATES_PER_DFA_STATE, compile_ast, compile_choices, compile_regex
-from tokenrails.guided.fsm.dfa import DEAD, START, compile_ast_native, determinize, dfa_from_strings
-from tokenrails.guided.fsm.nfa import ByteNFA, Deadline, build_thompson, flatten_ast
+from tokenrails.guided.fsm.compiler import compile_ast_native
+from tokenrails.guided.fsm.deadline import Deadline
+from tokenrails.guided.fsm.dfa import DEAD, START
+from tokenrails.guided.fsm.native_builder import determinize, dfa_from_strings
+from tokenrails.guided.fsm.nfa import ByteNFA
+from tokenrails.guided.fsm.thompson import build_thompson, flatten_ast
 from tokenrails.guided.fsm.regex_parser import parse_regex
 from tokenrails.guided.limits import GuideLimits
 

@@ -1,4 +1,4 @@
-"""Thompson NFA over bytes, then epsilon elimination.
+"""Thompson NFA over bytes, then epsilon elimination (no DFA code: the DFA builders import this).
 
 Character sets become small byte DAGs (UTF-8 sequences with shared suffixes, as RE2 does), so
 even Unicode ``\\w`` stays a few hundred states. The epsilon-free form keeps only the start and
@@ -6,39 +6,19 @@ the targets of byte edges ("important" states); the DFA is built over sets of th
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..errors import GuideLimitError, GuideTimeoutError
+from typing import Callable
+
+from ..errors import GuideLimitError
 from .charset import Ranges
+from .deadline import Deadline
 from .regex_ast import Alt, CharSet, Concat, Empty, Node, Repeat
 from .utf8 import ByteSeq, utf8_sequences
 
-
-class Deadline:
-    """Wall-clock budget for one compile; ``check()`` raises ``GuideTimeoutError`` past it."""
-
-    __slots__ = ("limit_s", "end")
-
-    def __init__(self, limit_s: float):
-        self.limit_s = limit_s
-        self.end = time.perf_counter() + limit_s
-
-    def check(self) -> None:
-        if time.perf_counter() > self.end:
-            raise self.error()
-
-    def remaining(self) -> float:
-        """Seconds left (may be negative): the budget handed to native code."""
-        return self.end - time.perf_counter()
-
-    def error(self) -> GuideTimeoutError:
-        return GuideTimeoutError(
-            f"limit compile_timeout_s={self.limit_s} exceeded while compiling the automaton",
-            limit="compile_timeout_s",
-            value=self.limit_s,
-        )
+# A character set's minimal byte DFA: (states, edges (src, lo, hi, dst), final state); see thompson.py
+Fragment = tuple[int, tuple[tuple[int, int, int, int], ...], int]
 
 
 def nfa_limit_error(max_states: int, value: int) -> GuideLimitError:
@@ -58,7 +38,11 @@ def _sequences(ranges: Ranges) -> tuple[ByteSeq, ...]:
 class ThompsonNFA:
     """States with epsilon lists and byte-range edges ``(lo, hi, target)``."""
 
-    def __init__(self, max_states: int, deadline: Deadline):
+    def __init__(self, max_states: int, deadline: Deadline,
+                 fragment: Callable[[Ranges], Fragment] | None = None):
+        """``fragment``: a character set's cached minimal DFA (``thompson.charset_fragment``);
+        None for a scratch NFA that only builds ``raw_charset``."""
+        self.fragment = fragment
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[int, int, int]]] = []
         self.max_states = max_states
@@ -127,7 +111,7 @@ class ThompsonNFA:
 
         With ``at``, the fragment's start state is ``at`` instead of a fresh state.
         """
-        size, edges, final = _charset_fragment(ranges)
+        size, edges, final = self.fragment(ranges)
         if at is None:
             base = self.reserve(size)
             for src, lo, hi, dst in edges:
@@ -177,42 +161,6 @@ class ThompsonNFA:
             self.eps[end].append(final)
             end = final
         return start, end
-
-
-@lru_cache(maxsize=512)
-def _charset_fragment(ranges: Ranges) -> tuple[int, tuple[tuple[int, int, int, int], ...], int]:
-    """Minimal DFA of one character set as ``(num_states, edges (src, lo, hi, dst), final)``."""
-    from .dfa import DEAD, START, determinize_raw
-
-    if ranges and ranges[-1][1] <= 0x7F:  # ASCII: one byte per character, already deterministic
-        return 2, tuple((0, lo, hi, 1) for lo, hi in ranges), 1
-    scratch = ThompsonNFA(1 << 30, Deadline(1e9))
-    start, end = scratch.raw_charset(ranges)
-    if not any(scratch.edges[start]):
-        return 2, (), 1
-    trans, accepting, classmap = determinize_raw(eliminate_epsilons(scratch, start, end))
-    k = len(trans[0])
-    class_lo = [0] * k
-    class_hi = [0] * k
-    for b in range(255, -1, -1):
-        class_lo[classmap[b]] = b
-    for b in range(256):
-        class_hi[classmap[b]] = b
-    finals = [s for s in range(len(trans)) if accepting[s]]
-    assert len(finals) == 1, "a character set has exactly one accepting state"
-    edges = []
-    for s in range(START, len(trans)):
-        row = trans[s]
-        c = 0
-        while c < k:
-            t = row[c]
-            e = c
-            while e + 1 < k and row[e + 1] == t:
-                e += 1
-            if t != DEAD:
-                edges.append((s - 1, class_lo[c], class_hi[e], t - 1))
-            c = e + 1
-    return len(trans) - 1, tuple(edges), finals[0] - 1
 
 
 @dataclass
@@ -265,52 +213,3 @@ def eliminate_epsilons(nfa: ThompsonNFA, start: int, accept: int) -> ByteNFA:
         out_edges.append(mapped)
         accepting.append(acc)
     return ByteNFA(out_edges, accepting)
-
-
-# node kinds of the flattened AST handed to tokenrails._dfa_native.compile_ast
-FLAT_SET, FLAT_CONCAT, FLAT_ALT, FLAT_REPEAT, FLAT_EMPTY = 0, 1, 2, 3, 4
-
-
-def flatten_ast(node: Node) -> tuple[list[int], list[tuple]]:
-    """Pre-order program of ``node`` plus the charset fragments it references (by index).
-
-    CharSet ``[0, fragment]``, Concat ``[1, n, items...]``, Alt ``[2, n, items...]``, Repeat
-    ``[3, min, max or -1, item]``, Empty ``[4]``; fragments are ``_charset_fragment`` results, so the
-    C Thompson construction copies exactly what ``ThompsonNFA`` would.
-    """
-    prog: list[int] = []
-    frags: list[tuple] = []
-    ids: dict[Ranges, int] = {}
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        t = type(n)
-        if t is CharSet:
-            fid = ids.get(n.ranges)
-            if fid is None:
-                fid = ids[n.ranges] = len(frags)
-                frags.append(_charset_fragment(n.ranges))
-            prog += (FLAT_SET, fid)
-        elif t is Concat or t is Alt:
-            prog += (FLAT_CONCAT if t is Concat else FLAT_ALT, len(n.items))
-            stack.extend(reversed(n.items))
-        elif t is Repeat:
-            prog += (FLAT_REPEAT, n.min, -1 if n.max is None else n.max)
-            stack.append(n.item)
-        elif t is Empty:
-            prog.append(FLAT_EMPTY)
-        else:
-            raise TypeError(f"unexpected AST node {n!r}")
-    return prog, frags
-
-
-def build_thompson(node: Node, max_states: int, deadline: Deadline) -> tuple[ThompsonNFA, int, int]:
-    """The Thompson NFA of ``node`` with its start and accepting state."""
-    nfa = ThompsonNFA(max_states, deadline)
-    start, accept = nfa.build(node)
-    return nfa, start, accept
-
-
-def build_nfa(node: Node, max_states: int, deadline: Deadline) -> ByteNFA:
-    nfa, start, accept = build_thompson(node, max_states, deadline)
-    return eliminate_epsilons(nfa, start, accept)

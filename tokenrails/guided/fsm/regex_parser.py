@@ -7,12 +7,9 @@ lookaround, ``\\b``, possessive/atomic, conditionals, case-insensitive/verbose f
 ``UnsupportedGuideError`` naming the construct; malformed patterns raise ``RegexSyntaxError``
 (an ``InvalidGuideError``) carrying the position.
 
-``compile_regex`` first tries a C parser (``_dfa_native.compile_regex`` in csrc/dfa_native.c) that
-mirrors this one node for node on the common subset (literals, escapes, classes, groups,
-alternation, quantifiers, '{' as a literal, anchors with its own copy of ``_strip_anchors``) and
-declines everything else, errors included, to this parser. A change to the AST this parser builds
-for that subset, or to where anchors are accepted, must be made there too:
-tests/fsm/test_fast_parser.py compares the two.
+This is the FSM backend's only regex parser: the C module (csrc/dfa_native/) starts from the AST
+it builds (flattened by ``thompson.flatten_ast``), so there is one place that decides what a
+pattern means.
 """
 from __future__ import annotations
 
@@ -33,6 +30,7 @@ _UNSUPPORTED_FLAGS = {"i": "case-insensitive flag (?i)", "x": "verbose flag (?x)
 # Characters atom()/quantifier() treat specially; any other character is a literal (no flag changes
 # that: case-insensitive and verbose modes are refused), parsed by a fast path in sequence().
 _META = frozenset("\\()[]{}|.*+?^$")
+_QUANTIFIER_START = frozenset("*+?{")
 _LITERALS: dict[str, CharSet] = {}  # literal character -> its (immutable, shared) CharSet node
 # Parsed character classes by their exact text and the ASCII flag (the only flag they depend on):
 # JSON-lowered regexes repeat the same few classes dozens of times. Indexed by the first 3
@@ -110,34 +108,42 @@ class _Parser:
         items: list[Node] = []
         last_repeat = False
         p, n = self.p, self.n
-        while self.i < n and p[self.i] not in "|)":
-            c = p[self.i]
+        literals = _LITERALS
+        i = self.i
+        while i < n:
+            c = p[i]
             if c not in _META:  # a literal: what atom() returns, without quantifier()/atom() calls
-                node = _LITERALS.get(c)
+                node = literals.get(c)
                 if node is None:
                     node = CharSet(((ord(c), ord(c)),))
-                    if len(_LITERALS) < CACHE_MAX:
-                        _LITERALS[c] = node
+                    if len(literals) < CACHE_MAX:
+                        literals[c] = node
                 items.append(node)
-                self.i += 1
+                i += 1
                 last_repeat = False
                 continue
-            start = self.i
-            quant = self.quantifier()
-            if quant is not None:
-                lo, hi = quant
-                if not items or isinstance(items[-1], Anchor):
-                    raise self.error("nothing to repeat", start)
-                if last_repeat:
-                    raise self.error("multiple repeat", start)
-                items[-1] = Repeat(items[-1], lo, hi)
-                last_repeat = True
-                continue
+            if c == "|" or c == ")":
+                break
+            self.i = start = i
+            if c in _QUANTIFIER_START:
+                quant = self.quantifier()
+                if quant is not None:
+                    lo, hi = quant
+                    if not items or isinstance(items[-1], Anchor):
+                        raise self.error("nothing to repeat", start)
+                    if last_repeat:
+                        raise self.error("multiple repeat", start)
+                    items[-1] = Repeat(items[-1], lo, hi)
+                    last_repeat = True
+                    i = self.i
+                    continue
             atom = self.atom(top and start == self._flags_end())
+            i = self.i
             if atom is None:  # comment or global flags: produces nothing
                 continue
             items.append(atom)
             last_repeat = False
+        self.i = i
         if not items:
             return EMPTY
         return items[0] if len(items) == 1 else Concat(tuple(items))
