@@ -37,7 +37,7 @@ torch.set_num_threads(1)
 
 from bench._common import load_tokenizer  # noqa: E402
 from tokenrails import GuideSpec, Vocabulary, allocate_token_bitmask  # noqa: E402
-from tokenrails.guided.fsm.backend import FSMBackend  # noqa: E402
+from tokenrails.guided.backends.fsm_backend import FSMBackend  # noqa: E402
 from tokenrails.guided.fsm.token_trie import token_trie  # noqa: E402
 from tokenrails.guided.fsm.matcher import grammar_bytes  # noqa: E402
 from tokenrails.guided.limits import GuideLimits  # noqa: E402

@@ -13,7 +13,7 @@ from .vocabulary import Vocabulary
 # name -> "module:Class", imported lazily so optional dependencies stay optional.
 _BACKENDS: dict[str, str] = {
     "xgrammar": "tokenrails.guided.backends.xgrammar_backend:XGrammarBackend",
-    "fsm": "tokenrails.guided.fsm.backend:FSMBackend",
+    "fsm": "tokenrails.guided.backends.fsm_backend:FSMBackend",
     "llguidance": "tokenrails.guided.backends.llguidance_backend:LLGuidanceBackend",
 }
 

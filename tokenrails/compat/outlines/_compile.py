@@ -16,7 +16,7 @@ def fsm_available() -> bool:
     switched off with ``TOKENRAILS_OUTLINES_REGEX_BACKEND=xgrammar``."""
     if os.environ.get("TOKENRAILS_OUTLINES_REGEX_BACKEND", "fsm") == "xgrammar":
         return False
-    return importlib.util.find_spec("tokenrails.guided.fsm.backend") is not None
+    return importlib.util.find_spec("tokenrails.guided.backends.fsm_backend") is not None
 
 
 def backend_for(spec: GuideSpec) -> str:

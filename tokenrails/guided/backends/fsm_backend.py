@@ -1,21 +1,22 @@
 """``FSMBackend``: regex, choice and JSON schema (lowered like outlines) as a byte DFA + token index.
 
-Per-step cost is a row copy: every DFA state's token mask is computed once per compiled guide
+The adapter of ``tokenrails.guided.fsm`` (our regex → minimal DFA → token index package) to the
+backend contract, beside the other backends. Per-step cost is a row copy: every DFA state's token mask is computed once per compiled guide
 (on first visit) and shared by all matchers of that guide.
 """
 from __future__ import annotations
 
 from ..backend import CompiledGuide, GuideBackend
 from ..errors import UnsupportedGuideError
+from ..fsm.compiler import compile_choices, compile_regex
+from ..fsm.dfa import DFA, START
+from ..fsm.matcher import FSMMatcher, grammar_bytes
+from ..fsm.schema import schema_to_regex
+from ..fsm.token_index import TokenIndex
 from ..limits import GuideLimits
 from ..schema_features import check_schema_limits
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
-from .compiler import compile_choices, compile_regex
-from .dfa import DFA, START
-from .matcher import FSMMatcher, grammar_bytes
-from .schema import schema_to_regex
-from .token_index import TokenIndex
 
 
 class FSMGuide(CompiledGuide):
