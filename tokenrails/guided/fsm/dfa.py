@@ -108,23 +108,21 @@ class DFA:
         return int(self.trans.nbytes * 4 + self.accepting.nbytes + 2048)
 
 
+def _max_states_error(message: str, value: int) -> GuideLimitError:
+    """``max_dfa_states`` exceeded, the one limit every construction stage checks."""
+    return GuideLimitError(message, limit="max_dfa_states", value=value)
+
+
 def state_limit_error(max_states: int, n: int) -> GuideLimitError:
-    return GuideLimitError(
-        f"limit max_dfa_states={max_states} exceeded: the automaton needs more than {max_states} "
-        "states (a pattern like (a|b)*a(a|b){n} grows exponentially)",
-        limit="max_dfa_states",
-        value=n,
-    )
+    return _max_states_error(f"limit max_dfa_states={max_states} exceeded: the automaton needs more than "
+                             f"{max_states} states (a pattern like (a|b)*a(a|b){{n}} grows exponentially)", n)
 
 
-# ---- construction over class intervals ------------------------------------------------------
-# A row is a list of edges ``(first class, last class, target)``, sorted and disjoint; classes it
-# does not cover go to DEAD. JSON regexes have wide edges ([^"\\] spans ~60 of ~70 classes), so
-# rows stay a few edges long where a dense row would be K entries: subset construction, pruning
-# and minimization all work on these sparse rows, and the dense table is written once at the end.
+def nfa_limit_error(max_states: int, value: int) -> GuideLimitError:
+    return _max_states_error(f"limit max_dfa_states exceeded: the pattern expands to more than {max_states} "
+                             "automaton states (large repetition counts?)", value)
+
+
 def expanded_size_error(max_states: int, size: int) -> GuideLimitError:
-    return GuideLimitError(
-        f"limit max_dfa_states={max_states} exceeded: the pattern expands to {size} "
-        "character positions (nested or large repetition counts)",
-        limit="max_dfa_states", value=size,
-    )
+    return _max_states_error(f"limit max_dfa_states={max_states} exceeded: the pattern expands to {size} "
+                             "character positions (nested or large repetition counts)", size)

@@ -30,6 +30,11 @@ def _classes_from_cuts(cuts: set[int]) -> list[int]:
     return out
 
 
+# ---- construction over class intervals ------------------------------------------------------
+# A row is a list of edges ``(first class, last class, target)``, sorted and disjoint; classes it
+# does not cover go to DEAD. JSON regexes have wide edges ([^"\\] spans ~60 of ~70 classes), so
+# rows stay a few edges long where a dense row would be K entries: subset construction, pruning
+# and minimization all work on these sparse rows, and the dense table is written once at the end.
 Edge = tuple[int, int, int]
 Row = list[Edge]
 

@@ -8,9 +8,9 @@ import numpy as np
 from ... import native
 from ..errors import GuideLimitError, InvalidGuideError
 from .deadline import Deadline
-from .dfa import DFA, EMPTY_LANGUAGE, expanded_size_error, state_limit_error
+from .dfa import DFA, EMPTY_LANGUAGE, expanded_size_error, nfa_limit_error, state_limit_error
 from .dfa_fallback import determinize_python, strings_dfa_python
-from .nfa import ByteNFA, nfa_limit_error
+from .nfa import ByteNFA
 
 NATIVE_MAX_BYTES = 1 << 30  # working memory one native construction may allocate (refused beyond)
 
@@ -31,7 +31,7 @@ def native_module(use_native: bool | None = None):
 _INT32 = np.dtype(np.int32)
 _BOOL = np.dtype(np.bool_)
 
-# error codes of tokenrails._dfa_native (see csrc/dfa_native.c)
+# error codes of tokenrails._dfa_native (see csrc/dfa_native/module.c)
 _E_LIMIT, _E_TIMEOUT, _E_MEMORY, _E_EMPTY, _E_SIZE, _E_NFA = 1, 2, 3, 4, 5, 6
 
 

@@ -8,26 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-
 from typing import Callable
 
-from ..errors import GuideLimitError
 from .charset import Ranges
 from .deadline import Deadline
+from .dfa import nfa_limit_error
 from .regex_ast import Alt, CharSet, Concat, Empty, Node, Repeat
 from .utf8 import ByteSeq, utf8_sequences
 
 # A character set's minimal byte DFA: (states, edges (src, lo, hi, dst), final state); see thompson.py
 Fragment = tuple[int, tuple[tuple[int, int, int, int], ...], int]
-
-
-def nfa_limit_error(max_states: int, value: int) -> GuideLimitError:
-    return GuideLimitError(
-        f"limit max_dfa_states exceeded: the pattern expands to more than {max_states} "
-        "automaton states (large repetition counts?)",
-        limit="max_dfa_states",
-        value=value,
-    )
 
 
 @lru_cache(maxsize=256)
