@@ -256,23 +256,24 @@ class GuideSpec:
                 return v
         return default
 
+    def _payload_of(self, kind: str, what: str) -> str:
+        """The payload of a ``kind`` spec; another kind has no such accessor (``AttributeError``)."""
+        if self.kind != kind:
+            raise AttributeError(f"{self.kind} spec has no {what}")
+        return self.payload
+
     @property
     def schema(self) -> dict:
-        if self.kind != "json_schema":
-            raise AttributeError(f"{self.kind} spec has no schema")
-        return json.loads(self.payload)
+        return json.loads(self._payload_of("json_schema", "schema"))
 
     @property
     def pattern(self) -> str:
-        if self.kind != "regex":
-            raise AttributeError(f"{self.kind} spec has no pattern")
-        return self.payload
+        return self._payload_of("regex", "pattern")
 
     @property
     def choices(self) -> list[str]:
         """The choice strings (a new list each call); parsed once per spec, then copied."""
-        if self.kind != "choice":
-            raise AttributeError(f"{self.kind} spec has no choices")
+        self._payload_of("choice", "choices")
         d = self.__dict__
         cached = d.get("_choices")
         if cached is None:
@@ -289,15 +290,11 @@ class GuideSpec:
 
     @property
     def ebnf(self) -> str:
-        if self.kind != "grammar":
-            raise AttributeError(f"{self.kind} spec has no grammar")
-        return self.payload
+        return self._payload_of("grammar", "grammar")
 
     @property
     def tag(self) -> dict:
-        if self.kind != "structural_tag":
-            raise AttributeError(f"{self.kind} spec has no structural tag")
-        return json.loads(self.payload)
+        return json.loads(self._payload_of("structural_tag", "structural tag"))
 
     def __repr__(self) -> str:
         body = self.payload if len(self.payload) <= 60 else self.payload[:57] + "..."

@@ -397,13 +397,18 @@ class _Parser:
             return self._named_char(start)
         return None
 
-    def escape(self) -> Node:
+    def _escape_head(self, at_end: str) -> tuple[int, str, int | Ranges | None]:
+        """Step over a backslash: (its position, the escaped character, ``_common_escape`` of it);
+        ``at_end`` is the error when the pattern ends there."""
         start = self.i
         self.i += 1
         c = self.peek()
         if c == "":
-            raise self.error("bad escape (end of pattern)", start)
-        common = self._common_escape(c, start)
+            raise self.error(at_end, start)
+        return start, c, self._common_escape(c, start)
+
+    def escape(self) -> Node:
+        start, c, common = self._escape_head("bad escape (end of pattern)")
         if isinstance(common, int):
             return CharSet(((common, common),))
         if common is not None:
@@ -506,12 +511,7 @@ class _Parser:
         if c != "\\":
             self.i += 1
             return ord(c)
-        start = self.i
-        self.i += 1
-        c = self.peek()
-        if c == "":
-            raise self.error("unterminated character set", start)
-        common = self._common_escape(c, start)
+        start, c, common = self._escape_head("unterminated character set")
         if common is not None:
             return common
         if c == "b":
