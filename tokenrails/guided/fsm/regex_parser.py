@@ -38,6 +38,15 @@ _LITERALS: dict[str, CharSet] = {}  # literal character -> its (immutable, share
 _CLASSES: dict[tuple[str, bool], CharSet] = {}
 _CLASS_TEXTS: dict[str, list[str]] = {}
 CACHE_MAX = 4096
+# Parsed plain capturing groups "(...)" by their exact text, the flags and max_repeat they were
+# parsed under: JSON-lowered regexes repeat the same string, number and whitespace groups within a
+# pattern and across schemas. Value: (node, nesting depth inside the group). Groups holding anchors
+# are not kept (anchors are checked against the whole pattern). Indexed by the first 8 characters;
+# bounded in entries and text length (parsing continues uncached beyond).
+_GROUPS: dict[tuple[str, bool, bool, int], tuple[Node, int]] = {}
+_GROUP_TEXTS: dict[str, list[str]] = {}
+GROUP_TEXT_MAX = 1024
+_GROUP_PREFIX = 8
 
 
 class RegexSyntaxError(InvalidGuideError):
@@ -80,6 +89,7 @@ class _Parser:
         self.dotall = False
         self.ascii = False
         self.depth = 0
+        self.peak = 0  # deepest nesting reached so far (a cached group's depth must still fit)
         self.anchors = False  # any ^ $ \A \Z seen (then anchors are checked and removed)
 
     # ---- helpers ------------------------------------------------------------------------
@@ -239,6 +249,16 @@ class _Parser:
     # ---- groups -------------------------------------------------------------------------
     def group(self, at_start: bool) -> Node | None:
         start = self.i
+        plain = self.peek(1) != "?"  # a capturing group without extensions: cached by its text
+        if plain:
+            flags = (self.dotall, self.ascii, self.max_repeat)
+            for text in _GROUP_TEXTS.get(self.p[start:start + _GROUP_PREFIX], ()):
+                hit = _GROUPS.get((text, *flags)) if self.p.startswith(text, start) else None
+                if hit is not None and self.depth + hit[1] <= MAX_NESTING:
+                    self.i = start + len(text)
+                    return hit[0]
+            outer_anchors, outer_peak = self.anchors, self.peak
+            self.anchors, self.peak = False, self.depth
         self.i += 1
         saved = (self.dotall, self.ascii)
         if self.peek() == "?":
@@ -282,6 +302,8 @@ class _Parser:
             else:
                 raise self.error(f"unknown extension ?{c}", start + 1)
         self.depth += 1
+        if self.depth > self.peak:
+            self.peak = self.depth
         if self.depth > MAX_NESTING:
             raise GuideLimitError(
                 f"regex nests groups deeper than {MAX_NESTING} (at position {start})",
@@ -293,6 +315,15 @@ class _Parser:
             raise self.error("missing ), unterminated subpattern", start)
         self.i += 1
         self.dotall, self.ascii = saved
+        if plain:
+            inner, had_anchors = self.peak - self.depth, self.anchors
+            self.anchors, self.peak = outer_anchors or had_anchors, max(outer_peak, self.peak)
+            text = self.p[start:self.i]
+            if not had_anchors and len(text) <= GROUP_TEXT_MAX and len(_GROUPS) < CACHE_MAX:
+                key = (text, *flags)
+                if key not in _GROUPS:
+                    _GROUPS[key] = (body, inner)
+                    _GROUP_TEXTS.setdefault(text[:_GROUP_PREFIX], []).append(text)
         return body
 
     def _group_name(self) -> None:

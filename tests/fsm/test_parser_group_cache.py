@@ -1,0 +1,53 @@
+"""The parser's group cache (a plain group's text -> its AST) changes no result: same AST, same
+limits (nesting, max_repeat), anchors never served from it."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tokenrails.guided.errors import GuideLimitError, UnsupportedGuideError
+from tokenrails.guided.fsm import regex_parser as rp
+from tokenrails.guided.fsm.compiler import compile_regex
+from tokenrails.guided.limits import GuideLimits
+
+STRING = r'"([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
+
+
+@pytest.fixture(autouse=True)
+def empty_cache():
+    rp._GROUPS.clear()
+    rp._GROUP_TEXTS.clear()
+    yield
+
+
+def test_a_cached_group_gives_the_same_ast_and_language():
+    pattern = rf"\{{{STRING}:{STRING}(,{STRING}:{STRING})*\}}"
+    first = rp.parse_regex(pattern)
+    assert rp._GROUPS  # the string body was cached on the way
+    assert rp.parse_regex(pattern) == first
+    dfa = compile_regex(pattern, GuideLimits(), check_length=False)
+    for text in ('{"a":"b"}', '{"a":"b","c":"\\n"}', '{"a":b}', '{"a":"b",}'):
+        assert dfa.fullmatch(text.encode()) == bool(re.fullmatch(pattern, text)), text
+
+
+def test_nesting_limit_still_counts_a_cached_group():
+    inner = "(" * 5 + "a" + ")" * 5
+    rp.parse_regex(inner)
+    depth = rp.MAX_NESTING - 4  # + the 5 inside: one more than the limit
+    rp.parse_regex("(" * depth + "b" + ")" * depth)  # fits on its own
+    with pytest.raises(GuideLimitError):
+        rp.parse_regex("(" * depth + inner + ")" * depth)
+
+
+def test_max_repeat_is_part_of_the_key():
+    rp.parse_regex("(a{500})", max_repeat=1000)
+    with pytest.raises(GuideLimitError):
+        rp.parse_regex("(a{500})", max_repeat=100)
+
+
+def test_groups_with_anchors_are_not_cached():
+    rp.parse_regex("(^a)|b")
+    assert not any(text.startswith("(^") for text in rp._GROUP_TEXTS.get("(^a)", []))
+    with pytest.raises(UnsupportedGuideError):
+        rp.parse_regex("x(^a)")
