@@ -15,10 +15,10 @@ STRING = r'"([^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
 
 
 @pytest.fixture(autouse=True)
-def empty_cache():
-    rp._GROUPS.clear()
-    rp._GROUP_TEXTS.clear()
-    yield
+def empty_cache(monkeypatch):
+    monkeypatch.setattr(rp, "_GROUPS", {})
+    monkeypatch.setattr(rp, "_GROUP_TEXTS", {})
+    monkeypatch.setattr(rp, "_group_chars", 0)
 
 
 def test_a_cached_group_gives_the_same_ast_and_language():
@@ -51,3 +51,11 @@ def test_groups_with_anchors_are_not_cached():
     assert not any(text.startswith("(^") for text in rp._GROUP_TEXTS.get("(^a)", []))
     with pytest.raises(UnsupportedGuideError):
         rp.parse_regex("x(^a)")
+
+
+def test_the_cache_is_bounded_by_text(monkeypatch):
+    monkeypatch.setattr(rp, "GROUP_CHARS_MAX", 40)
+    for i in range(20):
+        rp.parse_regex(f"(x{i}yz)")
+    assert rp._group_chars <= 40 and 0 < len(rp._GROUPS) < 20
+    assert rp.parse_regex("(x19yz)") == rp.parse_regex("x19yz")  # uncached: parsed as before

@@ -42,11 +42,15 @@ CACHE_MAX = 4096
 # parsed under: JSON-lowered regexes repeat the same string, number and whitespace groups within a
 # pattern and across schemas. Value: (node, nesting depth inside the group). Groups holding anchors
 # are not kept (anchors are checked against the whole pattern). Indexed by the first 8 characters;
-# bounded in entries and text length (parsing continues uncached beyond).
+# bounded by the total text kept (~100 bytes of nodes per character at most: a few MB), a group's
+# text length and the number of texts per prefix; parsing continues uncached beyond.
 _GROUPS: dict[tuple[str, bool, bool, int], tuple[Node, int]] = {}
 _GROUP_TEXTS: dict[str, list[str]] = {}
-GROUP_TEXT_MAX = 1024
+GROUP_TEXT_MAX = 512
+GROUP_CHARS_MAX = 1 << 16
 _GROUP_PREFIX = 8
+_GROUP_PER_PREFIX = 16
+_group_chars = 0
 
 
 class RegexSyntaxError(InvalidGuideError):
@@ -319,11 +323,8 @@ class _Parser:
             inner, had_anchors = self.peak - self.depth, self.anchors
             self.anchors, self.peak = outer_anchors or had_anchors, max(outer_peak, self.peak)
             text = self.p[start:self.i]
-            if not had_anchors and len(text) <= GROUP_TEXT_MAX and len(_GROUPS) < CACHE_MAX:
-                key = (text, *flags)
-                if key not in _GROUPS:
-                    _GROUPS[key] = (body, inner)
-                    _GROUP_TEXTS.setdefault(text[:_GROUP_PREFIX], []).append(text)
+            if not had_anchors and len(text) <= GROUP_TEXT_MAX:
+                _remember_group(text, flags, body, inner)
         return body
 
     def _group_name(self) -> None:
@@ -556,6 +557,21 @@ class _Parser:
             raise self.error(f"bad escape \\{c}", start)
         self.i += 1
         return ord(c)
+
+
+def _remember_group(text: str, flags: tuple[bool, bool, int], node: Node, inner: int) -> None:
+    """Cache a parsed plain group while the budget allows (see ``_GROUPS``)."""
+    global _group_chars
+    key = (text, *flags)
+    if key in _GROUPS or _group_chars + len(text) > GROUP_CHARS_MAX:
+        return
+    texts = _GROUP_TEXTS.setdefault(text[:_GROUP_PREFIX], [])
+    if len(texts) >= _GROUP_PER_PREFIX:
+        return
+    _GROUPS[key] = (node, inner)
+    if text not in texts:
+        texts.append(text)
+    _group_chars += len(text)
 
 
 def _empty_like(node: Node) -> bool:
