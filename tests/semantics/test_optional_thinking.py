@@ -285,7 +285,7 @@ def test_b_model_answers_directly_and_is_constrained_from_the_first_token(vocab,
         return worst_allowed(logits)
 
     out = run(mgr, vocab, row, oracle, pick)
-    state = mgr.state_for(row.session_id, 0, spec)
+    state = mgr.sequence(row.session_id, 0)
     assert state.think.done and state.history == out  # every token went through the grammar
     for t in out:  # and the grammar alone produced it: each was allowed by the reference matcher
         assert allowed_set(mask_row(ref, vocab), vocab.vocab_size)[t]
@@ -346,7 +346,7 @@ def test_text_marker_completed_by_a_token_that_starts_the_end_marker(vocab, mark
     for t in (tok(vocab, "<"), tok(vocab, "think"), tok(vocab, "></"), tok(vocab, "think")):
         (acc,) = mgr.accept_tokens([t], [row])
         assert acc.state is StepStatus.OK
-    state = mgr.state_for("tx", 0, spec)
+    state = mgr.sequence("tx", 0)
     assert state.think.thinking and state.think.pos == len("</think")
     mgr.accept_tokens([tok(vocab, ">")], [row])
     assert state.think.done and state.history == []
@@ -409,7 +409,7 @@ def test_cap_counts_after_the_start_marker(vocab, markers, mode):
     for t in markers[0]:
         mgr.accept_tokens([t], [row])
     forced = []
-    state = mgr.state_for("cap", 0, spec)
+    state = mgr.sequence("cap", 0)
     while not state.think.done:
         logits = torch.zeros((1, vocab.vocab_size))
         mgr.fill_and_apply(logits, [row])
@@ -444,17 +444,23 @@ def _one_hot(vocab, t):
 
 
 # ---- speculative decoding, rollback, jump-forward ---------------------------------------------
+def _state(mgr, row):
+    """The row's state, started (as a step would) on first sight."""
+    st = mgr.sequence(row.session_id, row.seq_id)
+    return st if st is not None else mgr.begin_sequence(row.session_id, row.seq_id, row.spec,
+                                                        reasoning=row.reasoning)
+
+
 def _raw_mask(mgr, row):
     """The row's packed bitmask as filled now (bit-exact comparisons)."""
-    step = mgr.step
-    st = step.state_of(row)
-    buf = torch.zeros((1, step.words), dtype=torch.int32)
-    step.fill_row(st, st.think, buf, 0)
+    st = _state(mgr, row)
+    buf = torch.zeros((1, mgr.step.buffer.words), dtype=torch.int32)
+    st.fill(st.think, buf, 0)
     return buf[0].clone()
 
 
 def _snapshot(mgr, row):
-    st = mgr.step.state_of(row)
+    st = _state(mgr, row)
     return st.think, list(st.history), _raw_mask(mgr, row)
 
 
@@ -536,7 +542,7 @@ def test_marker_completion_rolls_the_grammar_back_to_its_start(vocab, markers, m
     row = GuidedRow("rb", 0, spec, reasoning=config(markers, mode))
     fresh = mask_row(compile_guide(spec, vocab, "xgrammar").matcher(), vocab)
     mgr.accept_tokens([markers[0][0]], [row])
-    st = mgr.state_for("rb", 0, spec)
+    st = mgr.sequence("rb", 0)
     assert st.think.opening and st.think.fed == 1 and st.history == [markers[0][0]]
     for t in [*markers[0][1:], tok(vocab, "x"), *markers[1]]:
         (acc,) = mgr.accept_tokens([t], [row])
@@ -553,7 +559,7 @@ def test_no_jump_forward_while_undecided(vocab, smollm2_tokenizer, markers):
     mgr.begin_sequence("jf", 0, spec, reasoning=cfg)
     assert mgr.jump_forward("jf", 0, spec, smollm2_tokenizer).is_noop
     mgr.accept_tokens([tok(vocab, "<")], [row])
-    st = mgr.state_for("jf", 0, spec)
+    st = mgr.sequence("jf", 0)
     assert st.think.opening and st.think.fed == 1  # both readings open: still no jump
     assert mgr.jump_forward("jf", 0, spec, smollm2_tokenizer).is_noop
     with pytest.raises(ValueError):
@@ -593,7 +599,7 @@ def test_text_start_completed_by_a_token_that_also_ends_the_section(vocab):
     (acc,) = mgr.accept_tokens([straddle], [GuidedRow("br", 1, spec, reasoning=row.reasoning)])
     assert acc.state is StepStatus.REJECTED
     mgr.accept_tokens([both], [row])
-    st = mgr.state_for("br", 0, spec)
+    st = mgr.sequence("br", 0)
     assert st.think.done and st.history == []
     out = run(mgr, vocab, row, oracle, prefer(lambda i: None), prefix=[both])
     assert re.fullmatch("[0-9]+", oracle.answer_text(out))
@@ -615,7 +621,7 @@ def test_finalize_while_undecided(vocab, markers, mode):
         for t in gen:
             (acc,) = mgr.accept_tokens([t], [row])
             assert acc.state is StepStatus.OK
-        assert mgr.state_for(f"fin-{mode}", n, spec).think.opening
+        assert mgr.sequence(f"fin-{mode}", n).think.opening
         fin = mgr.finalize(f"fin-{mode}", n, "length")
         assert (fin.finish_reason, fin.complete, fin.thinking) == (
             "length" if complete else "length_incomplete", complete, thinking), regex

@@ -85,7 +85,7 @@ def test_arbitrary_thinking_then_valid_json(vocab, end_ids, mode):
         if i in (0, 3, 29):
             assert torch.equal(allowed, free_row(vocab, thought, marker))
         thought += vocab.token_bytes[token]
-    state = mgr.state_for("s", 0, spec)
+    state = mgr.sequence("s", 0)
     assert not state.think.done and state.history == [] and state.tokens == 0
     for t in end_ids:
         _, _, _, acc = step(mgr, vocab, row, gen, pick=t)
@@ -155,7 +155,7 @@ def test_end_marker_inside_a_multi_token_step(vocab, end_ids, mode):
     b = mgr.matcher_for("b", 0, spec)
     assert torch.equal(mask_row(a, vocab), mask_row(b, vocab))
     assert torch.equal(mask_row(b, vocab), mask_row(ref, vocab))
-    assert mgr.state_for("b", 0, spec).history == first
+    assert mgr.sequence("b", 0).history == first
 
 
 def _first_mask_is_grammar(mgr, vocab, spec, row):
@@ -221,7 +221,8 @@ def test_thinking_cap_forces_the_end_marker(vocab, end_ids, mode, cap):
         _, allowed, _, acc = step(mgr, vocab, row, gen)
         assert allowed.sum() > 1 and acc.state is StepStatus.OK
     forced = []
-    while not mgr.state_for("c", 0, spec, reasoning=row.reasoning).think.done:
+    state = mgr.sequence("c", 0) or mgr.begin_sequence("c", 0, spec, reasoning=row.reasoning)
+    while not state.think.done:
         token, allowed, _, acc = step(mgr, vocab, row, gen)
         assert allowed.nonzero().reshape(-1).tolist() == [token]  # exactly one token allowed
         assert acc.state is StepStatus.OK

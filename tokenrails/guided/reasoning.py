@@ -27,6 +27,7 @@ from typing import Any, Literal, Sequence
 
 import torch
 
+from .bitmask import set_only, words_for
 from .errors import InvalidGuideError
 from .vocabulary import Vocabulary
 
@@ -207,7 +208,7 @@ class ReasoningTracker:
             self.marker = config.end_text.encode("utf-8")  # type: ignore[union-attr]
             self.start = (config.start_text or "").encode("utf-8")
         self._open_rows: dict[int, torch.Tensor] = {}
-        self.words = (vocab.vocab_size + 31) // 32
+        self.words = words_for(vocab.vocab_size)
         self._rows: dict[int, torch.Tensor] = {}
         self._forced: dict[int, int] = {}
         self._eos = frozenset(vocab.eos_ids)
@@ -369,10 +370,7 @@ class ReasoningTracker:
     def fill(self, state: ThinkState, bitmask: torch.Tensor, index: int) -> None:
         """Write the thinking row for ``state`` into ``bitmask[index]``."""
         if self.forcing(state):
-            row = bitmask[index]
-            row.zero_()
-            t = self.forced_token(state)
-            row[t // 32] = _bit(t % 32)
+            set_only(bitmask[index], self.forced_token(state))
             return
         key = state.pos if self.mode == "text" else -1
         row = self._rows.get(key)
@@ -451,10 +449,6 @@ def _pack(bits: torch.Tensor) -> torch.Tensor:
     packed = words.sum(-1)
     packed = torch.where(packed >= 1 << 31, packed - (1 << 32), packed)
     return packed.to(torch.int32)
-
-
-def _bit(i: int) -> int:
-    return -(1 << 31) if i == 31 else 1 << i
 
 
 def _rfind(seq: Sequence, marker: Sequence) -> int:

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ...guided.batch_step import GuidedRow, StepStatus
+from ...guided.sequence import GuidedRow, StepStatus
 from ...guided.errors import GuideError
 from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
