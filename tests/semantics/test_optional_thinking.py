@@ -455,7 +455,7 @@ def _raw_mask(mgr, row):
     """The row's packed bitmask as filled now (bit-exact comparisons)."""
     st = _state(mgr, row)
     buf = torch.zeros((1, mgr.step.buffer.words), dtype=torch.int32)
-    st.fill(st.think, buf, 0)
+    st.fill(buf, 0)
     return buf[0].clone()
 
 

@@ -127,7 +127,7 @@ class BatchedGuidedStep:
         for j, st in enumerate(states):
             matcher = st.batch_matcher()
             if matcher is None:
-                st.fill(st.think, bitmask, j)
+                st.fill(bitmask, j)
                 continue
             matchers, rows, owners = groups.setdefault(type(matcher), ([], [], []))
             matchers.append(matcher)

@@ -85,12 +85,12 @@ def compute_jump_forward(
     history, thinking state) is exactly as on entry."""
     if st.error is not None:
         return NOTHING
-    forced_marker = st.forced_thinking_tokens()
-    if forced_marker is not None:  # thinking or undecided: only the capped end marker is forced
-        if not forced_marker:
+    forced = st.forced_prefix()
+    if forced is not None:  # the answer has not begun: only what the sequence forces now
+        if not forced:
             return NOTHING
-        data = b"".join(vocab.token_bytes[t] for t in forced_marker)
-        return JumpForward(data.decode("utf-8", errors="replace"), tuple(forced_marker), 0)
+        data = b"".join(vocab.token_bytes[t] for t in forced)
+        return JumpForward(data.decode("utf-8", errors="replace"), tuple(forced), 0)
     matcher = st.resolve()
     if matcher is None or matcher.is_terminated():
         return NOTHING

@@ -31,7 +31,7 @@ from .gc_pause import gc_paused
 from .jump_forward import JumpForward, compute_jump_forward, text_encoder
 from .limits import DEFAULT_LIMITS, GuideLimits
 from .policy import DEFAULT_POLICY, GuidePolicy, check_policy
-from .reasoning import ReasoningConfig, tracker_for
+from .reasoning import ReasoningConfig
 from .registry import compile_guide
 from .sequence import (
     Finalization, GrammarFuture, GuidedRow, RowContext, RowStatus, SequenceState, StepStatus, count_valid,
@@ -275,16 +275,12 @@ class GuidedDecodingManager:
         start = time.perf_counter()
         state = SequenceState(spec.key, None, None, spec=spec, grammar=self._grammar(spec), ctx=self._row_ctx)
         if reasoning is not None:
-            try:
-                state.tracker = tracker_for(self.vocab, reasoning)
-                state.think = state.tracker.initial(prompt_token_ids, thinking_done)
-            except GuideError as exc:
-                state.error = exc
+            state.start_reasoning(self.vocab, reasoning, prompt_token_ids, thinking_done)
         if state.error is None:
             if state.thinking:
                 self.prefetch(spec)  # compile overlaps the thinking section; resolved on the marker
             else:
-                state.resolve()  # undecided optional thinking needs the grammar's row now
+                state.resolve()  # the grammar's first row is needed now
         state.grammar_init_s = time.perf_counter() - start
         self._seqs[(session_id, seq_id)] = state
         self._sessions.setdefault(session_id, set()).add(seq_id)

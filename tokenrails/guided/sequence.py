@@ -27,7 +27,8 @@ import torch
 from .backend import CompiledGuide, Matcher
 from .bitmask import eos_only_row
 from .errors import GuideError, GuideTimeoutError, TokenRejectedError, detached_copy
-from .reasoning import ReasoningConfig, ReasoningTracker, ThinkState, open_step
+from .reasoning import ReasoningConfig, ReasoningTracker, ThinkState, open_step, tracker_for
+from .vocabulary import Vocabulary
 from .spec import GuideSpec
 
 __all__ = [
@@ -74,6 +75,7 @@ class RowStatus:
 
 
 OK = RowStatus(StepStatus.OK)
+_HERE = object()  # ``SequenceState.fill``: at the sequence's own position
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,18 @@ class SequenceState:
     grammar: GrammarFuture | None = None
     ctx: RowContext | None = None
 
+    # ---- reasoning --------------------------------------------------------------------------
+    def start_reasoning(self, vocab: Vocabulary, config: ReasoningConfig,
+                        prompt_token_ids: Sequence[int] | None = None, thinking_done: bool | None = None) -> None:
+        """Think first: the row is free until the end marker (see reasoning.py). Where the
+        sequence starts is read from its prompt (or ``thinking_done``); a bad config or marker
+        fails the row (``error``)."""
+        try:
+            self.tracker = tracker_for(vocab, config)
+            self.think = self.tracker.initial(prompt_token_ids, thinking_done)
+        except GuideError as exc:
+            self.error = exc
+
     # ---- the grammar future --------------------------------------------------------------
     def resolve(self) -> Matcher | None:
         """The matcher, finishing a deferred compile (waits up to its deadline); None once failed."""
@@ -185,9 +199,11 @@ class SequenceState:
         return self.resolve()
 
     # ---- fill ------------------------------------------------------------------------------
-    def fill(self, think: ThinkState | None, bitmask: torch.Tensor, j: int) -> None:
-        """Row ``j`` for this state in thinking state ``think`` (may differ from ``self.think``
-        when looking ahead through drafts). Failed rows get EOS only."""
+    def fill(self, bitmask: torch.Tensor, j: int, think: Any = _HERE) -> None:
+        """Row ``j`` of ``bitmask`` for this state (``think``: the thinking state a look-ahead
+        reached, see ``Lookahead.fill``). Failed rows get EOS only."""
+        if think is _HERE:
+            think = self.think
         ctx = self.ctx
         assert ctx is not None
         if self.error is None and think is not None and think.opening:
@@ -327,9 +343,9 @@ class SequenceState:
             return None
         return (think, 1) if matcher.accept_token(tok) else None
 
-    def forced_thinking_tokens(self) -> list[int] | None:
-        """At the thinking cap, the rest of the end marker (forced token by token); ``[]`` when
-        thinking below the cap or undecided; None when the answer has begun."""
+    def forced_prefix(self) -> list[int] | None:
+        """Before the answer: the tokens forced now (at the thinking cap, the rest of the end
+        marker; else ``[]``); None when the answer has begun (the grammar decides)."""
         think = self.think
         if think is None or think.done:
             return None
@@ -447,6 +463,10 @@ class Lookahead:
             self.advanced -= undo
             self.dropped += -delta - undo
         return True
+
+    def fill(self, bitmask: torch.Tensor, j: int) -> None:
+        """Row ``j``: the sequence's mask after the drafts walked so far."""
+        self.st.fill(bitmask, j, self.think)
 
     def terminated(self) -> bool:
         """Only EOS may follow the walked tokens (never while thinking or undecided)."""

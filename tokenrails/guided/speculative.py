@@ -3,7 +3,7 @@
 For a guided row with drafts ``d_0 … d_{k-1}`` the verifier scores ``k + 1`` positions. Mask row
 ``j`` is the mask after tentatively accepting ``d_0 … d_{j-1}``; the sequence is walked through
 its drafts with ``sequence.Lookahead`` (matcher advanced once per draft and rolled back by exactly
-what was advanced; thinking state carried along) — no matcher copies.
+what was advanced; a reasoning row's position carried along) — no matcher copies.
 
 Positions after the first draft the grammar forbids get an EOS-only row: verification rejects
 that draft (its target probability is 0 under the mask), so those positions are never sampled —
@@ -74,7 +74,7 @@ def _fill_block(ctx: RowContext, st: SequenceState, drafts: list[int], bitmask: 
             if dead:
                 eos_only_row(bitmask[base + j], eos)
                 continue
-            st.fill(walk.think, bitmask, base + j)
+            walk.fill(bitmask, base + j)
             if st.error is None and not bool(bitmask[base + j].any()):
                 # nothing allowed: an all -inf verification row would fail the engine's sampler
                 # for the whole batch. EOS only; at the real position (j == 0) the row ends.
@@ -150,7 +150,7 @@ class DraftCursor:
             if st is None:
                 eos_only_row(bitmask[index], eos_ids)
                 return
-            st.fill(self._walk.think if self._walk is not None else st.think, bitmask, index)
+            (self._walk if self._walk is not None else Lookahead(st)).fill(bitmask, index)
             if st.error is not None:
                 self.error = st.error
 
