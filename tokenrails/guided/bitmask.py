@@ -87,9 +87,9 @@ class MaskBuffer:
         return self._host
 
     def to_device(self, bitmask: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """``bitmask`` (host rows) on ``device``: itself on the CPU, else an async copy into the
-        buffer's device rows."""
-        if device.type == "cpu":
+        """``bitmask`` (host rows) on ``device``: itself when already there (the CPU), else an
+        async copy into the buffer's device rows."""
+        if bitmask.device == device or device.type == "cpu":
             return bitmask
         k = bitmask.shape[0]
         self.ensure(k, device)
@@ -97,9 +97,11 @@ class MaskBuffer:
         dev.copy_(bitmask, non_blocking=True)
         return dev
 
-    def apply(self, logits: torch.Tensor, bitmask: torch.Tensor, index: Sequence[int] | None) -> None:
+    def apply(self, logits: torch.Tensor, bitmask: torch.Tensor, index: Sequence[int] | None,
+              vocab_size: int | None = None) -> None:
         """Mask ``logits`` in place with one kernel call: row ``index[j]`` gets mask row ``j``
-        (``index`` None: row ``j`` gets row ``j``). Columns ≥ the vocabulary are never allowed."""
+        (``index`` None: row ``j`` gets row ``j``). Columns ≥ ``vocab_size`` (default: the
+        buffer's vocabulary) are never allowed."""
         k = bitmask.shape[0]
         if not k:
             return
@@ -115,4 +117,4 @@ class MaskBuffer:
                 dev_index = self._dev[device][1][:k]
                 dev_index.copy_(host_index, non_blocking=True)
         apply_token_bitmask_inplace(logits, self.to_device(bitmask, device), indices=dev_index,
-                                    vocab_size=self.vocab_size)
+                                    vocab_size=self.vocab_size if vocab_size is None else vocab_size)

@@ -185,7 +185,8 @@ def patched_apply_bitmask(original: Callable) -> Callable:
         if bitmask is None:
             return None
         with torch.inference_mode():
-            st.buffer(st.owner.core().vocab.vocab_size).apply(logits, bitmask, None)
+            width = min(logits.shape[-1], bitmask.shape[-1] * 32)
+            st.buffer(st.owner.core().vocab.vocab_size).apply(logits, bitmask, None, vocab_size=width)
         return None
 
     apply_bitmask.__wrapped__ = original
