@@ -163,5 +163,5 @@ def test_jump_over_the_forced_end_marker_at_the_thinking_cap(vocab, smollm2_toke
         assert b"".join(vocab.token_bytes[t] for t in jf.token_ids) == b"think>"
         st = mgr.apply_jump_forward(sid, 0, spec, jf)
         assert st.state is StepStatus.OK and st.accepted == len(jf.token_ids)
-        assert mgr.sequence(sid, 0).think.done
+        assert mgr.sequence(sid, 0).matcher.think.done
         assert mgr.jump_forward(sid, 0, spec, smollm2_tokenizer).is_noop  # [0-9]+: a choice

@@ -277,10 +277,10 @@ class GuidedDecodingManager:
         if reasoning is not None:
             state.start_reasoning(self.vocab, reasoning, prompt_token_ids, thinking_done)
         if state.error is None:
-            if state.thinking:
-                self.prefetch(spec)  # compile overlaps the thinking section; resolved on the marker
-            else:
+            if state.answering:
                 state.resolve()  # the grammar's first row is needed now
+            else:
+                self.prefetch(spec)  # the compile overlaps thinking; the matcher resolves it when needed
         state.grammar_init_s = time.perf_counter() - start
         self._seqs[(session_id, seq_id)] = state
         self._sessions.setdefault(session_id, set()).add(seq_id)

@@ -5,14 +5,14 @@ This is the bottom of the guided step (compare vLLM v1's per-request structured-
 matcher once it exists, the thinking state of a reasoning request, the constrained tokens accepted
 so far — and the transitions of its row:
 
-* ``fill``: write the row's next mask (grammar, thinking row, undecided optional thinking, or
-  EOS-only for a failed row);
+* ``fill``: write the row's next mask (its matcher's, or EOS-only for a failed row);
 * ``accept``: one sampled token → OK | TERMINATED | REJECTED (fail closed) | ERROR;
-* ``tentative`` / ``Lookahead``: walk draft tokens and restore the state exactly (speculative);
+* ``tentative`` / ``Lookahead``: walk draft tokens on the matcher and roll back exactly (speculative);
 * ``apply_jump``: roll back and accept forced tokens through the same ``accept`` as a sampled one;
 * ``finalize``: why the sequence ended and whether its output is a complete match.
 
-Nothing here knows about sessions, caches or engines: the manager (manager.py) creates states
+Nothing here knows about sessions, caches, engines or thinking sections (a think-first sequence's
+matcher is a ``reasoning.ThinkingMatcher``; the state asks it the ``Matcher`` contract's questions): the manager (manager.py) creates states
 and keeps the session table; the batched step (batch_step.py) fills and accepts many states.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from .backend import CompiledGuide, Matcher
 from .bitmask import eos_only_row
 from .errors import GuideError, GuideTimeoutError, TokenRejectedError, detached_copy
-from .reasoning import ReasoningConfig, ReasoningTracker, ThinkState, open_step, tracker_for
+from .reasoning import ReasoningConfig, ThinkingMatcher, tracker_for
 from .vocabulary import Vocabulary
 from .spec import GuideSpec
 
@@ -75,7 +75,6 @@ class RowStatus:
 
 
 OK = RowStatus(StepStatus.OK)
-_HERE = object()  # ``SequenceState.fill``: at the sequence's own position
 
 
 @dataclass(frozen=True)
@@ -128,9 +127,11 @@ class GrammarFuture:
 class SequenceState:
     """Everything kept for one (session, sequence).
 
-    ``matcher`` is None while a reasoning sequence is still thinking and its compile is not
-    needed yet (``grammar`` finishes it later), or when ``error`` is set.
-    ``history``: constrained tokens accepted so far (jump-forward rolls back through it).
+    ``matcher`` is None until the grammar is needed (``grammar`` finishes the compile then) or
+    when ``error`` is set. A think-first sequence's matcher is a ``reasoning.ThinkingMatcher``
+    from the start (it resolves the grammar itself, at the end of the thinking section); the state
+    only asks any matcher the ``Matcher`` contract's questions.
+    ``history``: every token the matcher accepted, in order (jump-forward rolls back through it).
     """
 
     spec_key: str
@@ -141,8 +142,6 @@ class SequenceState:
     tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
     spec: GuideSpec | None = None
-    tracker: ReasoningTracker | None = None
-    think: ThinkState | None = None
     history: list[int] = field(default_factory=list)
     grammar: GrammarFuture | None = None
     ctx: RowContext | None = None
@@ -150,90 +149,91 @@ class SequenceState:
     # ---- reasoning --------------------------------------------------------------------------
     def start_reasoning(self, vocab: Vocabulary, config: ReasoningConfig,
                         prompt_token_ids: Sequence[int] | None = None, thinking_done: bool | None = None) -> None:
-        """Think first: the row is free until the end marker (see reasoning.py). Where the
-        sequence starts is read from its prompt (or ``thinking_done``); a bad config or marker
-        fails the row (``error``)."""
+        """Think first: the sequence's matcher becomes a ``ThinkingMatcher`` (see reasoning.py),
+        started where the prompt (or ``thinking_done``) says; a bad config or marker fails the
+        row (``error``)."""
         try:
-            self.tracker = tracker_for(vocab, config)
-            self.think = self.tracker.initial(prompt_token_ids, thinking_done)
+            tracker = tracker_for(vocab, config)
+            think = tracker.initial(prompt_token_ids, thinking_done)
         except GuideError as exc:
             self.error = exc
+            return
+        self.matcher = ThinkingMatcher(tracker, think, self._new_grammar_matcher, self._grammar_failure)
 
     # ---- the grammar future --------------------------------------------------------------
+    def _new_grammar_matcher(self) -> Matcher:
+        """A fresh matcher of the spec's compiled grammar (waits for the compile; raises its error)."""
+        assert self.grammar is not None, "a state without matcher needs its grammar future"
+        start = time.perf_counter()
+        try:
+            return self.grammar.wait().matcher()
+        finally:
+            self.grammar_init_s += time.perf_counter() - start
+
+    def _grammar_failure(self) -> GuideError | None:
+        """The compile's error if it already failed (a copy: the cached one stays unpinned)."""
+        err = self.grammar.failure() if self.grammar is not None else None
+        return detached_copy(err) if err is not None else None
+
     def resolve(self) -> Matcher | None:
         """The matcher, finishing a deferred compile (waits up to its deadline); None once failed."""
         if self.matcher is not None or self.error is not None:
             return self.matcher
-        assert self.grammar is not None, "a state without matcher needs its grammar future"
-        start = time.perf_counter()
         try:
-            self.matcher = self.grammar.wait().matcher()
+            self.matcher = self._new_grammar_matcher()
         except GuideError as exc:
             self.error = exc
-        self.grammar_init_s += time.perf_counter() - start
         return self.matcher
 
-    def poll(self) -> None:
-        """Without waiting: record a finished compile's failure in ``error``."""
-        if self.matcher is None and self.error is None and self.grammar is not None:
-            err = self.grammar.failure()
-            if err is not None:
-                self.error = detached_copy(err)
+    def _fail(self, exc: GuideError) -> RowStatus:
+        self.error = exc
+        return RowStatus(StepStatus.ERROR, exc)
 
     # ---- where the row stands --------------------------------------------------------------
     @property
     def answering(self) -> bool:
-        """The constrained answer has begun (no reasoning, or its thinking section is over)."""
-        return self.think is None or self.think.done
+        """The constrained output has begun (always, without a thinking section)."""
+        return self.matcher is None or self.matcher.answering
 
     @property
     def thinking(self) -> bool:
-        """Inside the thinking section (decided, not ended)."""
-        return self.think is not None and self.think.thinking
+        """Inside a decided thinking section."""
+        return self.matcher is not None and self.matcher.thinking
 
     def batch_matcher(self) -> Matcher | None:
-        """The matcher a batched fill may fill for this row (a plain grammar row), else None:
-        failed, thinking and undecided rows are filled one by one by ``fill``."""
-        if self.error is not None or not self.answering:
+        """The matcher a batched fill may fill for this row, else None (failed rows, and rows a
+        matcher wants filled alone: ``Matcher.grammar_matcher``)."""
+        if self.error is not None:
             return None
-        return self.resolve()
+        matcher = self.resolve()
+        if matcher is None:
+            return None
+        try:
+            return matcher.grammar_matcher()
+        except GuideError as exc:
+            self.error = exc
+            return None
 
     # ---- fill ------------------------------------------------------------------------------
-    def fill(self, bitmask: torch.Tensor, j: int, think: Any = _HERE) -> None:
-        """Row ``j`` of ``bitmask`` for this state (``think``: the thinking state a look-ahead
-        reached, see ``Lookahead.fill``). Failed rows get EOS only."""
-        if think is _HERE:
-            think = self.think
+    def fill(self, bitmask: torch.Tensor, j: int) -> None:
+        """Row ``j`` of ``bitmask`` for this state, from its matcher's current position (a
+        look-ahead advances the matcher itself). Failed rows get EOS only."""
         ctx = self.ctx
         assert ctx is not None
-        if self.error is None and think is not None and think.opening:
-            # optional thinking, undecided: the grammar's row (after the tentatively fed marker
-            # prefix) OR the start marker's continuation; only the latter once the grammar refused
-            matcher = self.resolve()
-            if matcher is not None:
-                assert self.tracker is not None
-                t0 = time.perf_counter()
-                if think.answer_ok:
-                    matcher.fill_next_token_bitmask(bitmask, j)
-                self.tracker.fill_start(think, bitmask, j, union=think.answer_ok)
-                self.guided_time_s += time.perf_counter() - t0
-                return
-        if self.error is None and think is not None and not think.done:
-            self.poll()  # fail early: a bad spec is reported while thinking
-            if self.error is None:
-                assert self.tracker is not None
-                self.tracker.fill(think, bitmask, j)
-                return
         matcher = self.resolve() if self.error is None else None
-        if matcher is None:
-            eos_only_row(bitmask[j], ctx.eos_ids)
-            return
-        t0 = time.perf_counter()
-        matcher.fill_next_token_bitmask(bitmask, j)
-        took = time.perf_counter() - t0
-        self.guided_time_s += took
-        if took > ctx.max_fill_seconds:
-            self.end_slow(took, bitmask[j])
+        if matcher is not None:
+            t0 = time.perf_counter()
+            try:
+                matcher.fill_next_token_bitmask(bitmask, j)
+            except GuideError as exc:
+                self.error = exc
+            else:
+                took = time.perf_counter() - t0
+                self.guided_time_s += took
+                if took > ctx.max_fill_seconds:
+                    self.end_slow(took, bitmask[j])
+                return
+        eos_only_row(bitmask[j], ctx.eos_ids)
 
     def end_slow(self, took: float, row: torch.Tensor) -> None:
         """This row's fill took ``took`` s, past ``max_fill_seconds``: it ends with
@@ -251,58 +251,25 @@ class SequenceState:
         if self.error is not None:
             # A failed row may only have emitted EOS (its mask allowed nothing else).
             return RowStatus(StepStatus.ERROR, self.error)
-        eos = self.ctx.eos if self.ctx is not None else frozenset()
-        think = self.think
-        if think is not None and think.opening:
-            return self._accept_opening(tok, eos)
-        if think is not None and not think.done:
-            assert self.tracker is not None
-            nxt = self.tracker.advance(think, tok)
-            if nxt is None:
-                why = "while forcing the end of the thinking section" if self.tracker.forcing(think) else (
-                    "while thinking (EOS before the end marker, or bytes past the end marker in the same token)")
-                return self._reject(tok, why)
-            self.think = nxt
-            return OK
-        if self.resolve() is None:
+        matcher = self.resolve()
+        if matcher is None:
             return RowStatus(StepStatus.ERROR, self.error)
-        matcher = self.matcher
-        assert matcher is not None
+        eos = self.ctx.eos if self.ctx is not None else frozenset()
         if matcher.is_terminated():
             if tok in eos:
                 return RowStatus(StepStatus.TERMINATED)
             return self._reject(tok, "after the constraint was complete")
         t0 = time.perf_counter()
-        ok = matcher.accept_token(tok)
+        try:
+            ok = matcher.accept_token(tok)
+        except GuideError as exc:
+            return self._fail(exc)
         self.guided_time_s += time.perf_counter() - t0
         self.tokens += 1
         if not ok:
-            return self._reject(tok, "by the grammar")
+            return self._reject(tok, matcher.refusal())
         self.history.append(tok)
         if tok in eos:
-            return RowStatus(StepStatus.TERMINATED)
-        return OK
-
-    def _accept_opening(self, tok: int, eos: frozenset[int]) -> RowStatus:
-        """Optional thinking, undecided: the start marker or the answer's first tokens."""
-        matcher = self.resolve()
-        if matcher is None:
-            return RowStatus(StepStatus.ERROR, self.error)
-        assert self.tracker is not None and self.think is not None
-        t0 = time.perf_counter()
-        nxt, moved = open_step(self.tracker, matcher, self.think, tok)
-        self.guided_time_s += time.perf_counter() - t0
-        if nxt is None:
-            why = ("at the start of an optional thinking section (neither the start marker nor the "
-                   "grammar allows it here)")
-            return self._reject(tok, why)
-        if moved > 0:
-            self.history.append(tok)
-            self.tokens += 1
-        elif moved < 0:
-            del self.history[len(self.history) + moved:]
-        self.think = nxt
-        if nxt.done and tok in eos:
             return RowStatus(StepStatus.TERMINATED)
         return OK
 
@@ -323,56 +290,39 @@ class SequenceState:
             n += 1
         return RowStatus(status.state, status.error, accepted=n)
 
-    # ---- look-ahead (speculative drafts, jump-forward checks) ------------------------------
-    def tentative(self, think: ThinkState | None, tok: int) -> tuple[ThinkState | None, int] | None:
-        """Advance by one draft from ``think``: (new think state, matcher change) or None (not
-        allowed; nothing changed). The caller undoes the matcher change (see ``Lookahead``)."""
-        if think is not None and think.opening:
-            assert self.tracker is not None
-            matcher = self.resolve()
-            if matcher is None:
-                return None
-            nxt, delta = open_step(self.tracker, matcher, think, tok)
-            return None if nxt is None else (nxt, delta)
-        if think is not None and not think.done:
-            assert self.tracker is not None
-            nxt = self.tracker.advance(think, tok)
-            return None if nxt is None else (nxt, 0)
-        matcher = self.resolve()
+    # ---- look-ahead (speculative drafts) and jump-forward ------------------------------------
+    def tentative(self, tok: int) -> bool:
+        """Advance the matcher by one draft (no history, no counters); False: not allowed,
+        nothing changed. The caller rolls the matcher back (see ``Lookahead``)."""
+        matcher = self.resolve() if self.error is None else None
         if matcher is None or matcher.is_terminated():
-            return None
-        return (think, 1) if matcher.accept_token(tok) else None
+            return False
+        try:
+            return matcher.accept_token(tok)
+        except GuideError as exc:
+            self.error = exc
+            return False
 
     def forced_prefix(self) -> list[int] | None:
-        """Before the answer: the tokens forced now (at the thinking cap, the rest of the end
-        marker; else ``[]``); None when the answer has begun (the grammar decides)."""
-        think = self.think
-        if think is None or think.done:
-            return None
-        tracker = self.tracker
-        assert tracker is not None
-        ids: list[int] = []
-        while not think.done and tracker.forcing(think):
-            tok = tracker.forced_token(think)
-            nxt = tracker.advance(think, tok)
-            assert nxt is not None, "the forced marker token was refused"
-            ids.append(tok)
-            think = nxt
-        return ids
+        """Before the constrained output: the tokens forced now (``[]``: none); None once it
+        began (the grammar decides what is forced)."""
+        matcher = self.matcher
+        return None if matcher is None else matcher.forced_prefix()
 
     def apply_jump(self, rollback: int, token_ids: Sequence[int]) -> RowStatus:
-        """Roll the answer back ``rollback`` tokens, then accept ``token_ids`` exactly as sampled
+        """Roll the output back ``rollback`` tokens, then accept ``token_ids`` exactly as sampled
         tokens (same transitions, same history)."""
         if rollback > len(self.history):
             raise ValueError(f"cannot roll back {rollback} tokens: only {len(self.history)} were generated")
         if self.error is not None:
             return RowStatus(StepStatus.ERROR, self.error, accepted=0)
-        if rollback and not self.answering:
-            raise ValueError("cannot roll back: the answer has not started (thinking, or the optional "
-                             "thinking decision is still open)")
         matcher = self.resolve()
         if matcher is None:
             return RowStatus(StepStatus.ERROR, self.error, accepted=0)
+        limit = matcher.rollback_limit()
+        if rollback and limit is not None and rollback > limit:
+            raise ValueError("cannot roll back: the answer has not started (thinking, or the optional "
+                             "thinking decision is still open), or the roll-back reaches into it")
         if rollback:
             matcher.rollback(rollback)
             del self.history[len(self.history) - rollback:]
@@ -384,50 +334,37 @@ class SequenceState:
         ``GuidedDecodingManager.finalize``)."""
         if self.error is not None:
             return Finalization("error", False, self.error)
-        think = self.think
-        if think is not None and think.opening:
-            # Optional thinking, still undecided: the output is no full start marker, so it is the
-            # answer — complete iff the grammar (fed alongside the partial marker) accepts it.
-            ok = think.answer_ok and self.matcher is not None and self.matcher.is_accepting()
-            return Finalization(reason if ok else f"{reason}_incomplete", ok, thinking=not think.answer_ok)
-        if think is not None and not think.done:
-            return Finalization(f"{reason}_incomplete", False, thinking=True)
         matcher = self.matcher
         if matcher is None:  # never compiled, never used
             return Finalization(f"{reason}_incomplete", False)
-        if matcher.is_terminated():
-            return Finalization("stop", True)
-        if matcher.is_accepting():
-            return Finalization(reason, True)
-        return Finalization(f"{reason}_incomplete", False)
+        try:
+            if matcher.is_terminated():
+                return Finalization("stop", True)
+            if matcher.is_accepting():
+                return Finalization(reason, True)
+        except GuideError:  # the grammar was never needed and cannot be had now
+            pass
+        return Finalization(f"{reason}_incomplete", False, thinking=matcher.preamble)
 
     def may_end(self) -> bool:
-        """Whether the output is complete now (EOS would be a valid end): never while thinking;
-        while undecided only if the grammar accepts the answer so far."""
+        """Whether the output is complete now (EOS would be a valid end)."""
         if self.error is not None:
             return False
-        think = self.think
-        if think is not None and not think.done:
-            return think.opening and think.answer_ok and self.resolve() is not None \
-                and self.matcher is not None and self.matcher.is_accepting()
         matcher = self.resolve()
-        return matcher is not None and matcher.is_accepting()
+        try:
+            return matcher is not None and matcher.is_accepting()
+        except GuideError as exc:
+            self.error = exc
+            return False
 
 
 class Lookahead:
-    """Walks one sequence through draft tokens tentatively (thinking section included) and
-    restores its matcher exactly on exit: no matcher copies.
-
-    ``advanced``: tokens accepted on top of the lowest point reached; ``dropped``: tokens of the
-    sequence's own history rolled back below its real state (an undecided optional-thinking row
-    whose drafts complete the start marker), re-accepted on exit.
-    """
+    """Walks one sequence through draft tokens on its own matcher and rolls it back exactly on
+    exit (thinking sections included: the matcher's rollback is exact): no matcher copies."""
 
     def __init__(self, st: SequenceState):
         self.st = st
-        self.think = st.think
         self.advanced = 0
-        self.dropped = 0
 
     def __enter__(self) -> "Lookahead":
         return self
@@ -437,43 +374,27 @@ class Lookahead:
 
     def restore(self) -> None:
         """Put the sequence's matcher back where it was (idempotent)."""
-        if not (self.advanced or self.dropped):
-            return
-        matcher = self.st.matcher
-        assert matcher is not None
         if self.advanced:
+            matcher = self.st.matcher
+            assert matcher is not None
             matcher.rollback(self.advanced)
-        hist = self.st.history
-        for t in hist[len(hist) - self.dropped:] if self.dropped else ():
-            ok = matcher.accept_token(t)
-            assert ok, "re-accepting the sequence's own tokens failed"
-        self.advanced = self.dropped = 0
-        self.think = self.st.think
+            self.advanced = 0
 
     def advance(self, tok: int) -> bool:
         """Take one draft; False (state unchanged) when it is not allowed."""
-        moved = self.st.tentative(self.think, tok)
-        if moved is None:
+        if not self.st.tentative(int(tok)):
             return False
-        self.think, delta = moved
-        if delta >= 0:
-            self.advanced += delta
-        else:
-            undo = min(-delta, self.advanced)
-            self.advanced -= undo
-            self.dropped += -delta - undo
+        self.advanced += 1
         return True
 
     def fill(self, bitmask: torch.Tensor, j: int) -> None:
         """Row ``j``: the sequence's mask after the drafts walked so far."""
-        self.st.fill(bitmask, j, self.think)
+        self.st.fill(bitmask, j)
 
     def terminated(self) -> bool:
         """Only EOS may follow the walked tokens (never while thinking or undecided)."""
         if self.st.error is not None:
             return True
-        if self.think is not None and not self.think.done:
-            return False
         matcher = self.st.resolve()
         return matcher is None or matcher.is_terminated()
 
@@ -482,13 +403,11 @@ def count_valid(st: SequenceState, tokens: Sequence[int]) -> int:
     """Leading ``tokens`` allowed from ``st`` (thinking included); the state is left unchanged."""
     if st.error is not None:
         return 0
-    if st.answering:
-        matcher = st.resolve()
-        return 0 if matcher is None else matcher.validate_tokens([int(t) for t in tokens])
-    n = 0
-    with Lookahead(st) as walk:
-        for tok in tokens:
-            if not walk.advance(int(tok)):
-                break
-            n += 1
-    return n
+    matcher = st.resolve()
+    if matcher is None:
+        return 0
+    try:
+        return matcher.validate_tokens([int(t) for t in tokens])
+    except GuideError as exc:
+        st.error = exc
+        return 0
