@@ -205,7 +205,7 @@ class SequenceState:
         matcher wants filled alone: ``Matcher.grammar_matcher``)."""
         if self.error is not None:
             return None
-        matcher = self.resolve()
+        matcher = self.matcher or self.resolve()
         if matcher is None:
             return None
         try:
@@ -251,7 +251,7 @@ class SequenceState:
         if self.error is not None:
             # A failed row may only have emitted EOS (its mask allowed nothing else).
             return RowStatus(StepStatus.ERROR, self.error)
-        matcher = self.resolve()
+        matcher = self.matcher or self.resolve()
         if matcher is None:
             return RowStatus(StepStatus.ERROR, self.error)
         eos = self.ctx.eos if self.ctx is not None else frozenset()
