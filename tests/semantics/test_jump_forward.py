@@ -165,3 +165,28 @@ def test_jump_over_the_forced_end_marker_at_the_thinking_cap(vocab, smollm2_toke
         assert st.state is StepStatus.OK and st.accepted == len(jf.token_ids)
         assert mgr.sequence(sid, 0).matcher.think.done
         assert mgr.jump_forward(sid, 0, spec, smollm2_tokenizer).is_noop  # [0-9]+: a choice
+
+
+@pytest.mark.parametrize("mode", ["ids", "text"])
+def test_jump_never_retokenizes_back_into_the_thinking_section(vocab, smollm2_tokenizer, mode):
+    """Right after the end marker the forced text starts the answer: the rule may not join it with
+    the marker's or the thinking text's tokens (the sequence's history holds them too)."""
+    mgr = make_manager(vocab, "xgrammar")
+    spec = GuideSpec.regex("=abc[0-9]")  # ">" (the marker's end) + "=" is one token: ">="
+    end_ids = smollm2_tokenizer.encode("</think>", add_special_tokens=False)
+    cfg = ReasoningConfig.from_markers(end_ids if mode == "ids" else "</think>")
+    sid = ("back", mode)
+    row = GuidedRow(sid, 0, spec, reasoning=cfg)
+    mgr.begin_sequence(sid, 0, spec, reasoning=cfg)
+    thinking = smollm2_tokenizer.encode("ab ab", add_special_tokens=False) + end_ids
+    assert len(smollm2_tokenizer.encode(">=", add_special_tokens=False)) == 1
+    for t in thinking:
+        assert mgr.accept_tokens([t], [row])[0].state is StepStatus.OK
+    state = mgr.sequence(sid, 0)
+    assert state.answering and state.matcher.answer == []
+    jf = mgr.jump_forward(sid, 0, spec, smollm2_tokenizer, max_rollback=4)
+    assert jf.text == "=abc" and jf.rollback_tokens == 0
+    assert b"=abc".startswith(b"".join(vocab.token_bytes[t] for t in jf.token_ids))
+    status = mgr.apply_jump_forward(sid, 0, spec, jf)
+    assert status.state is StepStatus.OK and state.matcher.answer == list(jf.token_ids)
+    assert state.history == thinking + list(jf.token_ids)

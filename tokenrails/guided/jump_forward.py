@@ -100,8 +100,10 @@ def compute_jump_forward(
     if encode is None:
         return JumpForward(text, None, 0)
     hist = st.history
+    limit = matcher.rollback_limit()  # e.g. never back into a thinking section
+    deepest = min(max_rollback, len(hist), len(hist) if limit is None else limit)
     tokenized = False
-    for r in range(min(max_rollback, len(hist)), -1, -1):
+    for r in range(deepest, -1, -1):
         prev = hist[len(hist) - r:] if r else []
         prev_bytes = b"".join(vocab.token_bytes[t] for t in prev)
         try:
