@@ -2,8 +2,7 @@
 
 This is the bottom of the guided step (compare vLLM v1's per-request structured-output state): a
 ``SequenceState`` owns everything one sequence needs — the pending compile of its spec, the
-matcher once it exists, the thinking state of a reasoning request, the constrained tokens accepted
-so far — and the transitions of its row:
+matcher once it exists, the tokens accepted so far, its timings — and the transitions of its row:
 
 * ``fill``: write the row's next mask (its matcher's, or EOS-only for a failed row);
 * ``accept``: one sampled token → OK | TERMINATED | REJECTED (fail closed) | ERROR;
@@ -11,9 +10,10 @@ so far — and the transitions of its row:
 * ``apply_jump``: roll back and accept forced tokens through the same ``accept`` as a sampled one;
 * ``finalize``: why the sequence ended and whether its output is a complete match.
 
-Nothing here knows about sessions, caches, engines or thinking sections (a think-first sequence's
-matcher is a ``reasoning.ThinkingMatcher``; the state asks it the ``Matcher`` contract's questions): the manager (manager.py) creates states
-and keeps the session table; the batched step (batch_step.py) fills and accepts many states.
+Nothing here knows about sessions, caches, engines or thinking sections: a think-first
+sequence's matcher is a ``reasoning.ThinkingMatcher`` (made by ``start_reasoning``) and the state
+asks it the ``Matcher`` contract's questions. The manager (manager.py) creates states and keeps
+the session table; the batched step (batch_step.py) fills and accepts many states.
 """
 from __future__ import annotations
 
