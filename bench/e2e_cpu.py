@@ -33,7 +33,7 @@ from tokenrails.engine_patch.transformers import (  # noqa: E402
     manager_for,
     vocabulary_for,
 )
-from tokenrails.guided.batch_step import GuidedRow  # noqa: E402
+from tokenrails.guided.sequence import GuidedRow  # noqa: E402
 from tokenrails.demo_model import load_model  # noqa: E402
 
 EXTRACT = {

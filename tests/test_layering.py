@@ -22,28 +22,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tokenrails"
 CORE = ("tokenrails.guided", "tokenrails.kernels")
 ABOVE_CORE = ("tokenrails.engine_patch", "tokenrails.compat", "tokenrails.requests")
 
-# TEMPORARY: two circles another branch (the step-path redesign) removes. They are listed exactly,
-# member for member, so any other circle — or one of these growing — still fails the test. Delete
-# this allowlist when that branch is merged.
-ALLOWED_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        frozenset(
-            {
-                "tokenrails.guided.manager",
-                "tokenrails.guided.batch_step",
-                "tokenrails.guided.speculative",
-                "tokenrails.guided.jump_forward",
-                "tokenrails.guided.termination",
-            }
-        ),
-        frozenset(
-            {
-                "tokenrails.engine_patch.lmdeploy.logits",
-                "tokenrails.engine_patch.lmdeploy.overlap",
-            }
-        ),
-    }
-)
+ALLOWED_CYCLES: frozenset[frozenset[str]] = frozenset()
 
 
 def module_name(path: Path) -> str:

@@ -20,12 +20,12 @@ from .kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 # The manager pulls in thread pools and the decoding-semantics modules: import on first use.
 _LAZY = {
     "GuidedDecodingManager": "tokenrails.guided.manager",
-    "GuidedRow": "tokenrails.guided.batch_step",
-    "RowStatus": "tokenrails.guided.batch_step",
-    "StepStatus": "tokenrails.guided.batch_step",
+    "GuidedRow": "tokenrails.guided.sequence",
+    "RowStatus": "tokenrails.guided.sequence",
+    "StepStatus": "tokenrails.guided.sequence",
     "ReasoningConfig": "tokenrails.guided.reasoning",
     "JumpForward": "tokenrails.guided.jump_forward",
-    "Finalization": "tokenrails.guided.termination",
+    "Finalization": "tokenrails.guided.sequence",
     "spec_from_request": "tokenrails.requests",
     "parse_request": "tokenrails.requests",
 }

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import torch
 
-from .guided.batch_step import GuidedRow
+from .guided.sequence import GuidedRow, StepStatus
 from .guided.spec import GuideSpec
 
 PERIOD = 0.05
@@ -57,10 +57,9 @@ def _tick_loop(mgr, rows: list[GuidedRow], stop: threading.Event, gaps: list[flo
         last = t0
         logits = torch.randn((len(rows), vocab.vocab_size), generator=gen)
         mgr.fill_and_apply(logits, rows)
-        mgr.accept_tokens(logits.argmax(dim=1).tolist(), rows)
-        for r in rows:  # keep the rows alive: restart sequences that ended
-            st = mgr.state_for(r.session_id, r.seq_id, r.spec)
-            if st.error is not None or (st.matcher is not None and st.matcher.is_terminated()):
+        statuses = mgr.accept_tokens(logits.argmax(dim=1).tolist(), rows)
+        for r, st in zip(rows, statuses):  # keep the rows alive: restart sequences that ended
+            if st is not None and st.state is not StepStatus.OK:
                 mgr.release(r.session_id, r.seq_id)
         time.sleep(max(0.0, PERIOD - (time.perf_counter() - t0)))
 

@@ -13,12 +13,10 @@ import pytest
 import torch
 
 from tokenrails import GuideSpec
-from tokenrails.engine_patch.transformers import (
-    GuidedLogitsProcessor,
-    plan_jump,
-    validate_output,
-)
-from tokenrails.engine_patch.hf.jump_forward import make_encoder
+from tokenrails.engine_patch.hf.decode import _jump
+from tokenrails.engine_patch.transformers import GuidedLogitsProcessor, validate_output
+from tokenrails.guided.jump_forward import text_encoder
+from tokenrails.guided.manager import GuidedDecodingManager, GuidedRow, StepStatus
 from tokenrails.guided.registry import compile_guide
 
 SCHEMA = {
@@ -165,43 +163,53 @@ def _accepted_bytes(vocab, ids):
     return b"".join(vocab.token_bytes[i] for i in ids)
 
 
-@pytest.mark.parametrize("first", ['{"', "{"])
-def test_plan_jump_feeds_only_accepted_retokenized_forced_text(smollm2_tokenizer, vocab, first):
-    guide = compile_guide(GuideSpec.json_schema(LONG_KEYS, any_whitespace=False), vocab, backend="xgrammar")
-    m = guide.matcher()
-    tok = smollm2_tokenizer.encode(first, add_special_tokens=False)
+def _jump_setup(vocab, tokenizer, spec, first_text):
+    mgr = GuidedDecodingManager(vocab, backend="xgrammar", compile_workers=1)
+    row = GuidedRow("j", 0, spec)
+    tok = tokenizer.encode(first_text, add_special_tokens=False)
     assert len(tok) == 1
-    assert m.accept_token(tok[0])
-    forced = m.find_jump_forward_string()
+    assert mgr.accept_tokens(tok, [row])[0].state is StepStatus.OK
+    return mgr, row, tok[0]
+
+
+@pytest.mark.parametrize("first", ['{"', "{"])
+def test_loop_jump_feeds_only_accepted_retokenized_forced_text(smollm2_tokenizer, vocab, first):
+    """The decode loop's jump (the core rule, max_rollback=1): the sampled token and the forced
+    text retokenized, last token held back, applied through the sequence (history exact)."""
+    spec = GuideSpec.json_schema(LONG_KEYS, any_whitespace=False)
+    mgr, row, tok = _jump_setup(vocab, smollm2_tokenizer, spec, first)
+    forced = mgr.matcher_for("j", 0, spec).find_jump_forward_string()
     assert forced.startswith('"customer_identification_number": ' if first == "{" else "customer_identification")
-    plan = plan_jump(m, vocab, make_encoder(smollm2_tokenizer), tok[0], budget=100)
+    plan = _jump(mgr, "j", 0, spec, text_encoder(smollm2_tokenizer), tok, budget=100)
     assert plan is not None and len(plan) >= 2
-    full = vocab.token_bytes[tok[0]] + forced.encode()
+    full = vocab.token_bytes[tok] + forced.encode()
     got = _accepted_bytes(vocab, plan)
     assert full.startswith(got) and len(got) < len(full)  # the last token is held back
-    # the matcher accepted exactly the plan: the rest of the forced text is still forced
-    assert m.find_jump_forward_string().encode() == full[len(got):]
+    assert mgr.sequence("j", 0).history == plan  # the sequence followed the jump exactly
+    assert mgr.matcher_for("j", 0, spec).find_jump_forward_string().encode() == full[len(got):]
     assert plan == smollm2_tokenizer.encode(full.decode(), add_special_tokens=False)[: len(plan)]
 
 
-def test_plan_jump_none_leaves_matcher_unchanged(smollm2_tokenizer, vocab):
-    guide = compile_guide(GuideSpec.json_schema(LONG_KEYS, any_whitespace=False), vocab, backend="xgrammar")
-    m = guide.matcher()
-    first = smollm2_tokenizer.encode('{"', add_special_tokens=False)[0]
-    assert m.accept_token(first)
-    before = m.find_jump_forward_string()
-    assert plan_jump(m, vocab, make_encoder(smollm2_tokenizer), first, budget=1) is None  # no budget
-    assert m.find_jump_forward_string() == before
+def test_loop_jump_none_leaves_the_sequence_unchanged(smollm2_tokenizer, vocab):
+    spec = GuideSpec.json_schema(LONG_KEYS, any_whitespace=False)
+    mgr, row, first = _jump_setup(vocab, smollm2_tokenizer, spec, '{"')
+    before = mgr.matcher_for("j", 0, spec).find_jump_forward_string()
+    assert _jump(mgr, "j", 0, spec, text_encoder(smollm2_tokenizer), first, budget=1) is None  # no budget
+    assert mgr.matcher_for("j", 0, spec).find_jump_forward_string() == before
 
     def disagreeing_encoder(text):  # a tokenizer whose ids do not spell the text → must not jump
         return [first] * 5
 
-    assert plan_jump(m, vocab, disagreeing_encoder, first, budget=100) is None
-    assert m.find_jump_forward_string() == before
-    choice = compile_guide(GuideSpec.choice(["yes", "no"]), vocab, backend="xgrammar").matcher()
+    assert _jump(mgr, "j", 0, spec, disagreeing_encoder, first, budget=100) is None
+    assert mgr.matcher_for("j", 0, spec).find_jump_forward_string() == before
+    assert mgr.sequence("j", 0).history == [first]
+    choice = GuideSpec.choice(["yes", "no"])
     y = smollm2_tokenizer.encode("y", add_special_tokens=False)[0]
-    if choice.accept_token(y):
-        assert plan_jump(choice, vocab, make_encoder(smollm2_tokenizer), y, budget=100) in (None, [])
+    if mgr.accept_tokens([y], [GuidedRow("c", 0, choice)])[0].state is StepStatus.OK:
+        plan = _jump(mgr, "c", 0, choice, text_encoder(smollm2_tokenizer), y, budget=100)
+        # "y" + forced "es": retokenized; kept whole because it ends the output (only EOS follows)
+        assert plan is None or _accepted_bytes(vocab, plan) == b"yes"
+        assert mgr.sequence("c", 0).history == (plan or [y])
 
 
 def test_validate_output_oracles():

@@ -186,10 +186,10 @@ def test_unsupported_spec_reports_unsupported(mgr, vocab):
 def test_bitmask_buffer_is_reused(mgr, vocab):
     rows = [GuidedRow("z", i, GuideSpec.regex("[a-z]+")) for i in range(4)]
     mgr.fill_and_apply(torch.randn(4, vocab.vocab_size), rows)
-    buf = mgr.step._host
+    buf = mgr.step.buffer.host
     for _ in range(3):
         mgr.fill_and_apply(torch.randn(4, vocab.vocab_size), rows)
-    assert mgr.step._host is buf
+    assert mgr.step.buffer.host is buf
 
 
 def test_operator_policy_refuses_a_kind_for_that_row_only(vocab):

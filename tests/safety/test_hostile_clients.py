@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tokenrails as tr
-from tokenrails.guided.batch_step import GuidedRow, StepStatus
+from tokenrails.guided.sequence import GuidedRow, StepStatus
 from tokenrails.guided.errors import GuideError, InvalidGuideError
 from tokenrails.guided.manager import GuidedDecodingManager
 from tokenrails.guided.reasoning import ReasoningConfig, tracker_for
@@ -211,12 +211,15 @@ class _DeadEnd:
         bitmask[index].zero_()
         return True
 
+    def grammar_matcher(self):  # the Matcher contract: filled in its class's batch
+        return self
+
 
 def test_a_row_that_allows_nothing_ends_alone(vocab):
     manager = GuidedDecodingManager(vocab, compile_workers=1)
     spec = tr.GuideSpec.regex("[ab]+")
     rows = [GuidedRow("s", 0, spec), None, GuidedRow("s", 1, spec)]
-    manager.state_for("s", 0, spec).matcher = _DeadEnd()
+    manager.begin_sequence("s", 0, spec).matcher = _DeadEnd()
     logits = torch.zeros(3, vocab.vocab_size)
     statuses = manager.fill_and_apply(logits, rows)
     assert statuses[0].state is StepStatus.ERROR and "allows no token" in str(statuses[0].error)

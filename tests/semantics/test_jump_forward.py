@@ -64,7 +64,7 @@ def test_forced_strings_never_leave_the_language(vocab, backend):
                 assert jf.token_ids is None or jf.is_noop  # no tokenizer: text only
                 if jf.text and checked < 3:
                     m = mgr.matcher_for(("f", seed), 0, spec)
-                    prefix = text_of(vocab, mgr.state_for(("f", seed), 0, spec).history)
+                    prefix = text_of(vocab, mgr.sequence(("f", seed), 0).history)
                     for k in range(2):  # every sampled continuation starts with the forced text
                         rest = sample_completion(vocab, m, seed * 10 + k)
                         assert rest.startswith(jf.text), (jf.text, rest)
@@ -112,7 +112,7 @@ def test_retokenized_jumps_give_text_token_by_token_decoding_allows(vocab, smoll
                 raise AssertionError("did not terminate")
             assert jumps >= 2
             assert valid(text_of(vocab, ids))
-            assert mgr.state_for(sid, 0, spec).history == ids + [tok]
+            assert mgr.sequence(sid, 0).history == ids + [tok]
             # the very same tokens, one at a time, are allowed by a fresh matcher
             ref = reference_matcher(vocab, spec, backend)
             for t in ids + [tok]:
@@ -144,7 +144,7 @@ def test_no_jump_while_thinking_or_after_the_end(vocab, smollm2_tokenizer):
     while not mgr.matcher_for("u", 0, spec).is_terminated():
         worst_step(mgr, vocab, row)
     assert mgr.jump_forward("u", 0, spec, smollm2_tokenizer).is_noop
-    assert text_of(vocab, mgr.state_for("u", 0, spec).history[:-1]) == "abc"
+    assert text_of(vocab, mgr.sequence("u", 0).history[:-1]) == "abc"
 
 
 def test_jump_over_the_forced_end_marker_at_the_thinking_cap(vocab, smollm2_tokenizer):
@@ -163,5 +163,30 @@ def test_jump_over_the_forced_end_marker_at_the_thinking_cap(vocab, smollm2_toke
         assert b"".join(vocab.token_bytes[t] for t in jf.token_ids) == b"think>"
         st = mgr.apply_jump_forward(sid, 0, spec, jf)
         assert st.state is StepStatus.OK and st.accepted == len(jf.token_ids)
-        assert mgr.state_for(sid, 0, spec).think.done
+        assert mgr.sequence(sid, 0).matcher.think.done
         assert mgr.jump_forward(sid, 0, spec, smollm2_tokenizer).is_noop  # [0-9]+: a choice
+
+
+@pytest.mark.parametrize("mode", ["ids", "text"])
+def test_jump_never_retokenizes_back_into_the_thinking_section(vocab, smollm2_tokenizer, mode):
+    """Right after the end marker the forced text starts the answer: the rule may not join it with
+    the marker's or the thinking text's tokens (the sequence's history holds them too)."""
+    mgr = make_manager(vocab, "xgrammar")
+    spec = GuideSpec.regex("=abc[0-9]")  # ">" (the marker's end) + "=" is one token: ">="
+    end_ids = smollm2_tokenizer.encode("</think>", add_special_tokens=False)
+    cfg = ReasoningConfig.from_markers(end_ids if mode == "ids" else "</think>")
+    sid = ("back", mode)
+    row = GuidedRow(sid, 0, spec, reasoning=cfg)
+    mgr.begin_sequence(sid, 0, spec, reasoning=cfg)
+    thinking = smollm2_tokenizer.encode("ab ab", add_special_tokens=False) + end_ids
+    assert len(smollm2_tokenizer.encode(">=", add_special_tokens=False)) == 1
+    for t in thinking:
+        assert mgr.accept_tokens([t], [row])[0].state is StepStatus.OK
+    state = mgr.sequence(sid, 0)
+    assert state.answering and state.matcher.answer == []
+    jf = mgr.jump_forward(sid, 0, spec, smollm2_tokenizer, max_rollback=4)
+    assert jf.text == "=abc" and jf.rollback_tokens == 0
+    assert b"=abc".startswith(b"".join(vocab.token_bytes[t] for t in jf.token_ids))
+    status = mgr.apply_jump_forward(sid, 0, spec, jf)
+    assert status.state is StepStatus.OK and state.matcher.answer == list(jf.token_ids)
+    assert state.history == thinking + list(jf.token_ids)

@@ -85,12 +85,12 @@ def test_arbitrary_thinking_then_valid_json(vocab, end_ids, mode):
         if i in (0, 3, 29):
             assert torch.equal(allowed, free_row(vocab, thought, marker))
         thought += vocab.token_bytes[token]
-    state = mgr.state_for("s", 0, spec)
-    assert not state.think.done and state.history == [] and state.tokens == 0
+    state = mgr.sequence("s", 0)
+    assert not state.matcher.think.done and state.matcher.answer == []
     for t in end_ids:
         _, _, _, acc = step(mgr, vocab, row, gen, pick=t)
         assert acc.state is StepStatus.OK
-    assert state.think.done
+    assert state.matcher.think.done
     # the first constrained mask is the grammar's start mask, bit for bit
     ref = reference_matcher(vocab, spec, "xgrammar")
     logits = torch.zeros((1, vocab.vocab_size))
@@ -155,7 +155,7 @@ def test_end_marker_inside_a_multi_token_step(vocab, end_ids, mode):
     b = mgr.matcher_for("b", 0, spec)
     assert torch.equal(mask_row(a, vocab), mask_row(b, vocab))
     assert torch.equal(mask_row(b, vocab), mask_row(ref, vocab))
-    assert mgr.state_for("b", 0, spec).history == first
+    assert mgr.sequence("b", 0).matcher.answer == first
 
 
 def _first_mask_is_grammar(mgr, vocab, spec, row):
@@ -192,12 +192,12 @@ def test_prompt_decides_whether_thinking_is_over(vocab, smollm2_tokenizer, end_i
         cfg = ReasoningConfig.from_markers(END)
     prompt_ids = smollm2_tokenizer.encode(prompt, add_special_tokens=False)
     state = mgr.begin_sequence("p", 0, spec, reasoning=cfg, prompt_token_ids=prompt_ids)
-    assert state.think.done is done
+    assert state.matcher.think.done is done
     row = GuidedRow("p", 0, spec, reasoning=cfg)
     assert _first_mask_is_grammar(mgr, vocab, spec, row) is done
     # the explicit flag wins over the prompt
     state = mgr.begin_sequence("p", 1, spec, reasoning=cfg, prompt_token_ids=prompt_ids, thinking_done=not done)
-    assert state.think.done is (not done)
+    assert state.matcher.think.done is (not done)
 
 
 def test_prompt_ending_inside_the_marker_continues_the_match(vocab, smollm2_tokenizer, end_ids):
@@ -205,9 +205,9 @@ def test_prompt_ending_inside_the_marker_continues_the_match(vocab, smollm2_toke
     spec = GuideSpec.regex("[0-9]+")
     cfg = ReasoningConfig.from_markers(list(end_ids))
     state = mgr.begin_sequence("q", 0, spec, reasoning=cfg, prompt_token_ids=[tok(vocab, "ok"), *end_ids[:-1]])
-    assert not state.think.done and state.think.pos == len(end_ids) - 1
+    assert not state.matcher.think.done and state.matcher.think.pos == len(end_ids) - 1
     (acc,) = mgr.accept_tokens([end_ids[-1]], [GuidedRow("q", 0, spec, reasoning=cfg)])
-    assert acc.state is StepStatus.OK and state.think.done
+    assert acc.state is StepStatus.OK and state.matcher.think.done
 
 
 @pytest.mark.parametrize("mode", ["ids", "text"])
@@ -221,7 +221,8 @@ def test_thinking_cap_forces_the_end_marker(vocab, end_ids, mode, cap):
         _, allowed, _, acc = step(mgr, vocab, row, gen)
         assert allowed.sum() > 1 and acc.state is StepStatus.OK
     forced = []
-    while not mgr.state_for("c", 0, spec, reasoning=row.reasoning).think.done:
+    state = mgr.sequence("c", 0) or mgr.begin_sequence("c", 0, spec, reasoning=row.reasoning)
+    while not state.matcher.think.done:
         token, allowed, _, acc = step(mgr, vocab, row, gen)
         assert allowed.nonzero().reshape(-1).tolist() == [token]  # exactly one token allowed
         assert acc.state is StepStatus.OK

@@ -178,8 +178,8 @@ def test_drafts_through_a_thinking_end_marker(vocab, smollm2_tokenizer):
     assert torch.equal(torch.isfinite(logits[2 + len(end_ids)]), allowed_set(mask_row(ref, vocab), vocab.vocab_size))
     for j in range(3 + len(end_ids), len(drafts) + 1):  # after the illegal letter: EOS only
         assert torch.isfinite(logits[j]).nonzero().reshape(-1).tolist() == list(vocab.eos_ids)
-    state = mgr.state_for("t", 0, spec, reasoning=cfg)
-    assert not state.think.done and state.think.count == 0 and state.history == []
+    state = mgr.sequence("t", 0)
+    assert not state.matcher.think.done and state.matcher.think.count == 0 and state.matcher.answer == []
 
 
 def test_shape_mismatch_is_a_programming_error(vocab):

@@ -10,7 +10,6 @@ batched bitmask fill) and bitmask kernel as the LMDeploy integration. See docs/t
 from __future__ import annotations
 
 from .hf.decode import GenerationReport, GuidedResult, encode_prompts, generate_guided
-from .hf.jump_forward import plan_jump
 from .hf.processor import GuidedLogitsProcessor, RowReport
 from .hf.sampling import SamplingParams
 from .hf.validate import Verdict, validate_output
@@ -27,7 +26,6 @@ __all__ = [
     "generate_guided",
     "logits_width",
     "manager_for",
-    "plan_jump",
     "validate_output",
     "vocabulary_for",
 ]

@@ -23,6 +23,11 @@ Larger ``r`` is tried first (most context), down to 0. When no ``r`` is unambigu
 progress, ``token_ids`` is ``()``: nothing to append; the mask still forces the text.
 Engines that cannot append several tokens in one step should not call this (off by default).
 
+The transformers decode loop uses this rule with ``max_rollback=1`` (only the token it just
+sampled, which the model has not seen yet, may be re-tokenized) and applies the result with
+``SequenceState.apply_jump``, the same accept path as a sampled token, so the recorded history
+stays exact.
+
 While thinking there is nothing to jump over, except at the thinking cap: then the rest of the
 end marker is forced and returned as ``token_ids`` (``rollback_tokens`` = 0). While an optional
 thinking section is undecided (the model may still open it) nothing is forced: no jump.
@@ -30,16 +35,15 @@ thinking section is undecided (the model may still open it) nothing is forced: n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Sequence
 
 import torch
 
-from .batch_step import RowStatus, StepStatus
+from .bitmask import eos_only_row, words_for
+from .sequence import SequenceState
+from .vocabulary import Vocabulary
 
-if TYPE_CHECKING:
-    from .manager import GuidedDecodingManager, SequenceState
-
-__all__ = ["JumpForward", "apply_jump_forward", "compute_jump_forward"]
+__all__ = ["JumpForward", "compute_jump_forward", "text_encoder"]
 
 
 @dataclass(frozen=True)
@@ -61,39 +65,58 @@ class JumpForward:
 
 NOTHING = JumpForward("", (), 0)
 
+Encoder = Callable[[str], Sequence[int]]
+
+
+def text_encoder(tokenizer: Any) -> Encoder:
+    """Plain-text tokenization with a ``transformers`` tokenizer (no BOS/EOS added). Text that
+    spells a special token comes back as that special id, which the rule refuses (ambiguous)."""
+
+    def encode(text: str) -> list[int]:
+        return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+
+    return encode
+
 
 def compute_jump_forward(
-    mgr: "GuidedDecodingManager", st: "SequenceState", tokenizer: Any = None, *, max_rollback: int = 4
+    st: SequenceState, vocab: Vocabulary, encode: Encoder | None = None, *, max_rollback: int = 4
 ) -> JumpForward:
-    if st.error is not None or (st.think is not None and st.think.opening):
+    """The forced continuation of ``st`` under the rule above. A peek: the state (matcher,
+    history, thinking state) is exactly as on entry."""
+    if st.error is not None:
         return NOTHING
-    if st.think is not None and not st.think.done:
-        return _forced_end_marker(mgr, st)
-    matcher = mgr.resolve_matcher(st)
+    forced = st.forced_prefix()
+    if forced is not None:  # the answer has not begun: only what the sequence forces now
+        if not forced:
+            return NOTHING
+        data = b"".join(vocab.token_bytes[t] for t in forced)
+        return JumpForward(data.decode("utf-8", errors="replace"), tuple(forced), 0)
+    matcher = st.resolve()
     if matcher is None or matcher.is_terminated():
         return NOTHING
     text = matcher.find_jump_forward_string()
     if not text:
         return NOTHING
-    if tokenizer is None:
+    if encode is None:
         return JumpForward(text, None, 0)
-    vocab = mgr.vocab
     hist = st.history
+    limit = matcher.rollback_limit()  # e.g. never back into a thinking section
+    deepest = min(max_rollback, len(hist), len(hist) if limit is None else limit)
     tokenized = False
-    for r in range(min(max_rollback, len(hist)), -1, -1):
+    for r in range(deepest, -1, -1):
         prev = hist[len(hist) - r:] if r else []
         prev_bytes = b"".join(vocab.token_bytes[t] for t in prev)
         try:
             joined = (prev_bytes + text.encode("utf-8")).decode("utf-8")
         except UnicodeDecodeError:
             continue  # r splits a character: try fewer tokens
-        ids = [int(t) for t in tokenizer.encode(joined, add_special_tokens=False)]
+        ids = [int(t) for t in encode(joined)]
         if not ids or any(t in vocab.special_ids or not 0 <= t < vocab.num_tokens for t in ids):
             continue
         if b"".join(vocab.token_bytes[t] for t in ids) != joined.encode("utf-8"):
             continue
         tokenized = True
-        ids = _back_off_last(mgr, matcher, prev, ids)
+        ids = _back_off_last(vocab, matcher, prev, ids)
         common = 0
         while common < min(len(prev), len(ids)) and prev[common] == ids[common]:
             common += 1
@@ -106,24 +129,7 @@ def compute_jump_forward(
     return JumpForward(text, () if tokenized else None, 0)
 
 
-def _forced_end_marker(mgr: "GuidedDecodingManager", st: "SequenceState") -> JumpForward:
-    """At the thinking cap the rest of the end marker is forced token by token: jump over it."""
-    tracker, think = st.tracker, st.think
-    assert tracker is not None and think is not None
-    ids: list[int] = []
-    while not think.done and tracker.forcing(think):
-        tok = tracker.forced_token(think)
-        nxt = tracker.advance(think, tok)
-        assert nxt is not None, "the forced marker token was refused"
-        ids.append(tok)
-        think = nxt
-    if not ids:
-        return NOTHING
-    data = b"".join(mgr.vocab.token_bytes[t] for t in ids)
-    return JumpForward(data.decode("utf-8", errors="replace"), tuple(ids), 0)
-
-
-def _back_off_last(mgr: "GuidedDecodingManager", matcher, prev: list[int], ids: list[int]) -> list[int]:
+def _back_off_last(vocab: Vocabulary, matcher, prev: list[int], ids: list[int]) -> list[int]:
     """Drop the last token unless the joined text ends the output (only EOS may follow)."""
     r = len(prev)
     matcher.rollback(r) if r else None
@@ -132,7 +138,7 @@ def _back_off_last(mgr: "GuidedDecodingManager", matcher, prev: list[int], ids: 
     if n == len(ids):
         for t in ids:
             matcher.accept_token(t)
-        ends = _only_eos(mgr, matcher)
+        ends = _only_eos(vocab, matcher)
         matcher.rollback(len(ids))
     for t in prev:
         ok = matcher.accept_token(t)
@@ -140,14 +146,12 @@ def _back_off_last(mgr: "GuidedDecodingManager", matcher, prev: list[int], ids: 
     return ids if ends else ids[:-1]
 
 
-def _only_eos(mgr: "GuidedDecodingManager", matcher) -> bool:
-    words = (mgr.vocab.vocab_size + 31) // 32
+def _only_eos(vocab: Vocabulary, matcher) -> bool:
+    words = words_for(vocab.vocab_size)
     mask = torch.zeros((1, words), dtype=torch.int32)
     matcher.fill_next_token_bitmask(mask, 0)
     expect = torch.zeros((1, words), dtype=torch.int32)
-    from ..kernels._common import eos_only_row
-
-    eos_only_row(expect[0], mgr.vocab.eos_ids)
+    eos_only_row(expect[0], vocab.eos_ids)
     return torch.equal(mask, expect)
 
 
@@ -160,31 +164,3 @@ def _accepts_after_rollback(matcher, hist: list[int], rollback: int, append: tup
         for t in hist[len(hist) - rollback:]:
             assert matcher.accept_token(t), "re-accepting the sequence's own tokens failed"
     return ok
-
-
-def apply_jump_forward(mgr: "GuidedDecodingManager", st: "SequenceState", jump: JumpForward) -> RowStatus:
-    """Roll the matcher back ``jump.rollback_tokens`` and accept ``jump.token_ids``."""
-    if jump.token_ids is None:
-        raise ValueError("this jump has no token ids (ambiguous tokenization): only its text can be used")
-    if jump.rollback_tokens > len(st.history):
-        raise ValueError(f"cannot roll back {jump.rollback_tokens} tokens: only {len(st.history)} were generated")
-    if st.error is not None:
-        return RowStatus(StepStatus.ERROR, st.error, accepted=0)
-    if jump.rollback_tokens and st.think is not None and not st.think.done:
-        raise ValueError("cannot roll back: the answer has not started (thinking, or the optional "
-                         "thinking decision is still open)")
-    matcher = mgr.resolve_matcher(st)
-    if matcher is None:
-        return RowStatus(StepStatus.ERROR, st.error, accepted=0)
-    if jump.rollback_tokens:
-        matcher.rollback(jump.rollback_tokens)
-        del st.history[len(st.history) - jump.rollback_tokens:]
-    eos = set(mgr.vocab.eos_ids)
-    status = RowStatus(StepStatus.OK)
-    n = 0
-    for tok in jump.token_ids:
-        status = mgr.step.accept_one(st, int(tok), eos)
-        if status.failed:
-            break
-        n += 1
-    return RowStatus(status.state, status.error, accepted=n)

@@ -16,52 +16,34 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
 from .backend import CompiledGuide, Matcher
-from .batch_step import BatchedGuidedStep, GuidedRow, RowStatus, StepStatus
+from .batch_step import BatchedGuidedStep, FilledMask
+from .bitmask import MaskBuffer
 from .compile_cache import CompileCache
 from .compile_pool import CompilePool
 from .errors import GuideError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .gc_pause import gc_paused
-from .jump_forward import JumpForward, compute_jump_forward
+from .jump_forward import JumpForward, compute_jump_forward, text_encoder
 from .limits import DEFAULT_LIMITS, GuideLimits
 from .policy import DEFAULT_POLICY, GuidePolicy, check_policy
-from .reasoning import ReasoningConfig, ReasoningTracker, ThinkState, tracker_for
+from .reasoning import ReasoningConfig
 from .registry import compile_guide
+from .sequence import (
+    Finalization, GrammarFuture, GuidedRow, RowContext, RowStatus, SequenceState, StepStatus, count_valid,
+)
+from .speculative import DraftCursor, accept_tokens_spec, fill_and_apply_spec
 from .spec import GuideSpec
-from .termination import Finalization, finalize_state
 from .vocabulary import Vocabulary
 
 __all__ = [
     "Finalization", "GuidedDecodingManager", "GuidedRow", "JumpForward", "ReasoningConfig",
     "RowStatus", "SequenceState", "StepStatus",
 ]
-
-
-@dataclass
-class SequenceState:
-    """Everything the manager keeps for one (session, sequence).
-
-    ``matcher`` is None while a reasoning sequence is still thinking and its compile is not
-    needed yet (``spec`` is kept to finish it later), or when ``error`` is set.
-    ``history``: constrained tokens accepted so far (jump-forward rolls back through it).
-    """
-
-    spec_key: str
-    matcher: Matcher | None
-    error: GuideError | None = None
-    grammar_init_s: float = 0.0
-    guided_time_s: float = 0.0
-    tokens: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-    spec: GuideSpec | None = None
-    tracker: ReasoningTracker | None = None
-    think: ThinkState | None = None
-    history: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -131,8 +113,11 @@ class GuidedDecodingManager:
         self.counters = dict.fromkeys(
             ("cache_hits", "cache_misses", "compiles", "compile_failures", "timeouts", "rejections"), 0
         )
+        self.counters["rejections"] = 0
+        self._row_ctx = RowContext(vocab.eos_ids, self.limits.max_fill_seconds, self.counters)
+        self._buffer = MaskBuffer(vocab.vocab_size, device)
         self.step = BatchedGuidedStep(
-            self, fill_threads=fill_threads, parallel_fill_threshold=parallel_fill_threshold, device=device
+            self._row_ctx, self._buffer, fill_threads=fill_threads, parallel_fill_threshold=parallel_fill_threshold,
         )
 
     # ---- compilation ---------------------------------------------------------------------
@@ -217,32 +202,57 @@ class GuidedDecodingManager:
                 "constraint did not finish in time", limit="compile_timeout_s", value=self.limits.compile_timeout_s,
             ))
 
+    def _failure(self, key: str) -> GuideError | None:
+        hit = self._cache.get(key)
+        return hit if isinstance(hit, GuideError) else None
+
+    def _grammar(self, spec: GuideSpec) -> GrammarFuture:
+        """The state's handle on its spec's compile (this manager's cache and pool)."""
+        return GrammarFuture(functools.partial(self.get_compiled, spec),
+                             functools.partial(self._failure, spec.key))
+
     # ---- sequences -----------------------------------------------------------------------
     @_serialized
     def matcher_for(self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec) -> Matcher:
         """This sequence's matcher for ``spec`` (created on first use); raises its GuideError."""
-        state = self.state_for(session_id, seq_id, spec)
-        self.resolve_matcher(state)
+        state = self._state_for(session_id, seq_id, spec)
+        state.resolve()
         if state.error is not None:
             raise detached_copy(state.error)
         assert state.matcher is not None
         return state.matcher
 
-    def state_for(
+    def sequence(self, session_id: Hashable, seq_id: Hashable) -> SequenceState | None:
+        """The sequence's state, if it exists, for reading (an adapter watching where a row
+        stands, a test). Changing it is the step methods' job."""
+        return self._seqs.get((session_id, seq_id))
+
+    def _state_for(
         self,
         session_id: Hashable,
         seq_id: Hashable,
         spec: GuideSpec,
         reasoning: ReasoningConfig | None = None,
     ) -> SequenceState:
-        """The sequence's state; a compile failure is stored in ``state.error``, not raised.
-
-        ``reasoning`` is read only when the state is created (see ``begin_sequence``).
-        """
+        """The sequence's state (created on first sight); a compile failure is stored in
+        ``state.error``, not raised. ``reasoning`` is read only when the state is created."""
         state = self._seqs.get((session_id, seq_id))
         if state is not None and state.spec_key == spec.key:
             return state
         return self.begin_sequence(session_id, seq_id, spec, reasoning=reasoning)
+
+    def _states(self, rows: Sequence[GuidedRow | None]) -> list[SequenceState | None]:
+        seqs = self._seqs
+        out: list[SequenceState | None] = []
+        for r in rows:
+            if r is None:
+                out.append(None)
+                continue
+            st = seqs.get((r.session_id, r.seq_id))
+            if st is None or st.spec_key != r.spec.key:
+                st = self.begin_sequence(r.session_id, r.seq_id, r.spec, reasoning=r.reasoning)
+            out.append(st)
+        return out
 
     @_serialized
     def begin_sequence(
@@ -263,42 +273,18 @@ class GuidedDecodingManager:
         ``reasoning.optional``: undecided, the model may open it or answer directly).
         """
         start = time.perf_counter()
-        state = SequenceState(spec.key, None, None, spec=spec)
+        state = SequenceState(spec.key, None, None, spec=spec, grammar=self._grammar(spec), ctx=self._row_ctx)
         if reasoning is not None:
-            try:
-                state.tracker = tracker_for(self.vocab, reasoning)
-                state.think = state.tracker.initial(prompt_token_ids, thinking_done)
-            except GuideError as exc:
-                state.error = exc
+            state.start_reasoning(self.vocab, reasoning, prompt_token_ids, thinking_done)
         if state.error is None:
-            if state.think is not None and state.think.thinking:
-                self.prefetch(spec)  # compile overlaps the thinking section; resolved on the marker
+            if state.answering:
+                state.resolve()  # the grammar's first row is needed now
             else:
-                self.resolve_matcher(state)  # undecided optional thinking needs the grammar's row now
+                self.prefetch(spec)  # the compile overlaps thinking; the matcher resolves it when needed
         state.grammar_init_s = time.perf_counter() - start
         self._seqs[(session_id, seq_id)] = state
         self._sessions.setdefault(session_id, set()).add(seq_id)
         return state
-
-    def resolve_matcher(self, state: SequenceState) -> Matcher | None:
-        """The state's matcher, finishing a deferred compile (waits up to its deadline)."""
-        if state.matcher is not None or state.error is not None:
-            return state.matcher
-        assert state.spec is not None
-        start = time.perf_counter()
-        try:
-            state.matcher = self.get_compiled(state.spec).matcher()
-        except GuideError as exc:
-            state.error = exc
-        state.grammar_init_s += time.perf_counter() - start
-        return state.matcher
-
-    def poll_compile(self, state: SequenceState) -> None:
-        """Without waiting: record a finished compile's failure in ``state.error``."""
-        if state.matcher is None and state.error is None and state.spec is not None:
-            hit = self._cache.get(state.spec.key)
-            if isinstance(hit, GuideError):
-                state.error = detached_copy(hit)
 
     @_serialized
     def release(self, session_id: Hashable, seq_id: Hashable) -> None:
@@ -318,21 +304,29 @@ class GuidedDecodingManager:
     # ---- the batched step (see batch_step.py) ---------------------------------------------
     @_serialized
     def fill_and_apply(self, logits: torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:
-        return self.step.fill_and_apply(logits, rows)
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
+        return self.step.fill_and_apply(logits, self._states(rows))
 
     @_serialized
-    def fill_rows(self, rows: Sequence[GuidedRow | None], buffer: torch.Tensor | None = None):
+    def fill_rows(self, rows: Sequence[GuidedRow | None], buffer: torch.Tensor | None = None) -> FilledMask:
         """The step's mask without applying it (``FilledMask``): an engine can compute it while
         the model runs, then ``apply_filled`` it to the logits."""
-        return self.step.fill_rows(rows, buffer)
+        return self.step.fill(self._states(rows), buffer)
 
     @_serialized
-    def apply_filled(self, logits: torch.Tensor, filled) -> list[RowStatus | None]:
-        return self.step.apply_filled(logits, filled)
+    def apply_filled(self, logits: torch.Tensor, filled: FilledMask) -> list[RowStatus | None]:
+        return self.step.apply(logits, filled)
 
     @_serialized
     def accept_tokens(self, token_ids: Sequence[int] | torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:
-        return self.step.accept_tokens(token_ids, rows)
+        return self.step.accept(token_ids, self._states(rows))
+
+    @_serialized
+    def may_end(self, row: GuidedRow) -> bool:
+        """Whether the row's output is complete now, so EOS would end it validly (a row still
+        thinking, or undecided, never is unless the grammar accepts the empty answer)."""
+        return self._states([row])[0].may_end()  # type: ignore[union-attr]
 
     # ---- speculative decoding (see speculative.py) -----------------------------------------
     @_serialized
@@ -345,18 +339,25 @@ class GuidedDecodingManager:
         has ``k`` drafts); logits row ``j`` of that block gets the mask after drafts ``< j``.
         Matchers are advanced tentatively and rolled back: the state is unchanged afterwards.
         """
-        from .speculative import fill_and_apply_spec
-
-        return fill_and_apply_spec(self.step, logits, rows, drafts)
+        if len(drafts) != len(rows):
+            raise ValueError(f"{len(drafts)} draft lists for {len(rows)} rows")
+        return fill_and_apply_spec(self._row_ctx, self._buffer, logits, self._states(rows), drafts)
 
     @_serialized
     def accept_tokens_spec(
         self, accepted: Sequence[Sequence[int]], rows: Sequence[GuidedRow | None]
     ) -> list[RowStatus | None]:
         """After verification: accept each row's tokens (accepted drafts + the bonus token)."""
-        from .speculative import accept_tokens_spec
+        if len(accepted) != len(rows):
+            raise ValueError(f"{len(accepted)} token lists for {len(rows)} rows")
+        return accept_tokens_spec(accepted, self._states(rows))
 
-        return accept_tokens_spec(self.step, accepted, rows)
+    @_serialized
+    def draft_cursor(self, row: GuidedRow | None, error: GuideError | None = None) -> DraftCursor:
+        """A cursor that walks the row's sequence through an engine's drafts and rolls back
+        exactly; its methods take this manager's step lock."""
+        st = self._states([row])[0] if row is not None and error is None else None
+        return DraftCursor(st, self._step_lock, error)
 
     @_serialized
     def validate_drafts(
@@ -364,28 +365,30 @@ class GuidedDecodingManager:
         *, reasoning: ReasoningConfig | None = None,
     ) -> int:
         """How many leading ``tokens`` are allowed from the sequence's state (state unchanged)."""
-        from .speculative import count_valid
-
-        return count_valid(self.step, self.state_for(session_id, seq_id, spec, reasoning=reasoning), tokens)
+        return count_valid(self._state_for(session_id, seq_id, spec, reasoning=reasoning), tokens)
 
     # ---- jump-forward and termination -------------------------------------------------------
     @_serialized
     def jump_forward(
         self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec, tokenizer: Any = None,
-        *, max_rollback: int = 4,
+        *, max_rollback: int = 4, encode: Callable[[str], Sequence[int]] | None = None,
     ) -> JumpForward:
-        """The forced continuation of the sequence (see jump_forward.py for the retokenization rule)."""
-        state = self.state_for(session_id, seq_id, spec)
-        return compute_jump_forward(self, state, tokenizer, max_rollback=max_rollback)
+        """The forced continuation of the sequence (see jump_forward.py for the retokenization
+        rule); state unchanged. ``encode`` (plain-text tokenization) wins over ``tokenizer``."""
+        if encode is None and tokenizer is not None:
+            encode = text_encoder(tokenizer)
+        state = self._state_for(session_id, seq_id, spec)
+        return compute_jump_forward(state, self.vocab, encode, max_rollback=max_rollback)
 
     @_serialized
     def apply_jump_forward(
         self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec, jump: JumpForward
     ) -> RowStatus:
-        """Make the matcher follow a jump the engine applied: roll back, then accept its tokens."""
-        from .jump_forward import apply_jump_forward
-
-        return apply_jump_forward(self, self.state_for(session_id, seq_id, spec), jump)
+        """Make the sequence follow a jump the engine applied: roll back, then accept its tokens
+        through the same path as sampled tokens."""
+        if jump.token_ids is None:
+            raise ValueError("this jump has no token ids (ambiguous tokenization): only its text can be used")
+        return self._state_for(session_id, seq_id, spec).apply_jump(jump.rollback_tokens, jump.token_ids)
 
     @_serialized
     def finalize(self, session_id: Hashable, seq_id: Hashable, reason: str = "length") -> Finalization:
@@ -399,15 +402,7 @@ class GuidedDecodingManager:
         state = self._seqs.get((session_id, seq_id))
         if state is None:
             raise KeyError(f"no guided sequence ({session_id!r}, {seq_id!r})")
-        think = state.think
-        if state.error is None and think is not None and think.opening:
-            # Optional thinking, still undecided: the output is no full start marker, so it is the
-            # answer — complete iff the grammar (fed alongside the partial marker) accepts it.
-            # (EOS through the grammar would already have decided; ``thinking`` = only a
-            # thinking section can follow.)
-            ok = think.answer_ok and state.matcher is not None and state.matcher.is_accepting()
-            return Finalization(reason if ok else f"{reason}_incomplete", ok, thinking=not think.answer_ok)
-        return finalize_state(state, reason)
+        return state.finalize(reason)
 
     def finish_reason(self, session_id: Hashable, seq_id: Hashable, reason: str = "length") -> str:
         return self.finalize(session_id, seq_id, reason).finish_reason
@@ -433,4 +428,3 @@ class GuidedDecodingManager:
     def close(self) -> None:
         """Stop the compile pool (queued compiles are cancelled; running ones end on daemon threads)."""
         self._pool.close()
-        self.step.close()

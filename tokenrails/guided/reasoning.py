@@ -23,14 +23,16 @@ per-(vocabulary, config) tables and the transition function.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from .errors import InvalidGuideError
+from .bitmask import set_only, words_for
+from .backend import Matcher
+from .errors import GuideError, InvalidGuideError
 from .vocabulary import Vocabulary
 
-__all__ = ["ReasoningConfig", "ReasoningTracker", "ThinkState", "open_step", "tracker_for"]
+__all__ = ["ReasoningConfig", "ReasoningTracker", "ThinkState", "ThinkingMatcher", "open_step", "tracker_for"]
 
 MatchMode = Literal["ids", "text"]
 
@@ -207,7 +209,7 @@ class ReasoningTracker:
             self.marker = config.end_text.encode("utf-8")  # type: ignore[union-attr]
             self.start = (config.start_text or "").encode("utf-8")
         self._open_rows: dict[int, torch.Tensor] = {}
-        self.words = (vocab.vocab_size + 31) // 32
+        self.words = words_for(vocab.vocab_size)
         self._rows: dict[int, torch.Tensor] = {}
         self._forced: dict[int, int] = {}
         self._eos = frozenset(vocab.eos_ids)
@@ -369,10 +371,7 @@ class ReasoningTracker:
     def fill(self, state: ThinkState, bitmask: torch.Tensor, index: int) -> None:
         """Write the thinking row for ``state`` into ``bitmask[index]``."""
         if self.forcing(state):
-            row = bitmask[index]
-            row.zero_()
-            t = self.forced_token(state)
-            row[t // 32] = _bit(t % 32)
+            set_only(bitmask[index], self.forced_token(state))
             return
         key = state.pos if self.mode == "text" else -1
         row = self._rows.get(key)
@@ -453,10 +452,6 @@ def _pack(bits: torch.Tensor) -> torch.Tensor:
     return packed.to(torch.int32)
 
 
-def _bit(i: int) -> int:
-    return -(1 << 31) if i == 31 else 1 << i
-
-
 def _rfind(seq: Sequence, marker: Sequence) -> int:
     if not marker:
         return -1
@@ -484,3 +479,169 @@ def _rstrip_ids(ids: Sequence[int], vocab: Vocabulary) -> Sequence[int]:
 def tracker_for(vocab: Vocabulary, config: ReasoningConfig) -> ReasoningTracker:
     """The shared tracker for this vocabulary and config (configs can come from requests: bounded LRU)."""
     return vocab.cached_lru("reasoning:trackers", repr(config), lambda: ReasoningTracker(vocab, config))
+
+
+class ThinkingMatcher(Matcher):
+    """The matcher of a sequence that may think first: the thinking section's rules (free row,
+    no EOS, the cap, text-mode end marker) until the end marker, then the grammar's matcher.
+
+    The grammar's matcher is made by ``grammar()`` only when needed (undecided optional thinking
+    needs its row at once; a decided thinking section overlaps the compile and resolves it at
+    the end marker); ``grammar()`` raises the compile's ``GuideError``. While thinking,
+    ``failure()`` reports a compile that already failed, so a bad spec fails early.
+
+    Every accepted token pushes one undo record (previous ``ThinkState``, grammar tokens added or
+    removed), so ``rollback(n)`` is exact across the start marker, the end marker and tentatively
+    fed marker prefixes (speculative drafts, jump-forward). ``answer``: the tokens the grammar
+    holds (the constrained output so far).
+    """
+
+    def __init__(self, tracker: ReasoningTracker, think: ThinkState, grammar: Callable[[], Matcher],
+                 failure: Callable[[], GuideError | None] = lambda: None):
+        self.vocab = tracker.vocab
+        self.tracker = tracker
+        self.think = think
+        self._initial = think
+        self._grammar = grammar
+        self._failure = failure
+        self.inner: Matcher | None = None
+        self.answer: list[int] = []
+        self._undo: list[tuple[ThinkState, int, tuple[int, ...]]] = []
+        self._refusal = "by the grammar"
+
+    def _inner(self) -> Matcher:
+        if self.inner is None:
+            self.inner = self._grammar()
+        return self.inner
+
+    # ---- where the sequence stands -------------------------------------------------------
+    @property
+    def answering(self) -> bool:
+        return self.think.done
+
+    @property
+    def thinking(self) -> bool:
+        return self.think.thinking
+
+    @property
+    def preamble(self) -> bool:
+        think = self.think
+        return think.thinking or (think.opening and not think.answer_ok)
+
+    def grammar_matcher(self) -> Matcher | None:
+        return self._inner() if self.think.done else None
+
+    def rollback_limit(self) -> int:
+        return len(self.answer) if self.think.done else 0
+
+    def refusal(self) -> str:
+        return self._refusal
+
+    def forced_prefix(self) -> list[int] | None:
+        think = self.think
+        if think.done:
+            return None
+        tracker = self.tracker
+        ids: list[int] = []
+        while not think.done and tracker.forcing(think):
+            tok = tracker.forced_token(think)
+            nxt = tracker.advance(think, tok)
+            assert nxt is not None, "the forced marker token was refused"
+            ids.append(tok)
+            think = nxt
+        return ids
+
+    # ---- the Matcher contract ------------------------------------------------------------
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
+        think = self.think
+        if think.opening:
+            # undecided: the grammar's row (after the tentatively fed marker prefix) OR the start
+            # marker's continuation; only the latter once the grammar refused the prefix
+            if think.answer_ok:
+                self._inner().fill_next_token_bitmask(bitmask, index)
+            self.tracker.fill_start(think, bitmask, index, union=think.answer_ok)
+            return True
+        if not think.done:
+            err = self._failure()
+            if err is not None:
+                raise err
+            self.tracker.fill(think, bitmask, index)
+            return True
+        return self._inner().fill_next_token_bitmask(bitmask, index)
+
+    def accept_token(self, token_id: int) -> bool:
+        tok = int(token_id)
+        think = self.think
+        if think.opening:
+            nxt, moved = open_step(self.tracker, self._inner(), think, tok)
+            if nxt is None:
+                self._refusal = ("at the start of an optional thinking section (neither the start "
+                                 "marker nor the grammar allows it here)")
+                return False
+            dropped: tuple[int, ...] = ()
+            if moved > 0:
+                self.answer.append(tok)
+            elif moved < 0:
+                dropped = tuple(self.answer[len(self.answer) + moved:])
+                del self.answer[len(self.answer) + moved:]
+            self._undo.append((think, moved, dropped))
+            self.think = nxt
+            return True
+        if not think.done:
+            nxt = self.tracker.advance(think, tok)
+            if nxt is None:
+                self._refusal = ("while forcing the end of the thinking section" if self.tracker.forcing(think)
+                                 else "while thinking (EOS before the end marker, or bytes past the end "
+                                      "marker in the same token)")
+                return False
+            self._undo.append((think, 0, ()))
+            self.think = nxt
+            return True
+        inner = self._inner()
+        if not inner.accept_token(tok):
+            self._refusal = "by the grammar"
+            return False
+        self.answer.append(tok)
+        self._undo.append((think, 1, ()))
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > len(self._undo):
+            raise ValueError(f"cannot roll back {num_tokens} tokens: only {len(self._undo)} were accepted")
+        for _ in range(num_tokens):
+            think, moved, dropped = self._undo.pop()
+            if moved > 0:
+                assert self.inner is not None
+                self.inner.rollback(moved)
+                del self.answer[len(self.answer) - moved:]
+            elif moved < 0:
+                assert self.inner is not None
+                for t in dropped:
+                    ok = self.inner.accept_token(t)
+                    assert ok, "re-accepting the sequence's own tokens failed"
+                self.answer.extend(dropped)
+            self.think = think
+
+    def is_terminated(self) -> bool:
+        return self.think.done and self.inner is not None and self.inner.is_terminated()
+
+    def is_accepting(self) -> bool:
+        think = self.think
+        if think.done or (think.opening and think.answer_ok):
+            return self._inner().is_accepting()
+        return False
+
+    def find_jump_forward_string(self) -> str:
+        return self._inner().find_jump_forward_string() if self.think.done else ""
+
+    def validate_tokens(self, tokens: Sequence[int]) -> int:
+        if self.think.done:
+            return self._inner().validate_tokens(tokens)
+        return super().validate_tokens(tokens)
+
+    def reset(self) -> None:
+        if self.inner is not None:
+            self.inner.reset()
+        self.think = self._initial
+        self.answer.clear()
+        self._undo.clear()

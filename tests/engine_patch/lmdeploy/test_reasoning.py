@@ -302,8 +302,8 @@ def test_spec_decode_cursor_follows_thinking(lm, think_tokenizer, think_vocab):
     # target side, position by position, the same decisions
     assert torch.isfinite(target[0, 0, letter]) and not torch.isfinite(target[0, 0, EOS])
     assert torch.isfinite(target[0, 2, digit]) and not torch.isfinite(target[0, 2, letter])
-    st = mgr.core().state_for(10, (seq.seq_id, seq.output_start_pos), _spec(RF))
-    assert st.think.done and st.history == [digit, digit]
+    st = mgr.core().sequence(10, (seq.seq_id, seq.output_start_pos))
+    assert st.matcher.think.done and st.matcher.answer == [digit, digit]
 
 
 def _spec(rf):

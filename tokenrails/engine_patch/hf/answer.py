@@ -1,6 +1,6 @@
 """Where each reasoning row's constrained answer begins in its generated tokens.
 
-The manager's per-sequence ``ThinkState`` says whether the row is thinking, undecided (optional
+The manager's per-sequence state says whether the row is thinking, undecided (optional
 thinking) or answering; watching it after every accepted token gives the answer's first index:
 the token after the end marker, or 0 when the row answered directly (an undecided row whose first
 tokens were the answer) or the prompt had already closed the section. Only the answer is
@@ -22,10 +22,9 @@ class AnswerTracker:
 
     def watch(self, i: int, state: Any) -> None:
         """Follow row ``i``'s ``SequenceState`` (from ``begin_sequence``), before its first token."""
-        think = state.think
         self._states[i] = state
-        self._thought[i] = think is not None and think.thinking
-        self._start[i] = 0 if think is None or think.done else None
+        self._thought[i] = state.thinking
+        self._start[i] = 0 if state.answering else None
 
     def answering(self, i: int) -> bool:
         """The row's answer has begun (unwatched rows always answer)."""
@@ -39,10 +38,9 @@ class AnswerTracker:
             self._count[i] += 1
             if self._start[i] is not None:
                 continue
-            think = state.think
-            if think is not None and think.thinking:
+            if state.thinking:
                 self._thought[i] = True
-            elif think is None or think.done:
+            elif state.answering:
                 self._start[i] = self._count[i] if self._thought[i] else 0
 
     def start(self, i: int) -> int | None:

@@ -19,13 +19,13 @@ from typing import Any, Sequence
 
 import torch
 
-from ...guided.batch_step import GuidedRow, StepStatus
+from ...guided.sequence import GuidedRow, StepStatus
 from ...guided.errors import GuideError
+from ...guided.jump_forward import JumpForward, text_encoder
 from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
 from ..reasoning import configs_for_rows, prompt_for_reading
 from .answer import AnswerTracker
-from .jump_forward import make_encoder, plan_jump
 from .sampling import SamplingParams, choose_tokens
 from .validate import error_category, validate_output
 from .vocab import logits_width, manager_for, vocabulary_for
@@ -168,7 +168,7 @@ def generate_guided(
         mgr.prefetch(spec)  # compiles overlap tokenization and the prefill forward
     params = SamplingParams(do_sample, temperature, top_k, top_p, seed)
     gen = params.generator()
-    encode = make_encoder(tokenizer)
+    encode = text_encoder(tokenizer)
     session = f"hf-decode-{next(_sessions)}"
     n = len(prompts)
     configs = configs_for_rows(reasoning, n, vocab)
@@ -226,8 +226,7 @@ def generate_guided(
                 budget = max_new_tokens - len(out_ids[i])
                 if jump_forward and rows[i] is not None and answering[i]:
                     t0 = time.perf_counter()
-                    m = mgr.matcher_for(session, i, rows[i].spec)
-                    plan = plan_jump(m, vocab, encode, tok, budget)
+                    plan = _jump(mgr, session, i, rows[i].spec, encode, tok, budget)
                     jump_s[i] += time.perf_counter() - t0
                     if plan is not None:
                         new = plan
@@ -249,6 +248,27 @@ def generate_guided(
         results, wall, prefill_s, batch.calls, sum(len(o) for o in out_ids),
         extra={"manager": mgr.stats()},
     )
+
+
+def _jump(mgr: Any, session: Any, seq: int, spec: GuideSpec, encode: Any, sampled: int, budget: int) -> list[int] | None:
+    """Tokens to feed instead of ``sampled`` (already accepted, not yet seen by the model), or None.
+
+    The core's jump-forward rule (guided/jump_forward.py) with ``max_rollback=1``: only
+    ``sampled`` may be re-tokenized together with the forced text. The jump is applied through
+    the manager (same accept path as a sampled token), so the sequence's history is exact.
+    ``budget`` caps how many tokens may be returned.
+    """
+    jf = mgr.jump_forward(session, seq, spec, encode=encode, max_rollback=1)
+    if not jf.token_ids:
+        return None
+    keep = [] if jf.rollback_tokens else [sampled]
+    ids = tuple(jf.token_ids[: budget - len(keep)])
+    if not ids:
+        return None
+    status = mgr.apply_jump_forward(session, seq, spec, JumpForward(jf.text, ids, jf.rollback_tokens))
+    if status.failed:  # cannot happen: the rule checked the tokens from this very state
+        raise RuntimeError(f"the sequence refused its own jump-forward: {status.error}")
+    return keep + list(ids)
 
 
 def _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, forced, jump_s,

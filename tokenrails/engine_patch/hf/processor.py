@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ...guided.batch_step import GuidedRow, StepStatus
+from ...guided.sequence import GuidedRow, StepStatus
 from ...guided.errors import GuideError
 from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
@@ -100,7 +100,10 @@ class GuidedLogitsProcessor(_Base):
         self.answers = AnswerTracker(len(self.rows))
         self._done: list[str | None] = [None] * len(self.rows)  # "complete" | "rejected" | "error"
         self._errors: list[GuideError | None] = [None] * len(self.rows)
-        self._prev: torch.Tensor | None = None
+        # the history seen so far, as its length and last column: enough to tell a grown history
+        # from a reordered or rewritten one at O(B) per step (a full [B, L] copy was O(L^2))
+        self._prev_len: int | None = None
+        self._prev_last: torch.Tensor | None = None
         self._prompt_len = 0
         self.time_s = 0.0  # wall time spent inside __call__ (accept + fill + kernel), for overhead reports
         self.calls = 0
@@ -127,13 +130,14 @@ class GuidedLogitsProcessor(_Base):
                 f"scores are {scores.shape[-1]} wide but the vocabulary has vocab_size={self.vocab.vocab_size}; "
                 "build it with the model's logits width (vocab_size=...)"
             )
-        if self._prev is None:
+        if self._prev_len is None:
             self._prompt_len = input_ids.shape[1]
             self._begin(input_ids)
         else:
             self._check_history(input_ids)
             self._accept(input_ids[:, -1].tolist())
-        self._prev = input_ids.detach().clone()
+        self._prev_len = input_ids.shape[1]
+        self._prev_last = input_ids[:, -1].clone()
         statuses = self.manager.fill_and_apply(scores, self.rows)
         for i, st in enumerate(statuses):
             if st is not None and st.state is StepStatus.ERROR and self._done[i] is None:
@@ -150,9 +154,9 @@ class GuidedLogitsProcessor(_Base):
                 self.answers.watch(i, st)
 
     def _check_history(self, input_ids: torch.Tensor) -> None:
-        prev = self._prev
-        assert prev is not None
-        if input_ids.shape[1] != prev.shape[1] + 1 or not torch.equal(input_ids[:, :-1], prev):
+        last = self._prev_last
+        assert last is not None
+        if input_ids.shape[1] != self._prev_len + 1 or not torch.equal(input_ids[:, -2], last):
             raise RuntimeError(
                 "GuidedLogitsProcessor: rows were reordered or rewritten between steps "
                 "(beam search, or the processor reused for a second generate call); "
@@ -181,7 +185,7 @@ class GuidedLogitsProcessor(_Base):
         """
         if sequences.shape[0] != len(self.rows):
             raise ValueError(f"{sequences.shape[0]} sequences for {len(self.rows)} rows")
-        seen = self._prev.shape[1] if self._prev is not None else sequences.shape[1]
+        seen = self._prev_len if self._prev_len is not None else sequences.shape[1]
         for pos in range(seen, sequences.shape[1]):
             if all(d is not None or r is None for d, r in zip(self._done, self.rows)):
                 break

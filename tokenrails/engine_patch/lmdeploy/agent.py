@@ -18,10 +18,9 @@ import inspect
 import logging
 from typing import Any, Callable
 
-from ...guided.batch_step import GuidedRow
+from ...guided.sequence import GuidedRow
 from ...guided.errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from . import overlap, step_context
-from .strategies import CTX_KEY
 
 logger = logging.getLogger("tokenrails.lmdeploy")
 ERRORS_ATTR = "tokenrails_errors"
@@ -37,16 +36,20 @@ def patched_async_step(original: Callable) -> Callable:
                 si = sig.bind_partial(self, *args, **kwargs).arguments.get("sampling_inputs")
             except TypeError:
                 si = None
-            ctx = getattr(si, "session_ctx", None) or ()
-            specs = {r.spec.key: r.spec for r in (e.get(CTX_KEY) for e in ctx) if isinstance(r, GuidedRow)}
-            if specs:
-                mgr.prefetch(specs.values())
+            step = step_context.StepContext()
+            ctx_token = step_context.enter(step)  # the step's rows are read and prepared once
+            if si is not None:
+                # the one prefetch: compiles start before the forward and overlap it
+                specs = {r.spec.key: r.spec for r in step.rows(si) if isinstance(r, GuidedRow)}
+                if specs:
+                    mgr.prefetch(specs.values())
             token = overlap.STEP_INPUTS.set(si)  # the forward wrapper starts the mask fill from it
             try:
                 return await original(self, *args, **kwargs)
             finally:
                 overlap.STEP_INPUTS.reset(token)
                 overlap.PREFILL.set(None)
+                step_context.leave(ctx_token)
         return await original(self, *args, **kwargs)
 
     _async_step.__wrapped__ = original
@@ -62,7 +65,10 @@ def patched_postprocess(original: Callable) -> Callable:
 
     async def _step_postprocess_with_output(self, *args, **kwargs):
         inputs = sig.bind_partial(self, *args, **kwargs).arguments.get("inputs")
-        ctx = step_context.StepContext(skip_guided=_is_nonlast_chunk(inputs))
+        outer = step_context.current()  # opened by _async_step: the step's rows are on it
+        ctx = outer if outer is not None else step_context.StepContext()
+        ctx.skip_guided = _is_nonlast_chunk(inputs)
+        ctx.errors = {}
         token = step_context.enter(ctx)
         try:
             result = await original(self, *args, **kwargs)

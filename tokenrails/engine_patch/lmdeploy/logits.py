@@ -22,11 +22,9 @@ from typing import Any, Callable
 
 import torch
 
-from ...guided.batch_step import GuidedRow, StepStatus
+from ...guided.sequence import GuidedRow, StepStatus
 from ...guided.errors import GuideError, InvalidGuideError
 from . import overlap, step_context
-from .requests import spec_of
-from .strategies import CTX_KEY, LMDeployRow
 
 
 INLINE_MAX_ROWS = 8  # guided rows up to which a short step skips the worker thread
@@ -38,34 +36,6 @@ def _guided_count(rows: list[Any]) -> int:
 
 def _is_ours(manager: Any) -> bool:
     return bool(getattr(manager, "is_tokenrails", False))
-
-
-def rows_from_inputs(sampling_inputs: Any) -> list[Any]:
-    """Per logits row: ``GuidedRow | GuideError | None`` (from our strategy patch, else rebuilt)."""
-    ctx = sampling_inputs.session_ctx or []
-    formats = sampling_inputs.response_formats or ()
-    n = int(sampling_inputs.batch_size or len(formats))
-    rows: list[Any] = [None] * n
-    for i in range(n):
-        entry = ctx[i] if i < len(ctx) else None
-        if entry is not None and CTX_KEY in entry:
-            rows[i] = entry[CTX_KEY]
-            continue
-        fmt = formats[i] if i < len(formats) else None
-        if fmt is None:
-            continue
-        try:
-            spec = spec_of(fmt)
-        except GuideError as exc:
-            rows[i] = exc
-            continue
-        if spec is None:
-            continue
-        if entry is None:
-            rows[i] = InvalidGuideError("guided row has no session context (engine bug); refusing it")
-        else:
-            rows[i] = LMDeployRow(entry["session_id"], (entry["seq_id"], 0), spec)
-    return rows
 
 
 def eos_only_(scores: torch.Tensor, row: int, eos_ids: tuple[int, ...]) -> None:
@@ -94,16 +64,21 @@ def patched_init(original: Callable) -> Callable:
         self.guided_errors: dict[int, GuideError] = {}
         if sampling_inputs.session_to_cleanup:
             self.cleanup_sessions(sampling_inputs.session_to_cleanup)
-        rows = rows_from_inputs(sampling_inputs)
+        rows = step_context.rows(sampling_inputs)  # read once per step (step_context.py)
         self._tr_rows = rows if any(r is not None for r in rows) else []
         for r in self._tr_rows:
             if isinstance(r, GuidedRow):
                 guided_decoding_manager.note_round(r.session_id, r.seq_id)
-        guided_decoding_manager.prefetch({r.spec.key: r.spec for r in self._tr_rows
-                                          if isinstance(r, GuidedRow)}.values())
 
     __init__.__wrapped__ = original
     return __init__
+
+
+def _prepared(self) -> list[Any]:
+    """This step's rows, prepared once per step (shared with the overlapped fill)."""
+    if not any(type(r) is not GuidedRow and isinstance(r, GuidedRow) for r in self._tr_rows):
+        return self._tr_rows  # nothing left to prepare
+    return step_context.prepared(self.guided_decoding_manager, self.sampling_inputs)
 
 
 def _guided_step(self, scores: torch.Tensor, stream: Any) -> None:
@@ -129,7 +104,7 @@ def _guided_step(self, scores: torch.Tensor, stream: Any) -> None:
 
 def _guided_step_inner(self, mgr: Any, scores: torch.Tensor) -> None:
     if mgr is not None:
-        self._tr_rows = self.guided_decoding_manager.prepare_rows(self._tr_rows)
+        self._tr_rows = _prepared(self)
     rows = self._tr_rows
     run_rows: list[GuidedRow | None] = [r if isinstance(r, GuidedRow) else None for r in rows]
     if mgr is not None and any(r is not None for r in run_rows):
@@ -150,7 +125,7 @@ def _guided_step_inner(self, mgr: Any, scores: torch.Tensor) -> None:
                 if not is_empty:
                     continue
                 r = run_rows[i]
-                if _may_end(mgr, r):
+                if mgr.may_end(r):
                     scores[i, eos_ids[0]] = 0.0  # the output is complete: end it
                 else:
                     self.guided_errors[i] = InvalidGuideError(
@@ -158,19 +133,6 @@ def _guided_step_inner(self, mgr: Any, scores: torch.Tensor) -> None:
                         "stop words / logits processors")
     for i in self.guided_errors:
         eos_only_(scores, i, eos_ids)
-
-
-def _may_end(mgr: Any, row: GuidedRow) -> bool:
-    """Whether the row's output is complete now (a row still thinking, or undecided, never is
-    unless the grammar accepts the empty answer)."""
-    st = mgr.state_for(row.session_id, row.seq_id, row.spec, reasoning=row.reasoning)
-    if st.error is not None:
-        return False
-    if st.think is not None and not st.think.done:
-        return st.think.opening and st.think.answer_ok and mgr.resolve_matcher(st) is not None \
-            and st.matcher.is_accepting()
-    matcher = mgr.resolve_matcher(st)
-    return matcher is not None and matcher.is_accepting()
 
 
 def _fallback_eos(self) -> tuple[int, ...]:
@@ -211,7 +173,7 @@ def _accept(self, token_ids: list[int]) -> None:
     if not any(isinstance(r, GuidedRow) for r in self._tr_rows):
         return
     mgr = self.guided_decoding_manager.core()
-    self._tr_rows = self.guided_decoding_manager.prepare_rows(self._tr_rows)  # no-op after a fill
+    self._tr_rows = _prepared(self)  # the step's prepared rows: no work after a fill
     rows = [r if isinstance(r, GuidedRow) and i not in self.guided_errors else None
             for i, r in enumerate(self._tr_rows)]
     if not any(r is not None for r in rows):

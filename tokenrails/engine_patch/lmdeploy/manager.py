@@ -21,7 +21,7 @@ import os
 import threading
 from typing import Any, Hashable
 
-from ...guided.batch_step import GuidedRow
+from ...guided.sequence import GuidedRow
 from ...guided.errors import GuideError, InvalidGuideError
 from ...guided.limits import GuideLimits
 from ..reasoning import default_setting, parse_setting, prompt_for_reading, resolve

@@ -24,6 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ...guided.sequence import GuidedRow
+from . import step_context
+
 ENV_OVERLAP = "TOKENRAILS_OVERLAP"
 
 # set by the _async_step wrapper (the step's sampling inputs, updated in place for decode steps)
@@ -67,8 +70,6 @@ def row_keys(rows: list[Any]) -> tuple:
 
 def start(agent: Any, inputs: Any) -> None:
     """Start the fill for this step's guided rows, if overlap applies."""
-    from .logits import rows_from_inputs
-    from ...guided.batch_step import GuidedRow
 
     PREFILL.set(None)
     si = STEP_INPUTS.get()
@@ -85,10 +86,9 @@ def start(agent: Any, inputs: Any) -> None:
     mgr = owner.core(wait=False)
     if mgr is None:
         return
-    rows = rows_from_inputs(si)
-    if not any(isinstance(r, GuidedRow) for r in rows):
+    if not any(isinstance(r, GuidedRow) for r in step_context.rows(si)):
         return
-    prepared = owner.prepare_rows(rows)
+    prepared = step_context.prepared(owner, si)
     run_rows = [r if isinstance(r, GuidedRow) else None for r in prepared]
 
     def fill():

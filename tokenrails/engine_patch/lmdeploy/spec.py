@@ -17,21 +17,20 @@ from typing import Any, Callable
 
 import torch
 
-from ...guided.batch_step import GuidedRow
-from ...kernels._common import eos_only_row
+from ...guided.bitmask import MaskBuffer
 from ...guided.errors import GuideError
-from ...guided.speculative import Lookahead  # the manager's exact draft walk
-from ...kernels import allocate_token_bitmask, apply_token_bitmask_inplace
+from ...guided.sequence import GuidedRow
 from . import step_context
-from .strategies import CTX_KEY
+from .step_context import rows_of_ctx
 
 
 class RowHandle:
     """One guided row of a speculative step (what LMDeploy calls a processor).
 
-    A draft cursor (``fork()``) walks the sequence through its drafts with the manager's
-    look-ahead (matcher advanced tentatively, thinking state carried along, so a reasoning row's
-    drafts are masked and read exactly like its real tokens) and is rolled back exactly.
+    ``fork()`` gives a draft cursor: the manager's ``DraftCursor`` walks the sequence through
+    its drafts (matcher advanced tentatively, thinking state carried along, so a reasoning row's
+    drafts are masked and read exactly like its real tokens) under the manager's step lock, and
+    is rolled back exactly before any target-side work.
     """
 
     def __init__(self, helper: "SpecState", row: GuidedRow | None, error: GuideError | None):
@@ -39,8 +38,7 @@ class RowHandle:
         self.raw = row
         self.error = error
         self._row: GuidedRow | None = None
-        self.walk: Any = None  # the cursor's look-ahead (None: not advanced)
-        self.dead = False
+        self._cursor: Any = None
 
     @property
     def row(self) -> GuidedRow | None:
@@ -53,80 +51,47 @@ class RowHandle:
                 self._row = prepared
         return self._row
 
-    def state(self):
-        row = self.row
-        if row is None:
-            return None
-        st = self.helper.owner.core().state_for(row.session_id, row.seq_id, row.spec, reasoning=row.reasoning)
-        if st.error is not None:
-            self.error = st.error
-            return None
-        return st
-
-    def think(self, st: Any) -> Any:
-        return self.walk.think if self.walk is not None else st.think
-
-    def matcher(self):
-        st = self.state()
-        if st is None:
-            return None
-        m = self.helper.owner.core().resolve_matcher(st)
-        if m is None:
-            self.error = st.error
-        return m
+    def cursor(self):
+        """This handle's draft cursor (made on first use; holds the row's state)."""
+        if self._cursor is None:
+            row = self.row
+            self._cursor = self.helper.owner.core().draft_cursor(row, self.error)
+        if self._cursor.error is not None:
+            self.error = self._cursor.error
+        return self._cursor
 
     def fork(self) -> "RowHandle":
-        """A draft cursor on the same matcher (rolled back before verification)."""
+        """A draft cursor on the same sequence (rolled back before verification)."""
         cur = RowHandle(self.helper, self.raw, self.error)
         cur._row = self._row
         self.helper.track(cur)
         return cur
 
     def is_terminated(self) -> bool:
-        st = self.state()
-        if st is None:
-            return True
-        think = self.think(st)
-        if think is not None and not think.done:
-            return False  # thinking, or undecided: more tokens must come
-        m = self.matcher()
-        return m is None or m.is_terminated()
+        done = self.cursor().is_terminated()
+        self.error = self.error or self._cursor.error
+        return done
 
     def fill(self, bitmask: torch.Tensor, index: int) -> None:
-        st = self.state()
-        mgr = self.helper.owner.core()
-        if st is None:
-            eos_only_row(bitmask[index], mgr.vocab.eos_ids)
-            return
-        mgr.step.fill_row(st, self.think(st), bitmask, index)
+        self.cursor().fill(bitmask, index, self.helper.owner.core().vocab.eos_ids)
+        self.error = self.error or self._cursor.error
 
     def accept_draft(self, token: int) -> None:
-        if self.dead:
-            return
-        st = self.state()
-        if st is None:
-            self.dead = True
-            return
-        if self.walk is None:
-            self.walk = Lookahead(self.helper.owner.core().step, st)
-        if not self.walk.advance(int(token)):
-            self.dead = True  # verification will reject this draft; nothing to undo
+        self.cursor().advance(int(token))
 
     def rollback(self) -> None:
-        walk, self.walk = self.walk, None
-        if walk is not None:
-            walk.__exit__(None, None, None)
-        self.dead = False
+        if self._cursor is not None:
+            self._cursor.rollback()
 
 
 class SpecState:
-    """Per-helper bookkeeping: outstanding cursors and a persistent draft bitmask."""
+    """Per-helper bookkeeping: outstanding cursors and the draft side's mask buffer."""
 
     def __init__(self, owner: Any):
         self.owner = owner
         self._cursors: list[RowHandle] = []
         self._lock = threading.Lock()
-        self._bitmask: torch.Tensor | None = None
+        self._buffer: MaskBuffer | None = None
 
     def track(self, cur: RowHandle) -> None:
         with self._lock:
@@ -138,13 +103,11 @@ class SpecState:
         for cur in cursors:
             cur.rollback()
 
-    def bitmask(self, rows: int, vocab_size: int) -> torch.Tensor:
-        words = (vocab_size + 31) // 32
-        bm = self._bitmask
-        if bm is None or bm.shape[0] < rows or bm.shape[1] != words:
-            bm = allocate_token_bitmask(max(rows, 8), vocab_size)
-            self._bitmask = bm
-        return bm[:rows]
+    def buffer(self, vocab_size: int) -> MaskBuffer:
+        buf = self._buffer
+        if buf is None or buf.vocab_size != vocab_size:
+            buf = self._buffer = MaskBuffer(vocab_size)
+        return buf
 
 
 def _state(helper: Any) -> SpecState | None:
@@ -158,11 +121,6 @@ def _state(helper: Any) -> SpecState | None:
     return st
 
 
-def _rows(session_ctx: Any, n: int) -> list[Any]:
-    ctx = list(session_ctx or [])[:n]
-    return [e.get(CTX_KEY) if e is not None else None for e in ctx] + [None] * (n - len(ctx))
-
-
 def patched_get_processors(original: Callable) -> Callable:
     def get_processors(self, session_ctx, response_formats):
         st = _state(self)
@@ -172,7 +130,7 @@ def patched_get_processors(original: Callable) -> Callable:
         if session_ctx is None:
             return {}
         out = {}
-        for i, r in enumerate(_rows(session_ctx, len(session_ctx))):
+        for i, r in enumerate(rows_of_ctx(session_ctx, len(session_ctx))):
             if isinstance(r, GuidedRow):
                 st.owner.note_round(r.session_id, r.seq_id)
                 out[i] = RowHandle(st, r, None)
@@ -196,13 +154,14 @@ def patched_cleanup(original: Callable) -> Callable:
     return cleanup_sessions
 
 
-def _fill_handles(st: SpecState, processors: dict, batch: int) -> torch.Tensor:
-    vocab = st.owner.core().vocab
-    bm = st.bitmask(batch, vocab.vocab_size)
+def _fill_handles(st: SpecState, processors: dict, batch: int, device: torch.device) -> torch.Tensor:
+    """The draft step's full-batch mask (unguided rows allow everything), on ``device``."""
+    buffer = st.buffer(st.owner.core().vocab.vocab_size)
+    bm = buffer.rows(batch, device)
     bm.fill_(-1)
     for idx, h in processors.items():
         h.fill(bm, idx)
-    return bm
+    return buffer.to_device(bm, device)
 
 
 def patched_prepare_bitmask(original: Callable) -> Callable:
@@ -212,8 +171,7 @@ def patched_prepare_bitmask(original: Callable) -> Callable:
             return await original(self, logits, processors)
         if not processors:
             return None
-        bm = await asyncio.to_thread(_fill_handles, st, processors, logits.size(0))
-        return bm.to(logits.device, non_blocking=True) if logits.device.type != "cpu" else bm
+        return await asyncio.to_thread(_fill_handles, st, processors, logits.size(0), logits.device)
 
     prepare_bitmask.__wrapped__ = original
     return prepare_bitmask
@@ -227,7 +185,8 @@ def patched_apply_bitmask(original: Callable) -> Callable:
         if bitmask is None:
             return None
         with torch.inference_mode():
-            apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(logits.shape[-1], bitmask.shape[-1] * 32))
+            width = min(logits.shape[-1], bitmask.shape[-1] * 32)
+            st.buffer(st.owner.core().vocab.vocab_size).apply(logits, bitmask, None, vocab_size=width)
         return None
 
     apply_bitmask.__wrapped__ = original

@@ -1,7 +1,7 @@
 """Sampling-strategy patches: every logits row carries its guided identity in ``session_ctx``.
 
 LMDeploy builds ``SamplingInputs`` on the engine side every step. We add, per row,
-``session_ctx[i]["tokenrails"]``: a ``GuidedRow`` (constraint + round-aware identity), a
+``session_ctx[i]["tokenrails"]`` (written through ``step_context.put``): a ``GuidedRow`` (constraint + round-aware identity), a
 ``GuideError`` (the request's constraint is unusable: that row fails closed), or None (unguided).
 The ``GuideSpec`` is computed once per request and memoized on its ``SamplingParam``.
 
@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ...guided.batch_step import GuidedRow
+from ...guided.sequence import GuidedRow
 from ...guided.errors import GuideError, UnsupportedGuideError
 from ..reasoning import ReasoningSetting
 from .requests import parse_format
+from .step_context import put, row_of
 
-CTX_KEY = "tokenrails"
 _MEMO_ATTR = "_tokenrails_spec"
 
 
@@ -59,11 +59,6 @@ def format_for_param(param: Any) -> tuple[Any, ReasoningSetting | None]:
     return value
 
 
-def spec_for_param(param: Any) -> Any:
-    """``GuideSpec | GuideError | None`` for a ``SamplingParam`` (memoized on the object)."""
-    return format_for_param(param)[0]
-
-
 def prompt_ids(seq: Any) -> Any:
     """The round's prompt (token ids before ``output_start_pos``) while nothing was generated yet."""
     if int(getattr(seq, "num_new_tokens", 1) or 0) != 0:
@@ -92,7 +87,7 @@ def patched_ar_make_sampling_inputs(original: Callable) -> Callable:
         ctx = out.session_ctx
         if ctx is not None and len(ctx) == len(seqs):
             for entry, seq in zip(ctx, seqs):
-                entry[CTX_KEY] = row_for_seq(seq)
+                put(entry, row_for_seq(seq))
         return out
 
     make_sampling_inputs.__wrapped__ = original
@@ -108,14 +103,16 @@ def patched_dllm_make_sampling_inputs(original: Callable) -> Callable:
             return out
         expanded = []
         for entry in ctx:
-            row = entry.get(CTX_KEY)
+            row = row_of(entry)
             if isinstance(row, GuidedRow):
                 row = UnsupportedGuideError(
                     "structured output is not supported with dLLM (block diffusion) decoding: "
                     "block positions are decoded in parallel, not left to right",
                     feature="dllm", backend="lmdeploy")
             for _ in range(block):
-                expanded.append({**entry, CTX_KEY: row})
+                copy = dict(entry)
+                put(copy, row)
+                expanded.append(copy)
         out.session_ctx = expanded
         return out
 

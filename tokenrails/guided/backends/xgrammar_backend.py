@@ -9,6 +9,7 @@ import threading
 import torch
 import xgrammar as xgr
 
+from ..bitmask import eos_only_row
 from ..backend import CompiledGuide, GuideBackend, Matcher
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
@@ -47,10 +48,7 @@ class XGrammarMatcher(Matcher):
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
         if self._m.is_terminated():
-            row = bitmask[index]
-            row.zero_()
-            for e in self.vocab.eos_ids:
-                row[e // 32] |= _bit(e % 32)
+            eos_only_row(bitmask[index], self.vocab.eos_ids)
             return True
         return bool(self._m.fill_next_token_bitmask(bitmask, index))
 
@@ -150,11 +148,6 @@ def _batch_matcher(threads: int) -> xgr.BatchGrammarMatcher:
     if matcher is None:
         matcher = cache[threads] = xgr.BatchGrammarMatcher(max_threads=threads)
     return matcher
-
-
-def _bit(i: int) -> int:
-    """int32 value with only bit ``i`` set (bit 31 is the sign bit)."""
-    return -(1 << 31) if i == 31 else 1 << i
 
 
 class XGrammarGuide(CompiledGuide):
