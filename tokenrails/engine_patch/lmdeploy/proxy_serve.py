@@ -14,6 +14,10 @@ body says it is an error: an OpenAI error object (``{"object": "error", "code": 
 LMDeploy's api_server sends) keeps its code; the proxy's "replica unreachable" answer becomes a 502.
 Bodies are unchanged; successful responses and streaming are untouched (the streaming path already
 re-raises a replica's status). Everything else is LMDeploy's own CLI.
+
+The proxy also validates each request with the api_server's ``ChatCompletionRequest`` before it
+forwards it, so LMDeploy's proxy refuses the kinds only the upgrade has (``choice``, ``grammar``: 422).
+``main`` therefore calls ``activate()`` first, which widens that model in this process.
 """
 from __future__ import annotations
 
@@ -64,6 +68,9 @@ def uninstall() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from . import activate
+
+    activate()  # before the proxy module is imported: its routes validate with the widened request model
     install()
     from lmdeploy.cli.entrypoint import run
 
