@@ -94,6 +94,11 @@ def _apply(p: Patcher) -> None:
     require_params(base._async_model_forward, ["inputs"], "BaseModelAgent._async_model_forward")
     p.set(base, "_async_model_forward", overlap.patched_model_forward(base._async_model_forward))
     p.set(base, "_step_postprocess_with_output", agent_patch.patched_postprocess(base._step_postprocess_with_output))
+    from . import tp_ranks  # TP > 1: guided work only on the rank that samples (tp_ranks.py)
+
+    bw = _mod("lmdeploy.pytorch.engine.executor.base_worker")
+    require_params(bw.build_model_agent, ["dist_ctx", "specdecode_config"], "base_worker.build_model_agent")
+    tp_ranks.install(p, am, bw)
     for name in ("to_cpu", "to_numpy", "to_tensor"):
         if hasattr(am.BatchedOutputs, name):
             p.set(am.BatchedOutputs, name, agent_patch.patched_convert(getattr(am.BatchedOutputs, name)))

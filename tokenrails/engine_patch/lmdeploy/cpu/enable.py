@@ -65,6 +65,8 @@ def enable() -> None:
 
     agent._try_to_cuda = _try_to_cuda
     _patch_worker_process_group()
+    from .distributed import install as install_tp
+    install_tp()  # TP > 1: the executor's ring waits off the ranks' loops (distributed.py)
     _ENABLED = True
 
 

@@ -1,0 +1,105 @@
+"""Tensor parallel on LMDeploy 0.18's real engine, CPU path (cpu/distributed.py, tp_ranks.py).
+
+SmolLM2-135M (9 heads, 3 KV heads) at TP = 3 against TP = 1, float32, greedy, one batch of every
+guided kind (json_schema, regex, choice, grammar, a tool call as a structural tag) plus an unguided
+row: token for token the same, stock and upgraded side by side, each engine in its own process
+(tp_child.py). Stock refuses ``choice`` and ``grammar`` (it has neither) at both sizes. The upgraded
+TP = 3 run also reports each rank's guided CPU work: only rank 0 (the rank that samples) has any.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lmdeploy")
+jsonschema = pytest.importorskip("jsonschema")
+xgr = pytest.importorskip("xgrammar")
+
+from . import tp_child  # noqa: E402
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[3]
+TOOL = re.compile(re.escape(tp_child.TOOL_BEGIN) + r"(.*)" + re.escape(tp_child.TOOL_END), re.S)
+
+
+def _run(tp: int, mode: str, meter: str | None = None) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    for name in ("TOKENRAILS_LMDEPLOY", "TOKENRAILS_TP_GUIDED_ALL_RANKS"):
+        env.pop(name, None)  # stock means stock; the upgrade's defaults
+    cmd = [sys.executable, "-m", "tests.engine_patch.lmdeploy.tp_child", "--tp", str(tp), "--mode", mode]
+    if meter:
+        cmd += ["--meter", meter]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TP_RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
+    return json.loads(lines[-1][len("TP_RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    meter = str(tmp_path_factory.mktemp("meter") / "guided")
+    out = {(mode, tp): _run(tp, mode, meter if (mode, tp) == ("tokenrails", 3) else None)
+           for mode in ("stock", "tokenrails") for tp in (1, 3)}
+    reports = [json.loads(Path(f).read_text()) for f in glob.glob(meter + ".*.json")]
+    return out, reports
+
+
+def _grammar_accepts(ebnf: str, text: str) -> bool:
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
+    matcher = xgr.GrammarMatcher(compiler.compile_grammar(xgr.Grammar.from_ebnf(ebnf)),
+                                 terminate_without_stop_token=True)
+    return bool(matcher.accept_string(text)) and matcher.is_terminated()
+
+
+def _check(name: str, row: dict) -> None:
+    """The oracle of each kind on a finished row."""
+    assert row["finish_reason"] in ("stop", "length"), (name, row)
+    text = row["text"]
+    if name == "json_schema":
+        jsonschema.validate(json.loads(text), tp_child.PERSON)
+    elif name == "regex":
+        assert re.fullmatch(tp_child.REGEX, text), text
+    elif name == "choice":
+        assert text in tp_child.CHOICES, text
+    elif name == "grammar":
+        assert _grammar_accepts(tp_child.GRAMMAR, text), text
+    elif name == "tool_call":
+        match = TOOL.fullmatch(text)
+        assert match, text
+        jsonschema.validate(json.loads(match.group(1)), tp_child.WEATHER_ARGS)
+    else:
+        assert row["token_ids"], row
+
+
+@pytest.mark.parametrize("mode", ["stock", "tokenrails"])
+def test_tp3_equals_tp1_token_for_token(runs, mode):
+    out, _ = runs
+    tp1, tp3 = out[(mode, 1)], out[(mode, 3)]
+    side_by_side = {k: (tp1[k]["text"], tp3[k]["text"]) for k in tp1 if not k.startswith("_")}
+    for name, _, _, _ in tp_child.REQUESTS:
+        assert tp3[name]["token_ids"] == tp1[name]["token_ids"], (mode, name, side_by_side)
+        assert tp3[name]["finish_reason"] == tp1[name]["finish_reason"], (mode, name, side_by_side)
+        if mode == "stock" and name in ("choice", "grammar"):  # kinds stock LMDeploy does not have
+            assert tp1[name]["finish_reason"] == "error" and not tp1[name]["token_ids"], tp1[name]
+            continue
+        _check(name, tp3[name])
+        if name != "unguided":
+            assert tp3[name]["finish_reason"] == "stop", (mode, name, tp3[name])
+
+
+def test_only_the_sampling_rank_does_guided_work_at_tp3(runs):
+    _, reports = runs
+    by_rank = {r["rank"]: r for r in reports if r["rank"] is not None}  # (the pipeline's own process: None)
+    assert sorted(by_rank) == [0, 1, 2], reports
+    assert by_rank[0]["by"].get("_compile", {}).get("calls", 0) >= 4, by_rank[0]  # 5 guided kinds
+    assert by_rank[0]["by"].get("accept_tokens", {}).get("calls", 0) > 0, by_rank[0]
+    for rank in (1, 2):
+        assert by_rank[rank]["calls"] == 0 and by_rank[rank]["seconds"] == 0, by_rank[rank]
