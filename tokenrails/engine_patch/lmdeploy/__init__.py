@@ -55,6 +55,7 @@ def _apply(p: Patcher) -> None:
     # which engine runs the request decides what may be promised (TurboMind: stock's kinds only)
     require_attrs(ae.AsyncEngine, ["preprocess"], "AsyncEngine")
     p.set(ae.AsyncEngine, "preprocess", engines.patched_preprocess(ae.AsyncEngine.preprocess))
+    p.set(ae.AsyncEngine, "__init__", engines.patched_async_engine_init(ae.AsyncEngine.__init__))
     _widen_server_format(p)
     _patch_harmony(p)
     _patch_tool_calls(p)

@@ -42,6 +42,32 @@ def patched_preprocess(original: Callable) -> Callable:
     return preprocess
 
 
+_PROCESS_BACKENDS: set[str] = set()  # the backends of the AsyncEngines built in this process
+
+
+def patched_async_engine_init(original: Callable) -> Callable:
+    """``AsyncEngine.__init__`` that records which engine this process serves with: a response
+    parser is built before ``preprocess`` (where ``ENGINE_BACKEND`` is set) and must know too."""
+
+    @functools.wraps(original)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        backend = getattr(self, "backend", None)
+        if isinstance(backend, str):
+            _PROCESS_BACKENDS.add(backend)
+
+    return __init__
+
+
+def serving_turbomind() -> bool:
+    """This request will run on TurboMind: the running ``preprocess``'s engine says so, else the
+    only kind of engine this process serves with."""
+    current = ENGINE_BACKEND.get()
+    if current is not None:
+        return current == "turbomind"
+    return _PROCESS_BACKENDS == {"turbomind"}
+
+
 def stock_check_for_turbomind(response_format: Any) -> None:
     """Stock LMDeploy's early check, unchanged: what TurboMind would compile, and nothing else.
 

@@ -97,16 +97,57 @@ def _tool_name(tool: Any) -> str | None:
     return fn.get("name") if isinstance(fn, dict) else None
 
 
+def format_owns_thinking(fmt: Any, close_tag: str | None) -> bool:
+    """Whether a tool-call structural tag starts with its own thinking section: a tag opened by
+    nothing (the prompt opened the thinking) and closed by the reasoning parser's ``close_tag``,
+    as xgrammar's ``reasoning=True`` tags and InternLM's required format are built."""
+    if not close_tag or not isinstance(fmt, dict) or fmt.get("type") != "structural_tag":
+        return False
+    node: Any = fmt.get("format")
+    while isinstance(node, dict) and node.get("type") == "sequence" and node.get("elements"):
+        node = node["elements"][0]
+    if not isinstance(node, dict) or node.get("type") != "tag" or node.get("begin") not in ("", None):
+        return False
+    ends = node.get("end")
+    ends = [ends] if isinstance(ends, str) else list(ends or [])
+    return any(isinstance(e, str) and e.strip() == close_tag.strip() for e in ends)
+
+
+def hand_thinking_to_format(parser: Any) -> None:
+    """Exactly one owner of the thinking section per request: when the request's tool-call format
+    reads the thinking itself, the engine-wide reasoning gate stands aside for this request
+    (``tokenrails_reasoning: "off"``); a format without a thinking part leaves the gate in charge.
+    Otherwise the model thinks twice: the gate consumes the thinking up to ``</think>``, and the
+    format then wants a second one, refusing the call's first marker and the plain answer's EOS."""
+    fmt = getattr(getattr(parser, "request", None), "response_format", None)
+    if not getattr(parser, "reasoning_enabled", False) or not isinstance(fmt, dict):
+        return
+    from ..reasoning import REQUEST_KEY
+
+    if REQUEST_KEY in fmt:
+        return
+    reasoning_parser = getattr(parser, "reasoning_parser", None)
+    close = getattr(parser, "_reasoning_close_tag", None) or (
+        reasoning_parser.get_reasoning_close_tag() if reasoning_parser is not None else None)
+    if format_owns_thinking(fmt, close):
+        parser.request = parser.request.model_copy(update={"response_format": {**fmt, REQUEST_KEY: "off"}})
+
+
 def patched_parser_init(original):
-    """``ResponseParser.__init__`` that adds the tool-call format after LMDeploy's own setup."""
+    """``ResponseParser.__init__`` that adds the tool-call format after LMDeploy's own setup, and
+    gives the thinking section to the format when it carries one (any tool_choice, any switch)."""
 
     def __init__(self, request, *args, **kwargs):
         original(self, request, *args, **kwargs)
-        if not enabled():
-            return
-        fmt = tool_call_format(self, self.request, request)
-        if fmt is not None:
-            self.request = self.request.model_copy(update={"response_format": fmt})
+        from .engines import serving_turbomind
+
+        if serving_turbomind():
+            return  # TurboMind gets exactly what stock sends it (its compiler, no reasoning gate)
+        if enabled():
+            fmt = tool_call_format(self, self.request, request)
+            if fmt is not None:
+                self.request = self.request.model_copy(update={"response_format": fmt})
+        hand_thinking_to_format(self)
 
     __init__.__wrapped__ = original
     return __init__
