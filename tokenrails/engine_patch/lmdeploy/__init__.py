@@ -152,6 +152,9 @@ def _patch_harmony(p: Patcher) -> None:
             original = owner.__dict__["_build_response_format_grammar"]
             p.set(owner, "_build_response_format_grammar",
                   engines.patched_build_response_format_grammar(original.__func__ if isinstance(original, staticmethod) else original))
+        if isinstance(owner, type) and "_maybe_inject_tool_grammar" in owner.__dict__:
+            p.set(owner, "_maybe_inject_tool_grammar",
+                  engines.patched_maybe_inject_tool_grammar(owner.__dict__["_maybe_inject_tool_grammar"]))
 
 
 def _widen_server_format(p: Patcher) -> None:
@@ -188,7 +191,7 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
     with _LOCK:
         configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning)
         inherit.export(backend=backend, limits=limits, reasoning=reasoning,
-                       tool_calls=tool_calls)  # every child process too
+                       tool_calls=tool_calls, fill_threads=fill_threads)  # every child process too
         if _ACTIVE:
             return
         try:
