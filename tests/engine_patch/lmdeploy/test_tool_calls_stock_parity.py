@@ -166,3 +166,32 @@ def test_fill_threads_reach_a_spawned_engine_process(monkeypatch):
         patch.deactivate()
     assert report == {"manager": "LMDeployGuidedManager", "fill_threads": 3}
     assert dict(os.environ) == before
+
+
+def _harmony_plain(response_format):
+    from lmdeploy.serve.openai.protocol import ChatCompletionRequest
+    from lmdeploy.serve.parsers.response_parser import normalize_chat_request
+
+    cls = _harmony()
+    parser = cls.__new__(cls)
+    parser.request = normalize_chat_request(ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "hi"}], response_format=response_format))
+    parser._maybe_inject_tool_grammar()
+    return parser
+
+
+def test_harmony_formats_own_their_thinking_the_gate_stands_aside(upgraded):
+    """Harmony's tags read the analysis channel themselves: one owner of the thinking section."""
+    from tokenrails.engine_patch.reasoning import REQUEST_KEY
+
+    with_tools = _harmony_parser(None).request.response_format
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}
+    plain = _harmony_plain(schema).request.response_format
+    for fmt in (with_tools, plain):
+        assert fmt["type"] == "structural_tag" and fmt[REQUEST_KEY] == "off"
+
+
+def test_harmony_on_turbomind_gets_no_reasoning_key(upgraded, turbomind):
+    from tokenrails.engine_patch.reasoning import REQUEST_KEY
+
+    assert REQUEST_KEY not in _harmony_parser(None).request.response_format

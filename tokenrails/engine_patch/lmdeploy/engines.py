@@ -125,8 +125,9 @@ _STOCK_CLIENT_KINDS = frozenset({"text", "json_schema", "json_object", "regex_sc
 
 
 def patched_maybe_inject_tool_grammar(original: Callable) -> Callable:
-    """Harmony's ``_maybe_inject_tool_grammar``: with tools, a client ``response_format`` is replaced
-    by the tool grammar. Stock's request model only let its own kinds through; the widened one lets
+    """Harmony's ``_maybe_inject_tool_grammar``, which builds every harmony structural tag (the format
+    then owns the thinking: see ``_harmony_owns_thinking``). With tools, a client ``response_format``
+    is replaced by the tool grammar. Stock's request model only let its own kinds through; the widened one lets
     ``choice``/``grammar``/``structural_tag`` (and ``tokenrails_reasoning``) in, and they must not
     be dropped silently: ValueError (the server answers 400 with the reason)."""
 
@@ -147,9 +148,24 @@ def patched_maybe_inject_tool_grammar(original: Callable) -> Callable:
             if kind != "text":
                 logger.info("tokenrails: harmony replaces the client's %s response_format by the tool grammar "
                             "(as stock LMDeploy does)", kind)
-        return original(self)
+        original(self)
+        _harmony_owns_thinking(self)
 
     return inject
+
+
+def _harmony_owns_thinking(parser: Any) -> None:
+    """Harmony's structural tags carry the analysis channel (its thinking) themselves: the
+    engine-wide reasoning gate stands aside for the request (one owner of the thinking section).
+    Not on TurboMind, which has no gate and refuses the key."""
+    request = getattr(parser, "request", None)
+    fmt = getattr(request, "response_format", None)
+    if not isinstance(fmt, dict) or fmt.get("type") != "structural_tag" or serving_turbomind():
+        return
+    from ..reasoning import REQUEST_KEY
+
+    if REQUEST_KEY not in fmt and hasattr(request, "model_copy"):
+        parser.request = request.model_copy(update={"response_format": {**fmt, REQUEST_KEY: "off"}})
 
 
 def _final_tag(tag: Any) -> dict:
