@@ -1,111 +1,301 @@
-"""Real-engine decode throughput: LMDeploy 0.18's PyTorch engine on CPU, unguided vs guided.
+"""Real-engine decode throughput on someone else's workload: LMDeploy 0.18's PyTorch engine on CPU,
+upgraded vs stock vs unguided, whole-step time, every output validated.
 
 Runs LMDeploy's own Engine / Scheduler / model agent / sampling / logits processing and its Llama
-forward (tokenrails.engine_patch.lmdeploy.cpu) on the embedded SmolLM2-135M, one thread
-(``torch.set_num_threads(1)``), greedy. For each batch size (default 1, 8, 32):
+forward (tokenrails.engine_patch.lmdeploy.cpu) on the embedded SmolLM2-135M, one thread, greedy.
 
-* ``unguided``: no response_format (``ignore_eos``, so every row decodes the full length);
-* ``stock``:    every row guided through LMDeploy's own xgrammar path (upgrade not active);
-* ``upgraded``: the same requests with ``tokenrails.engine_patch.lmdeploy.activate()``.
+Workload (printed with its provenance at the start of every run):
 
-Guided rows alternate a JSON schema (an array of at least 40 strings) and a regex (at least 120
-words): neither can finish inside the measured length, so every row decodes every step.
+* ``public``: rows cycling through
+  - JSON schemas of JSONSchemaBench's MaskBench subsets (``../shared/data/jsonschemabench`` when
+    present: Github_easy, Glaiveai2K, Handwritten, Snowplow, Synthesized; the first ``--per-subset``
+    schemas of each, in file order, that both stock LMDeploy's xgrammar and the upgrade compile);
+  - BFCL tool calls: 8 functions of the Berkeley Function Calling Leaderboard's ``simple_python``
+    category (bench/data/, provenance in bench/data/README.md) as ``{"name": ..., "arguments": ...}``;
+  - regexes from outlines' and vLLM's documentation (IPv4 address, US zip code and phone number,
+    the e-mail address of vLLM's structured-output example).
+* ``pathological``: the regex ``([A-Za-z]+[ ,]){120,}[A-Za-z]+\\.`` on every row, a separate row of
+  the table: it costs xgrammar ~48 ms per row per step and says nothing about ordinary requests.
 
-Decode tokens/s = batch / (median interval between the starts of consecutive decoding steps of the
-model agent, ``BaseModelAgent._async_step``): the interval is the whole engine-loop iteration
-(scheduling, inputs, forward, logits processing, sampling, outputs), prefill steps are left out, and
-the median keeps one slow step (GC, the OS) from moving the figure. Each configuration runs a
-warm-up call first with the same formats (grammar compiles and vocabulary tables are cached, never
-timed), then ``--repeat`` timed calls of N new tokens per row. Guided time per step is the time
-spent inside the guided calls (stock: ``_fill_guided_bitmask`` + ``apply_batched_bitmap`` +
-``_accept_guided_tokens``; upgraded: the mask step and the accept step of
-tokenrails/engine_patch/lmdeploy/logits.py) over the number of sampling steps.
+Measured per batch size (default 1, 8, 32), configurations interleaved round by round (load from
+elsewhere hits them alike), figures are medians over rounds:
 
-Two engines in one process: the stock one (built, and only ever run, with the upgrade inactive; it
-also runs ``unguided``) and the upgraded one (built and run with it active; it re-runs ``unguided``
-as a check that unguided decoding does not slow down under the upgrade). The four configurations
-are interleaved over ``--rounds`` rounds and each figure is the median over rounds, so load from
-elsewhere on the machine is spread over all of them.
+* ``unguided``: the same prompts without a format (``ignore_eos``);
+* ``stock``: LMDeploy's own xgrammar path (upgrade inactive, its own engine);
+* ``upgraded``: the same requests with ``activate()`` (its own engine, built with the upgrade on).
 
-    python bench/lmdeploy_engine.py [--batches 1,8,32] [--tokens 32] [--repeat 1] [--rounds 3]
+Time: the **whole engine step**, start to start of consecutive decoding steps of the model agent
+(``BaseModelAgent._async_step``): scheduling, inputs, forward, the guided wrapper, the mask fill
+(overlapped with the forward or not), sampling, accept, outputs. Tokens/s = rows decoded in those
+steps / their summed duration (rows finish at different lengths; the mean occupancy is printed).
+The breakdown columns time the model forward and the logits processor call + accept of both
+engines (the upgrade's fill that overlaps the forward shows up in neither, only in the step).
+
+Validation: every guided output is checked: finished ones against the schema (jsonschema, format
+keywords not asserted) or ``re.fullmatch``; length-capped ones as a prefix accepted by a fresh
+xgrammar matcher of the same schema (JSON) or a partial match of Python's ``regex`` module
+(regexes: the upgrade follows Python's semantics, where ``\w`` is Unicode; xgrammar's is ASCII).
+Failures are counted and printed, never hidden.
+
+    python bench/lmdeploy_engine.py [--batches 1,8,32] [--tokens 48] [--rounds 2] [--per-subset 4]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._common import median, print_table  # noqa: E402  (also sets one torch thread)
+from bench._common import REPO, median, print_table  # noqa: E402  (also sets one torch thread)
 
 import torch  # noqa: E402
 
-LIST = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}, "minItems": 40}},
-        "required": ["items"], "additionalProperties": False}
-FORMATS = [
-    {"type": "json_schema", "json_schema": {"name": "list", "schema": LIST}},
-    {"type": "regex_schema", "regex_schema": r"([A-Za-z]+[ ,]){120,}[A-Za-z]+\."},
+def _shared_maskbench() -> Path:
+    """``shared/data/jsonschemabench`` beside the checkout (or beside a folder of worktrees)."""
+    for root in (REPO.parent, REPO.parent.parent):
+        path = root / "shared" / "data" / "jsonschemabench"
+        if path.exists():
+            return path
+    return REPO.parent / "shared" / "data" / "jsonschemabench"
+
+
+MASKBENCH = _shared_maskbench()
+BFCL = Path(__file__).resolve().parent / "data" / "bfcl_v4_simple_python_sample.jsonl"
+PATHOLOGICAL = r"([A-Za-z]+[ ,]){120,}[A-Za-z]+\."
+# (pattern, where it is documented, prompt)
+DOC_REGEXES = [
+    (r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)",
+     "outlines docs, reference/generation/regex (IP address)", "What is the IP address of the Google DNS servers?"),
+    (r"\d{5}(?:-\d{4})?", "outlines library types, outlines.types.locale.us.zip_code", "Give a US zip code."),
+    (r"(\([0-9]{3}\) |[0-9]{3}-)[0-9]{3}-[0-9]{4}", "outlines library types, outlines.types.locale.us.phone_number",
+     "Give a US phone number."),
+    (r"\w+@\w+\.com\n", "vLLM docs, features/structured_outputs (guided_regex example)",
+     "Generate an email address for Alan Turing, who works in Enigma. End in .com and new line."),
 ]
-PROMPTS = ["List many fruits.", "Write a long story about a cat.", "Name many cities in Europe.",
-           "Describe the ocean in detail."]
 
 
-class GuidedTimer:
-    """Wall time inside the guided functions, sampling steps, and the decoding steps' start times."""
+@dataclass
+class Row:
+    kind: str            # "maskbench" | "bfcl" | "regex" | "pathological"
+    label: str
+    prompt: str
+    response_format: dict
+    schema: Any = None   # JSON rows: the schema outputs are validated against
+    pattern: str | None = None
+
+
+# ---- workload ----------------------------------------------------------------------------------
+def _bfcl_schema(p: Any) -> Any:
+    """BFCL's parameter types as JSON Schema ("dict" -> object, "float" -> number, "tuple" -> array,
+    "any" -> unconstrained); descriptions dropped."""
+    if not isinstance(p, dict):
+        return p
+    out = {k: _bfcl_schema(v) if k in ("items", "additionalProperties") else v for k, v in p.items()
+           if k != "description"}
+    t = out.get("type")
+    mapped = {"dict": "object", "float": "number", "tuple": "array"}.get(t, t)
+    if mapped == "any":
+        out.pop("type")
+    elif mapped is not None:
+        out["type"] = mapped
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: _bfcl_schema(v) for k, v in out["properties"].items()}
+    return out
+
+
+def bfcl_rows() -> list[Row]:
+    rows = []
+    for line in BFCL.read_text().splitlines():
+        item = json.loads(line)
+        fn = item["function"][0]
+        schema = {"type": "object", "properties": {"name": {"const": fn["name"]},
+                                                   "arguments": _bfcl_schema(fn["parameters"])},
+                  "required": ["name", "arguments"], "additionalProperties": False}
+        question = item["question"][0][-1]["content"]
+        prompt = (f"{question}\nCall the function {fn['name']} ({fn['description']}) and answer with the JSON "
+                  "call only.")
+        rows.append(Row("bfcl", item["id"], prompt,
+                        {"type": "json_schema", "json_schema": {"name": "call", "schema": schema}}, schema=schema))
+    return rows
+
+
+def maskbench_rows(per_subset: int, tokenizer: Any, vocab: Any) -> tuple[list[Row], list[str]]:
+    """The first ``per_subset`` schemas of each MaskBench subset that both engines compile; provenance."""
+    if not MASKBENCH.exists():
+        return [], [f"MaskBench: {MASKBENCH} absent: no JSONSchemaBench rows"]
+    import xgrammar as xgr
+
+    from tokenrails.guided.registry import compile_guide
+    from tokenrails.requests import spec_from_request
+
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab.vocab_size))
+    rows, notes = [], []
+    for path in sorted(MASKBENCH.glob("maskbench_*.json")):
+        doc = json.loads(path.read_text())
+        taken, skipped = [], 0
+        for i, item in enumerate(doc["items"]):
+            if len(taken) >= per_subset:
+                break
+            schema = item["schema"]
+            text = json.dumps(schema)
+            if len(text) > 6000:
+                skipped += 1
+                continue
+            fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+            try:
+                compiler.compile_json_schema(text)
+                compile_guide(spec_from_request(fmt), vocab)
+            except Exception:  # noqa: BLE001 - a schema one engine cannot compile is not a speed sample
+                skipped += 1
+                continue
+            label = item.get("description", f"{doc['subset']}/{i}").replace("sample ", "")
+            prompt = f"Write a JSON document valid against this JSON schema:\n{text[:500]}\nJSON:"
+            taken.append(Row("maskbench", label, prompt, fmt, schema=schema))
+        rows += taken
+        notes.append(f"MaskBench {doc['subset']}: {len(taken)} schemas ({skipped} skipped: >6000 chars or not "
+                     f"compiled by both), from {doc.get('source')} @ {doc.get('commit')}")
+    return rows, notes
+
+
+def regex_rows() -> list[Row]:
+    return [Row("regex", where, prompt, {"type": "regex_schema", "regex_schema": pattern}, pattern=pattern)
+            for pattern, where, prompt in DOC_REGEXES]
+
+
+def interleave(groups: list[list[Row]]) -> list[Row]:
+    """One of each kind in turn, so every batch size sees a mix."""
+    out: list[Row] = []
+    for k in range(max(len(g) for g in groups)):
+        out += [g[k] for g in groups if k < len(g)]
+    return out
+
+
+def pathological_row() -> Row:
+    return Row("pathological", "([A-Za-z]+[ ,]){120,}[A-Za-z]+\\.", "Write a long story about a cat.",
+               {"type": "regex_schema", "regex_schema": PATHOLOGICAL}, pattern=PATHOLOGICAL)
+
+
+# ---- validation --------------------------------------------------------------------------------
+class Validator:
+    """Finished outputs against their schema / regex; capped ones as an xgrammar-accepted prefix."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        import xgrammar as xgr
+
+        self.xgr = xgr
+        self.compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size))
+        self._compiled: dict[str, Any] = {}
+
+    def _grammar(self, row: Row):
+        key = json.dumps(row.response_format, sort_keys=True)
+        if key not in self._compiled:
+            if row.pattern is not None:
+                self._compiled[key] = self.compiler.compile_regex(row.pattern)
+            else:
+                self._compiled[key] = self.compiler.compile_json_schema(json.dumps(row.schema))
+        return self._compiled[key]
+
+    def check(self, row: Row, out: Any) -> str | None:
+        """None if valid, else why not."""
+        if out.finish_reason == "stop":
+            if row.pattern is not None:
+                return None if re.fullmatch(row.pattern, out.text) else f"regex mismatch: {out.text[:80]!r}"
+            import jsonschema
+            try:
+                jsonschema.validate(json.loads(out.text), row.schema)
+            except Exception as exc:  # noqa: BLE001
+                return f"{type(exc).__name__}: {str(exc)[:80]} in {out.text[:80]!r}"
+            return None
+        if row.pattern is not None:
+            import regex
+
+            text = out.text.rstrip("\ufffd")  # a character cut by the length cap
+            ok = regex.fullmatch(_as_python_re(row.pattern, text), text, partial=True)
+            return None if ok else f"not a prefix of a match: {out.text[:80]!r}"
+        matcher = self.xgr.GrammarMatcher(self._grammar(row))
+        for t in out.token_ids:
+            if not matcher.accept_token(int(t)):
+                return f"prefix refused by xgrammar at {t}: {out.text[:80]!r}"
+        return None
+
+
+def _as_python_re(pattern: str, text: str) -> str:
+    """``pattern`` for the ``regex`` module (which has partial matching) with Python ``re``'s ``\w``
+    on the characters of ``text``: ``re``'s ``\w`` is ``str.isalnum()`` + ``_`` (e.g. U+1F109), the
+    ``regex`` module's is Unicode TR18's. Only ``\w`` outside character classes (the workload's)."""
+    import regex
+
+    extra = "".join(sorted(regex.escape(c) for c in set(text)
+                           if re.fullmatch(r"\w", c) and not regex.fullmatch(r"\w", c)))
+    return pattern.replace(r"\w", f"[\\w{extra}]") if extra else pattern
+
+
+# ---- timing ------------------------------------------------------------------------------------
+class StepTimer:
+    """Start times of the agent's steps (with the rows each sampled), forward and logits time."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
-        self.steps = 0
-        self.starts: list[tuple[float, bool]] = []
+        self.starts: list[list[Any]] = []  # [t, decoding, rows sampled, forward s, logits s]
         self._undo: list = []
 
     def reset(self) -> None:
-        self.seconds, self.steps, self.starts = 0.0, 0, []
+        self.starts = []
 
-    def decode_intervals(self) -> list[float]:
-        """Start-to-start intervals of consecutive decoding steps (a prefill step breaks the chain)."""
-        return [b[0] - a[0] for a, b in zip(self.starts, self.starts[1:]) if a[1] and b[1]]
+    def decode_steps(self) -> tuple[float, int, int, float, float]:
+        """(seconds, rows, steps, forward s, logits s) over consecutive decoding steps (a prefill
+        breaks the chain); forward/logits of the steps counted."""
+        secs, rows, n, fwd, lg = 0.0, 0, 0, 0.0, 0.0
+        for a, b in zip(self.starts, self.starts[1:]):
+            if a[1] and b[1] and a[2]:
+                secs += b[0] - a[0]
+                rows += a[2]
+                n += 1
+                fwd += a[3]
+                lg += a[4]
+        return secs, rows, n, fwd, lg
 
-    def _wrap(self, owner, name: str) -> None:
+    def _wrap_async(self, owner: Any, name: str, slot: int) -> None:
         original = getattr(owner, name)
 
-        def timed(*args, **kwargs):
+        async def timed(*args, **kwargs):
             t0 = time.perf_counter()
             try:
-                return original(*args, **kwargs)
+                return await original(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - t0
+                if self.starts:
+                    self.starts[-1][slot] += time.perf_counter() - t0
 
         setattr(owner, name, timed)
         self._undo.append((owner, name, original))
 
-    def install(self, upgraded: bool) -> None:
-        from lmdeploy.pytorch.engine import guided_process, logits_process
+    def install(self) -> None:
+        from lmdeploy.pytorch.engine import logits_process
+        from lmdeploy.pytorch.engine.model_agent import agent
 
         flp = logits_process.FusedLogitsProcessor
-        if upgraded:
-            from tokenrails.engine_patch.lmdeploy import logits as tr_logits
-            self._wrap(tr_logits, "_guided_step")  # fill + apply + empty-row repair (worker thread)
-            self._wrap(tr_logits, "_accept")
-        else:
-            self._wrap(flp, "_fill_guided_bitmask")
-            self._wrap(guided_process.GuidedDecodingManager, "apply_batched_bitmap")
-            self._wrap(flp, "_accept_guided_tokens")
+        self._wrap_async(flp, "__call__", 4)
+        self._wrap_async(flp, "accept_guided_tokens", 4)
+        self._wrap_async(agent.BaseModelAgent, "_async_model_forward", 3)
         original_sampling = flp.sampling
 
         def sampling(proc, logits):
-            self.steps += 1
-            return original_sampling(proc, logits)
+            out = original_sampling(proc, logits)
+            if self.starts:
+                self.starts[-1][2] += int(out.numel())
+            return out
 
         flp.sampling = sampling
         self._undo.append((flp, "sampling", original_sampling))
-        from lmdeploy.pytorch.engine.model_agent import agent
         original_step = agent.BaseModelAgent._async_step
 
         async def _async_step(agent_self, inputs=None, *args, **kwargs):
             decoding = inputs is None or bool(inputs.is_decoding)  # None: a decoding step from a delta
-            self.starts.append((time.perf_counter(), decoding))
+            self.starts.append([time.perf_counter(), decoding, 0, 0.0, 0.0])
             return await original_step(agent_self, inputs, *args, **kwargs)
 
         agent.BaseModelAgent._async_step = _async_step
@@ -117,43 +307,49 @@ class GuidedTimer:
         self._undo.clear()
 
 
-def _gen_configs(batch: int, tokens: int, guided: bool):
+@dataclass
+class Tally:
+    outputs: int = 0
+    invalid: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+
+
+def run_once(pipe, timer: StepTimer, rows: list[Row], tokens: int, guided: bool, validator: Validator,
+             tally: Tally | None) -> dict:
     from lmdeploy import GenerationConfig
-    out = []
-    for i in range(batch):
-        if guided:
-            out.append(GenerationConfig(top_k=1, max_new_tokens=tokens, response_format=FORMATS[i % len(FORMATS)]))
-        else:
-            out.append(GenerationConfig(top_k=1, max_new_tokens=tokens, ignore_eos=True))
-    return out
+
+    gens = [GenerationConfig(top_k=1, max_new_tokens=tokens, response_format=r.response_format) if guided
+            else GenerationConfig(top_k=1, max_new_tokens=tokens, ignore_eos=True) for r in rows]
+    timer.reset()
+    outs = pipe([r.prompt for r in rows], gen_config=gens)
+    secs, decoded, steps, fwd, logits = timer.decode_steps()
+    if tally is not None:
+        for r, o in zip(rows, outs):
+            tally.outputs += 1
+            tally.texts.append(o.text)
+            why = validator.check(r, o) if guided else None
+            if why is not None:
+                tally.invalid.append(f"{r.kind} {r.label}: {why}")
+    return {"secs": secs, "rows": decoded, "steps": steps, "forward": fwd, "logits": logits}
 
 
-def _run(pipe, batch: int, tokens: int, guided: bool) -> tuple[float, int]:
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
-    gens = _gen_configs(batch, tokens, guided)
-    t0 = time.perf_counter()
-    outs = pipe(prompts, gen_config=gens)
-    dt = time.perf_counter() - t0
-    bad = [o for o in outs if o.finish_reason != "length"]
-    if bad:
-        raise SystemExit(f"a row did not decode the full length (guided={guided}): {bad[0]}")
-    return dt, sum(o.generate_token_len for o in outs)
-
-
-def measure(pipe, timer: GuidedTimer, batch: int, tokens: int, guided: bool, repeat: int, warm: bool = True) -> dict:
+def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, guided: bool, validator: Validator,
+            tally: Tally | None, warm: bool) -> dict:
+    """Calls of ``batch`` rows until ``max(batch, 8)`` rows ran (batch 1: 8 calls over 8 rows)."""
+    calls = max(1, 8 // batch)
+    chunks = [[rows[(c * batch + i) % len(rows)] for i in range(batch)] for c in range(calls)]
     if warm:
-        _run(pipe, batch, tokens, guided)  # warm-up: compiles, tables, allocator
-    intervals: list[float] = []
-    guided_s, steps = 0.0, 0
-    for _ in range(repeat):
-        timer.reset()
-        _, ntok = _run(pipe, batch, tokens, guided)
-        assert ntok == batch * tokens, (ntok, batch, tokens)
-        intervals += timer.decode_intervals()
-        guided_s += timer.seconds
-        steps += timer.steps
-    step = median(intervals)
-    return {"tok_s": batch / step, "step_ms": 1e3 * step, "guided_ms_per_step": 1e3 * guided_s / max(1, steps)}
+        for chunk in chunks:
+            run_once(pipe, timer, chunk, tokens, guided, validator, None)  # compiles, tables, allocator
+    agg = {"secs": 0.0, "rows": 0, "steps": 0, "forward": 0.0, "logits": 0.0}
+    for chunk in chunks:
+        r = run_once(pipe, timer, chunk, tokens, guided, validator, tally)
+        for k in agg:
+            agg[k] += r[k]
+    steps = max(1, agg["steps"])
+    return {"tok_s": agg["rows"] / agg["secs"], "step_ms": 1e3 * agg["secs"] / steps,
+            "occupancy": agg["rows"] / steps, "forward_ms": 1e3 * agg["forward"] / steps,
+            "logits_ms": 1e3 * agg["logits"] / steps}
 
 
 def _pipeline(batches: list[int], tokens: int):
@@ -163,8 +359,8 @@ def _pipeline(batches: list[int], tokens: int):
     from tokenrails.demo_model import resolve_model_dir
     path, _, _ = resolve_model_dir(quiet=True)
     max_batch = max(batches)
-    blocks_per_seq = (64 + tokens + 63) // 64 + 1
-    cfg = cpu_engine_config(max_batch_size=max_batch, session_len=512, block_size=64,
+    blocks_per_seq = (400 + tokens + 63) // 64 + 1
+    cfg = cpu_engine_config(max_batch_size=max_batch, session_len=1024, block_size=64,
                             num_gpu_blocks=max(64, max_batch * blocks_per_seq + 8))
     return pipeline(str(path), backend_config=cfg)
 
@@ -172,68 +368,95 @@ def _pipeline(batches: list[int], tokens: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--tokens", type=int, default=32, help="new tokens per row in the timed call")
-    ap.add_argument("--repeat", type=int, default=1, help="timed calls per configuration and round")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; figures are medians over rounds")
+    ap.add_argument("--tokens", type=int, default=48, help="max new tokens per row")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; figures are medians over rounds")
+    ap.add_argument("--per-subset", type=int, default=4, help="MaskBench schemas per subset")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(1)
     import tokenrails.engine_patch.lmdeploy as patch
+    from tokenrails.guided.vocabulary import Vocabulary
+    from tokenrails.demo_model import load_tokenizer
 
-    # both engines stay alive; the upgrade is active exactly while the upgraded engine runs (the
-    # stock engine was built and only ever runs with it inactive). Configurations are interleaved
-    # round by round so that load from elsewhere on the machine hits them alike.
+    tok = load_tokenizer(quiet=True)
+    vocab = Vocabulary.from_huggingface(tok, vocab_size=len(tok))
+    mask_rows, notes = maskbench_rows(args.per_subset, tok, vocab)
+    public = interleave([mask_rows, bfcl_rows(), regex_rows()])
+    workloads = {"public": public, "pathological": [pathological_row()]}
+    print("Workload provenance:")
+    for n in notes:
+        print("  " + n)
+    print(f"  BFCL: {len(bfcl_rows())} functions of BFCL_v4_simple_python (bench/data/README.md)")
+    for pattern, where, _ in DOC_REGEXES:
+        print(f"  regex {pattern!r}: {where}")
+    print(f"  pathological (separate row): {PATHOLOGICAL!r}")
+    print(f"  public rows in order: {', '.join(r.kind for r in public)}\n", flush=True)
+
+    validator = Validator(tok, vocab.vocab_size)
     patch.deactivate()
     engines = {"stock": _pipeline(batches, args.tokens)}
     patch.activate()
     engines["upgraded"] = _pipeline(batches, args.tokens)
     patch.deactivate()
-    timers = {name: GuidedTimer() for name in engines}
-    configs = [("unguided", "stock", False), ("stock", "stock", True),
-               ("unguided (upgrade active)", "upgraded", False), ("upgraded", "upgraded", True)]
-    samples: dict[tuple[str, int], list[dict]] = {}
+    timer = StepTimer()
+    configs = [("unguided", "stock", None), ("stock", "stock", "public"), ("upgraded", "upgraded", "public"),
+               ("stock", "stock", "pathological"), ("upgraded", "upgraded", "pathological")]
+    samples: dict[tuple, list[dict]] = {}
+    tallies: dict[tuple, Tally] = {}
     try:
         for batch in batches:
             for rnd in range(args.rounds):
-                for name, engine, guided in configs:
+                for name, engine, workload in configs:
                     if engine == "upgraded":
                         patch.activate()
-                    timer = timers[engine]
-                    timer.install(upgraded=engine == "upgraded")
+                    rows = workloads[workload or "public"]
+                    key = (name, workload, batch)
+                    tally = tallies.setdefault(key, Tally()) if workload and rnd == 0 else None
+                    timer.install()
                     try:
-                        r = measure(engines[engine], timer, batch, args.tokens, guided, args.repeat, warm=rnd == 0)
+                        r = measure(engines[engine], timer, rows, batch, args.tokens, workload is not None, validator,
+                                    tally, warm=rnd == 0)
                     finally:
                         timer.uninstall()
                         patch.deactivate()
-                    samples.setdefault((name, batch), []).append(r)
-                    print(f"batch {batch} round {rnd}: {name} {r['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
+                    samples.setdefault(key, []).append(r)
+                    print(f"batch {batch} round {rnd}: {name} {workload or ''} {r['tok_s']:.1f} tok/s "
+                          f"(occupancy {r['occupancy']:.1f})", file=sys.stderr, flush=True)
     finally:
         for pipe in engines.values():
             pipe.close()
-    results = {key: {k: median([r[k] for r in rs]) for k in rs[0]} for key, rs in samples.items()}
+    res = {key: {k: median([r[k] for r in rs]) for k in rs[0]} for key, rs in samples.items()}
 
-    print(f"\nLMDeploy 0.18 PyTorch engine on CPU (1 thread), SmolLM2-135M, greedy, {args.tokens} new tokens/row; "
-          "decode tokens/s (prefill excluded)\n")
-    rows = []
-    for batch in batches:
-        u = results[("unguided", batch)]
-        ua = results[("unguided (upgrade active)", batch)]
-        s = results[("stock", batch)]
-        g = results[("upgraded", batch)]
-        rows.append([batch, u["tok_s"], ua["tok_s"], s["tok_s"], g["tok_s"], g["tok_s"] / u["tok_s"],
-                     g["tok_s"] / s["tok_s"], s["tok_s"] / u["tok_s"]])
-    print_table(["batch", "unguided", "unguided(up)", "stock guided", "upgraded guided", "upgraded/unguided",
-                 "upgraded/stock", "stock/unguided"], rows)
-    print("\nper decode step (ms): step time, and time inside guided calls (fill + apply + accept)\n")
-    rows = []
-    for batch in batches:
-        u = results[("unguided", batch)]
-        s = results[("stock", batch)]
-        g = results[("upgraded", batch)]
-        rows.append([batch, u["step_ms"], s["step_ms"], s["guided_ms_per_step"], g["step_ms"],
-                     g["guided_ms_per_step"], g["guided_ms_per_step"] / s["guided_ms_per_step"]])
-    print_table(["batch", "unguided step", "stock step", "stock guided", "upgraded step", "upgraded guided",
-                 "guided upgraded/stock"], rows)
+    print(f"\nLMDeploy 0.18 PyTorch engine on CPU (1 thread), SmolLM2-135M, greedy, up to {args.tokens} new "
+          "tokens/row; decode tokens/s over whole engine steps (prefill excluded)\n")
+    out_rows = []
+    for workload in ("public", "pathological"):
+        for batch in batches:
+            u, s, g = res[("unguided", None, batch)], res[("stock", workload, batch)], res[("upgraded", workload, batch)]
+            out_rows.append([workload, batch, u["tok_s"], s["tok_s"], g["tok_s"], g["tok_s"] / s["tok_s"],
+                             g["tok_s"] / u["tok_s"], s["tok_s"] / u["tok_s"], s["occupancy"], g["occupancy"]])
+    print_table(["workload", "batch", "unguided", "stock", "upgraded", "upgraded/stock", "upgraded/unguided",
+                 "stock/unguided", "rows/step stock", "rows/step upgraded"], out_rows)
+    print("\nper decode step (ms): whole step, model forward, logits processor call + accept\n")
+    out_rows = []
+    for workload in ("public", "pathological"):
+        for batch in batches:
+            u, s, g = res[("unguided", None, batch)], res[("stock", workload, batch)], res[("upgraded", workload, batch)]
+            out_rows.append([workload, batch, u["step_ms"], s["step_ms"], g["step_ms"], u["forward_ms"], s["forward_ms"],
+                             g["forward_ms"], u["logits_ms"], s["logits_ms"], g["logits_ms"]])
+    print_table(["workload", "batch", "step unguided", "step stock", "step upgraded", "fwd unguided", "fwd stock",
+                 "fwd upgraded", "logits unguided", "logits stock", "logits upgraded"], out_rows)
+    print("\nvalidation (first round of every configuration):")
+    for (name, workload, batch), t in sorted(tallies.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        print(f"  {workload:12s} batch {batch:2d} {name:8s}: {t.outputs - len(t.invalid)}/{t.outputs} valid")
+        for why in t.invalid[:5]:
+            print(f"      {why}")
+    for workload in ("public", "pathological"):
+        for batch in batches:
+            s, g = tallies.get(("stock", workload, batch)), tallies.get(("upgraded", workload, batch))
+            if s and g:
+                same = sum(a == b for a, b in zip(s.texts, g.texts))
+                print(f"  {workload} batch {batch}: {same}/{len(s.texts)} outputs identical stock vs upgraded")
 
 
 if __name__ == "__main__":

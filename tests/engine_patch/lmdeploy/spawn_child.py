@@ -56,3 +56,15 @@ def report_cpu_backend_after_engine_import() -> dict:
 
     backend = get_backend("cpu")
     return {"backend": backend.get_name(), "ccl": backend.ccl_backend(), "active": patch.is_active()}
+
+
+def report_fill_threads_after_agent_import() -> dict:
+    """The fill-thread count a spawned engine/TP process's guided manager gets from its parent."""
+    from pathlib import Path
+
+    from lmdeploy.pytorch.engine.model_agent import agent
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(Path(__file__).resolve().parents[2] / "fixtures" / "smollm2"))
+    mgr = agent.GuidedDecodingManager(tok, len(tok))
+    return {"manager": type(mgr).__name__, "fill_threads": mgr.core().step.fill_threads}

@@ -83,7 +83,7 @@ def _start_replica(model, log: Path):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from tokenrails.models import ModelNotFoundError, resolve_model_dir
+    from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir
     try:
         model, _, _ = resolve_model_dir(quiet=True)
     except ModelNotFoundError as exc:

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     from lmdeploy import GenerationConfig, pipeline
 
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
-    from tokenrails.models import resolve_model_dir
+    from tokenrails.demo_model import resolve_model_dir
     if args.mode == "tokenrails":
         from tokenrails.engine_patch.lmdeploy import activate
         activate()

@@ -1,6 +1,8 @@
 """Next-token choice for the decode loop: greedy, or seeded sampling (temperature/top-k/top-p).
 
-Masked logits are -inf, so they keep probability 0 through every transformation here.
+Masked logits are -inf, so they keep probability 0 through every transformation here. Sampling runs
+in float32 whatever the model's dtype: CPU ``torch.multinomial`` on float16 probabilities returns
+zero-probability (masked) indices in ~0.1% of draws.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def choose_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
     """One token id per row of ``logits`` ([rows, vocab], already masked)."""
     if not params.do_sample or params.temperature <= 0:
         return logits.argmax(dim=-1)
-    x = logits / float(params.temperature)
+    x = logits.float() / float(params.temperature)
     if params.top_k and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))

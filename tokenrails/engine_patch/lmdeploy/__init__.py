@@ -55,6 +55,7 @@ def _apply(p: Patcher) -> None:
     # which engine runs the request decides what may be promised (TurboMind: stock's kinds only)
     require_attrs(ae.AsyncEngine, ["preprocess"], "AsyncEngine")
     p.set(ae.AsyncEngine, "preprocess", engines.patched_preprocess(ae.AsyncEngine.preprocess))
+    p.set(ae.AsyncEngine, "__init__", engines.patched_async_engine_init(ae.AsyncEngine.__init__))
     _widen_server_format(p)
     _patch_harmony(p)
     _patch_tool_calls(p)
@@ -156,6 +157,9 @@ def _patch_harmony(p: Patcher) -> None:
             original = owner.__dict__["_build_response_format_grammar"]
             p.set(owner, "_build_response_format_grammar",
                   engines.patched_build_response_format_grammar(original.__func__ if isinstance(original, staticmethod) else original))
+        if isinstance(owner, type) and "_maybe_inject_tool_grammar" in owner.__dict__:
+            p.set(owner, "_maybe_inject_tool_grammar",
+                  engines.patched_maybe_inject_tool_grammar(owner.__dict__["_maybe_inject_tool_grammar"]))
 
 
 def _widen_server_format(p: Patcher) -> None:
@@ -192,7 +196,7 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
     with _LOCK:
         configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning)
         inherit.export(backend=backend, limits=limits, reasoning=reasoning,
-                       tool_calls=tool_calls)  # every child process too
+                       tool_calls=tool_calls, fill_threads=fill_threads)  # every child process too
         if _ACTIVE:
             return
         try:

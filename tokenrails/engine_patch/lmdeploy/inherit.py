@@ -25,15 +25,18 @@ ENV_BACKEND = "TOKENRAILS_LMDEPLOY_BACKEND"
 ENV_LIMITS = "TOKENRAILS_LMDEPLOY_LIMITS"
 ENV_REASONING = "TOKENRAILS_REASONING"
 ENV_TOOL_CALLS = "TOKENRAILS_TOOL_CALLS"
+ENV_FILL_THREADS = "TOKENRAILS_LMDEPLOY_FILL_THREADS"
 SITECUSTOMIZE_DIR = Path(__file__).with_name("_sitecustomize")
 
 _SAVED: dict[str, str | None] = {}  # variable -> value before the first export (None: unset)
 
 
 def export(*, backend: str | None, limits: GuideLimits | None, reasoning: Any,
-           tool_calls: bool | None = None) -> None:
+           tool_calls: bool | None = None, fill_threads: int | None = None) -> None:
     """Write the flag and the given settings for children; remember what was there before."""
     _set(ENV_FLAG, "1")
+    if fill_threads is not None:
+        _set(ENV_FILL_THREADS, str(int(fill_threads)))
     if tool_calls is not None:
         _set(ENV_TOOL_CALLS, "1" if tool_calls else "0")
     if backend is not None:
@@ -74,7 +77,8 @@ def child_env() -> dict[str, str]:
     """The variables a child needs to come up upgraded with this process's settings: for Ray
     workers, whose environment is the cluster's (a cluster started before ``activate`` — or on
     another node — never saw ours), passed in their ``runtime_env``."""
-    names = (ENV_FLAG, ENV_BACKEND, ENV_LIMITS, ENV_REASONING, ENV_TOOL_CALLS, ENV_CPU, "PYTHONPATH")
+    names = (ENV_FLAG, ENV_BACKEND, ENV_LIMITS, ENV_REASONING, ENV_TOOL_CALLS, ENV_CPU, ENV_FILL_THREADS,
+             "PYTHONPATH")
     return {n: os.environ[n] for n in names if n in os.environ}
 
 
@@ -110,6 +114,18 @@ def limits_from_env() -> GuideLimits | None:
         return GuideLimits(**json.loads(text))
     except (TypeError, ValueError) as exc:
         raise RuntimeError(f"tokenrails: {ENV_LIMITS} is not a GuideLimits: {exc}") from exc
+
+
+def fill_threads_from_env() -> int | None:
+    """The parent's ``activate(fill_threads=N)`` (None when it set none); malformed fails loudly."""
+    text = os.environ.get(ENV_FILL_THREADS)
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise RuntimeError(f"tokenrails: {ENV_FILL_THREADS} is not an integer: {text!r}") from exc
+    return value if value > 0 else None
 
 
 def _set(name: str, value: str) -> None:

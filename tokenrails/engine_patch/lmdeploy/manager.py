@@ -25,7 +25,7 @@ from ...guided.sequence import GuidedRow
 from ...guided.errors import GuideError, InvalidGuideError
 from ...guided.limits import GuideLimits
 from ..reasoning import default_setting, parse_setting, prompt_for_reading, resolve
-from .inherit import limits_from_env
+from .inherit import fill_threads_from_env, limits_from_env
 
 logger = logging.getLogger("tokenrails.lmdeploy")
 
@@ -111,8 +111,9 @@ class LMDeployGuidedManager:
 
             vocab = vocab if vocab is not None else build_vocabulary(self._tokenizer, self._vocab_size)
             kwargs: dict[str, Any] = {"backend": self._backend, "limits": self._limits}
-            if _CONFIG["fill_threads"]:
-                kwargs["fill_threads"] = _CONFIG["fill_threads"]
+            fill_threads = _CONFIG["fill_threads"] or fill_threads_from_env()  # a child: the parent's
+            if fill_threads:
+                kwargs["fill_threads"] = fill_threads
             self._mgr = GuidedDecodingManager(vocab, **kwargs)
         except GuideError as exc:
             self._error = exc

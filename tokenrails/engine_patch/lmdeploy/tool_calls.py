@@ -8,7 +8,14 @@ wrong type reaches the client. The upgrade gives those requests the same kind of
 * ``auto``: free text (or thinking) until the model opens a call — the parser's trigger, as a
   marker token or spelled out — then that tool's schema, then free again; parallel calls where the
   format has them (``parallel_tool_calls=false`` allows one);
-* a named function: exactly one call of that function (xgrammar's forced tool choice).
+* a named function: exactly one call of that function (xgrammar's forced tool choice; a parser
+  without an xgrammar model: its own required format over that tool (InternLM), or the JSON
+  envelope it parses (llama3: ``<|python_tag|>{"name": ..., "parameters": ...}``); no format at
+  all: served as stock serves it, never refused).
+
+Thinking: when the request's format reads the thinking section itself (a reasoning parser is on),
+the engine-wide reasoning gate stands aside for that request (``hand_thinking_to_format``).
+TurboMind requests get exactly what stock sends (its own compiler, no reasoning gate).
 
 It runs where LMDeploy builds its own required format (``ResponseParser.__init__``), so streaming
 tool-call deltas and the parser's output are LMDeploy's own. Not applied when the client sent a
@@ -18,10 +25,13 @@ has no structural-tag model for ``auto`` (InternLM's parser), or when the engine
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 from typing import Any
 
 ENV_TOOL_CALLS = "TOKENRAILS_TOOL_CALLS"
+logger = logging.getLogger("tokenrails.lmdeploy")
 
 
 def enabled() -> bool:
@@ -70,14 +80,7 @@ def tool_call_format(parser: Any, request: Any, client_request: Any = None) -> d
     if model is None:
         if name is None:
             return None
-        # a parser with its own required format (InternLM): required over the named tool only
-        chosen = [t for t in tools if _tool_name(t) == name]
-        if not chosen:
-            return None
-        from lmdeploy.serve.openai.protocol import Tool
-
-        chosen_tools = [Tool.model_validate(d) for d in _tool_dicts(chosen)]
-        return cls.build_required_response_format(chosen_tools, reasoning=reasoning)
+        return _named_call_without_model(cls, tools, name, reasoning)
     import xgrammar as xgr
 
     if name is not None:
@@ -91,22 +94,105 @@ def tool_call_format(parser: Any, request: Any, client_request: Any = None) -> d
     ).model_dump(mode="json")
 
 
+def _named_call_without_model(cls: type, tools: list[Any], name: str, reasoning: bool) -> dict | None:
+    """A named ``tool_choice`` for a parser without an xgrammar model: the parser's own required
+    format over that tool (InternLM), else — a JSON-envelope parser (llama3) — exactly one call of
+    that function in the parser's syntax. Never an error: where no format exists the request is
+    served as stock serves it (unconstrained), and the log says so."""
+    chosen = [t for t in tools if _tool_name(t) == name]
+    if not chosen:
+        return None
+    from lmdeploy.serve.openai.protocol import Tool
+    from lmdeploy.serve.parsers.tool_parser.tool_parser import ToolParser
+
+    chosen_tools = [Tool.model_validate(d) for d in _tool_dicts(chosen)]
+    own = getattr(cls.build_required_response_format, "__func__", None)
+    if own is not None and own is not ToolParser.build_required_response_format.__func__:
+        return cls.build_required_response_format(chosen_tools, reasoning=reasoning)
+    fmt = json_envelope_call(cls, chosen_tools[0])
+    if fmt is None:
+        logger.info("tokenrails: tool parser %s has no call format for tool_choice=%r; served as stock "
+                    "LMDeploy serves it (arguments not enforced)", cls.__name__, name)
+    return fmt
+
+
+def json_envelope_call(cls: type, tool: Any) -> dict | None:
+    """One call of ``tool`` as a JSON-envelope parser writes it: ``OPEN{"name": NAME, "ARGS": {...}}CLOSE``
+    (llama3: ``<|python_tag|>{"name": ..., "parameters": ...}``), arguments under the tool's schema.
+    None for a parser that is not a JSON-envelope one."""
+    try:
+        from lmdeploy.serve.parsers.tool_parser.json_tool_parser import JsonToolParser
+    except ImportError:
+        return None
+    if not issubclass(cls, JsonToolParser):
+        return None
+    from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag, TagFormat
+
+    open_tag = cls.get_tool_open_tag() or ""
+    close_tag = cls.get_tool_close_tag() or ""
+    begin = f"{open_tag}{{{json.dumps(cls.name_field)}: {json.dumps(tool.function.name)}, {json.dumps(cls.argument_field)}: "
+    params = tool.function.parameters or {"type": "object"}
+    return StructuralTag(format=TagFormat(begin=begin, content=JSONSchemaFormat(json_schema=params),
+                                          end="}" + close_tag)).model_dump(mode="json")
+
+
 def _tool_name(tool: Any) -> str | None:
     data = tool.model_dump(mode="json") if hasattr(tool, "model_dump") else tool
     fn = data.get("function", data) if isinstance(data, dict) else None
     return fn.get("name") if isinstance(fn, dict) else None
 
 
+def format_owns_thinking(fmt: Any, close_tag: str | None) -> bool:
+    """Whether a tool-call structural tag starts with its own thinking section: a tag opened by
+    nothing (the prompt opened the thinking) and closed by the reasoning parser's ``close_tag``,
+    as xgrammar's ``reasoning=True`` tags and InternLM's required format are built."""
+    if not close_tag or not isinstance(fmt, dict) or fmt.get("type") != "structural_tag":
+        return False
+    node: Any = fmt.get("format")
+    while isinstance(node, dict) and node.get("type") == "sequence" and node.get("elements"):
+        node = node["elements"][0]
+    if not isinstance(node, dict) or node.get("type") != "tag" or node.get("begin") not in ("", None):
+        return False
+    ends = node.get("end")
+    ends = [ends] if isinstance(ends, str) else list(ends or [])
+    return any(isinstance(e, str) and e.strip() == close_tag.strip() for e in ends)
+
+
+def hand_thinking_to_format(parser: Any) -> None:
+    """Exactly one owner of the thinking section per request: when the request's tool-call format
+    reads the thinking itself, the engine-wide reasoning gate stands aside for this request
+    (``tokenrails_reasoning: "off"``); a format without a thinking part leaves the gate in charge.
+    Otherwise the model thinks twice: the gate consumes the thinking up to ``</think>``, and the
+    format then wants a second one, refusing the call's first marker and the plain answer's EOS."""
+    fmt = getattr(getattr(parser, "request", None), "response_format", None)
+    if not getattr(parser, "reasoning_enabled", False) or not isinstance(fmt, dict):
+        return
+    from ..reasoning import REQUEST_KEY
+
+    if REQUEST_KEY in fmt:
+        return
+    reasoning_parser = getattr(parser, "reasoning_parser", None)
+    close = getattr(parser, "_reasoning_close_tag", None) or (
+        reasoning_parser.get_reasoning_close_tag() if reasoning_parser is not None else None)
+    if format_owns_thinking(fmt, close):
+        parser.request = parser.request.model_copy(update={"response_format": {**fmt, REQUEST_KEY: "off"}})
+
+
 def patched_parser_init(original):
-    """``ResponseParser.__init__`` that adds the tool-call format after LMDeploy's own setup."""
+    """``ResponseParser.__init__`` that adds the tool-call format after LMDeploy's own setup, and
+    gives the thinking section to the format when it carries one (any tool_choice, any switch)."""
 
     def __init__(self, request, *args, **kwargs):
         original(self, request, *args, **kwargs)
-        if not enabled():
-            return
-        fmt = tool_call_format(self, self.request, request)
-        if fmt is not None:
-            self.request = self.request.model_copy(update={"response_format": fmt})
+        from .engines import serving_turbomind
+
+        if serving_turbomind():
+            return  # TurboMind gets exactly what stock sends it (its compiler, no reasoning gate)
+        if enabled():
+            fmt = tool_call_format(self, self.request, request)
+            if fmt is not None:
+                self.request = self.request.model_copy(update={"response_format": fmt})
+        hand_thinking_to_format(self)
 
     __init__.__wrapped__ = original
     return __init__

@@ -1,8 +1,9 @@
 """``CpuOpsBackend``: LMDeploy's ``default`` ops backend plus torch-native paged attention.
 
-Everything LMDeploy already implements in plain torch (activation, rotary, norm, linear, embedding,
-multinomial sampling) comes from ``DefaultOpsBackend`` unchanged; only attention and the step
-metadata it needs are added here.
+Everything LMDeploy already implements in plain torch (activation, rotary, norm, linear, embedding)
+comes from ``DefaultOpsBackend`` unchanged; attention and the step metadata it needs are added here,
+and multinomial sampling is replaced (the default one draws zero-probability tokens in float16 and
+ignores seeds: see sampling.py).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import cast
 
 from lmdeploy.pytorch.backends.attention import AttentionMetadata, PagedAttentionBuildSpec
 from lmdeploy.pytorch.backends.base import BuildSpec, ImplT
+from lmdeploy.pytorch.backends.multinomial_sampling import MultinomialSamplingBuildSpec
 from lmdeploy.pytorch.backends.default.op_backend import DefaultOpsBackend
 
 
@@ -30,6 +32,9 @@ class CpuOpsBackend(DefaultOpsBackend):
                 spec.num_heads, spec.head_dim, scale=spec.scale, num_kv_heads=spec.num_kv_heads,
                 v_head_size=spec.v_head_dim, sliding_window=spec.sliding_window,
                 logit_softcapping=spec.logit_softcapping, causal=spec.causal))
+        if isinstance(spec, MultinomialSamplingBuildSpec):
+            from .sampling import CpuMultinomialSamplingImpl
+            return cast(ImplT, CpuMultinomialSamplingImpl())
         return super().build_op(spec, enable_deterministic=enable_deterministic)
 
     @staticmethod

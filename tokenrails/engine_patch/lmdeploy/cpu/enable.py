@@ -33,15 +33,7 @@ def enable() -> None:
 
     selector._get_backend = _get_backend
 
-    from lmdeploy.pytorch.engine.engine_checker import EngineChecker
-    original_handle = EngineChecker.handle
-
-    def handle(self):
-        """The env checker demands CUDA+triton (cuda) or deeplink (anything else): skip it on CPU."""
-        if self.engine_config.device_type != 'cpu':
-            return original_handle(self)
-
-    EngineChecker.handle = handle
+    _patch_engine_checker()
     # the modules calling torch.cuda unconditionally (speculative decoding's draft model: spec_agent,
     # proposer_base; TP > 1 workers: mp_executor)
     for module in (agent, cache_engine, cache_layout, logits_process, spec_agent, proposer_base, mp_executor):
@@ -68,6 +60,44 @@ def enable() -> None:
     from .distributed import install as install_tp
     install_tp()  # TP > 1: the executor's ring waits off the ranks' loops (distributed.py)
     _ENABLED = True
+
+
+def _patch_engine_checker() -> None:
+    """On CPU, LMDeploy's ``EngineChecker`` would demand deeplink (its branch for every non-CUDA
+    device) and probe torch on 'cuda'. Drop only those: the config checks (``num_gpu_blocks`` >= 16,
+    ``max_batch_size`` > 0, ...), the model/transformers checks and the distributed checks still run,
+    so a config stock LMDeploy rejects is rejected here too."""
+    from lmdeploy.pytorch.check_env.torch import TorchChecker
+    from lmdeploy.pytorch.engine.engine_checker import EngineChecker
+
+    original_handle = EngineChecker.handle
+
+    def handle(self):
+        if self.engine_config.device_type != 'cpu':
+            return original_handle(self)
+        _cpu_only_checkers(self, TorchChecker)
+        return original_handle(self)
+
+    handle.__wrapped__ = original_handle  # type: ignore[attr-defined]
+    EngineChecker.handle = handle
+
+
+def _cpu_only_checkers(checker: Any, torch_checker_cls: type) -> None:
+    """Remove the deeplink checker from ``checker``'s tree and point torch checks at the CPU."""
+    seen: set[int] = set()
+
+    def visit(node: Any) -> None:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, torch_checker_cls):
+            node.device = 'cpu'
+        required = getattr(node, '_required_checker', [])
+        required[:] = [c for c in required if type(c).__name__ != 'DeeplinkChecker']
+        for child in required:
+            visit(child)
+
+    visit(checker)
 
 
 def _patch_worker_process_group() -> None:

@@ -1,0 +1,168 @@
+"""Thinking models with tool calls (issue 25, point 1): one owner of the thinking section per request.
+
+With a reasoning parser, LMDeploy builds the tool-call format with its own thinking part (xgrammar's
+``reasoning=True`` structural tags, InternLM's own): the prompt has opened ``<think>``, the format
+reads the thinking text up to ``</think>`` and then the call. The engine-wide reasoning gate
+(default "auto") must then stand aside for that request, or the model thinks twice: the gate takes
+the thinking, and the format wants a second ``</think>`` — the call's first marker after the first
+one is refused, and a plain answer never reaches EOS.
+
+Per parser family, with the think-first tokenization of a valid call (``required``) and of a plain
+answer (``auto``): stock LMDeploy's own matcher accepts it to EOS, and so does the upgrade on the
+real strategy → FusedLogitsProcessor path (gate included), the prompt having opened ``<think>``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+import torch
+
+pytest.importorskip("lmdeploy")
+pytest.importorskip("xgrammar")
+
+from . import harness  # noqa: E402
+from . import tool_markers as tm  # noqa: E402
+
+logging.getLogger("lmdeploy").setLevel(logging.WARNING)
+
+# parser -> (tokenizer with its markers where the registries have one, reasoning parser, template kwargs)
+FAMILIES = {
+    "qwen3": ("qwen3", "default", None),
+    "qwen3coder": ("qwen3", "default", None),
+    "glm47": ("qwen3", "default", None),
+    "interns2-preview": ("qwen3", "default", None),
+    "internlm": ("qwen3", "default", None),
+    "kimi_k2": ("qwen3", "default", None),
+    "deepseek-v32": ("deepseek_v3", "deepseek-v32", {"thinking": True}),
+    "deepseek-v4": ("deepseek_v3", "deepseek-v4", {"thinking": True}),
+}
+THINKING = "The user wants the weather in Paris for 3 days, so I call the tool."
+ANSWER = "\n\nIt is sunny in Paris."
+
+
+def _tokenizer(name):
+    if tm.tokenizer_dir(name) is None:
+        pytest.skip(f"tokenizer package for {name} not installed")
+    return tm.load(name)
+
+
+def _parser(parser_name, tok, tool_choice):
+    from lmdeploy.serve.openai.protocol import ChatCompletionRequest
+    from lmdeploy.serve.parsers.response_parser import BaseResponseParser
+
+    _, reasoning_parser, kwargs = FAMILIES[parser_name]
+    parser_cls = type(f"Parser_{parser_name}", (BaseResponseParser,), {})
+    parser_cls.set_parsers(tool_parser_name=parser_name, reasoning_parser_name=reasoning_parser, tokenizer=tok)
+    fields = {"chat_template_kwargs": kwargs} if kwargs else {}
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "weather?"}],
+                                tools=tm.TOOLS, tool_choice=tool_choice, **fields)
+    parser = parser_cls(req)
+    assert parser.reasoning_enabled
+    return parser_cls, req, parser
+
+
+def _prompt(tok):
+    """A chat prompt whose template opened the thinking section (what the formats assume)."""
+    return tok.encode("user: weather in Paris?\nassistant:", add_special_tokens=False) + \
+        tok.encode("<think>\n", add_special_tokens=False)
+
+
+def _stock_accepts(stock_manager, vocab, fmt, ids):
+    stock = tm.Stock(stock_manager, fmt)
+    for k, t in enumerate(ids):
+        assert bool(stock.allowed()[t]), f"stock refuses step {k}"
+        assert stock.accept(t)
+    assert any(bool(stock.allowed()[e]) for e in vocab.eos_ids), "stock: no EOS after the output"
+
+
+def _upgrade_decodes(tok, vocab, fmt, script):
+    """The script then EOS through the real strategy/processor path; returns the emitted tokens."""
+    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+
+    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab)
+    seq = harness.FakeSeq(1, harness.gen_config(fmt, max_new_tokens=1024), prompt_ids=_prompt(tok))
+    strat = harness.strategy()
+    gen = torch.Generator().manual_seed(0)
+    eos = list(vocab.eos_ids)[0]
+    wanted = list(script) + [eos]
+
+    async def run():
+        for want in wanted:
+            logits = torch.randn(1, vocab.vocab_size, generator=gen)
+            logits[0, want] += 100.0
+            (tok_id, ), _ = await harness.step(strat, mgr, [seq], logits)
+            seq.generated.append(int(tok_id))
+            if tok_id != want:
+                return
+
+    asyncio.run(run())
+    return seq.generated, wanted
+
+
+def _formats(parser_name, tok, tool_choice, patch):
+    patch.deactivate()
+    stock = _parser(parser_name, tok, tool_choice)[2].request.response_format
+    patch.activate()
+    parser_cls, req, upgraded = _parser(parser_name, tok, tool_choice)
+    return parser_cls, req, stock, upgraded.request.response_format
+
+
+@pytest.mark.parametrize("parser", sorted(FAMILIES))
+def test_required_call_after_thinking_stock_and_upgrade(parser, cpu_lmdeploy, upgraded, monkeypatch):
+    monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
+    tok, vocab, stock_manager = _tokenizer(FAMILIES[parser][0])
+    parser_cls, req, stock_fmt, fmt = _formats(parser, tok, "required", upgraded)
+    text = THINKING + tm.render_call(stock_fmt, tm.ARGS)
+    _, calls = tm.parse_calls(parser_cls, req, text)
+    assert [c.function.name for c in calls] == ["get_weather"], text
+    ids = tok.encode(text, add_special_tokens=False)
+    _stock_accepts(stock_manager, vocab, stock_fmt, ids)
+    out, wanted = _upgrade_decodes(tok, vocab, fmt, ids)
+    assert out == wanted, (f"upgrade refused {tok.decode(wanted[len(out) - 1:len(out)])!r} after "
+                           f"{tok.decode(out[:-1])!r}")
+
+
+@pytest.mark.parametrize("parser", sorted(FAMILIES))
+def test_auto_plain_answer_after_thinking_stock_and_upgrade(parser, cpu_lmdeploy, upgraded, monkeypatch):
+    monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
+    tok, vocab, stock_manager = _tokenizer(FAMILIES[parser][0])
+    _, _, stock_fmt, fmt = _formats(parser, tok, "auto", upgraded)
+    ids = tok.encode(THINKING + "</think>" + ANSWER, add_special_tokens=False)
+    if stock_fmt is not None:  # stock leaves auto unconstrained: nothing to refuse
+        _stock_accepts(stock_manager, vocab, stock_fmt, ids)
+    out, wanted = _upgrade_decodes(tok, vocab, fmt, ids)
+    assert out == wanted, (f"upgrade refused {tok.decode(wanted[len(out) - 1:len(out)])!r} after "
+                           f"{tok.decode(out[:-1])!r}")
+
+
+def test_format_without_thinking_part_leaves_the_gate_in_charge(cpu_lmdeploy, upgraded, monkeypatch):
+    """The reverse: no reasoning parser, so the format has no thinking part; the engine gate owns
+    the thinking section (a model that opens <think> itself thinks, then calls)."""
+    monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
+    tok, vocab, _ = _tokenizer("qwen3")
+    from tokenrails.engine_patch.reasoning import REQUEST_KEY
+
+    parser_cls, req, parser = tm.response_parser("qwen3", tok, tool_choice="required")
+    fmt = parser.request.response_format
+    assert REQUEST_KEY not in fmt
+    text = "<think>" + THINKING + "</think>" + tm.render_call(fmt, tm.ARGS)
+    ids = tok.encode(text, add_special_tokens=False)
+    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+
+    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab)
+    seq = harness.FakeSeq(2, harness.gen_config(fmt, max_new_tokens=1024),
+                          prompt_ids=tok.encode("user: weather?\nassistant:", add_special_tokens=False))
+    strat = harness.strategy()
+    eos = list(vocab.eos_ids)[0]
+
+    async def run():
+        for want in ids + [eos]:
+            logits = torch.zeros(1, vocab.vocab_size)
+            logits[0, want] = 100.0
+            (t, ), _ = await harness.step(strat, mgr, [seq], logits)
+            seq.generated.append(int(t))
+
+    asyncio.run(run())
+    assert seq.generated == ids + [eos]
