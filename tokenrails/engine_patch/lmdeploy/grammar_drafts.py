@@ -73,6 +73,33 @@ def restore_env() -> None:
             os.environ[ENV_DRAFTS] = old
 
 
+def pop_cli_option(argv: list[str]) -> tuple[list[str], int | None]:
+    """``--grammar-drafts K`` / ``--grammar-drafts=K`` taken out of an LMDeploy command line."""
+    out: list[str] = []
+    value: str | None = None
+    it = iter(range(len(argv)))
+    for i in it:
+        arg = argv[i]
+        if arg == "--grammar-drafts":
+            if i + 1 >= len(argv):
+                raise SystemExit("--grammar-drafts needs a number of draft tokens per step")
+            value = argv[i + 1]
+            next(it, None)
+        elif arg.startswith("--grammar-drafts="):
+            value = arg.split("=", 1)[1]
+        else:
+            out.append(arg)
+    if value is None:
+        return out, None
+    try:
+        k = int(value)
+    except ValueError:
+        raise SystemExit(f"--grammar-drafts takes an integer, got {value!r}") from None
+    if k < 0:
+        raise SystemExit(f"--grammar-drafts must be >= 0, got {k}")
+    return out, k
+
+
 def configured_drafts() -> int:
     try:
         return max(0, int(os.environ.get(ENV_DRAFTS, "0") or 0))
@@ -291,6 +318,16 @@ def _proposer_class():
 
 
 # ---- installation ----------------------------------------------------------------------------
+def speculative_config_for(speculative_config: Any) -> Any:
+    """The engine's speculative config: the user's own when given, else grammar drafts when
+    configured (k > 0), else None (no speculative decoding)."""
+    if speculative_config is not None or configured_drafts() <= 0:
+        return speculative_config
+    from lmdeploy.messages import SpeculativeConfig
+
+    return SpeculativeConfig(method=METHOD, num_speculative_tokens=configured_drafts())
+
+
 def _model_free(agent: Any) -> bool:
     return getattr(getattr(agent, "proposer", None), "needs_draft_model", True) is False
 
@@ -337,11 +374,7 @@ def install(p: Patcher) -> None:
     original_build = builder.__dict__["build_specdecode_config"].__func__
 
     def build_specdecode_config(target_model, speculative_config, *args: Any, **kwargs: Any):
-        if speculative_config is None and configured_drafts() > 0:
-            from lmdeploy.messages import SpeculativeConfig
-
-            speculative_config = SpeculativeConfig(method=METHOD, num_speculative_tokens=configured_drafts())
-        return original_build(target_model, speculative_config, *args, **kwargs)
+        return original_build(target_model, speculative_config_for(speculative_config), *args, **kwargs)
 
     build_specdecode_config.__wrapped__ = original_build  # type: ignore[attr-defined]
     p.set(builder, "build_specdecode_config", staticmethod(build_specdecode_config))
