@@ -254,6 +254,8 @@ def _proposer_class():
         def __init__(self, specdecode_config: Any, device: Any = None):
             super().__init__(specdecode_config, device=device)
             self._last: list[_RowPlan | None] = []  # the previous step's plan, by batch row
+            logger.warning("tokenrails: grammar drafts on: up to %d forced tokens drafted per guided row and "
+                           "step, no draft model", self.num_speculative_tokens)
 
         def build_model(self, empty_init: bool, target_model: torch.nn.Module = None, build_model_ctx=None):
             self.target_model = target_model  # nothing to build
