@@ -136,8 +136,10 @@ def main() -> None:
         emitted = sum(s.emitted for s in stats.values())
         drafted = sum(s.drafted for s in stats.values())
         accepted = sum(s.accepted for s in stats.values())
-        return outs, ntok / dt, (steps / emitted if emitted else 1.0), (emitted / steps if steps else 1.0), \
-            (accepted / drafted if drafted else 0.0)
+        if not steps:  # no speculative decoding: one forward pass per output token
+            return outs, ntok / dt, 1.0, 1.0, 0.0
+        # passes per output token: the steps each request took part in over the tokens it returned
+        return outs, ntok / dt, steps / ntok, ntok / steps, (accepted / drafted if drafted else 0.0)
 
     # warm-up: every grammar compiled in both engines, outside the timing
     warm = list(range(len(schemas)))

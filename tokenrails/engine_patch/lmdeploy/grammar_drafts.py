@@ -237,6 +237,23 @@ def _row_keys(session_ctx: list | None, batch: int) -> list[Hashable]:
     return keys
 
 
+def _emitted(out_ids: torch.Tensor, stops: frozenset[int]) -> list[int]:
+    """Tokens each row's verification produced, up to and including a stop token (the engine
+    drops what follows it)."""
+    rows = out_ids.reshape(out_ids.shape[0], -1).tolist()
+    counts = []
+    for row in rows:
+        n = 0
+        for t in row:
+            if t < 0:
+                break
+            n += 1
+            if t in stops:
+                break
+        counts.append(n)
+    return counts
+
+
 def _proposer_class():
     from lmdeploy.pytorch.spec_decode.proposers.base import BaseSpecProposer, ProposalMethod
     from lmdeploy.pytorch.strategies.ar_spec.model_agent import ARSpecExtraInputs
@@ -291,12 +308,18 @@ def _proposer_class():
                 logprobs=extra_inputs.logprobs,
             )
 
+        def _stop_ids(self) -> frozenset[int]:
+            owner = getattr(self.guided_helper, "_mgr", None)
+            if getattr(owner, "is_tokenrails", False) and owner.ready:
+                return frozenset(owner.core().vocab.eos_ids)
+            return frozenset()
+
         def _account(self, model_inputs: Any, extra_inputs: Any, keys: list[Hashable]) -> None:
             """Credit the previous step's drafts with what this step's verification accepted."""
             out_ids = extra_inputs.output_token_ids
             if out_ids is None or model_inputs.is_dummy:
                 return
-            emitted = (out_ids >= 0).sum(dim=-1).tolist() if out_ids.dim() == 2 else [1] * len(keys)
+            emitted = _emitted(out_ids, self._stop_ids())
             verified = bool(model_inputs.is_decoding)
             prev = {p.key: p for p in self._last if p is not None and p.key is not None}
             with _LEDGER.lock:
