@@ -130,6 +130,11 @@ def _apply(p: Patcher) -> None:
         require_attrs(gsh, [name], "GuidedSpecHelper")
         p.set(gsh, name, make(getattr(gsh, name)))
 
+    # -- grammar drafts: a model-free proposer in LMDeploy's proposer registry (grammar_drafts.py)
+    from . import grammar_drafts
+
+    grammar_drafts.install(p)
+
 
 def _patch_tool_calls(p: Patcher) -> None:
     """Tool-call arguments enforced for ``auto`` and named ``tool_choice`` (tool_calls.py)."""
@@ -181,7 +186,7 @@ def _widen_server_format(p: Patcher) -> None:
 
 def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
              fill_threads: int | None = None, reasoning: Any = None,
-             tool_calls: bool | None = None) -> None:
+             tool_calls: bool | None = None, grammar_drafts: int | None = None) -> None:
     """Patch LMDeploy in this process (idempotent). Options apply to managers built afterwards.
 
     ``reasoning``: the engine-wide reasoning default ("auto", "off", "START,END[,optional]
@@ -189,12 +194,17 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
     tokenrails/engine_patch/reasoning.py and docs/lmdeploy.md.
     ``tool_calls``: enforce tool-call arguments for ``auto`` and named ``tool_choice`` too
     (tool_calls.py); None → ``$TOKENRAILS_TOOL_CALLS`` → on.
+    ``grammar_drafts``: k > 0 → engines built without a ``speculative_config`` draft the tokens
+    the grammar forces, k per step (grammar_drafts.py); 0 → off; None → ``$TOKENRAILS_GRAMMAR_DRAFTS``.
     """
     global _ACTIVE
     from .manager import configure
 
     with _LOCK:
         configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning)
+        from . import grammar_drafts as _drafts
+
+        _drafts.configure(grammar_drafts)
         inherit.export(backend=backend, limits=limits, reasoning=reasoning,
                        tool_calls=tool_calls, fill_threads=fill_threads)  # every child process too
         if _ACTIVE:
@@ -216,6 +226,9 @@ def deactivate() -> None:
         _PATCHER.undo()
         _rebuild_server_models()
         inherit.restore()
+        from . import grammar_drafts as _drafts
+
+        _drafts.restore_env()
         _ACTIVE = False
 
 

@@ -1,6 +1,7 @@
 """``tokenrails lmdeploy ...``: LMDeploy's own CLI with the upgrade active in every process.
 
     tokenrails lmdeploy serve api_server MODEL [lmdeploy options]   # any lmdeploy command
+        [--grammar-drafts K]   # draft the tokens the grammar forces, K per step (grammar_drafts.py)
     tokenrails lmdeploy install-hook | uninstall-hook | status
 
 For LMDeploy commands: sets ``TOKENRAILS_LMDEPLOY=1`` (inherited by every child process),
@@ -80,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[startup.ENV_FLAG] = "1"
     _ensure_children_hooked()
     from . import activate
+    from .grammar_drafts import pop_cli_option
 
-    activate()
+    argv, drafts = pop_cli_option(argv)
+    activate(grammar_drafts=drafts)
     try:
         from lmdeploy.cli.entrypoint import run
     except ImportError as exc:

@@ -2,6 +2,7 @@
 
     python -m tokenrails.engine_patch.lmdeploy.cpu.serve MODEL_DIR [--port 23333] [--host 127.0.0.1]
         [--max-batch-size 4] [--session-len 1024] [--num-blocks 64] [--tool-call-parser NAME] [--stock]
+        [--grammar-drafts K]
 
 LMDeploy's own ``lmdeploy.serve.openai.api_server.serve`` with ``cpu_engine_config(...)``: the
 server runs its engine in a spawned process (``enable_mp_engine``); the config's pickle enables the
@@ -24,10 +25,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--log-level", default="WARNING")
     ap.add_argument("--tool-call-parser", default=None, help="LMDeploy's tool-call parser name (e.g. qwen)")
     ap.add_argument("--stock", action="store_true", help="stock LMDeploy: do not activate the upgrade")
+    ap.add_argument("--grammar-drafts", type=int, default=None,
+                    help="draft the tokens the grammar forces, K per step (grammar_drafts.py)")
     args = ap.parse_args(argv)
     if not args.stock:
         from .. import activate
-        activate()
+        activate(grammar_drafts=args.grammar_drafts)
     from lmdeploy.serve.openai.api_server import serve
 
     from .enable import cpu_engine_config

@@ -1,0 +1,158 @@
+"""Grammar drafts (engine_patch/lmdeploy/grammar_drafts.py) in LMDeploy 0.18's real engine on CPU.
+
+The grammar is the draft model: guided rows propose the tokens their grammar forces, LMDeploy's
+rejection sampler verifies them. Oracles: greedy outputs token for token equal to plain guided
+decoding (several schemas, regex, choice, an unguided row, a bad schema in the batch); sampled
+outputs (temperature 1) over a string with several tokenizations distributed like plain guided
+decoding by a chi-square test that does reject a deliberately biased verifier (one that accepts
+every grammar draft, i.e. jump-forward in the canonical tokenization).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import re
+
+import pytest
+
+pytest.importorskip("lmdeploy")
+torch = pytest.importorskip("torch")
+jsonschema = pytest.importorskip("jsonschema")
+stats = pytest.importorskip("scipy.stats")
+
+pytestmark = pytest.mark.slow
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+ORDER = {"type": "object", "properties": {
+    "status": {"enum": ["pending", "shipped", "delivered"]},
+    "items": {"type": "array", "items": {"type": "object", "properties": {"sku": {"type": "string", "maxLength": 6},
+                                                                          "qty": {"type": "integer"}},
+                                         "required": ["sku", "qty"], "additionalProperties": False},
+              "maxItems": 2},
+    "express": {"type": "boolean"}}, "required": ["status", "items", "express"], "additionalProperties": False}
+PATTERN = r"(alpha|beta)-[0-9]{2}\.done"
+CHOICES = ["internationalization", "internal", "interval"]
+WORD = "abracadabra"  # its canonical tokenization ab|rac|ad|ab|ra is far from the only one the model picks
+
+
+def _compact(schema):
+    from tokenrails import GuideSpec
+    return GuideSpec.json_schema(json.dumps(schema), any_whitespace=False)
+
+
+def _requests():
+    """(prompt, response_format, max_new_tokens): a mix the grammar forces much or little of."""
+    return [
+        ("Give me a person as JSON.", _compact(PERSON), 40),
+        ("An order as JSON.", _compact(ORDER), 64),
+        ("Give me a person as JSON.", {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}, 40),
+        ("A code please.", {"type": "regex_schema", "regex_schema": PATTERN}, 16),
+        ("Pick a word.", {"type": "choice", "choice": CHOICES}, 8),
+        ("Hi", None, 8),
+        ("Bad schema.", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}, 8),
+    ]
+
+
+def _pipe(model_dir, drafts: int, batch: int = 8):
+    from lmdeploy import pipeline
+
+    from tokenrails.engine_patch.lmdeploy import activate
+    from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
+    torch.set_num_threads(1)
+    activate(grammar_drafts=drafts)
+    return pipeline(model_dir, backend_config=cpu_engine_config(max_batch_size=batch, session_len=512))
+
+
+def _run(model_dir, drafts: int, prompts, gens, batch: int = 8):
+    from tokenrails.engine_patch.lmdeploy import deactivate, grammar_drafts
+    grammar_drafts.reset_stats()
+    pipe = _pipe(model_dir, drafts, batch)
+    try:
+        outs = pipe(prompts, gen_config=gens)
+        return outs, grammar_drafts.totals()
+    finally:
+        pipe.close()
+        deactivate()
+
+
+def _gens(reqs, **sampling):
+    from lmdeploy import GenerationConfig
+    return [GenerationConfig(max_new_tokens=n, response_format=rf, **sampling) for _, rf, n in reqs]
+
+
+def test_greedy_equals_plain_guided_token_for_token(model_dir):
+    reqs = _requests()
+    prompts, gens = [p for p, _, _ in reqs], _gens(reqs, top_k=1)
+    plain, none = _run(model_dir, 0, prompts, gens)
+    drafted, totals = _run(model_dir, 3, prompts, gens)
+    assert none["grammar_draft_steps"] == 0  # off: the engine has no speculative agent at all
+    for a, b in zip(plain, drafted):
+        assert list(a.token_ids) == list(b.token_ids) and a.text == b.text and a.finish_reason == b.finish_reason, (a, b)
+    # the oracles hold on both
+    for out, schema in zip(plain[:3], (PERSON, ORDER, PERSON)):
+        if out.finish_reason == "stop":  # (a small model may loop in a string until the length cap)
+            jsonschema.validate(json.loads(out.text), schema)
+    assert plain[0].finish_reason == "stop", plain[0]
+    assert re.fullmatch(PATTERN, plain[3].text) and plain[4].text in CHOICES, plain[3:5]
+    assert plain[5].generate_token_len > 0
+    assert drafted[6].finish_reason == "error" and drafted[6].text == "", drafted[6]  # typed, this request only
+    # drafts were proposed and accepted, and they saved forward passes
+    assert totals["grammar_drafted"] >= 10 and totals["grammar_draft_accepted"] >= 8, totals
+    assert totals["grammar_forced"] <= totals["grammar_draft_accepted"], totals  # one-token masks always pass
+    assert totals["grammar_draft_steps"] < totals["grammar_draft_emitted"] / 2, totals
+
+
+def _sample_counts(model_dir, drafts: int, n: int, *, biased: bool = False, monkeypatch=None):
+    """How many tokens each of ``n`` sampled (temperature 1) outputs of the regex ``WORD`` took.
+
+    The statistic is the tokenization's length: the first token is sampled at prefill, before any
+    draft; from there on a verifier that favours the canonical tokenization makes outputs shorter.
+    top_k=50: with top_k=0 LMDeploy samples from the whole sorted vocabulary with
+    ``torch.multinomial``, which on CPU now and then returns a zero-probability token (about 1 in
+    100 requests here, plain guided decoding too: the request then fails closed).
+    """
+    from lmdeploy import GenerationConfig
+    if biased:
+        from lmdeploy.pytorch.backends.default import rejection_sampling as rs
+        original = rs.DefaultRejectionSamplingImpl.forward
+
+        def accept_every_draft(self, target_logits, draft_token_ids, bonus_token_ids, **kw):
+            """The biased verifier: the target 'agrees' with every draft (jump-forward)."""
+            rigged = torch.full_like(target_logits, -1e4)
+            rigged.scatter_(-1, draft_token_ids.unsqueeze(-1), 0.0)
+            return original(self, rigged, draft_token_ids, bonus_token_ids, **kw)
+
+        monkeypatch.setattr(rs.DefaultRejectionSamplingImpl, "forward", accept_every_draft)
+    gens = [GenerationConfig(max_new_tokens=14, do_sample=True, temperature=1.0, top_k=50, top_p=1.0, random_seed=1000 * drafts + i + (7 if biased else 0),
+                             response_format={"type": "regex_schema", "regex_schema": WORD}) for i in range(n)]
+    outs, totals = _run(model_dir, drafts, ["Say one word."] * n, gens)
+    assert all(o.text == WORD for o in outs), [o.text for o in outs if o.text != WORD]
+    return collections.Counter(len(o.token_ids) for o in outs), totals
+
+
+def _chi2_p(a: collections.Counter, b: collections.Counter, min_count: int = 5) -> float:
+    """Chi-square homogeneity test of two samples; rare categories pooled."""
+    keys = sorted(set(a) | set(b), key=lambda k: -(a[k] + b[k]))
+    common = [k for k in keys if a[k] + b[k] >= min_count]
+    table = [[a[k] for k in common], [b[k] for k in common]]
+    rest = [sum(a[k] for k in keys if k not in common), sum(b[k] for k in keys if k not in common)]
+    if sum(rest) >= min_count:
+        table[0].append(rest[0])
+        table[1].append(rest[1])
+    if len(table[0]) < 2:
+        return 1.0
+    return float(stats.chi2_contingency(table)[1])
+
+
+def test_sampled_distribution_equals_plain_guided_and_biased_variant_is_caught(model_dir, monkeypatch):
+    n = 160
+    plain, _ = _sample_counts(model_dir, 0, n)
+    assert len(plain) >= 3, plain  # the model spreads over several tokenizations: the test has power
+    drafted, totals = _sample_counts(model_dir, 4, n)
+    assert totals["grammar_drafted"] > n and 0 < totals["grammar_draft_accepted"] < totals["grammar_drafted"], totals
+    p_same = _chi2_p(plain, drafted)
+    biased, _ = _sample_counts(model_dir, 4, n, biased=True, monkeypatch=monkeypatch)
+    p_biased = _chi2_p(plain, biased)
+    assert p_same > 1e-3, (p_same, plain, drafted)
+    assert p_biased < 1e-6, (p_biased, plain, biased)

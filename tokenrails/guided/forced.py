@@ -1,0 +1,111 @@
+"""The forced-token rule: which tokens the grammar fixes from a matcher's current state (peek only).
+
+A grammar forces the next token in two ways:
+
+* **one token**: the mask allows exactly one token (a closing brace after the last field, the
+  only marker token that can follow);
+* **a forced string**: every valid continuation starts with the same text (``"name": `` after
+  ``{``) although the mask allows several tokens (``"``, ``"n``, ``"name`` ...). The string is
+  taken in its canonical tokenization (``encode``, the model's tokenizer) and kept only as far as
+  the grammar accepts it token by token.
+
+The rule repeats from the state it reaches until ``max_tokens`` tokens, a choice, a stop token
+or the end of the grammar. The matcher is advanced tentatively and rolled back by exactly what
+was accepted, so it ends where it started. A speculative proposer drafts these tokens (the target
+model verifies them: greedy or sampled output is unchanged); a jump-forward uses them directly.
+Stop tokens (EOS) are never returned: ending a request is left to a real decoding step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Collection, Sequence
+
+import torch
+
+from .backend import Matcher
+
+__all__ = ["ForcedRun", "forced_tokens", "single_allowed_token"]
+
+Encode = Callable[[str], Sequence[int]]
+
+
+@dataclass(frozen=True)
+class ForcedRun:
+    """``tokens``: the forced tokens, in order. ``single``: how many came from a one-token mask;
+    the rest came from forced strings' tokenizations (acceptance depends on the model there)."""
+
+    tokens: tuple[int, ...] = ()
+    single: int = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+NOTHING = ForcedRun()
+
+
+def single_allowed_token(row: torch.Tensor, vocab_size: int) -> int | None:
+    """The one token id whose bit is set in the int32 bitmask ``row`` (None: zero or several)."""
+    r = row[: (vocab_size + 31) // 32]
+    nz = torch.nonzero(r).flatten()
+    if nz.numel() != 1:
+        return None
+    word_index = int(nz[0])
+    word = int(r[word_index]) & 0xFFFFFFFF
+    if word & (word - 1):
+        return None  # several bits in the one word
+    tok = word_index * 32 + word.bit_length() - 1
+    return tok if tok < vocab_size else None
+
+
+def forced_tokens(
+    matcher: Matcher,
+    max_tokens: int,
+    *,
+    encode: Encode | None = None,
+    stop_ids: Collection[int] = (),
+    bitmask: torch.Tensor | None = None,
+) -> ForcedRun:
+    """The tokens the grammar forces from ``matcher``'s state, at most ``max_tokens``; state unchanged.
+
+    ``encode`` (text -> token ids, no special tokens) enables forced strings; without it only
+    one-token masks count. ``bitmask`` is an optional reusable ``(1, words)`` int32 buffer.
+    """
+    if max_tokens <= 0 or matcher.is_terminated():
+        return NOTHING
+    vocab_size = matcher.vocab.vocab_size
+    words = (vocab_size + 31) // 32
+    if bitmask is None or bitmask.dim() != 2 or bitmask.shape[1] < words:
+        bitmask = torch.empty((1, words), dtype=torch.int32)
+    stops = set(int(t) for t in stop_ids) | set(matcher.vocab.eos_ids)
+    out: list[int] = []
+    single = 0
+    try:
+        while len(out) < max_tokens and not matcher.is_terminated():
+            tok = None
+            if matcher.fill_next_token_bitmask(bitmask, 0):
+                tok = single_allowed_token(bitmask[0], vocab_size)
+            if tok is not None:
+                if tok in stops or not matcher.accept_token(tok):
+                    break
+                out.append(tok)
+                single += 1
+                continue
+            if encode is None:
+                break
+            text = matcher.find_jump_forward_string()
+            if not text:
+                break
+            taken = 0
+            for t in encode(text):
+                t = int(t)
+                if len(out) >= max_tokens or t in stops or not matcher.accept_token(t):
+                    break
+                out.append(t)
+                taken += 1
+            if taken == 0:
+                break
+    finally:
+        if out:
+            matcher.rollback(len(out))
+    return ForcedRun(tuple(out), single)
