@@ -14,6 +14,10 @@ class GuideLimits:
     max_spec_bytes: int = 1 << 20          # serialized request size
     max_json_depth: int = 64               # nesting depth of a JSON schema document
     max_ref_depth: int = 32                # chained $ref resolutions
+    max_schema_visits: int = 100_000       # nodes one walk over a schema (closing, type inference)
+                                           # may visit beyond 8 per document node, $ref targets and
+                                           # allOf parts counted each time they are followed (a 2.2 KB
+                                           # allOf/$ref chain of 30 levels is 2^30 visits)
     max_enum_values: int = 10_000          # values in one enum / choices list
     max_any_of: int = 256                  # anyOf / oneOf fan-out
     max_object_properties: int = 2_000     # properties of one object (xgrammar's compile grows

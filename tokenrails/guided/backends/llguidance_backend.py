@@ -449,9 +449,9 @@ class LLGuidanceBackend(GuideBackend):
                 # and (unless strict=False) closed objects/tuples, as xgrammar's strict_mode.
                 schema: Any = {"type": "object"}
                 if kind == "json_schema":
-                    schema = lower_dependencies(policy_schema(spec))
+                    schema = lower_dependencies(policy_schema(spec, self.limits))
                     if is_strict(spec):
-                        schema = close_schema(schema)
+                        schema = close_schema(schema, self.limits.max_schema_visits)
                 return llg.LLMatcher.grammar_from_json_schema(schema, overrides=self._json_options(spec))
             if kind == "regex":
                 return llg.LLMatcher.grammar_from_regex(ascii_shorthands(spec.pattern))
