@@ -59,6 +59,9 @@ def _apply(p: Patcher) -> None:
     p.set(ae.AsyncEngine, "preprocess",
           engines.patched_preprocess(front_check.checked_preprocess(ae.AsyncEngine.preprocess)))
     front_check.patch_chat_runner(p)
+    from . import error_relay  # engine-side typed errors reach the HTTP response with their message
+
+    error_relay.patch(p)
     _widen_server_format(p)
     _patch_harmony(p)
     _patch_tool_calls(p)
