@@ -105,3 +105,26 @@ def test_a_large_plain_schema_is_not_refused_for_its_size():
     props = {f"p{i}": {"type": "object", "properties": {"x": {"type": "string"}}} for i in range(1500)}
     closed = close_schema({"type": "object", "properties": props}, max_visits=0)
     assert closed["properties"]["p7"]["additionalProperties"] is False
+
+
+# ---- issue 27.2: shapes under every per-item limit whose compile took tens of seconds ---------
+def test_grammar_literals_are_bounded_in_total():
+    """15 literals of 16 KB each (each under max_literal_bytes) compiled 47 s on a tiny vocabulary."""
+    grammar = "root ::= " + " | ".join(f'"{chr(97 + i) * 16000}"' for i in range(15))
+    spec = tr.GuideSpec.grammar(grammar)
+    result, seconds = run_bounded(lambda: tr.compile_guide(spec, probe_vocab(), "auto"))
+    assert isinstance(result, GuideLimitError) and result.limit == "max_grammar_literal_bytes", result
+    assert seconds < 10
+    small = tr.GuideSpec.grammar('root ::= "' + "a" * 1000 + '" | "b"')
+    tr.compile_guide(small, probe_vocab(), "auto")  # ordinary literals still compile
+
+
+def test_structural_tags_fan_out_is_bounded():
+    """3,000 tags compiled 17 s on a tiny vocabulary; a tag is an alternative like an anyOf branch."""
+    tags = {"type": "structural_tag", "triggers": ["<f"], "structures": [
+        {"begin": f"<f{i}>", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}, "end": f"</f{i}>"}
+        for i in range(3000)]}
+    spec = tr.GuideSpec.from_request(tags)
+    result, seconds = run_bounded(lambda: tr.compile_guide(spec, probe_vocab(), "auto"))
+    assert isinstance(result, GuideLimitError) and result.limit == "max_any_of", result
+    assert seconds < 10

@@ -29,6 +29,8 @@ class GuideLimits:
     max_grammar_bytes: int = 256 << 10     # EBNF grammar text
     max_literal_bytes: int = 16 << 10      # one string literal/const/enum value/choice (xgrammar
                                            # compile time grows ~quadratically: 100 KB ≈ 20 s)
+    max_grammar_literal_bytes: int = 32 << 10  # all quoted literals of one grammar together
+                                           # (15 x 16 KB literals: a 47 s compile on a 257-token vocabulary)
     compile_timeout_s: float = 30.0        # wall time for one compile
     max_fill_seconds: float = 2.0          # one row's mask in one step (typical: microseconds); a
                                            # row past it ends with GuideTimeoutError, the batch goes on
