@@ -7,7 +7,8 @@ yields ``EngineOutput(status, [])`` and ``AsyncEngine`` turns the status alone i
 occurred."). Here, per request (a context variable of the task iterating the stream, so
 concurrent requests never see each other's message):
 
-* engine side: ``RequestSender.async_recv`` notes the response's ``err_msg``;
+* engine side: the engine loop's ``response_reqs`` keeps the message (it reset it to '');
+  ``RequestSender.async_recv`` notes the response's ``err_msg``;
   ``EngineInstance.async_stream_infer`` puts it on the failed ``EngineOutput`` as ``err_msg``
   (a plain attribute: it survives the pickle to the api_server process);
 * server side: the stream of outputs (``MPEngineInstance`` or the in-process ``EngineInstance``)
@@ -81,6 +82,21 @@ def patched_error_from_status(original: Callable) -> Callable:
     return staticmethod(_request_error_from_status)
 
 
+def patched_response_reqs(original: Callable) -> Callable:
+    """The engine loop's ``response_reqs`` resets ``err_msg`` to '' when it sends a response; the
+    message agent.py put on a failed row's response is kept."""
+
+    @functools.wraps(original)
+    def response_reqs(req_manager: Any, resp: Any, resp_type: Any, data: Any = None, err_msg: str = ""):
+        from lmdeploy.messages import ResponseType
+
+        if not err_msg and getattr(resp, "err_msg", "") and resp_type not in (ResponseType.SUCCESS, ResponseType.FINISH):
+            err_msg = resp.err_msg
+        return original(req_manager, resp, resp_type, data, err_msg)
+
+    return response_reqs
+
+
 def patch(p: Any) -> None:
     """Apply every hook that exists in this LMDeploy (the server side needs only the last two)."""
     targets = [
@@ -88,6 +104,12 @@ def patch(p: Any) -> None:
         ("lmdeploy.pytorch.engine.engine_instance", "EngineInstance", "async_stream_infer", patched_stream),
         ("lmdeploy.pytorch.engine.mp_engine.base", "MPEngineInstance", "async_stream_infer", patched_stream),
     ]
+    try:
+        loop_module = importlib.import_module("lmdeploy.pytorch.engine.engine_loop")
+    except ImportError:
+        loop_module = None
+    if loop_module is not None and hasattr(loop_module, "response_reqs"):
+        p.set(loop_module, "response_reqs", patched_response_reqs(loop_module.response_reqs))
     for module, cls_name, attr, make in targets:
         try:
             owner = getattr(importlib.import_module(module), cls_name)
