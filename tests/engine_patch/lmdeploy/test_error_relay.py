@@ -93,3 +93,20 @@ def test_requests_without_an_engine_message_keep_lmdeploys_error(upgraded):
 
     error = asyncio.run(main())
     assert error.message == ERROR_MESSAGES[ErrorCode.UNSUPPORTED_FEATURE]
+
+
+def test_the_engine_loop_keeps_a_failed_rows_message(upgraded):
+    """``EngineLoop._send_resp`` answers through ``response_reqs``, which reset ``err_msg`` to ''
+    (found by the real-server attack test: the relay had nothing to carry)."""
+    from lmdeploy.messages import ResponseType
+    from lmdeploy.pytorch.engine import engine_loop
+    from lmdeploy.pytorch.engine.request import Response
+
+    sent = []
+    manager = SimpleNamespace(response=sent.append)
+    resp = Response(type=ResponseType.NOT_SUPPORTED, sender_id=0, event=asyncio.Event(), err_msg=MESSAGE, is_done=True)
+    engine_loop.response_reqs(manager, resp, ResponseType.NOT_SUPPORTED, data={})
+    assert sent == [resp] and resp.err_msg == MESSAGE
+    ok = Response(type=ResponseType.SUCCESS, sender_id=0, event=asyncio.Event(), err_msg="stale")
+    engine_loop.response_reqs(manager, ok, ResponseType.SUCCESS, data={})
+    assert ok.err_msg == ""  # a normal step's response is LMDeploy's, unchanged

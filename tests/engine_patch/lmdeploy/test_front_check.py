@@ -270,3 +270,34 @@ def test_valid_tool_requests_still_reach_the_engine(upgraded):
     with pytest.raises(RequestError) as info:
         _prepare(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert "REACHED" in str(info.value)
+
+
+def test_a_check_that_finishes_before_its_callback_is_added_does_not_deadlock(upgraded, monkeypatch):
+    """Found by the real-server attack test: a refusal that finished on the pool thread before
+    ``add_done_callback`` ran the callback inline, under the lock it takes (the loop froze)."""
+    from tokenrails.engine_patch.lmdeploy import front_check, requests as req
+
+    _fresh_memo()
+    monkeypatch.setattr(req, "validate_spec", lambda spec, limits=None: None)  # instant
+    checker = front_check.FrontCheck()
+    real_submit = front_check.CompilePool.submit
+
+    def submit_and_finish(self, fn, *args):
+        future = real_submit(self, fn, *args)
+        future.result(timeout=5)  # done before the caller adds its callback
+        return future
+
+    monkeypatch.setattr(front_check.CompilePool, "submit", submit_and_finish)
+    spec = GuideSpec.regex("[0-9]{3}-instant")
+
+    async def main():
+        return await asyncio.wait_for(checker.verdict(spec, GuideLimits()), timeout=5)
+
+    holder: dict = {}
+    import threading
+
+    thread = threading.Thread(target=lambda: holder.setdefault("v", asyncio.run(main())), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the front check deadlocked"
+    assert holder["v"] is None

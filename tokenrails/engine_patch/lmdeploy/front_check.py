@@ -73,13 +73,15 @@ class FrontCheck:
         pool = self._get_pool(limits)
         with self._lock:
             future = self._inflight.get(spec.key)
-            if future is None:
+            new = future is None
+            if new:
                 try:
                     future = pool.submit(_probe, spec, limits)
                 except GuideLimitError as exc:  # too many abandoned compiles: refuse, do not memo
                     return detached_copy(exc)
                 self._inflight[spec.key] = future
-                future.add_done_callback(functools.partial(self._done, spec.key))
+        if new:  # outside the lock: a finished future runs the callback here, and it takes the lock
+            future.add_done_callback(functools.partial(self._done, spec.key))
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
                                           timeout=limits.compile_timeout_s)
