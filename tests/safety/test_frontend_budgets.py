@@ -128,3 +128,14 @@ def test_structural_tags_fan_out_is_bounded():
     result, seconds = run_bounded(lambda: tr.compile_guide(spec, probe_vocab(), "auto"))
     assert isinstance(result, GuideLimitError) and result.limit == "max_any_of", result
     assert seconds < 10
+
+
+def test_a_regexs_repeats_are_bounded_in_total():
+    """300 x [\\u0000-\\uffff]{0,9} is .{0,2700} spelled out (each repeat under max_repeat): fsm
+    spent its whole deadline, llguidance ran out of lexer fuel on a real vocabulary, xgrammar took
+    11 s there."""
+    pattern = r"[\u0000-\uffff]{0,9}" * 300
+    result, seconds = run_bounded(lambda: tr.compile_guide(tr.GuideSpec.regex(pattern), probe_vocab(), "auto"))
+    assert isinstance(result, GuideLimitError) and result.limit == "max_repeat_total", result
+    assert seconds < 5
+    tr.compile_guide(tr.GuideSpec.regex(r"[a-z]{1,20}(-[0-9]{1,4}){3}"), probe_vocab(), "auto")

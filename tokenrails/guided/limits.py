@@ -25,6 +25,10 @@ class GuideLimits:
                                            # → minutes of a core after the deadline abandoned it)
     max_regex_length: int = 16_384         # characters in one pattern
     max_repeat: int = 1_000                # upper bound of {m,n} repetition
+    max_repeat_total: int = 2_000          # all bounded repeats of one regex/pattern together
+                                           # (300 x [\u0000-\uffff]{0,9} is .{0,2700} spelled out:
+                                           # fsm 30 s, llguidance out of lexer fuel, xgrammar 11 s on
+                                           # a 49k vocabulary, while each {0,9} is under max_repeat)
     max_dfa_states: int = 100_000          # FSM backend automaton size
     max_grammar_bytes: int = 256 << 10     # EBNF grammar text
     max_literal_bytes: int = 16 << 10      # one string literal/const/enum value/choice (xgrammar

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from .errors import GuideError
 from .limits import GuideLimits
 from .schema_policy import is_strict, policy_schema
-from .schema_features import xgrammar_looser, xgrammar_stricter, xgrammar_unenforced
+from .schema_features import scan_repeat_bounds, xgrammar_looser, xgrammar_stricter, xgrammar_unenforced
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
 
@@ -41,6 +41,8 @@ def auto_ladder(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> list
 def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list[str], str]:
     """``(ladder, reason)``; the reason is for logs and the conformance report."""
     kind = spec.kind
+    if kind == "regex":  # bounds every backend checks: before any of them runs (fsm is last)
+        scan_repeat_bounds(spec.pattern, limits)
     if kind == "regex" and repeat_total(spec.pattern) > FSM_REPEAT_TOTAL:
         return ["llguidance", "xgrammar", "fsm"], "regex: many bounded repeats, lazy DFA first"
     if kind in ("regex", "choice"):

@@ -301,6 +301,7 @@ def scan_repeat_bounds(text: str, limits: GuideLimits, *, grammar: bool = False)
     """
     bound = limits.max_repeat
     worst = 0
+    total = 0  # regexes: every bounded repeat's expansion, summed (max_repeat_total)
     group_max: list[int] = [1]  # per open group: largest multiplier seen inside
     last_atom_factor = 1  # multiplier carried by the atom just closed (a group's inner max)
     i, n = 0, len(text)
@@ -346,6 +347,13 @@ def scan_repeat_bounds(text: str, limits: GuideLimits, *, grammar: bool = False)
                     limit="max_repeat", value=eff,
                 )
             group_max[-1] = max(group_max[-1], eff)
+            if not grammar:
+                total += eff
+                if total > limits.max_repeat_total:
+                    raise GuideLimitError(
+                        f"limit max_repeat_total={limits.max_repeat_total} exceeded: the pattern's bounded "
+                        f"repeats expand to more than that together (like one repeat of {total})",
+                        limit="max_repeat_total", value=total)
             last_atom_factor = 1
             i = m.end()
             continue

@@ -129,7 +129,7 @@ def test_auto_ladder_spends_at_most_one_deadline():
     from tokenrails.engine_patch.lmdeploy.requests import _probe_vocab
 
     pattern = "[\u0000-\uffff]{0,9}" * 300
-    limits = GuideLimits(compile_timeout_s=4.0)
+    limits = GuideLimits(compile_timeout_s=4.0, max_repeat_total=10_000)  # (the default refuses it)
     start = time.perf_counter()
     tr.compile_guide(GuideSpec.regex(pattern), _probe_vocab(), "auto", limits=limits)
     assert time.perf_counter() - start < limits.compile_timeout_s
