@@ -76,7 +76,7 @@ def _regex_shape() -> Shape:
     def check(text: str, sent: dict) -> bool:
         return re.fullmatch(sent["response_format"]["regex_schema"], text, re.S) is not None
 
-    return Shape("regex 300 x [\\u0000-\\uffff]{0,9}", body, "either", check)
+    return Shape("regex 300 x [\\u0000-\\uffff]{0,9}", body, "400", check)
 
 
 def _optional_shape(n: int) -> Shape:
@@ -195,6 +195,11 @@ class AttackRun:
     benign_invalid: int = 0
     benign_errors: list[str] = field(default_factory=list)
     hostile: list[HostileResult] = field(default_factory=list)
+    attack_start: float = float("inf")  # perf_counter() when the first hostile request was sent
+
+    def ping_latencies(self, *, attack: bool) -> list[float]:
+        """Ping latencies during the attack (``attack=True``) or before it."""
+        return [lat for start, lat in self.pings if (start >= self.attack_start) == attack]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -310,6 +315,7 @@ def run_attack(base: str, model_id: str, shapes: list[Shape], *, baseline_reques
             attack_done.set()
 
         thread = threading.Thread(target=attacker, daemon=True)
+        run.attack_start = time.perf_counter()
         thread.start()
         with httpx.Client(timeout=120) as client:
             while (not attack_done.is_set() or len(run.under_attack) < min_attack_benign) and time.monotonic() < give_up:
