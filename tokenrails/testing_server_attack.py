@@ -197,9 +197,15 @@ class AttackRun:
     hostile: list[HostileResult] = field(default_factory=list)
     attack_start: float = float("inf")  # perf_counter() when the first hostile request was sent
 
+    windows: list[tuple[float, float]] = field(default_factory=list)  # each hostile request's (start, end)
+
     def ping_latencies(self, *, attack: bool) -> list[float]:
         """Ping latencies during the attack (``attack=True``) or before it."""
         return [lat for start, lat in self.pings if (start >= self.attack_start) == attack]
+
+    def pings_in_flight(self) -> list[float]:
+        """Latencies of the pings sent while a hostile request was in flight."""
+        return [lat for start, lat in self.pings if any(a <= start <= b for a, b in self.windows)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -309,6 +315,7 @@ def run_attack(base: str, model_id: str, shapes: list[Shape], *, baseline_reques
                     t0 = time.perf_counter()
                     result = _send_hostile(client, base, model_id, shape, nonce)
                     t1 = time.perf_counter()
+                    run.windows.append((t0, t1))
                     in_flight = [lat for start, lat in list(run.pings) if t0 <= start <= t1]
                     result.stall_s = max(in_flight, default=0.0)
                     run.hostile.append(result)
