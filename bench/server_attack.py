@@ -43,15 +43,17 @@ def measure(name: str, model, args) -> dict:
             raise SystemExit(f"{name} server did not start; log: {log}")
         shapes = atk.hostile_shapes()
         start = time.monotonic()
+        timeout = args.hostile_timeout if name == "upgraded" else args.stock_hostile_timeout
         run = atk.run_attack(base, model_id, shapes, baseline_requests=args.baseline, min_attack_benign=args.baseline,
-                             hostile_timeout=args.hostile_timeout, budget_s=args.budget)
+                             hostile_timeout=timeout, budget_s=args.budget, benign_timeout=timeout)
         out = {"server": name, "seconds": time.monotonic() - start, "baseline": run.baseline,
                "under_attack": run.under_attack, "pings": [lat for _, lat in run.pings],
+               "pings_quiet": run.ping_latencies(attack=False), "pings_in_flight": run.pings_in_flight(),
                "ping_failures": run.ping_failures, "benign_invalid": run.benign_invalid,
                "benign_errors": run.benign_errors[:5],
                "hostile": [vars(r) for r in run.hostile]}
         if args.refused and (name == "upgraded" or args.refused_stock):
-            growth, refused = atk.refused_payload_growth(base, model_id, proc.pid, args.refused)
+            growth, refused = atk.refused_payload_growth(base, model_id, proc.pid, args.refused, mb=0.9)
             out["rss_growth_mb"], out["refused"] = growth, refused
         return out
     finally:
@@ -75,9 +77,10 @@ def print_table(results: list[dict]) -> None:
     for r in results:
         b50, b99 = atk.percentile(r["baseline"], 0.5), atk.percentile(r["baseline"], 0.99)
         a50, a99 = atk.percentile(r["under_attack"], 0.5), atk.percentile(r["under_attack"], 0.99)
-        p99 = atk.percentile(r["pings"], 0.99)
+        q99, p99 = atk.percentile(r["pings_quiet"], 0.99), atk.percentile(r["pings_in_flight"], 0.99)
         print(f"{r['server']:>9}: benign p50 {_fmt(b50)} -> {_fmt(a50)} s, p99 {_fmt(b99)} -> {_fmt(a99)} s "
-              f"(x{_fmt(a99 / b99 if b99 == b99 and b99 else float('nan'))}); pings p99 {_fmt(p99)} s, "
+              f"(x{_fmt(a99 / b99 if b99 == b99 and b99 else float('nan'))}); pings p99 {_fmt(q99)} -> {_fmt(p99)} s "
+              f"(hostile in flight), max {_fmt(max(r['pings'], default=float('nan')))} s, "
               f"failed {r['ping_failures']}/{len(r['pings'])}; benign invalid {r['benign_invalid']}, "
               f"errors {len(r['benign_errors'])}; run {r['seconds']:.0f} s")
         if "rss_growth_mb" in r:
@@ -91,6 +94,8 @@ def main() -> None:
     ap.add_argument("--refused-stock", action="store_true", help="also send them to stock (it compiles them)")
     ap.add_argument("--deadline", type=float, default=30.0, help="upgraded server's compile_timeout_s")
     ap.add_argument("--hostile-timeout", type=float, default=90.0)
+    ap.add_argument("--stock-hostile-timeout", type=float, default=30.0,
+                    help="client timeout of each hostile and benign request sent to stock (it has no deadline)")
     ap.add_argument("--baseline", type=int, default=6)
     ap.add_argument("--budget", type=float, default=900.0, help="seconds per server for the attack run")
     ap.add_argument("--json", default=None)

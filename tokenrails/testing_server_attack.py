@@ -289,7 +289,7 @@ def _send_hostile(client: httpx.Client, base: str, model_id: str, shape: Shape, 
 
 def run_attack(base: str, model_id: str, shapes: list[Shape], *, baseline_requests: int = 5,
                min_attack_benign: int = 5, hostile_timeout: float = 60.0, ping_period: float = 0.25,
-               ping_timeout: float = 5.0, budget_s: float = 600.0) -> AttackRun:
+               ping_timeout: float = 5.0, budget_s: float = 600.0, benign_timeout: float = 120.0) -> AttackRun:
     """Baseline benign latencies, then every shape (one at a time, fresh nonce) while benign
     requests and pings continue. Past ``budget_s`` no new request starts (a bounded run)."""
     run = AttackRun()
@@ -324,7 +324,7 @@ def run_attack(base: str, model_id: str, shapes: list[Shape], *, baseline_reques
         thread = threading.Thread(target=attacker, daemon=True)
         run.attack_start = time.perf_counter()
         thread.start()
-        with httpx.Client(timeout=120) as client:
+        with httpx.Client(timeout=benign_timeout) as client:
             while (not attack_done.is_set() or len(run.under_attack) < min_attack_benign) and time.monotonic() < give_up:
                 seconds = _benign_once(client, base, model_id, run)
                 if seconds is not None:

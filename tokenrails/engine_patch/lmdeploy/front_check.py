@@ -134,7 +134,7 @@ def checked_preprocess(original: Callable) -> Callable:
                 spec = None  # LMDeploy's own call reports it (with its clean-up)
             if spec is not None:
                 err = await FRONT.verdict(spec, front_limits())
-                token = req.FRONT_VERDICT.set((spec.key, err))
+                token = req.FRONT_VERDICT.set((id(fmt), err))
         try:
             return await original(self, *args, **kwargs)
         finally:

@@ -103,9 +103,10 @@ class _ValidatedKeys:
 
 
 _VALIDATED = _ValidatedKeys()
-# (spec key, verdict) the api_server's off-loop check found for this request's task
-# (front_check.py); LMDeploy's synchronous call inside ``preprocess`` raises it without compiling.
-FRONT_VERDICT: contextvars.ContextVar[tuple[str, GuideError | None] | None] = contextvars.ContextVar(
+# (id of the checked response_format object, verdict) the api_server's off-loop check found for
+# this request's task (front_check.py); LMDeploy's synchronous call inside ``preprocess`` (same
+# object) raises it without parsing or compiling again.
+FRONT_VERDICT: contextvars.ContextVar[tuple[int, GuideError | None] | None] = contextvars.ContextVar(
     "tokenrails_front_verdict", default=None)
 
 
@@ -170,14 +171,14 @@ def ensure_response_format_compilable(response_format: Any) -> None:
         stock_check_for_turbomind(response_format)
         return
     try:
+        verdict = FRONT_VERDICT.get()
+        if verdict is not None and verdict[0] == id(response_format):  # checked off the loop already
+            if verdict[1] is not None:
+                raise detached_copy(verdict[1])
+            return
         spec = spec_of(response_format)  # also checks the tokenrails_reasoning value
         if spec is not None:
-            verdict = FRONT_VERDICT.get()
-            if verdict is not None and verdict[0] == spec.key:  # checked off the loop already
-                if verdict[1] is not None:
-                    raise detached_copy(verdict[1])
-            else:
-                validate_spec(spec, _limits())
+            validate_spec(spec, _limits())
     except GuideError as exc:
         raise to_request_error(exc) from None  # the chain would pin the parsed spec
 
