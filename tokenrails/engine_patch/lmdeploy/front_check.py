@@ -6,8 +6,8 @@ stalls every request and every ``/v1/models`` ping for as long as it runs (a 2 K
 ``$ref`` chain stopped the server indefinitely; a 240 KB grammar of long literals, 11-48 s).
 So the work is split:
 
-* on the loop, only cheap bounded work: parsing the format into a ``GuideSpec`` (size limit
-  first, canonical key) and a memo lookup;
+* on the loop, only cheap bounded work: a memo lookup (parsing the format into a ``GuideSpec``,
+  size limit and canonical key, runs on the loop's default executor: 0.1 s for a 1 MB format);
 * everything that can take time (schema walks, the probe compile, its first mask) runs on a
   ``CompilePool`` thread under the same ``GuideLimits`` the engine's manager compiles with
   (``compile_timeout_s``, ``max_abandoned_compiles``, every walk budget); the coroutine awaits it
@@ -119,6 +119,17 @@ def _gen_config_of(args: tuple, kwargs: dict) -> Any:
     return args[2] if len(args) > 2 else None  # preprocess(messages, session_id, gen_config, ...)
 
 
+def _parse(fmt: Any) -> Any:
+    """The format's ``GuideSpec`` or None (a bad one: LMDeploy's own call reports it, with its
+    clean-up)."""
+    try:
+        return req.spec_of(fmt)
+    except GuideError:
+        return None
+    except Exception:  # noqa: BLE001 - same: reported by the synchronous check
+        return None
+
+
 def checked_preprocess(original: Callable) -> Callable:
     """``AsyncEngine.preprocess`` whose format check ran off the loop before LMDeploy's own call."""
 
@@ -128,10 +139,8 @@ def checked_preprocess(original: Callable) -> Callable:
         fmt = getattr(gen_config, "response_format", None)
         token = None
         if fmt is not None and getattr(self, "backend", None) != "turbomind":
-            try:
-                spec = req.spec_of(fmt)  # cheap: parse, size limit, canonical key
-            except GuideError:
-                spec = None  # LMDeploy's own call reports it (with its clean-up)
+            # parsing is bounded (size limit) but a 1 MB format is ~0.1 s of json: off the loop too
+            spec = await asyncio.get_running_loop().run_in_executor(None, _parse, fmt)
             if spec is not None:
                 err = await FRONT.verdict(spec, front_limits())
                 token = req.FRONT_VERDICT.set((id(fmt), err))
