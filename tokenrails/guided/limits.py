@@ -14,6 +14,10 @@ class GuideLimits:
     max_spec_bytes: int = 1 << 20          # serialized request size
     max_json_depth: int = 64               # nesting depth of a JSON schema document
     max_ref_depth: int = 32                # chained $ref resolutions
+    max_schema_visits: int = 100_000       # nodes one walk over a schema (closing, type inference)
+                                           # may visit beyond 8 per document node, $ref targets and
+                                           # allOf parts counted each time they are followed (a 2.2 KB
+                                           # allOf/$ref chain of 30 levels is 2^30 visits)
     max_enum_values: int = 10_000          # values in one enum / choices list
     max_any_of: int = 256                  # anyOf / oneOf fan-out
     max_object_properties: int = 2_000     # properties of one object (xgrammar's compile grows
@@ -21,10 +25,16 @@ class GuideLimits:
                                            # → minutes of a core after the deadline abandoned it)
     max_regex_length: int = 16_384         # characters in one pattern
     max_repeat: int = 1_000                # upper bound of {m,n} repetition
+    max_repeat_total: int = 2_000          # all bounded repeats of one regex/pattern together
+                                           # (300 x [\u0000-\uffff]{0,9} is .{0,2700} spelled out:
+                                           # fsm 30 s, llguidance out of lexer fuel, xgrammar 11 s on
+                                           # a 49k vocabulary, while each {0,9} is under max_repeat)
     max_dfa_states: int = 100_000          # FSM backend automaton size
     max_grammar_bytes: int = 256 << 10     # EBNF grammar text
     max_literal_bytes: int = 16 << 10      # one string literal/const/enum value/choice (xgrammar
                                            # compile time grows ~quadratically: 100 KB ≈ 20 s)
+    max_grammar_literal_bytes: int = 32 << 10  # all quoted literals of one grammar together
+                                           # (15 x 16 KB literals: a 47 s compile on a 257-token vocabulary)
     compile_timeout_s: float = 30.0        # wall time for one compile
     max_fill_seconds: float = 2.0          # one row's mask in one step (typical: microseconds); a
                                            # row past it ends with GuideTimeoutError, the batch goes on

@@ -18,13 +18,14 @@ ladder is an optimisation: correctness never depends on it.
 """
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 
 from .errors import GuideError
 from .limits import GuideLimits
 from .schema_policy import is_strict, policy_schema
-from .schema_features import xgrammar_looser, xgrammar_stricter, xgrammar_unenforced
+from .schema_features import scan_repeat_bounds, xgrammar_looser, xgrammar_stricter, xgrammar_unenforced
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
 
@@ -40,6 +41,10 @@ def auto_ladder(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> list
 def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list[str], str]:
     """``(ladder, reason)``; the reason is for logs and the conformance report."""
     kind = spec.kind
+    if kind == "regex":  # bounds every backend checks: before any of them runs (fsm is last)
+        scan_repeat_bounds(spec.pattern, limits)
+    if kind == "regex" and repeat_total(spec.pattern) > FSM_REPEAT_TOTAL:
+        return ["llguidance", "xgrammar", "fsm"], "regex: many bounded repeats, lazy DFA first"
     if kind in ("regex", "choice"):
         return ["fsm", "llguidance", "xgrammar"], "regex/choice: exact DFA first"
     if kind == "grammar":
@@ -50,7 +55,7 @@ def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list
         return ["xgrammar"], "structural_tag: xgrammar only"
     if kind == "json_schema":
         try:  # analyse what the backends compile: keyword-implied types explicit (schema_policy)
-            schema = policy_schema(spec)
+            schema = policy_schema(spec, limits)
             dropped = xgrammar_unenforced(schema, is_strict(spec))
         except (RecursionError, GuideError):  # pathological nesting: let the checks report it
             return ["llguidance", "xgrammar"], "xgrammar would drop: unanalysable"
@@ -65,6 +70,24 @@ def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list
     if _seen_before(spec, vocab):
         return ["xgrammar", "llguidance"], "repeated schema: xgrammar cached compile"
     return ["llguidance", "xgrammar"], "one-off schema: lowest time to first mask"
+
+
+# Bounded repeats a pattern may spell out (the sum of their upper bounds) before the eager DFA
+# is not tried first: 300 x ``[\u0000-\uffff]{0,9}`` (2,700) took fsm's native compile ~10 s before
+# its deadline check (30 s at the default deadline), llguidance's lazy DFA 0.04 s.
+FSM_REPEAT_TOTAL = 1024
+_BOUND = re.compile(r"\{\s*(\d{1,9})\s*(?:,\s*(\d{0,9})\s*)?\}")
+
+
+def repeat_total(pattern: str) -> int:
+    """Sum of the ``{m,n}`` upper bounds in ``pattern`` (a linear scan; routing only: ``{`` inside
+    a class or escaped may be counted, which only changes the order of exact backends)."""
+    total = 0
+    for m in _BOUND.finditer(pattern):
+        total += int(m.group(2) or m.group(1))
+        if total > FSM_REPEAT_TOTAL:
+            break
+    return total
 
 
 def _seen_before(spec: GuideSpec, vocab: Vocabulary) -> bool:

@@ -140,13 +140,18 @@ def check_literals(texts: Any, limits: GuideLimits) -> None:
 
 
 def check_grammar_literals(grammar: str, limits: GuideLimits) -> None:
-    """Quoted literals in an EBNF/Lark grammar within ``max_literal_bytes``."""
+    """Quoted literals in an EBNF/Lark grammar: each within ``max_literal_bytes``, all together
+    within ``max_grammar_literal_bytes`` (xgrammar's compile cost grows with every long literal:
+    15 literals of 16 KB, each under the per-literal limit, took 47 s on a 257-token vocabulary)."""
     i, n = 0, len(grammar)
+    total = 0
     while i < n:
         if grammar[i] in "\"'":
             end = _skip_quoted(grammar, i)
-            _check_at(limits, "max_literal_bytes", len(grammar[i + 1:end - 1].encode("utf-8", "surrogatepass")),
-                      f"grammar offset {i}")
+            size = len(grammar[i + 1:end - 1].encode("utf-8", "surrogatepass"))
+            _check_at(limits, "max_literal_bytes", size, f"grammar offset {i}")
+            total += size
+            _check_at(limits, "max_grammar_literal_bytes", total, f"grammar offset {i} (all literals so far)")
             i = end
         else:
             i += 1
@@ -296,6 +301,7 @@ def scan_repeat_bounds(text: str, limits: GuideLimits, *, grammar: bool = False)
     """
     bound = limits.max_repeat
     worst = 0
+    total = 0  # regexes: every bounded repeat's expansion, summed (max_repeat_total)
     group_max: list[int] = [1]  # per open group: largest multiplier seen inside
     last_atom_factor = 1  # multiplier carried by the atom just closed (a group's inner max)
     i, n = 0, len(text)
@@ -341,6 +347,13 @@ def scan_repeat_bounds(text: str, limits: GuideLimits, *, grammar: bool = False)
                     limit="max_repeat", value=eff,
                 )
             group_max[-1] = max(group_max[-1], eff)
+            if not grammar:
+                total += eff
+                if total > limits.max_repeat_total:
+                    raise GuideLimitError(
+                        f"limit max_repeat_total={limits.max_repeat_total} exceeded: the pattern's bounded "
+                        f"repeats expand to more than that together (like one repeat of {total})",
+                        limit="max_repeat_total", value=total)
             last_atom_factor = 1
             i = m.end()
             continue
@@ -662,6 +675,9 @@ def constrains_nothing(key: str, value: Any) -> bool:
     return False
 
 
+_TAG_FANOUT_KEYS = ("structures", "tags", "triggers", "elements")
+
+
 def check_structural_tag(tag: Any, limits: GuideLimits) -> None:
     """Every JSON schema and regex inside a structural tag gets the same checks as a top-level one.
 
@@ -676,6 +692,9 @@ def check_structural_tag(tag: Any, limits: GuideLimits) -> None:
         if seen > 100_000:
             raise GuideLimitError("structural tag has too many nodes", limit="max_spec_bytes", value=seen)
         if isinstance(node, dict):
+            for key in _TAG_FANOUT_KEYS:  # one alternative per tag: 3,000 tags compiled 17 s
+                if isinstance(node.get(key), list):
+                    _check_at(limits, "max_any_of", len(node[key]), f"structural tag {key!r}")
             for key, value in node.items():
                 if key in ("schema", "json_schema") and isinstance(value, (dict, bool)):
                     schema = value if isinstance(value, dict) else ({} if value else {"not": {}})

@@ -43,9 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import GuideLimitError, UnsupportedGuideError
 from .ecma_patterns import spell_out_schema_patterns
+from .limits import DEFAULT_LIMITS
 from .schema_features import resolve_pointer
 
 if TYPE_CHECKING:
+    from .limits import GuideLimits
     from .spec import GuideSpec
 
 # Keys whose value is one value schema / a list / a map of value schemas (closure points).
@@ -80,21 +82,51 @@ class _Decl:
                      {**self.patterns, **other.patterns})
 
 
-def close_schema(schema: Any) -> Any:
+def close_schema(schema: Any, max_visits: int | None = None) -> Any:
     """A copy of ``schema`` with the strict policy made explicit (see the module docstring).
 
     Raises ``UnsupportedGuideError`` for a ``$ref`` cycle through intersected parts (nothing to
     close: the schema would recurse without nesting a value) and ``GuideLimitError`` when inlining
-    would blow the schema up.
+    would blow the schema up or the walk visits more than ``max_visits`` nodes
+    (``GuideLimits.max_schema_visits``: every ``allOf`` part and ``$ref`` target counts each time
+    it is followed, so a chain whose parts repeat a reference cannot double the work per level
+    unbounded).
     """
     if not isinstance(schema, dict):
         return schema
-    return _Closer(schema).point(schema, None)
+    return _Closer(schema, max_visits).point(schema, None)
+
+
+class VisitBudget:
+    """A count of schema nodes visited by one walk, refused past ``limit`` (``GuideLimitError``).
+
+    Depth bounds alone do not bound a walk that follows ``$ref``/``allOf``: 30 levels whose parts
+    both reference the next level are 2^30 visits in a 2 KB document."""
+
+    __slots__ = ("limit", "used", "what")
+
+    PER_NODE = 8  # visits every document node may take on top of the limit (a walk visits a node
+    #               2-3 times; a 1 MiB schema of 100k nodes must not be refused for its size alone)
+
+    def __init__(self, limit: int | None, what: str, root: Any = None) -> None:
+        base = DEFAULT_LIMITS.max_schema_visits if limit is None else limit
+        self.limit = base + self.PER_NODE * (_count(root) if root is not None else 0)
+        self.used = 0
+        self.what = what
+
+    def spend(self, n: int = 1) -> None:
+        self.used += n
+        if self.used > self.limit:
+            raise GuideLimitError(
+                f"limit max_schema_visits exceeded while {self.what}: the schema's $ref/allOf "
+                f"structure expands to more than {self.limit} node visits (a reference followed "
+                "from several places counts each time)", limit="max_schema_visits", value=self.used)
 
 
 class _Closer:
-    def __init__(self, root: dict):
+    def __init__(self, root: dict, max_visits: int | None = None):
         self.root = root
+        self.visits = VisitBudget(max_visits, "closing the schema", root)
         self.inlining: list[str] = []  # $ref targets being inlined (cycle guard)
         self.budget = max(_MAX_GROWTH * _count(root), 10_000)
         self.budget = min(self.budget, _count(root) + _MAX_EXTRA_NODES)
@@ -103,6 +135,7 @@ class _Closer:
     # ---- analysis ------------------------------------------------------------------------
     def collect(self, node: dict, decl: _Decl | None = None) -> _Decl:
         """Declarations of ``node`` and every part intersected with it (allOf, merged $ref)."""
+        self.visits.spend()
         d = decl if decl is not None else _Decl()
         if "properties" in node or "patternProperties" in node:
             d.declares = True
@@ -163,6 +196,7 @@ class _Closer:
         declares (set for a branch of a distributed anyOf/oneOf)."""
         if not isinstance(node, dict):
             return node
+        self.visits.spend()
         if inherited is None and _is_alias(node):
             # its target is closed where it is defined; siblings (minLength...) are copied
             return self.rewrite(node, alt_mode="point", dist=None, inline=False)
@@ -199,6 +233,7 @@ class _Closer:
         """Copy of ``node``: value schemas closed as points, allOf parts open, anyOf/oneOf
         branches per ``alt_mode`` ("point": on their own, "dist": with ``dist``, "part": open);
         a ``$ref`` with siblings (or any, when ``inline``) replaced by its open target."""
+        self.visits.spend()
         out: dict[str, Any] = {}
         for key, value in node.items():
             if key in _VALUE_MAPS and isinstance(value, dict):
@@ -318,7 +353,7 @@ def implied_types(node: dict) -> list[str]:
     return [t for t in _TYPE_ORDER if t in found]
 
 
-def infer_types(schema: Any) -> Any:
+def infer_types(schema: Any, max_visits: int | None = None) -> Any:
     """A copy of ``schema`` where every node evaluated as a whole that has no ``type`` but uses
     type-specific keywords gets ``type`` = the types those keywords imply (``["object",
     "array"]`` when both kinds are present); the input is not mutated.
@@ -333,16 +368,18 @@ def infer_types(schema: Any) -> Any:
     """
     if not isinstance(schema, dict):
         return schema
-    return _Typer(schema).point(schema)
+    return _Typer(schema, max_visits).point(schema)
 
 
 class _Typer:
-    def __init__(self, root: dict):
+    def __init__(self, root: dict, max_visits: int | None = None):
         self.root = root
+        self.visits = VisitBudget(max_visits, "inferring implied types", root)
 
     def point(self, node: Any) -> Any:
         if not isinstance(node, dict):
             return node
+        self.visits.spend()
         out = self.copy(node)
         if "type" not in node and not self.typed(node, []):
             found = self.group_implied(node, {})
@@ -379,6 +416,7 @@ class _Typer:
     def typed(self, node: dict, seen: list[str]) -> bool:
         """Does ``node`` or anything intersected with it (allOf parts, $ref targets) have a
         ``type`` (a target that will get an implied one counts: it is a point of its own)?"""
+        self.visits.spend()
         if "type" in node:
             return True
         for part in node.get("allOf", []) if isinstance(node.get("allOf"), list) else []:
@@ -398,6 +436,7 @@ class _Typer:
     def group_implied(self, node: dict, acc: dict[str, None], depth: int = 0) -> dict[str, None]:
         """Implied types of ``node`` and its ``allOf`` parts (recursively; $refs not followed:
         their targets are points with their own type)."""
+        self.visits.spend()
         acc.update(dict.fromkeys(implied_types(node)))
         if depth < 64:
             for part in node.get("allOf", []) if isinstance(node.get("allOf"), list) else []:
@@ -416,18 +455,18 @@ def is_strict(spec: "GuideSpec") -> bool:
 _CACHED_PAYLOAD_CHARS = 8 * 1024  # memo only small schemas: ≤ 256 × 2 × 8 KiB held (4 MiB)
 
 
-def _typed_text(payload: str) -> str | None:
+def _typed_text(payload: str, max_visits: int) -> str | None:
     """JSON text of ``infer_types(json.loads(payload))``, or None when nothing changes; memoised
     (route, check and compile each ask for it) for all but very large schemas."""
     if len(payload) <= _CACHED_PAYLOAD_CHARS:
-        return _typed_text_cached(payload)
-    return _typed_text_uncached(payload)
+        return _typed_text_cached(payload, max_visits)
+    return _typed_text_uncached(payload, max_visits)
 
 
-def _typed_text_uncached(payload: str) -> str | None:
+def _typed_text_uncached(payload: str, max_visits: int) -> str | None:
     schema = json.loads(payload)
     try:
-        typed = infer_types(json.loads(payload))
+        typed = infer_types(json.loads(payload), max_visits)
         spell_out_schema_patterns(typed)  # ECMA-262 shorthand classes (ecma_patterns.py)
     except RecursionError as exc:
         raise GuideLimitError("JSON schema is nested too deeply to analyse", limit="max_json_depth",
@@ -440,18 +479,18 @@ def _typed_text_uncached(payload: str) -> str | None:
 _typed_text_cached = lru_cache(maxsize=256)(_typed_text_uncached)
 
 
-def policy_payload(spec: "GuideSpec") -> str:
+def policy_payload(spec: "GuideSpec", limits: "GuideLimits | None" = None) -> str:
     """The schema text every backend compiles for a json_schema ``spec``: the payload with
     keyword-implied types made explicit and pattern shorthand classes spelled out as ECMA-262
     defines them (the payload itself when nothing changes, so
     compile caches keyed by text keep hitting)."""
-    text = _typed_text(spec.payload)
+    text = _typed_text(spec.payload, (limits or DEFAULT_LIMITS).max_schema_visits)
     return spec.payload if text is None else text
 
 
-def policy_schema(spec: "GuideSpec") -> dict:
+def policy_schema(spec: "GuideSpec", limits: "GuideLimits | None" = None) -> dict:
     """``policy_payload(spec)`` as a fresh dict (callers may keep or mutate it)."""
-    return json.loads(policy_payload(spec))
+    return json.loads(policy_payload(spec, limits))
 
 
 def already_closed(schema: Any) -> bool:

@@ -54,7 +54,14 @@ def _apply(p: Patcher) -> None:
         p.set(ae, "ensure_response_format_compilable", req_patch.ensure_response_format_compilable)
     # which engine runs the request decides what may be promised (TurboMind: stock's kinds only)
     require_attrs(ae.AsyncEngine, ["preprocess"], "AsyncEngine")
-    p.set(ae.AsyncEngine, "preprocess", engines.patched_preprocess(ae.AsyncEngine.preprocess))
+    from . import front_check  # the early check off the event loop, request-level refusals
+
+    p.set(ae.AsyncEngine, "preprocess",
+          engines.patched_preprocess(front_check.checked_preprocess(ae.AsyncEngine.preprocess)))
+    front_check.patch_chat_runner(p)
+    from . import error_relay  # engine-side typed errors reach the HTTP response with their message
+
+    error_relay.patch(p)
     p.set(ae.AsyncEngine, "__init__", engines.patched_async_engine_init(ae.AsyncEngine.__init__))
     _widen_server_format(p)
     _patch_harmony(p)

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 from collections import OrderedDict
@@ -18,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_serializer
 
-from ...guided.errors import GuideError, InvalidGuideError, UnsupportedGuideError
+from ...guided.errors import GuideError, InvalidGuideError, UnsupportedGuideError, detached_copy
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
 from ...guided.spec import GuideSpec
 from ...requests import spec_from_request
@@ -50,7 +51,23 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
     setting = parse_setting(raw)
     if isinstance(rf, dict) and rf.get("type", "text") == "text":
         return None, setting
+    _refuse_non_string_choices(rf)
     return spec_from_request(rf), setting
+
+
+def _refuse_non_string_choices(rf: Any) -> None:
+    """``choice`` items must be strings: ``[1, {"a": 1}, None]`` was turned into strings (and the
+    answer "None" returned with 200); refused instead, never silently rewritten."""
+    kind = rf.get("type") if isinstance(rf, dict) else getattr(rf, "type", None)
+    if kind != "choice":
+        return
+    choices = rf.get("choice") if isinstance(rf, dict) else getattr(rf, "choice", None)
+    if isinstance(choices, list):
+        for i, item in enumerate(choices):
+            if not isinstance(item, str):
+                raise InvalidGuideError(
+                    f"choice[{i}] is a {type(item).__name__}, not a string: choices are the exact texts "
+                    "the model may answer")
 
 
 def spec_of(response_format: Any) -> GuideSpec | None:
@@ -59,7 +76,11 @@ def spec_of(response_format: Any) -> GuideSpec | None:
 
 
 class _ValidatedKeys:
-    """Bounded memo of spec keys already proven compilable (and of their errors)."""
+    """Bounded memo of spec keys already proven compilable (and of their errors).
+
+    Errors are stored as ``detached_copy``: no traceback (whose frames held the parsed spec),
+    message capped at 2,000 characters, so 1,024 entries are a few MB at most whatever the
+    payloads were (it kept +2.7 MB per distinct refused ~1 MB spec before)."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
@@ -74,6 +95,7 @@ class _ValidatedKeys:
             return True, self._items[key]
 
     def put(self, key: str, err: GuideError | None) -> None:
+        err = None if err is None else detached_copy(err)
         with self._lock:
             self._items[key] = err
             self._items.move_to_end(key)
@@ -82,6 +104,20 @@ class _ValidatedKeys:
 
 
 _VALIDATED = _ValidatedKeys()
+# (id of the checked response_format object, verdict) the api_server's off-loop check found for
+# this request's task (front_check.py); LMDeploy's synchronous call inside ``preprocess`` (same
+# object) raises it without parsing or compiling again.
+FRONT_VERDICT: contextvars.ContextVar[tuple[int, GuideError | None] | None] = contextvars.ContextVar(
+    "tokenrails_front_verdict", default=None)
+
+
+def memo_get(key: str) -> tuple[bool, GuideError | None]:
+    """``(seen, detached error or None)`` for a spec key."""
+    return _VALIDATED.get(key)
+
+
+def memo_put(key: str, err: GuideError | None) -> None:
+    _VALIDATED.put(key, err)
 _PROBE_VOCAB = None
 _PROBE_LOCK = threading.Lock()
 
@@ -103,7 +139,7 @@ def validate_spec(spec: GuideSpec, limits: GuideLimits | None = None) -> None:
     seen, err = _VALIDATED.get(spec.key)
     if seen:
         if err is not None:
-            raise err
+            raise detached_copy(err)
         return
     from ...guided.registry import compile_guide
 
@@ -136,11 +172,22 @@ def ensure_response_format_compilable(response_format: Any) -> None:
         stock_check_for_turbomind(response_format)
         return
     try:
+        verdict = FRONT_VERDICT.get()
+        if verdict is not None and verdict[0] == id(response_format):  # checked off the loop already
+            if verdict[1] is not None:
+                raise detached_copy(verdict[1])
+            return
         spec = spec_of(response_format)  # also checks the tokenrails_reasoning value
         if spec is not None:
-            validate_spec(spec)
+            validate_spec(spec, _limits())
     except GuideError as exc:
-        raise to_request_error(exc) from exc
+        raise to_request_error(exc) from None  # the chain would pin the parsed spec
+
+
+def _limits() -> GuideLimits:
+    from .front_check import front_limits
+
+    return front_limits()
 
 
 class WideResponseFormat(BaseModel):

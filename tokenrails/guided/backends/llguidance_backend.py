@@ -390,6 +390,9 @@ class LLGuidanceGuide(CompiledGuide):
         return 64 * 1024 + 4 * len(self.grammar)
 
 
+ITEMS_PER_PROPERTY = 6  # llguidance parser row items per optional property (4 measured) + margin
+
+
 class LLGuidanceBackend(GuideBackend):
     """json_schema, json_object, regex, choice, grammar (Lark, or GBNF converted to Lark)."""
 
@@ -407,6 +410,11 @@ class LLGuidanceBackend(GuideBackend):
                 vocab.backend_cache["llguidance:tables"] = tables
         self.tokenizer, self.special, self.encoder = tables
         self.parser_limits = llg.LLParserLimits(
+            # llguidance's Earley rows grow ~4 items per optional property of an object; at its
+            # default (2,000) a schema of > 500 optional properties compiled, gave a first mask,
+            # then refused "{" mid-generation ("max is 2000"): HTTP 500 after acceptance. The row
+            # bound follows the properties GuideLimits admits (2,000 optional: 45 ms masks, 49k vocab)
+            max_items_in_row=max(2_000, ITEMS_PER_PROPERTY * limits.max_object_properties),
             max_lexer_states=min(250_000, max(1_000, limits.max_dfa_states)),
             max_grammar_size=min(2_000_000, max(10_000, 2 * limits.max_grammar_bytes)),
             verbose_errors=False,  # errors go back to clients: never echo parser internals
@@ -449,9 +457,10 @@ class LLGuidanceBackend(GuideBackend):
                 # and (unless strict=False) closed objects/tuples, as xgrammar's strict_mode.
                 schema: Any = {"type": "object"}
                 if kind == "json_schema":
-                    schema = lower_dependencies(policy_schema(spec))
+                    schema = lower_dependencies(policy_schema(spec, self.limits))
                     if is_strict(spec):
-                        schema = close_schema(schema)
+                        schema = close_schema(schema, self.limits.max_schema_visits)
+                    self._check_closed_sizes(schema)
                 return llg.LLMatcher.grammar_from_json_schema(schema, overrides=self._json_options(spec))
             if kind == "regex":
                 return llg.LLMatcher.grammar_from_regex(ascii_shorthands(spec.pattern))
@@ -469,6 +478,20 @@ class LLGuidanceBackend(GuideBackend):
         except Exception as exc:  # converter errors (GbnfToLarkError, ValueError...)
             raise InvalidGuideError(f"llguidance rejected the {kind} constraint: {_short(exc)}") from exc
         raise UnsupportedGuideError(f"llguidance does not support {kind}", feature=kind, backend=self.name)
+
+    def _check_closed_sizes(self, schema: Any) -> None:
+        """Properties per object *after* closing (allOf parts' names are hoisted into one object),
+        against the same bound the parser's row limit was sized for: refused before acceptance,
+        never mid-generation."""
+        from ..schema_features import iter_subschemas
+
+        for path, sub, _ in iter_subschemas(schema):
+            props = sub.get("properties")
+            if isinstance(props, dict) and len(props) > self.limits.max_object_properties:
+                raise GuideLimitError(
+                    f"limit max_object_properties={self.limits.max_object_properties} exceeded at {path}: "
+                    f"{len(props)} properties once its allOf parts are merged",
+                    limit="max_object_properties", value=len(props))
 
     @staticmethod
     def _json_options(spec: GuideSpec) -> dict[str, Any]:

@@ -1,0 +1,113 @@
+"""Hostile clients against LMDeploy's api_server on the CPU path (issue 27): the upgraded server and
+stock LMDeploy side by side, measured in the same run.
+
+For each server: benign JSON-schema requests and ``/v1/models`` pings run while each hostile shape
+is sent (fresh nonce each); then (upgraded only by default) the api_server's RSS growth after N
+distinct refused ~1 MB specs. Prints one table: attack -> status, time, front-end stall (longest
+ping while it was in flight), then ping and benign p50/p99 vs the no-attack baseline.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/server_attack.py [--servers upgraded,stock]
+        [--refused 500] [--deadline 30] [--hostile-timeout 90] [--json out.json]
+
+Stock LMDeploy has no limits: a shape may hold its engine for minutes; each hostile request is cut
+by the client at ``--hostile-timeout`` (reported as ``timeout``), and a stock server still stuck
+at the end is killed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tokenrails import testing_server_attack as atk  # noqa: E402
+
+
+def _fmt(x: float) -> str:
+    return "-" if x != x else f"{x:.2f}"
+
+
+def measure(name: str, model, args) -> dict:
+    log = Path(tempfile.mkdtemp(prefix=f"attack-{name}-")) / "server.log"
+    limits = {"compile_timeout_s": args.deadline} if name == "upgraded" else None
+    proc, base = atk.start_server(model, log, stock=name == "stock", limits=limits)
+    try:
+        model_id = atk.wait_ready(proc, base, 300)
+        if model_id is None:
+            raise SystemExit(f"{name} server did not start; log: {log}")
+        shapes = atk.hostile_shapes()
+        start = time.monotonic()
+        timeout = args.hostile_timeout if name == "upgraded" else args.stock_hostile_timeout
+        run = atk.run_attack(base, model_id, shapes, baseline_requests=args.baseline, min_attack_benign=args.baseline,
+                             hostile_timeout=timeout, budget_s=args.budget, benign_timeout=timeout)
+        out = {"server": name, "seconds": time.monotonic() - start, "baseline": run.baseline,
+               "under_attack": run.under_attack, "pings": [lat for _, lat in run.pings],
+               "pings_quiet": run.ping_latencies(attack=False), "pings_in_flight": run.pings_in_flight(),
+               "ping_failures": run.ping_failures, "benign_invalid": run.benign_invalid,
+               "benign_errors": run.benign_errors[:5],
+               "hostile": [vars(r) for r in run.hostile]}
+        if args.refused and (name == "upgraded" or args.refused_stock):
+            growth, refused = atk.refused_payload_growth(base, model_id, proc.pid, args.refused, mb=0.9)
+            out["rss_growth_mb"], out["refused"] = growth, refused
+        return out
+    finally:
+        atk.stop_server(proc)
+
+
+def print_table(results: list[dict]) -> None:
+    names = [r["server"] for r in results]
+    rows = {}
+    for r in results:
+        for h in r["hostile"]:
+            status = "timeout" if h["status"] is None else str(h["status"])
+            if h["valid"] is False:
+                status += " INVALID"
+            rows.setdefault(h["name"], {})[r["server"]] = f"{status:>8} {h['seconds']:7.2f}s stall {h['stall_s']:6.2f}s"
+    width = max(len(k) for k in rows) + 2
+    print(f"{'attack':<{width}}" + "".join(f"{n + ': status, time, front-end stall':<44}" for n in names))
+    for attack, cells in rows.items():
+        print(f"{attack:<{width}}" + "".join(f"{cells.get(n, '-'):<44}" for n in names))
+    print()
+    for r in results:
+        b50, b99 = atk.percentile(r["baseline"], 0.5), atk.percentile(r["baseline"], 0.99)
+        a50, a99 = atk.percentile(r["under_attack"], 0.5), atk.percentile(r["under_attack"], 0.99)
+        q99, p99 = atk.percentile(r["pings_quiet"], 0.99), atk.percentile(r["pings_in_flight"], 0.99)
+        print(f"{r['server']:>9}: benign p50 {_fmt(b50)} -> {_fmt(a50)} s, p99 {_fmt(b99)} -> {_fmt(a99)} s "
+              f"(x{_fmt(a99 / b99 if b99 == b99 and b99 else float('nan'))}); pings p99 {_fmt(q99)} -> {_fmt(p99)} s "
+              f"(hostile in flight), max {_fmt(max(r['pings'], default=float('nan')))} s, "
+              f"failed {r['ping_failures']}/{len(r['pings'])}; benign invalid {r['benign_invalid']}, "
+              f"errors {len(r['benign_errors'])}; run {r['seconds']:.0f} s")
+        if "rss_growth_mb" in r:
+            print(f"{'':>11}RSS growth after {r['refused']} refused ~1 MB specs: {r['rss_growth_mb']:+.1f} MB")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--servers", default="upgraded,stock")
+    ap.add_argument("--refused", type=int, default=500, help="distinct refused ~1 MB specs for the RSS figure")
+    ap.add_argument("--refused-stock", action="store_true", help="also send them to stock (it compiles them)")
+    ap.add_argument("--deadline", type=float, default=30.0, help="upgraded server's compile_timeout_s")
+    ap.add_argument("--hostile-timeout", type=float, default=90.0)
+    ap.add_argument("--stock-hostile-timeout", type=float, default=30.0,
+                    help="client timeout of each hostile and benign request sent to stock (it has no deadline)")
+    ap.add_argument("--baseline", type=int, default=6)
+    ap.add_argument("--budget", type=float, default=900.0, help="seconds per server for the attack run")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from tokenrails.models import resolve_model_dir
+
+    model, _, _ = resolve_model_dir(quiet=True)
+    results = [measure(name, model, args) for name in args.servers.split(",")]
+    print_table(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""Issue 27: the api_server's early check under hostile requests (in-process parts).
+
+* 27.2 the check LMDeploy calls inside ``AsyncEngine.preprocess`` never stalls the event loop
+  (it compiled there, with no deadline); the ``auto`` ladder spends at most one deadline;
+* 27.4 its memo keeps no payloads (errors were stored with their tracebacks);
+* 27.6 non-string ``choice`` items, a ``tool_choice`` naming a missing function,
+  ``tool_choice="required"`` with a ``response_format``: refused with 400 and the reason.
+
+Each test failed on the code before issue 27's fixes (checked against the main branch).
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import time
+import tracemalloc
+from types import SimpleNamespace
+
+import pytest
+
+from tokenrails import GuideSpec
+from tokenrails.guided.limits import GuideLimits
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+
+def allof_ref_chain(levels: int) -> dict:
+    defs = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]}
+            for i in range(levels)}
+    defs[f"d{levels}"] = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def _fresh_memo():
+    from tokenrails.engine_patch.lmdeploy import requests as req
+
+    req._VALIDATED = req._ValidatedKeys()
+
+
+async def _max_loop_gap(coro, tick: float = 0.01) -> tuple[float, object]:
+    """Largest gap between ticks of a ticker task while ``coro`` runs on the same loop."""
+    gaps = [0.0]
+    done = asyncio.Event()
+
+    async def ticker():
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(tick)
+            now = time.perf_counter()
+            gaps.append(now - last - tick)
+            last = now
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0.05)
+    try:
+        result = await coro
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        result = exc
+    done.set()
+    await task
+    return max(gaps), result
+
+
+def test_preprocess_checks_formats_off_the_event_loop(upgraded):
+    """The stock ``preprocess`` (patched) with a spec whose check takes seconds on the old code."""
+    from lmdeploy.messages import GenerationConfig
+    from lmdeploy.serve.core import async_engine
+    from lmdeploy.serve.core.exceptions import RequestError
+
+    _fresh_memo()
+    # 17 levels: ~2-4 s of closing walk on the old code (on the event loop); the fix refuses it
+    # on a pool thread, and the loop keeps ticking
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": allof_ref_chain(17)}}
+    fake = SimpleNamespace(backend="pytorch", session_mgr=None)
+    gen = GenerationConfig(response_format=fmt)
+
+    async def main():
+        return await _max_loop_gap(async_engine.AsyncEngine.preprocess(
+            fake, [{"role": "user", "content": "hi"}], "not-a-session", gen_config=gen))
+
+    gap, result = asyncio.run(main())
+    assert gap < 0.25, f"the event loop stalled {gap:.2f} s"
+    assert isinstance(result, RequestError), result
+    assert "invalid response_format" in str(result)
+
+
+def test_concurrent_requests_for_one_spec_share_one_check(upgraded, monkeypatch):
+    from tokenrails.engine_patch.lmdeploy import front_check, requests as req
+
+    _fresh_memo()
+    calls = []
+    real = req.validate_spec
+
+    def counting(spec, limits=None):
+        calls.append(spec.key)
+        time.sleep(0.3)
+        return real(spec, limits)
+
+    monkeypatch.setattr(req, "validate_spec", counting)
+    spec = GuideSpec.regex("[0-9]{3}-shared")
+    checker = front_check.FrontCheck()
+
+    async def main():
+        return await asyncio.gather(*(checker.verdict(spec, GuideLimits()) for _ in range(5)))
+
+    assert asyncio.run(main()) == [None] * 5
+    assert calls == [spec.key]
+
+
+def test_front_check_has_the_compile_deadline(upgraded, monkeypatch):
+    from tokenrails.engine_patch.lmdeploy import front_check, requests as req
+    from tokenrails.guided.errors import GuideTimeoutError
+
+    _fresh_memo()
+    monkeypatch.setattr(req, "validate_spec", lambda spec, limits=None: time.sleep(3))
+    checker = front_check.FrontCheck()
+    spec = GuideSpec.regex("[0-9]{3}-slow")
+    start = time.perf_counter()
+    err = asyncio.run(checker.verdict(spec, GuideLimits(compile_timeout_s=0.5)))
+    assert isinstance(err, GuideTimeoutError)
+    assert time.perf_counter() - start < 2.5
+
+
+def test_auto_ladder_spends_at_most_one_deadline():
+    """fsm gave up only at the full deadline before the fallback (which compiles in 0.04 s)."""
+    import tokenrails as tr
+    from tokenrails.engine_patch.lmdeploy.requests import _probe_vocab
+
+    pattern = "[\u0000-\uffff]{0,9}" * 300
+    limits = GuideLimits(compile_timeout_s=4.0, max_repeat_total=10_000)  # (the default refuses it)
+    start = time.perf_counter()
+    tr.compile_guide(GuideSpec.regex(pattern), _probe_vocab(), "auto", limits=limits)
+    assert time.perf_counter() - start < limits.compile_timeout_s
+
+
+def test_memo_of_refused_specs_keeps_no_payload(upgraded):
+    from lmdeploy.serve.core import async_engine
+    from lmdeploy.serve.core.exceptions import RequestError
+
+    _fresh_memo()
+    ensure = async_engine.ensure_response_format_compilable
+
+    def refused(i):  # ~150 KB, over max_enum_values
+        enum = [f"value-{i}-{j}-" + "x" * 8 for j in range(12_000)]
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": enum}}}
+
+    for i in range(3):  # warm-up (imports, backends)
+        with pytest.raises(RequestError):
+            ensure(refused(-1 - i))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(150):
+            with pytest.raises(RequestError) as info:
+                ensure(refused(i))
+            assert "max_enum_values" in str(info.value)
+            del info
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 4 << 20, f"{grown / 2**20:.1f} MB retained after 150 refused ~300 KB specs"
+
+
+@pytest.mark.parametrize("choices", [[1, {"a": 1}, None], ["ok", 2], ["ok", None]])
+def test_non_string_choices_are_refused(upgraded, choices):
+    from lmdeploy.serve.core import async_engine
+    from lmdeploy.serve.core.exceptions import RequestError
+
+    with pytest.raises(RequestError) as info:
+        async_engine.ensure_response_format_compilable({"type": "choice", "choice": choices})
+    assert "not a string" in str(info.value)
+
+
+# ---- the chat endpoint over HTTP (LMDeploy's router over a stand-in engine) --------------------
+def _client():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from lmdeploy.serve.core import async_engine
+    from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
+    from lmdeploy.serve.openai.endpoints import create_openai_router
+    from lmdeploy.serve.parsers import ResponseParserManager
+
+    class Engine:
+        model_name = "m"
+        arch = "LlamaForCausalLM"
+        tokenizer = SimpleNamespace(model=SimpleNamespace(model=None))
+
+        async def preprocess(self, messages, session, gen_config=None, **kw):
+            if gen_config is not None and gen_config.response_format is not None:
+                async_engine.ensure_response_format_compilable(gen_config.response_format)
+            raise RequestError(ErrorCode.INVALID_REQUEST, "REACHED " + json.dumps(gen_config.response_format))
+
+    parser = ResponseParserManager.get("default")
+    _client.engine = Engine()
+    ctx = SimpleNamespace(async_engine=_client.engine, response_parser_cls=parser, default_gen_config={},
+                          engine_config=SimpleNamespace(adapters=None),
+                          create_session=lambda sid: SimpleNamespace(session_id=sid),
+                          session_manager=SimpleNamespace(has=lambda sid: False))
+    app = FastAPI()
+    app.include_router(create_openai_router(ctx))
+    return TestClient(app)
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def _chat(client, **extra):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    return client.post("/v1/chat/completions", json=body)
+
+
+def _prepare(**fields):
+    """LMDeploy's ``ChatRunner.prepare`` (patched) for a request; the stand-in engine reports what
+    reached it."""
+    from lmdeploy.serve.core.chat_runner import ChatRunner
+    from lmdeploy.serve.openai.protocol import ChatCompletionRequest
+    from lmdeploy.serve.parsers import ResponseParserManager
+
+    if not hasattr(_client, "engine"):
+        _client()
+    client_ctx = SimpleNamespace(async_engine=_client.engine, response_parser_cls=ResponseParserManager.get("default"),
+                                 default_gen_config={}, engine_config=SimpleNamespace(adapters=None),
+                                 create_session=lambda sid: SimpleNamespace(session_id=sid),
+                                 session_manager=SimpleNamespace(has=lambda sid: False))
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], **fields)
+    return asyncio.run(ChatRunner.prepare(client_ctx, request))
+
+
+def test_tool_choice_naming_a_missing_function_is_refused(upgraded):
+    from lmdeploy.serve.core.exceptions import RequestError
+
+    with pytest.raises(RequestError) as info:
+        _prepare(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert "nope" in str(info.value) and "not in tools" in str(info.value)
+
+
+def test_required_tool_choice_with_a_response_format_is_refused(upgraded):
+    from lmdeploy.serve.core.exceptions import RequestError
+
+    with pytest.raises(RequestError) as info:
+        _prepare(tools=[TOOL], tool_choice="required",
+                 response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+    assert "response_format" in str(info.value) and "REACHED" not in str(info.value)
+
+
+def test_many_tools_are_refused_up_front(upgraded):
+    from lmdeploy.serve.core.exceptions import RequestError
+
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
+             for i in range(3000)]
+    with pytest.raises(RequestError) as info:
+        _prepare(tools=tools, tool_choice="auto")
+    assert "3000 tools" in str(info.value)
+
+
+def test_non_string_choices_over_http_are_400(upgraded):
+    r = _chat(_client(), response_format={"type": "choice", "choice": [1, {"a": 1}, None]})
+    assert r.status_code == 400 and "not a string" in r.json()["message"], r.text
+
+
+def test_valid_tool_requests_still_reach_the_engine(upgraded):
+    from lmdeploy.serve.core.exceptions import RequestError
+
+    _client()
+    with pytest.raises(RequestError) as info:
+        _prepare(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert "REACHED" in str(info.value)
+
+
+def test_a_check_that_finishes_before_its_callback_is_added_does_not_deadlock(upgraded, monkeypatch):
+    """Found by the real-server attack test: a refusal that finished on the pool thread before
+    ``add_done_callback`` ran the callback inline, under the lock it takes (the loop froze)."""
+    from tokenrails.engine_patch.lmdeploy import front_check, requests as req
+
+    _fresh_memo()
+    monkeypatch.setattr(req, "validate_spec", lambda spec, limits=None: None)  # instant
+    checker = front_check.FrontCheck()
+    real_submit = front_check.CompilePool.submit
+
+    def submit_and_finish(self, fn, *args):
+        future = real_submit(self, fn, *args)
+        future.result(timeout=5)  # done before the caller adds its callback
+        return future
+
+    monkeypatch.setattr(front_check.CompilePool, "submit", submit_and_finish)
+    spec = GuideSpec.regex("[0-9]{3}-instant")
+
+    async def main():
+        return await asyncio.wait_for(checker.verdict(spec, GuideLimits()), timeout=5)
+
+    holder: dict = {}
+    import threading
+
+    thread = threading.Thread(target=lambda: holder.setdefault("v", asyncio.run(main())), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the front check deadlocked"
+    assert holder["v"] is None

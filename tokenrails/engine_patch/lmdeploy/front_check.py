@@ -1,0 +1,204 @@
+"""The api_server's early check of a ``response_format``, kept off the server's event loop.
+
+LMDeploy calls ``ensure_response_format_compilable`` synchronously inside the coroutine
+``AsyncEngine.preprocess``, i.e. on the event loop every client shares. Whatever that check does
+stalls every request and every ``/v1/models`` ping for as long as it runs (a 2 KB ``allOf``/
+``$ref`` chain stopped the server indefinitely; a 240 KB grammar of long literals, 11-48 s).
+So the work is split:
+
+* on the loop, only cheap bounded work: a memo lookup (parsing the format into a ``GuideSpec``,
+  size limit and canonical key, runs on the loop's default executor: 0.1 s for a 1 MB format);
+* everything that can take time (schema walks, the probe compile, its first mask) runs on a
+  ``CompilePool`` thread under the same ``GuideLimits`` the engine's manager compiles with
+  (``compile_timeout_s``, ``max_abandoned_compiles``, every walk budget); the coroutine awaits it
+  with that deadline. Concurrent requests for one spec share one compile (in-flight futures by
+  spec key); the verdict (``None`` or the typed error, detached from its traceback) is memoized.
+* the verdict is handed to LMDeploy's own synchronous call through a context variable of the
+  request's task (``requests.FRONT_VERDICT``), so the stock ``preprocess`` raises it with its own
+  clean-up (session removed, metrics counted) and never compiles on the loop.
+
+The engine runs in another process (``ZMQMPEngine``): a refused spec never reaches it; an
+accepted one is compiled there once against the real vocabulary (the front end compiled it
+against a 257-token probe vocabulary, a small fraction of that cost).
+
+``checked_prepare`` adds the request-level checks of the chat endpoint (issue 27.6): a
+``tool_choice`` naming a function not in ``tools``, ``tool_choice="required"`` with a
+``response_format`` (LMDeploy would silently replace the format) and too many tools are refused
+with HTTP 400 and the reason.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from ...guided.compile_pool import CompilePool
+from ...guided.errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
+from ...guided.limits import DEFAULT_LIMITS, GuideLimits
+from . import requests as req
+
+FRONT_WORKERS = 2  # probe compiles at once (the server has a few cores; a hostile flood queues)
+
+
+def front_limits() -> GuideLimits:
+    """The limits the engine's manager compiles with (``activate(limits=...)`` or the parent's)."""
+    from .inherit import limits_from_env
+    from .manager import _CONFIG
+
+    return _CONFIG["limits"] or limits_from_env() or DEFAULT_LIMITS
+
+
+class FrontCheck:
+    """Off-loop, deadline-bounded, de-duplicated verdicts for specs (see the module docstring)."""
+
+    def __init__(self, workers: int = FRONT_WORKERS) -> None:
+        self._workers = workers
+        self._pool: CompilePool | None = None
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Future] = {}
+
+    def _get_pool(self, limits: GuideLimits) -> CompilePool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = CompilePool(self._workers, limits.max_abandoned_compiles, name="tokenrails-front-check")
+            return self._pool
+
+    async def verdict(self, spec: Any, limits: GuideLimits) -> GuideError | None:
+        """The typed error compiling ``spec`` raises (detached), or None; never blocks the loop."""
+        seen, err = req.memo_get(spec.key)
+        if seen:
+            return err
+        pool = self._get_pool(limits)
+        with self._lock:
+            future = self._inflight.get(spec.key)
+            new = future is None
+            if new:
+                try:
+                    future = pool.submit(_probe, spec, limits)
+                except GuideLimitError as exc:  # too many abandoned compiles: refuse, do not memo
+                    return detached_copy(exc)
+                self._inflight[spec.key] = future
+        if new:  # outside the lock: a finished future runs the callback here, and it takes the lock
+            future.add_done_callback(functools.partial(self._done, spec.key))
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
+                                          timeout=limits.compile_timeout_s)
+        except asyncio.TimeoutError:
+            pool.abandon(future)
+            err = GuideTimeoutError(
+                f"limit compile_timeout_s={limits.compile_timeout_s} exceeded: checking this constraint "
+                "did not finish in time", limit="compile_timeout_s", value=limits.compile_timeout_s)
+            req.memo_put(spec.key, err)
+            return err
+
+    def _done(self, key: str, future: Future) -> None:
+        with self._lock:
+            if self._inflight.get(key) is future:
+                del self._inflight[key]
+
+
+def _probe(spec: Any, limits: GuideLimits) -> GuideError | None:
+    """Runs on a pool thread: ``validate_spec``'s verdict as a value (memoized there)."""
+    try:
+        req.validate_spec(spec, limits)
+    except GuideError as exc:
+        return detached_copy(exc)
+    except Exception as exc:  # noqa: BLE001 - a backend bug refuses the request, never unconstrained
+        return InvalidGuideError(f"the {spec.kind} constraint cannot be checked: {exc!r}"[:2000])
+    return None
+
+
+FRONT = FrontCheck()
+
+
+def _gen_config_of(args: tuple, kwargs: dict) -> Any:
+    if "gen_config" in kwargs:
+        return kwargs["gen_config"]
+    return args[2] if len(args) > 2 else None  # preprocess(messages, session_id, gen_config, ...)
+
+
+def _parse(fmt: Any) -> Any:
+    """The format's ``GuideSpec`` or None (a bad one: LMDeploy's own call reports it, with its
+    clean-up)."""
+    try:
+        return req.spec_of(fmt)
+    except GuideError:
+        return None
+    except Exception:  # noqa: BLE001 - same: reported by the synchronous check
+        return None
+
+
+def checked_preprocess(original: Callable) -> Callable:
+    """``AsyncEngine.preprocess`` whose format check ran off the loop before LMDeploy's own call."""
+
+    @functools.wraps(original)
+    async def preprocess(self: Any, *args: Any, **kwargs: Any):
+        gen_config = _gen_config_of(args, kwargs)
+        fmt = getattr(gen_config, "response_format", None)
+        token = None
+        if fmt is not None and getattr(self, "backend", None) != "turbomind":
+            # parsing is bounded (size limit) but a 1 MB format is ~0.1 s of json: off the loop too
+            spec = await asyncio.get_running_loop().run_in_executor(None, _parse, fmt)
+            if spec is not None:
+                err = await FRONT.verdict(spec, front_limits())
+                token = req.FRONT_VERDICT.set((id(fmt), err))
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            if token is not None:
+                req.FRONT_VERDICT.reset(token)
+
+    return preprocess
+
+
+# ---- request-level checks of the chat endpoint (tools, tool_choice) --------------------------
+def request_problems(request: Any, limits: GuideLimits) -> str | None:
+    """Why a chat request must be refused (HTTP 400), or None: never run it unconstrained or with
+    a silently replaced constraint."""
+    tools = getattr(request, "tools", None) or []
+    choice = getattr(request, "tool_choice", None)
+    fmt = getattr(request, "response_format", None)
+    if len(tools) > limits.max_any_of and choice != "none":
+        return (f"limit max_any_of={limits.max_any_of} exceeded: {len(tools)} tools (each is an alternative "
+                "of the tool-call constraint)")
+    if choice == "required" and fmt is not None and getattr(fmt, "type", None) not in (None, "text"):
+        return ('tool_choice="required" and a response_format cannot both be enforced (one constraint per '
+                "request); send one of them")
+    function = getattr(choice, "function", None)
+    if function is not None:
+        name = getattr(function, "name", None)
+        names = [getattr(getattr(t, "function", None), "name", None) for t in tools]
+        if name not in names:
+            return f"tool_choice names the function {str(name)[:200]!r}, which is not in tools"
+    return None
+
+
+def checked_prepare(original: Callable) -> Callable:
+    """``ChatRunner.prepare`` refusing what ``request_problems`` finds (before any session exists)."""
+
+    @functools.wraps(original)
+    async def prepare(cls: Any, server_context: Any, request: Any, *args: Any, **kwargs: Any):
+        problem = request_problems(request, front_limits())
+        if problem is not None:
+            from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
+
+            raise RequestError(ErrorCode.INVALID_REQUEST, problem)
+        return await original(server_context, request, *args, **kwargs)
+
+    return prepare
+
+
+def patch_chat_runner(p: Any) -> None:
+    """Wrap ``ChatRunner.prepare`` (LMDeploy's chat endpoint; absent in other versions: no-op)."""
+    import importlib
+
+    try:
+        cr = importlib.import_module("lmdeploy.serve.core.chat_runner")
+    except ImportError:  # no server extras: no chat endpoint to check
+        return
+    runner = getattr(cr, "ChatRunner", None)
+    if runner is None or "prepare" not in runner.__dict__:
+        return
+    p.set(runner, "prepare", classmethod(checked_prepare(runner.prepare)))

@@ -1,0 +1,360 @@
+"""Hostile clients against LMDeploy's api_server (issue 27): what ``bench/server_attack.py``
+reports and ``tests/engine_patch/lmdeploy/test_server_attack.py`` bounds.
+
+While one client sends benign guided requests in a loop and another pings ``/v1/models``, an
+attacker sends each hostile shape of issue 27 (with a fresh nonce, so no memo helps). Measured:
+each hostile request's status, message and time, the longest ping while it was in flight (the
+front end's stall), every ping's latency and failure, benign latency with and without the attack,
+and whether every 200 answer satisfies its constraint (the oracles: ``jsonschema``,
+``re.fullmatch``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import jsonschema
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- the hostile shapes -------------------------------------------------------------------
+def _chain(levels: int, nonce: str) -> dict:
+    defs = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(levels)}
+    defs[f"d{levels}"] = {"type": "object", "properties": {"a": {"type": "integer"}}, "description": nonce}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def _json_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def _optional(n: int, nonce: str) -> dict:
+    return {"type": "object", "description": nonce, "properties": {f"p{i}": {"type": "integer"} for i in range(n)}}
+
+
+def _tools(n: int) -> list:
+    return [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(n)]
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One hostile request: ``body(nonce)`` gives its extra request fields; ``expect`` is "400"
+    (refused with a reason), "valid" (served, output checked by ``check``) or "either" (served
+    validly, or refused with the typed reason: which one depends on the real vocabulary)."""
+
+    name: str
+    body: Callable[[str], dict]
+    expect: str = "400"
+    check: Callable[[str, dict], bool] | None = None
+
+
+def _regex_shape() -> Shape:
+    base = r"[\u0000-\uffff]{0,9}" * 300  # the regex escapes, as a client's JSON spells them
+
+    def body(nonce: str) -> dict:
+        return {"response_format": {"type": "regex_schema", "regex_schema": base + f"(?:{nonce})?"}}
+
+    def check(text: str, sent: dict) -> bool:
+        return re.fullmatch(sent["response_format"]["regex_schema"], text, re.S) is not None
+
+    return Shape("regex 300 x [\\u0000-\\uffff]{0,9}", body, "400", check)
+
+
+def _optional_shape(n: int) -> Shape:
+    def check(text: str, sent: dict) -> bool:
+        try:
+            jsonschema.validate(json.loads(text), sent["response_format"]["json_schema"]["schema"])
+        except (ValueError, jsonschema.ValidationError):
+            return False
+        return True
+
+    return Shape(f"{n:,} optional properties", lambda nonce: {"response_format": _json_format(_optional(n, nonce))},
+                 "valid", check)
+
+
+def hostile_shapes(*, quick: bool = False) -> list[Shape]:
+    """Issue 27's shapes; ``quick`` keeps one of each family (the test's time budget)."""
+    shapes = [
+        Shape("allOf/$ref chain, 30 levels (2.2 KB)", lambda n: {"response_format": _json_format(_chain(30, n))}),
+        _regex_shape(),
+        Shape("grammar, 15 x 16 KB literals", lambda n: {"response_format": {"type": "grammar", "grammar": "root ::= " + " | ".join(
+            f'"{n}{chr(97 + i) * 16000}"' for i in range(15))}}),
+        Shape("3,000 tools, tool_choice=auto", lambda n: {"tools": _tools(3000) + [{"type": "function", "function": {
+            "name": f"n{n}", "parameters": {"type": "object"}}}], "tool_choice": "auto"}),
+        Shape("structural tag, 3,000 tags", lambda n: {"response_format": {"type": "structural_tag", "triggers": ["<f"], "structures": [
+            {"begin": f"<f{i}{n}>", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}, "end": "</f>"}
+            for i in range(3000)]}}),
+        _optional_shape(600),
+        Shape("choice [1, {a:1}, null]", lambda n: {"response_format": {"type": "choice", "choice": [1, {"a": n}, None]}}),
+        Shape("tool_choice names a missing function", lambda n: {
+            "tools": WEATHER, "tool_choice": {"type": "function", "function": {"name": f"missing{n}"}}}),
+        Shape("tool_choice=required + response_format", lambda n: {
+            "tools": WEATHER, "tool_choice": "required", "response_format": _json_format({**PERSON, "description": n})}),
+        Shape("100k-value enum", lambda n: {"response_format": _json_format({"enum": [f"{n}{i}" for i in range(100_000)]})}),
+        Shape('{"$ref": "#"}', lambda n: {"response_format": _json_format({"$ref": "#", "description": n})}),
+    ]
+    if not quick:
+        shapes.append(_optional_shape(2000))
+    return shapes
+
+
+# ---- the server ---------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: Path | str, log: Path, *, stock: bool = False, limits: dict | None = None,
+                 tool_call_parser: str = "qwen") -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    if limits:
+        env["TOKENRAILS_LMDEPLOY_LIMITS"] = json.dumps(limits)
+    cmd = [sys.executable, "-m", "tokenrails.engine_patch.lmdeploy.cpu.serve", str(model), "--port", str(port),
+           "--max-batch-size", "4", "--session-len", "512", "--tool-call-parser", tool_call_parser]
+    if stock:
+        cmd.append("--stock")
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(proc: subprocess.Popen, base: str, timeout: float) -> str | None:
+    """The served model id; None when the server exited or did not come up in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return None
+        try:
+            return httpx.get(f"{base}/v1/models", timeout=2).json()["data"][0]["id"]
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            time.sleep(1)
+    return None
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# ---- the run ------------------------------------------------------------------------------
+@dataclass
+class HostileResult:
+    name: str
+    expect: str
+    status: int | None
+    seconds: float
+    message: str
+    stall_s: float = 0.0  # longest ping latency (or failure wait) while this request was in flight
+    valid: bool | None = None  # for a 200: did the output satisfy the constraint
+
+
+@dataclass
+class AttackRun:
+    baseline: list[float] = field(default_factory=list)        # benign latencies, no attack
+    under_attack: list[float] = field(default_factory=list)    # benign latencies during the attack
+    pings: list[tuple[float, float]] = field(default_factory=list)  # (start, latency) of each ping
+    ping_failures: int = 0
+    benign_invalid: int = 0
+    benign_errors: list[str] = field(default_factory=list)
+    hostile: list[HostileResult] = field(default_factory=list)
+    attack_start: float = float("inf")  # perf_counter() when the first hostile request was sent
+
+    windows: list[tuple[float, float]] = field(default_factory=list)  # each hostile request's (start, end)
+
+    def ping_latencies(self, *, attack: bool) -> list[float]:
+        """Ping latencies during the attack (``attack=True``) or before it."""
+        return [lat for start, lat in self.pings if (start >= self.attack_start) == attack]
+
+    def pings_in_flight(self) -> list[float]:
+        """Latencies of the pings sent while a hostile request was in flight."""
+        return [lat for start, lat in self.pings if any(a <= start <= b for a, b in self.windows)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _benign_body(model_id: str) -> dict:
+    return {"model": model_id, "messages": [{"role": "user", "content": "Give me a person as JSON."}],
+            "temperature": 0, "max_tokens": 40, "response_format": _json_format(PERSON)}
+
+
+class _Pinger(threading.Thread):
+    def __init__(self, base: str, run: AttackRun, period: float, timeout: float):
+        super().__init__(daemon=True)
+        self.base, self.run_, self.period, self.timeout = base, run, period, timeout
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=self.timeout) as client:
+            while not self.stop.is_set():
+                start = time.perf_counter()
+                try:
+                    ok = client.get(f"{self.base}/v1/models").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                latency = time.perf_counter() - start
+                self.run_.pings.append((start, latency))
+                if not ok:
+                    self.run_.ping_failures += 1
+                self.stop.wait(max(0.0, self.period - latency))
+
+
+def _benign_once(client: httpx.Client, base: str, model_id: str, run: AttackRun) -> float | None:
+    start = time.perf_counter()
+    try:
+        resp = client.post(f"{base}/v1/chat/completions", json=_benign_body(model_id))
+    except httpx.HTTPError as exc:
+        run.benign_errors.append(repr(exc)[:200])
+        return None
+    seconds = time.perf_counter() - start
+    if resp.status_code != 200:
+        run.benign_errors.append(f"{resp.status_code}: {resp.text[:200]}")
+        return None
+    choice = resp.json()["choices"][0]
+    try:
+        jsonschema.validate(json.loads(choice["message"]["content"]), PERSON)
+    except (ValueError, jsonschema.ValidationError, TypeError):
+        if choice.get("finish_reason") == "stop":
+            run.benign_invalid += 1
+    return seconds
+
+
+def _send_hostile(client: httpx.Client, base: str, model_id: str, shape: Shape, nonce: str) -> HostileResult:
+    extra = shape.body(nonce)
+    body = {"model": model_id, "messages": [{"role": "user", "content": "Answer."}], "temperature": 0,
+            "max_tokens": 16, **extra}
+    start = time.perf_counter()
+    try:
+        resp = client.post(f"{base}/v1/chat/completions", json=body)
+    except httpx.HTTPError as exc:
+        return HostileResult(shape.name, shape.expect, None, time.perf_counter() - start, f"client: {exc!r}"[:200])
+    seconds = time.perf_counter() - start
+    try:
+        payload = resp.json()
+    except ValueError:
+        payload = {"message": resp.text[:300]}
+    result = HostileResult(shape.name, shape.expect, resp.status_code, seconds,
+                           str(payload.get("message") or payload.get("error") or "")[:300])
+    if resp.status_code == 200:
+        choice = payload["choices"][0]
+        text = choice["message"].get("content") or ""
+        result.message = f"finish={choice.get('finish_reason')} text={text[:60]!r}"
+        result.valid = shape.check(text, extra) if shape.check else None
+        if result.valid is False and choice.get("finish_reason") == "length":
+            result.valid = None  # cut by max_tokens: not checkable as a whole
+    return result
+
+
+def run_attack(base: str, model_id: str, shapes: list[Shape], *, baseline_requests: int = 5,
+               min_attack_benign: int = 5, hostile_timeout: float = 60.0, ping_period: float = 0.25,
+               ping_timeout: float = 5.0, budget_s: float = 600.0, benign_timeout: float = 120.0) -> AttackRun:
+    """Baseline benign latencies, then every shape (one at a time, fresh nonce) while benign
+    requests and pings continue. Past ``budget_s`` no new request starts (a bounded run)."""
+    run = AttackRun()
+    give_up = time.monotonic() + budget_s
+    pinger = _Pinger(base, run, ping_period, ping_timeout)
+    pinger.start()
+    try:
+        with httpx.Client(timeout=120) as client:
+            _benign_once(client, base, model_id, AttackRun())  # warm-up: compile PERSON once
+            for _ in range(baseline_requests):
+                seconds = _benign_once(client, base, model_id, run)
+                if seconds is not None:
+                    run.baseline.append(seconds)
+        attack_done = threading.Event()
+
+        def attacker() -> None:
+            with httpx.Client(timeout=hostile_timeout) as client:
+                for i, shape in enumerate(shapes):
+                    if time.monotonic() > give_up:
+                        run.hostile.append(HostileResult(shape.name, shape.expect, None, 0.0, "not sent: run budget"))
+                        continue
+                    nonce = f"z{time.time_ns() % 10**9}{i}"
+                    t0 = time.perf_counter()
+                    result = _send_hostile(client, base, model_id, shape, nonce)
+                    t1 = time.perf_counter()
+                    run.windows.append((t0, t1))
+                    in_flight = [lat for start, lat in list(run.pings) if t0 <= start <= t1]
+                    result.stall_s = max(in_flight, default=0.0)
+                    run.hostile.append(result)
+            attack_done.set()
+
+        thread = threading.Thread(target=attacker, daemon=True)
+        run.attack_start = time.perf_counter()
+        thread.start()
+        with httpx.Client(timeout=benign_timeout) as client:
+            while (not attack_done.is_set() or len(run.under_attack) < min_attack_benign) and time.monotonic() < give_up:
+                seconds = _benign_once(client, base, model_id, run)
+                if seconds is not None:
+                    run.under_attack.append(seconds)
+                elif attack_done.is_set() and len(run.benign_errors) > 20:
+                    break
+        thread.join()
+    finally:
+        pinger.stop.set()
+        pinger.join(timeout=10)
+    return run
+
+
+def refused_payload_growth(base: str, model_id: str, pid: int, count: int, *, mb: float = 1.0) -> tuple[float, int]:
+    """RSS growth (MB) of the api_server process after ``count`` distinct refused ~``mb`` MB
+    specs (20k+-value enums: over ``max_enum_values``); and how many were answered 400."""
+    values = int(mb * 1_000_000 / 48)
+    refused = 0
+    with httpx.Client(timeout=120) as client:
+        for warm in range(5):
+            client.post(f"{base}/v1/chat/completions", json=_enum_body(model_id, f"w{warm}", values))
+        before = rss_mb(pid)
+        for i in range(count):
+            resp = client.post(f"{base}/v1/chat/completions", json=_enum_body(model_id, f"n{i}", values))
+            refused += resp.status_code == 400
+        time.sleep(1.0)
+        return rss_mb(pid) - before, refused
+
+
+def _enum_body(model_id: str, nonce: str, values: int) -> dict:
+    enum = [f"{nonce}-{i:08d}-" + "v" * 30 for i in range(values)]
+    return {"model": model_id, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+            "response_format": _json_format({"enum": enum})}
