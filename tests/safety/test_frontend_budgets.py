@@ -124,7 +124,7 @@ def test_structural_tags_fan_out_is_bounded():
     tags = {"type": "structural_tag", "triggers": ["<f"], "structures": [
         {"begin": f"<f{i}>", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}, "end": f"</f{i}>"}
         for i in range(3000)]}
-    spec = tr.GuideSpec.from_request(tags)
+    spec = tr.spec_from_request(tags)
     result, seconds = run_bounded(lambda: tr.compile_guide(spec, probe_vocab(), "auto"))
     assert isinstance(result, GuideLimitError) and result.limit == "max_any_of", result
     assert seconds < 10

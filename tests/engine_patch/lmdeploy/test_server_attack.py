@@ -38,7 +38,7 @@ START_TIMEOUT = 150
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tokenrails.models import ModelNotFoundError, resolve_model_dir
+    from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir
 
     try:
         model, _, _ = resolve_model_dir(quiet=True)
