@@ -38,16 +38,11 @@ from ...guided.compile_pool import CompilePool
 from ...guided.errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
 from . import requests as req
+from .manager import configured_limits as front_limits
 
 FRONT_WORKERS = 2  # probe compiles at once (the server has a few cores; a hostile flood queues)
 
 
-def front_limits() -> GuideLimits:
-    """The limits the engine's manager compiles with (``activate(limits=...)`` or the parent's)."""
-    from .inherit import limits_from_env
-    from .manager import _CONFIG
-
-    return _CONFIG["limits"] or limits_from_env() or DEFAULT_LIMITS
 
 
 class FrontCheck:

@@ -32,6 +32,14 @@ logger = logging.getLogger("tokenrails.lmdeploy")
 _CONFIG: dict[str, Any] = {"backend": None, "limits": None, "fill_threads": None, "reasoning": None}
 
 
+def configured_limits() -> GuideLimits:
+    """The limits the engine's manager compiles with (``activate(limits=...)`` or the parent's
+    environment): the api_server's front-end check judges requests by the same bounds."""
+    from ...guided.limits import DEFAULT_LIMITS
+
+    return _CONFIG["limits"] or limits_from_env() or DEFAULT_LIMITS
+
+
 def configure(*, backend: str | None = None, limits: GuideLimits | None = None,
               fill_threads: int | None = None, reasoning: Any = None) -> None:
     """Defaults for managers built after this call (``activate(...)`` forwards its options).

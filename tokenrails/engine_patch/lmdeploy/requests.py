@@ -185,9 +185,9 @@ def ensure_response_format_compilable(response_format: Any) -> None:
 
 
 def _limits() -> GuideLimits:
-    from .front_check import front_limits
+    from .manager import configured_limits
 
-    return front_limits()
+    return configured_limits()
 
 
 class WideResponseFormat(BaseModel):
