@@ -27,6 +27,7 @@ from .bitmask import MaskBuffer
 from .compile_cache import CompileCache
 from .compile_pool import CompilePool
 from .errors import GuideError, GuideTimeoutError, InvalidGuideError, detached_copy
+from .forced import NOTHING, ForcedRun, forced_tokens
 from .gc_pause import gc_paused
 from .jump_forward import JumpForward, compute_jump_forward, text_encoder
 from .limits import DEFAULT_LIMITS, GuideLimits
@@ -366,6 +367,22 @@ class GuidedDecodingManager:
     ) -> int:
         """How many leading ``tokens`` are allowed from the sequence's state (state unchanged)."""
         return count_valid(self._state_for(session_id, seq_id, spec, reasoning=reasoning), tokens)
+
+    @_serialized
+    def forced_tokens(
+        self, row: GuidedRow, max_tokens: int, *, encode: Callable[[str], Sequence[int]] | None = None,
+        bitmask: torch.Tensor | None = None,
+    ) -> ForcedRun:
+        """The tokens the row's grammar forces from where it stands (``forced.forced_tokens``;
+        state unchanged): a speculative proposer's drafts. Nothing for a failed row, or one that
+        has not begun its answer (a thinking section is the model's own text)."""
+        st = self._states([row])[0]
+        if st is None or st.error is not None or not st.answering:
+            return NOTHING
+        matcher = st.resolve()
+        if matcher is None:
+            return NOTHING
+        return forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask)
 
     # ---- jump-forward and termination -------------------------------------------------------
     @_serialized

@@ -22,7 +22,6 @@ it on for engines built without a ``speculative_config`` of their own.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -32,8 +31,7 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from ...guided.batch_step import GuidedRow
-from ...guided.forced import forced_tokens
+from ...guided.sequence import GuidedRow
 from ._patching import Patcher, require_attrs
 
 logger = logging.getLogger(__name__)
@@ -205,26 +203,18 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
         return drafts, counts, singles  # stock helper (upgrade not active): propose nothing
     core = owner.core()
     encode = _encoder(getattr(owner, "_tokenizer", None))
-    lock = getattr(core, "_step_lock", None) or contextlib.nullcontext()
     words = (core.vocab.vocab_size + 31) // 32
     buf = torch.empty((1, words), dtype=torch.int32)
-    with lock:
-        for idx, h in handles.items():
-            if idx >= batch or h.error is not None:
-                continue
-            st = h.state()
-            if st is None or st.error is not None:
-                continue
-            think = st.think
-            if think is not None and not think.done:
-                continue  # thinking (or undecided): the grammar forces nothing yet
-            matcher = core.resolve_matcher(st)
-            if matcher is None:
-                continue
-            run = forced_tokens(matcher, num_drafts, encode=encode, bitmask=buf)
-            if run.tokens:
-                drafts[idx][: len(run.tokens)] = list(run.tokens)
-                counts[idx], singles[idx] = len(run.tokens), run.single
+    for idx, h in handles.items():
+        if idx >= batch or h.error is not None:
+            continue
+        row = h.row  # prepared once per step (reasoning resolved); None when the row failed
+        if row is None:
+            continue
+        run = core.forced_tokens(row, num_drafts, encode=encode, bitmask=buf)  # under the step lock
+        if run.tokens:
+            drafts[idx][: len(run.tokens)] = list(run.tokens)
+            counts[idx], singles[idx] = len(run.tokens), run.single
     return drafts, counts, singles
 
 
