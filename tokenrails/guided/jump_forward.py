@@ -1,7 +1,10 @@
 """Jump-forward: append the text the grammar forces without sampling it, token-safe.
 
-The forced string ``s`` is what every valid continuation starts with. Appending it as tokens needs
-a rule, because ``tokenize(previous text) + tokenize(s)`` is usually not how the model would have
+Which tokens the grammar forces is decided in one place, ``forced.forced_tokens`` (one-token
+masks and forced strings, repeated; the LMDeploy grammar-draft proposer uses the same rule). The
+forced string ``s`` here is the text of that run (cut before any special token, and before a
+split UTF-8 character). This module's own job is different: appending ``s`` as tokens next to
+tokens the sequence already holds needs a rule, because ``tokenize(previous text) + tokenize(s)`` is usually not how the model would have
 tokenized the joined text (``"`` + ``name`` vs ``"name``). The rule (documented in
 docs/semantics.md):
 
@@ -18,8 +21,10 @@ docs/semantics.md):
    (so jumping can never loop or shrink the output).
 6. The grammar must accept ``token_ids`` after the rollback (checked without changing the state).
 
-Larger ``r`` is tried first (most context), down to 0. When no ``r`` is unambiguous,
-``token_ids`` is None: the engine may only use ``text``. When some are unambiguous but none makes
+Larger ``r`` is tried first (most context), down to 0. When no ``r`` is unambiguous, or the forced
+run is empty although the grammar forces text (no ``encode`` given, or the text spells a special
+token), ``token_ids`` is None and ``text`` is the matcher's forced string: the engine may only use
+the text. When some are unambiguous but none makes
 progress, ``token_ids`` is ``()``: nothing to append; the mask still forces the text.
 Engines that cannot append several tokens in one step should not call this (off by default).
 
@@ -40,6 +45,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .bitmask import eos_only_row, words_for
+from .forced import forced_tokens
 from .sequence import SequenceState
 from .vocabulary import Vocabulary
 
@@ -79,9 +85,11 @@ def text_encoder(tokenizer: Any) -> Encoder:
 
 
 def compute_jump_forward(
-    st: SequenceState, vocab: Vocabulary, encode: Encoder | None = None, *, max_rollback: int = 4
+    st: SequenceState, vocab: Vocabulary, encode: Encoder | None = None, *, max_rollback: int = 4,
+    max_tokens: int = 256,
 ) -> JumpForward:
-    """The forced continuation of ``st`` under the rule above. A peek: the state (matcher,
+    """The forced continuation of ``st`` (``forced.forced_tokens``, at most ``max_tokens`` tokens)
+    retokenized with the sequence's last tokens under the rule above. A peek: the state (matcher,
     history, thinking state) is exactly as on entry."""
     if st.error is not None:
         return NOTHING
@@ -94,11 +102,10 @@ def compute_jump_forward(
     matcher = st.resolve()
     if matcher is None or matcher.is_terminated():
         return NOTHING
-    text = matcher.find_jump_forward_string()
-    if not text:
-        return NOTHING
-    if encode is None:
-        return JumpForward(text, None, 0)
+    text = _forced_text(vocab, forced_tokens(matcher, max_tokens, encode=encode).tokens) if encode else ""
+    if not text:  # nothing forced, or forced text the rule cannot take as tokens: text only
+        text = matcher.find_jump_forward_string()
+        return JumpForward(text, None, 0) if text else NOTHING
     hist = st.history
     limit = matcher.rollback_limit()  # e.g. never back into a thinking section
     deepest = min(max_rollback, len(hist), len(hist) if limit is None else limit)
@@ -127,6 +134,19 @@ def compute_jump_forward(
         if _accepts_after_rollback(matcher, hist, rollback, append):
             return JumpForward(text, append, rollback)
     return JumpForward(text, () if tokenized else None, 0)
+
+
+def _forced_text(vocab: Vocabulary, tokens: Sequence[int]) -> str:
+    """The text of the forced run's leading tokens: cut before a special token (its text would
+    retokenize to the special id) and before a split UTF-8 character."""
+    n = next((i for i, t in enumerate(tokens) if t in vocab.special_ids), len(tokens))
+    data = b"".join(vocab.token_bytes[t] for t in tokens[:n])
+    for cut in range(len(data), max(len(data) - 4, -1), -1):
+        try:
+            return data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""
 
 
 def _back_off_last(vocab: Vocabulary, matcher, prev: list[int], ids: list[int]) -> list[int]:
