@@ -8,12 +8,17 @@ without reasoning support). Accepted forms (``parse_setting``):
   ``</think>`` (qwen3, DeepSeek-R1, QwQ...), optional thinking with those markers — the prompt
   and then the model decide (docs/semantics.md section 1). Otherwise None: no markers, no change.
 * ``"off"`` (also ``False``, ``"none"``, ``"0"``): never.
-* ``"START,END[,optional][,max=N]"``: explicit markers. Each marker that is exactly one token of
+* ``"START,END[,optional][,max=N][,ws=N]"``: explicit markers. Each marker that is exactly one token of
   the vocabulary (both, for id matching) is matched by id, otherwise both are matched as text;
-  ``optional``: the model may answer directly; ``max=N``: ``max_thinking_tokens``. Markers that
-  contain a comma need the Python form.
-* a dict ``{"start": ..., "end": ..., "optional": bool, "max_thinking_tokens": N}``, or a
-  ``ReasoningConfig`` (Python API only).
+  ``optional``: the model may answer directly; ``max=N``: ``max_thinking_tokens``; ``ws=N``:
+  ``whitespace_after_end``. Markers that contain a comma need the Python form.
+* a dict ``{"start": ..., "end": ..., "optional": bool, "max_thinking_tokens": N,
+  "whitespace_after_end": N}``, or a ``ReasoningConfig`` (Python API only, taken as is).
+
+Settings (not a ``ReasoningConfig`` given as is) let the model write up to
+``DEFAULT_WHITESPACE_AFTER_END`` (2) bytes of whitespace-only tokens between ``</think>`` and the
+answer, as Qwen3-style models do (``</think>\n\n<tool_call>``); never more than the configured
+bound, and nothing but whitespace bypasses the grammar (guided/reasoning.py).
 
 ``TOKENRAILS_REASONING`` (environment) sets the engine-wide default; an adapter option
 (``activate(reasoning=...)``, ``reasoning=`` of the HF entry points) overrides it; a request's own
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..guided.errors import GuideError, InvalidGuideError
-from ..guided.reasoning import ReasoningConfig
+from ..guided.reasoning import DEFAULT_WHITESPACE_AFTER_END, ReasoningConfig
 from ..requests.response_format import REASONING_KEY
 from ..guided.vocabulary import Vocabulary
 
@@ -52,6 +57,7 @@ class ReasoningSetting:
     optional: bool = False
     max_thinking_tokens: int | None = None
     config: ReasoningConfig | None = None
+    whitespace_after_end: int = DEFAULT_WHITESPACE_AFTER_END
 
 
 AUTO = ReasoningSetting("auto")
@@ -81,19 +87,21 @@ def parse_setting(value: Any) -> ReasoningSetting | None:
     if len(parts) < 2 or not parts[0] or not parts[1]:
         raise InvalidGuideError(
             f"reasoning setting {value!r}: expected 'auto', 'off' or 'START,END[,optional][,max=N]'")
-    optional, cap = False, None
+    optional, cap, ws = False, None, DEFAULT_WHITESPACE_AFTER_END
     for extra in parts[2:]:
         if extra.lower() == "optional":
             optional = True
         elif extra.lower().startswith("max="):
             cap = _cap(extra[4:], value)
+        elif extra.lower().startswith("ws="):
+            ws = _cap(extra[3:], value)
         else:
             raise InvalidGuideError(f"reasoning setting {value!r}: unknown option {extra!r}")
-    return ReasoningSetting("markers", parts[0], parts[1], optional, cap)
+    return ReasoningSetting("markers", parts[0], parts[1], optional, cap, whitespace_after_end=ws)
 
 
 def _from_dict(d: dict) -> ReasoningSetting:
-    unknown = set(d) - {"start", "end", "optional", "max_thinking_tokens"}
+    unknown = set(d) - {"start", "end", "optional", "max_thinking_tokens", "whitespace_after_end"}
     if unknown:
         raise InvalidGuideError(f"reasoning setting has unknown keys {sorted(unknown)}")
     start, end = d.get("start"), d.get("end")
@@ -103,7 +111,9 @@ def _from_dict(d: dict) -> ReasoningSetting:
     if not isinstance(optional, bool):
         raise InvalidGuideError("reasoning setting 'optional' must be a boolean")
     cap = d.get("max_thinking_tokens")
-    return ReasoningSetting("markers", start or None, end, optional, None if cap is None else _cap(cap, d))
+    ws = d.get("whitespace_after_end", DEFAULT_WHITESPACE_AFTER_END)
+    return ReasoningSetting("markers", start or None, end, optional, None if cap is None else _cap(cap, d),
+                            whitespace_after_end=_cap(ws, d))
 
 
 def _cap(raw: Any, whole: Any) -> int:
@@ -112,7 +122,7 @@ def _cap(raw: Any, whole: Any) -> int:
     except (TypeError, ValueError):
         cap = -1
     if isinstance(raw, bool) or cap < 0:
-        raise InvalidGuideError(f"reasoning setting {whole!r}: max must be a non-negative integer")
+        raise InvalidGuideError(f"reasoning setting {whole!r}: max and ws must be non-negative integers")
     return cap
 
 
@@ -144,7 +154,7 @@ def _resolve(setting: ReasoningSetting, vocab: Vocabulary) -> ReasoningConfig | 
         if start is None or end is None:
             return None
         return ReasoningConfig(end_ids=(end,), end_text=AUTO_END, start_ids=(start,), start_text=AUTO_START,
-                               match="ids", optional=True)
+                               match="ids", optional=True, whitespace_after_end=setting.whitespace_after_end)
     assert setting.end is not None
     end = _single_id(vocab, setting.end)
     start = _single_id(vocab, setting.start) if setting.start else None
@@ -154,9 +164,11 @@ def _resolve(setting: ReasoningSetting, vocab: Vocabulary) -> ReasoningConfig | 
             return ReasoningConfig(end_ids=(end,), end_text=setting.end,
                                    start_ids=(start,) if start is not None else (), start_text=setting.start,
                                    match="ids", optional=setting.optional,
-                                   max_thinking_tokens=setting.max_thinking_tokens)
+                                   max_thinking_tokens=setting.max_thinking_tokens,
+                                   whitespace_after_end=setting.whitespace_after_end)
         return ReasoningConfig(end_text=setting.end, start_text=setting.start, match="text",
-                               optional=setting.optional, max_thinking_tokens=setting.max_thinking_tokens)
+                               optional=setting.optional, max_thinking_tokens=setting.max_thinking_tokens,
+                               whitespace_after_end=setting.whitespace_after_end)
     except GuideError:
         raise
     except Exception as exc:  # noqa: BLE001 - report a bad setting as a bad request

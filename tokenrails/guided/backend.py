@@ -63,6 +63,9 @@ class Matcher(ABC):
     thinking: bool = False
     #: in a free section before the constrained output (an unfinished output is not a match of it)
     preamble: bool = False
+    #: right after a thinking section's end marker, before the grammar's first token (a bounded
+    #: run of whitespace-only tokens may come first; ``ReasoningConfig.whitespace_after_end``)
+    in_gap: bool = False
 
     def grammar_matcher(self) -> "Matcher | None":
         """The matcher a batched fill may group with others of its class now (None: this row

@@ -200,6 +200,12 @@ class SequenceState:
         """Inside a decided thinking section."""
         return self.matcher is not None and self.matcher.thinking
 
+    @property
+    def in_gap(self) -> bool:
+        """Right after a generated end-of-thinking marker, before the grammar's first token
+        (whitespace may still come first: ``ReasoningConfig.whitespace_after_end``)."""
+        return self.matcher is not None and self.matcher.in_gap
+
     def batch_matcher(self) -> Matcher | None:
         """The matcher a batched fill may fill for this row, else None (failed rows, and rows a
         matcher wants filled alone: ``Matcher.grammar_matcher``)."""
