@@ -11,8 +11,11 @@ A grammar forces the next token in two ways:
 
 The rule repeats from the state it reaches until ``max_tokens`` tokens, a choice, a stop token
 or the end of the grammar. The matcher is advanced tentatively and rolled back by exactly what
-was accepted, so it ends where it started. A speculative proposer drafts these tokens (the target
-model verifies them: greedy or sampled output is unchanged); a jump-forward uses them directly.
+was accepted, so it ends where it started. This is the one place that decides the forced
+continuation: a speculative proposer (the LMDeploy grammar drafts) drafts these tokens (the target
+model verifies them: greedy or sampled output is unchanged); ``jump_forward.compute_jump_forward``
+takes the run's text and does its own, different job on it: retokenizing it together with the
+sequence's last tokens (rollback) and leaving the last token to the model.
 Stop tokens (EOS) are never returned: ending a request is left to a real decoding step.
 """
 from __future__ import annotations
