@@ -6,7 +6,8 @@ part is always produced and always valid":
 
 * EOS is not allowed while thinking (otherwise the answer could silently be missing);
 * in ``match="text"`` mode, tokens whose bytes complete the end marker *and continue past it*
-  are not allowed (those trailing bytes would bypass the grammar);
+  are not allowed (those trailing bytes would bypass the grammar), unless the trailing bytes are
+  whitespace that fits the gap below;
 * at ``max_thinking_tokens`` the end marker is forced, one token per step.
 
 Right after a generated end marker, before the grammar's first token, a bounded run of
@@ -332,7 +333,10 @@ class ReasoningTracker:
             data = self.vocab.token_bytes[tok]
             pos, end = _advance(self.marker, state.pos, data)
             if end is not None:
-                return self.after_end if end == len(data) else None  # bytes past the marker: forbidden
+                if end == len(data):
+                    return self.after_end
+                rest = len(data) - end  # bytes past the marker: only whitespace that fits the gap
+                return ThinkState(True, gap=rest) if self._gap_bytes(data[end:]) else None
         return ThinkState(False, pos=pos, count=state.count + 1)
 
     def start_step(self, state: ThinkState, token_id: int) -> ThinkState | str | None:
@@ -420,11 +424,15 @@ class ReasoningTracker:
                     continue
                 buf = prefix + data
                 at = buf.find(self.marker)
-                if at >= 0 and at + len(self.marker) < len(buf):
+                if at >= 0 and at + len(self.marker) < len(buf) and not self._gap_bytes(buf[at + len(self.marker):]):
                     bits[t] = False
         return _pack(bits)
 
     # ---- the whitespace gap after the end marker ------------------------------------------
+    def _gap_bytes(self, rest: bytes) -> bool:
+        """Whether ``rest`` (a token's bytes past the end marker, text mode) fits the gap."""
+        return len(rest) <= self.config.whitespace_after_end and set(rest) <= _WHITESPACE
+
     def gap_step(self, state: ThinkState, token_id: int) -> ThinkState | None:
         """The state after a gap token (whitespace-only, within the budget); None otherwise."""
         assert state.gap is not None

@@ -202,3 +202,29 @@ def test_answer_first_has_no_gap(qwen3):
     ids = _ids(tok, '{"a": 3}')
     assert _feed(mgr, vocab, row, ids) == len(ids)
     assert _eos_allowed(mgr, vocab, row) and not mgr.sequence("direct2", 0).in_gap
+
+
+def test_text_mode_marker_and_whitespace_in_one_token():
+    """Text-matched end marker (Llama 3 has no </think> token, but has ``>\n\n``): a token that
+    completes the marker and carries the gap's whitespace is allowed; one that carries anything
+    else, or more whitespace than the bound, is not."""
+    from tokenrails.guided.reasoning import ReasoningConfig
+
+    if tm.tokenizer_dir("llama3.2") is None:
+        pytest.skip("tokenizer package for llama3.2 not installed")
+    tok, vocab, _ = tm.load("llama3.2")
+    by_bytes = {b: t for t, b in enumerate(vocab.token_bytes) if b}
+    gt_nl, gt_x, gt_nl3 = by_bytes[b">\n\n"], by_bytes[b">x"], by_bytes[b">\n\n\n"]
+    head = _ids(tok, "thinking </think")
+    cfg = ReasoningConfig.from_markers("</think>", whitespace_after_end=2)
+    spec = GuideSpec.regex(REGEX)
+    mgr = GuidedDecodingManager(vocab, backend="xgrammar")
+    row = GuidedRow("txt", 0, spec, reasoning=cfg)
+    assert _feed(mgr, vocab, row, head) == len(head)
+    assert not _allowed(mgr, vocab, row, gt_x) and not _allowed(mgr, vocab, row, gt_nl3)
+    assert _feed(mgr, vocab, row, [gt_nl]) == 1 and mgr.sequence("txt", 0).in_gap
+    body = _ids(tok, '{"a": 5}')
+    assert _feed(mgr, vocab, row, body) == len(body) and _eos_allowed(mgr, vocab, row)
+    exact = GuidedRow("txt0", 0, spec, reasoning=ReasoningConfig.from_markers("</think>"))
+    assert _feed(mgr, vocab, exact, head) == len(head)
+    assert not _allowed(mgr, vocab, exact, gt_nl)  # whitespace_after_end=0: exact hand-off
