@@ -5,6 +5,7 @@ the 32nd ring message (a ring wrap: every party meets at a barrier) before its f
 an ``all_reduce`` that the other ranks are already blocked in."""
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -18,6 +19,20 @@ from . import tp_ring_child  # noqa: E402
 
 WORLD = 3
 BLOB = 3 * (1 << 20) + 17  # a message of 4 ring blocks, read across the ring's wrap
+
+
+@pytest.fixture(autouse=True)
+def _rank_environment(monkeypatch):
+    """The ranks start with the environment a real TP rank has under ``cpu.enable()`` (the CPU flag and
+    the start-up hook, so the CPU path is enabled when LMDeploy is imported), whatever ran before in
+    this process: the ring is proved in the configuration the engine runs, independent of test order."""
+    from tokenrails.engine_patch.lmdeploy import inherit
+
+    monkeypatch.setenv(inherit.ENV_CPU, "1")
+    if not inherit._HOOK.pth_installed():
+        entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if str(inherit.SITECUSTOMIZE_DIR) not in entries:
+            monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(inherit.SITECUSTOMIZE_DIR)] + entries))
 
 
 def _run_ring(notifier_cls, timeout: float) -> list | None:

@@ -83,7 +83,14 @@ def cpu_notifier_class() -> type:
     importing this module does not import LMDeploy)."""
     global _CPU_NOTIFIER
     if _CPU_NOTIFIER is None:
-        _CPU_NOTIFIER = type("CpuNotifier", (_CpuNotifierMixin, _notifier_base()),
+        # Resolve the base first: its import of LMDeploy can fire the start-up hook (a rank with
+        # TOKENRAILS_LMDEPLOY_CPU set that unpickles a notifier before importing LMDeploy), whose
+        # enable() -> install() re-enters here and builds the class. Building a second one after it
+        # returned left install()'s receive_async bound to a class the ranks' notifiers were not
+        # instances of, so they read long messages with LMDeploy's loop-blocking waits (deadlock).
+        base = _notifier_base()
+    if _CPU_NOTIFIER is None:
+        _CPU_NOTIFIER = type("CpuNotifier", (_CpuNotifierMixin, base),
                              {"__module__": __name__, "__qualname__": "CpuNotifier",
                               "__doc__": _CpuNotifierMixin.__doc__})
         globals()["CpuNotifier"] = _CPU_NOTIFIER  # pickled by reference into the ranks
@@ -134,7 +141,7 @@ def install() -> None:
             mp_executor.Notifier = _ORIGINALS["Notifier"]
 
     async def receive_async(self):
-        if not isinstance(self.notifier, cpu_notifier):
+        if not isinstance(self.notifier, _CpuNotifierMixin):  # any CpuNotifier, not one class object
             return await original_receive(self)
         async with self.notifier.wait_async():
             dumped, is_receiver, remain = self._receive_step0()
