@@ -1,9 +1,9 @@
-"""LMDeploy request parsing routed through ``GuideSpec.from_request``.
+"""LMDeploy request parsing routed through ``tokenrails.requests.spec_from_request``.
 
 * ``spec_of(response_format)``: the engine-side conversion (memoized per format object).
 * ``parse_format``: the spec plus the request's reasoning setting, the extra key
   ``response_format["tokenrails_reasoning"]`` (see tokenrails/engine_patch/reasoning.py); the key
-  is removed before the format reaches ``GuideSpec.from_request``.
+  is removed before the format reaches ``spec_from_request``.
 * ``ensure_response_format_compilable``: drop-in for LMDeploy's early check; raises a
   ``RequestError`` (HTTP 400 with the reason) for anything tokenrails cannot enforce, so a bad
   constraint is refused before it reaches the shared engine loop.
