@@ -125,14 +125,17 @@ def free_port() -> int:
 
 
 def start_server(model: Path | str, log: Path, *, stock: bool = False, limits: dict | None = None,
-                 tool_call_parser: str = "qwen") -> tuple[subprocess.Popen, str]:
+                 tool_call_parser: str | None = "qwen", extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """``cpu.serve`` in its own session (``stop_server`` ends it and its engine process); output to ``log``."""
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     if limits:
         env["TOKENRAILS_LMDEPLOY_LIMITS"] = json.dumps(limits)
     cmd = [sys.executable, "-m", "tokenrails.engine_patch.lmdeploy.cpu.serve", str(model), "--port", str(port),
-           "--max-batch-size", "4", "--session-len", "512", "--tool-call-parser", tool_call_parser]
+           "--max-batch-size", "4", "--session-len", "512", *extra_args]
+    if tool_call_parser is not None:
+        cmd += ["--tool-call-parser", tool_call_parser]
     if stock:
         cmd.append("--stock")
     with open(log, "wb") as fh:

@@ -52,3 +52,19 @@ def model_dir():
     except ModelNotFoundError as exc:
         pytest.skip(str(exc))
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def pipe(model_dir):
+    """LMDeploy's real engine on the CPU path with the upgrade active (one per test module)."""
+    import torch
+    from lmdeploy import pipeline
+
+    from tokenrails.engine_patch.lmdeploy import activate, deactivate
+    from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
+    torch.set_num_threads(1)
+    activate()
+    p = pipeline(model_dir, backend_config=cpu_engine_config(max_batch_size=4, session_len=512))
+    yield p
+    p.close()
+    deactivate()

@@ -84,16 +84,6 @@ def test_hf_adapter_samples_float16_logits_exactly():
 
 
 # ---- the engine checker: skip only what needs CUDA --------------------------------------------
-@pytest.fixture(scope="module")
-def model_dir():
-    from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir
-    try:
-        path, _, _ = resolve_model_dir(quiet=True)
-    except ModelNotFoundError as exc:
-        pytest.skip(str(exc))
-    return str(path)
-
-
 def _check(model_dir, **cfg):
     from lmdeploy.pytorch.engine.engine_checker import EngineChecker
 

@@ -25,6 +25,8 @@ from tokenrails.guided.limits import GuideLimits
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
+from .test_requests import _client as _router_client, _stand_in_engine  # noqa: E402
+
 
 def allof_ref_chain(levels: int) -> dict:
     defs = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]}
@@ -177,32 +179,9 @@ def test_non_string_choices_are_refused(upgraded, choices):
 
 # ---- the chat endpoint over HTTP (LMDeploy's router over a stand-in engine) --------------------
 def _client():
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
-    from lmdeploy.serve.core import async_engine
-    from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
-    from lmdeploy.serve.openai.endpoints import create_openai_router
-    from lmdeploy.serve.parsers import ResponseParserManager
-
-    class Engine:
-        model_name = "m"
-        arch = "LlamaForCausalLM"
-        tokenizer = SimpleNamespace(model=SimpleNamespace(model=None))
-
-        async def preprocess(self, messages, session, gen_config=None, **kw):
-            if gen_config is not None and gen_config.response_format is not None:
-                async_engine.ensure_response_format_compilable(gen_config.response_format)
-            raise RequestError(ErrorCode.INVALID_REQUEST, "REACHED " + json.dumps(gen_config.response_format))
-
-    parser = ResponseParserManager.get("default")
-    _client.engine = Engine()
-    ctx = SimpleNamespace(async_engine=_client.engine, response_parser_cls=parser, default_gen_config={},
-                          engine_config=SimpleNamespace(adapters=None),
-                          create_session=lambda sid: SimpleNamespace(session_id=sid),
-                          session_manager=SimpleNamespace(has=lambda sid: False))
-    app = FastAPI()
-    app.include_router(create_openai_router(ctx))
-    return TestClient(app)
+    """LMDeploy's router over the stand-in engine of test_requests.py (kept as ``_client.engine``)."""
+    _client.engine = _stand_in_engine()
+    return _router_client(_client.engine)
 
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -7,9 +7,6 @@ decoding's (the in-process pipeline, same chat messages) and validate; a bad sch
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -20,7 +17,7 @@ pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
-from .test_real_server import REPO, _free_port, _stop, _wait_ready  # noqa: E402
+from .test_real_server import _stop, start_ready  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -33,21 +30,11 @@ def _messages(prompt):
     return [{"role": "user", "content": prompt}]
 
 
-def test_grammar_drafts_over_http_equal_plain_guided(model_dir, tmp_path):
-    port = _free_port()
+def test_grammar_drafts_over_http_equal_plain_guided(model_dir, tmp_path, monkeypatch):
     log = tmp_path / "server.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    env.pop("TOKENRAILS_GRAMMAR_DRAFTS", None)
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "tokenrails.engine_patch.lmdeploy.cpu.serve", model_dir,
-                                 "--port", str(port), "--max-batch-size", "4", "--session-len", "512",
-                                 "--grammar-drafts", "3"],
-                                stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    monkeypatch.delenv("TOKENRAILS_GRAMMAR_DRAFTS", raising=False)  # the server's flag is the only source
+    proc, base, model_id = start_ready(model_dir, log, "--grammar-drafts", "3", tool_call_parser=None)
     try:
-        model_id = _wait_ready(proc, base, log)
-        assert model_id is not None, log.read_text()[-4000:]
         rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
         served = []
         for prompt in PROMPTS:

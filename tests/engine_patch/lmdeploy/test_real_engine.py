@@ -18,20 +18,6 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age"], "additionalProperties": False}
 
 
-@pytest.fixture(scope="module")
-def pipe(model_dir):
-    torch.set_num_threads(1)
-    from lmdeploy import pipeline
-
-    from tokenrails.engine_patch.lmdeploy import activate, deactivate
-    from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
-    activate()
-    p = pipeline(model_dir, backend_config=cpu_engine_config(max_batch_size=4, session_len=512))
-    yield p
-    p.close()
-    deactivate()
-
-
 def test_json_schema_batched_with_unguided(pipe):
     from lmdeploy import GenerationConfig
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}

@@ -18,20 +18,6 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 FMT = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
 
 
-@pytest.fixture(scope="module")
-def pipe(model_dir):
-    torch.set_num_threads(1)
-    from lmdeploy import pipeline
-
-    from tokenrails.engine_patch.lmdeploy import activate, deactivate
-    from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
-    activate()
-    p = pipeline(model_dir, backend_config=cpu_engine_config(max_batch_size=4, session_len=512))
-    yield p
-    p.close()
-    deactivate()
-
-
 def _sampled(pipe, seed: int, guided: bool) -> list[str]:
     from lmdeploy import GenerationConfig
     gen = GenerationConfig(do_sample=True, max_new_tokens=24, temperature=1.0, top_k=0, top_p=1.0, random_seed=seed,

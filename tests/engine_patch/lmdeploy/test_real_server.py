@@ -12,13 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
-import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -31,18 +26,14 @@ pytest.importorskip("openai")  # LMDeploy's server modules import it
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
+from tokenrails import testing_server_attack as atk  # noqa: E402
+from tokenrails.testing_server_attack import free_port as _free_port, stop_server as _stop  # noqa: E402,F401
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[3]
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
 START_TIMEOUT = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # LMDeploy 0.18 race (not ours): ``ZMQMPEngine._start_mp_proc`` leaves ``with mp.Manager()`` (shutting
@@ -54,43 +45,35 @@ START_ATTEMPTS = 3
 MANAGER_RACE = "EOFError"
 
 
-def _start(model, log):
-    port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "tokenrails.engine_patch.lmdeploy.cpu.serve", str(model),
-                                 "--port", str(port), "--max-batch-size", "4", "--session-len", "512",
-                                 "--tool-call-parser", "qwen"],
-                                stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def _stop(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and the engine process it spawned
-        proc.wait(timeout=30)
-    except ProcessLookupError:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+def _start(model, log, *extra_args, tool_call_parser="qwen"):
+    return atk.start_server(model, log, extra_args=extra_args, tool_call_parser=tool_call_parser)
 
 
 def _wait_ready(proc, base, log):
     """The served model id, or None when the server process exited first."""
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return None
+    model_id = atk.wait_ready(proc, base, START_TIMEOUT)
+    if model_id is None and proc.poll() is None:
+        pytest.fail(f"api_server not ready after {START_TIMEOUT}s:\n{log.read_text()[-4000:]}")
+    return model_id
+
+
+def start_ready(model, log, *extra_args, tool_call_parser="qwen"):
+    """A ready server (proc, base URL, model id); the start is retried for LMDeploy's manager race only."""
+    for attempt in range(START_ATTEMPTS):
+        proc, base = _start(model, log, *extra_args, tool_call_parser=tool_call_parser)
         try:
-            return httpx.get(f"{base}/v1/models", timeout=2).json()["data"][0]["id"]
-        except (httpx.HTTPError, KeyError, IndexError, ValueError):
-            time.sleep(1)
-    pytest.fail(f"api_server not ready after {START_TIMEOUT}s:\n{log.read_text()[-4000:]}")
+            model_id = _wait_ready(proc, base, log)
+        except BaseException:
+            _stop(proc)
+            raise
+        if model_id is not None:
+            return proc, base, model_id
+        _stop(proc)
+        text = log.read_text()
+        if MANAGER_RACE not in text or attempt == START_ATTEMPTS - 1:
+            pytest.fail(f"api_server exited with {proc.returncode}:\n{text[-4000:]}")
+        warnings.warn(f"api_server start {attempt + 1}: LMDeploy's engine-start manager race ({MANAGER_RACE}); retrying")
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")
@@ -101,20 +84,7 @@ def server(tmp_path_factory):
     except ModelNotFoundError as exc:
         pytest.skip(str(exc))
     log = tmp_path_factory.mktemp("server") / "server.log"
-    for attempt in range(START_ATTEMPTS):
-        proc, base = _start(model, log)
-        try:
-            model_id = _wait_ready(proc, base, log)
-        except BaseException:
-            _stop(proc)
-            raise
-        if model_id is not None:
-            break
-        _stop(proc)
-        text = log.read_text()
-        if MANAGER_RACE not in text or attempt == START_ATTEMPTS - 1:
-            pytest.fail(f"api_server exited with {proc.returncode}:\n{text[-4000:]}")
-        warnings.warn(f"api_server start {attempt + 1}: LMDeploy's engine-start manager race ({MANAGER_RACE}); retrying")
+    proc, base, model_id = start_ready(model, log)
     try:
         yield base, model_id, proc, log
     finally:

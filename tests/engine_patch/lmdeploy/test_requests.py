@@ -77,13 +77,10 @@ def test_unsupported_feature_is_named(upgraded):
     assert info.value.code in (ErrorCode.UNSUPPORTED_FEATURE, ErrorCode.INVALID_REQUEST)
 
 
-def _client():
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
+def _stand_in_engine():
+    """An async engine whose ``preprocess`` runs the early check, then reports what reached it."""
     from lmdeploy.serve.core import async_engine
     from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
-    from lmdeploy.serve.openai.endpoints import create_openai_router
-    from lmdeploy.serve.parsers import ResponseParserManager
 
     class Engine:
         model_name = "m"
@@ -95,8 +92,18 @@ def _client():
                 async_engine.ensure_response_format_compilable(gen_config.response_format)
             raise RequestError(ErrorCode.INVALID_REQUEST, "REACHED " + json.dumps(gen_config.response_format))
 
+    return Engine()
+
+
+def _client(engine=None):
+    """LMDeploy's OpenAI router over ``engine`` (default: a new stand-in engine)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from lmdeploy.serve.openai.endpoints import create_openai_router
+    from lmdeploy.serve.parsers import ResponseParserManager
+
     parser = ResponseParserManager.get("default")
-    ctx = SimpleNamespace(async_engine=Engine(), response_parser_cls=parser, default_gen_config={},
+    ctx = SimpleNamespace(async_engine=engine or _stand_in_engine(), response_parser_cls=parser, default_gen_config={},
                           engine_config=SimpleNamespace(adapters=None),
                           create_session=lambda sid: SimpleNamespace(session_id=sid),
                           session_manager=SimpleNamespace(has=lambda sid: False))
