@@ -11,6 +11,27 @@ static int cmp_edge(const void *a, const void *b) {
     return (x->dst > y->dst) - (x->dst < y->dst);
 }
 
+/* Append the subset ``members[0..L)`` (hash ``h``) as a new DFA state; its id, or -1 with c->err set. */
+static int32_t new_subset(Ctx *c, Vec *soff, Vec *slen, Vec *shash, Vec *pool, const int32_t *members, int32_t L,
+                          uint32_t h, int32_t max_states) {
+    int32_t id = (int32_t)soff->n;
+    if ((int64_t)soff->n + 1 > (int64_t)max_states) {
+        c->err = E_LIMIT;
+        c->err_value = (long long)soff->n + 1;
+        return -1;
+    }
+    if (pool->n + (size_t)L >= (size_t)INT32_MAX) {
+        c->err = E_MEMORY;
+        c->err_value = -1;
+        return -1;
+    }
+    if (vreserve(c, pool, pool->n + (size_t)L)) return -1;
+    if (vpush(c, soff, (int32_t)pool->n) || vpush(c, slen, L) || vpush(c, shash, (int32_t)h)) return -1;
+    memcpy(pool->a + pool->n, members, sizeof(int32_t) * (size_t)L);
+    pool->n += (size_t)L;
+    return id;
+}
+
 /* Epsilon elimination + subset construction + finish. */
 int dn_determinize(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
     int rc = -1;
@@ -140,16 +161,9 @@ int dn_determinize(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
             for (int32_t e = foff.a[p]; e < foff.a[p + 1]; e++) {
                 int32_t d = fe[e].dst, id = single[d];
                 if (id < 0) {
-                    id = (int32_t)soff.n;
-                    if ((int64_t)soff.n + 1 > (int64_t)max_states) {
-                        c->err = E_LIMIT;
-                        c->err_value = (long long)soff.n + 1;
-                        goto done;
-                    }
+                    id = new_subset(c, &soff, &slen, &shash, &pool, &d, 1, 0, max_states);
+                    if (id < 0) goto done;
                     single[d] = id;
-                    if (vpush(c, &soff, (int32_t)pool.n) || vpush(c, &slen, 1) || vpush(c, &shash, 0) ||
-                        vpush(c, &pool, d))
-                        goto done;
                 }
                 if (rdst.n > (size_t)roff.a[j] && rdst.a[rdst.n - 1] == id && rhi.a[rhi.n - 1] == fe[e].lo - 1) {
                     rhi.a[rhi.n - 1] = fe[e].hi;
@@ -196,16 +210,9 @@ int dn_determinize(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
                 } else if (L == 1) {
                     id = single[seg[0]];
                     if (id < 0) {
-                        id = (int32_t)soff.n;
-                        if ((int64_t)soff.n + 1 > (int64_t)max_states) {
-                            c->err = E_LIMIT;
-                            c->err_value = (long long)soff.n + 1;
-                            goto done;
-                        }
+                        id = new_subset(c, &soff, &slen, &shash, &pool, seg, 1, 0, max_states);
+                        if (id < 0) goto done;
                         single[seg[0]] = id;
-                        if (vpush(c, &soff, (int32_t)pool.n) || vpush(c, &slen, 1) || vpush(c, &shash, 0) ||
-                            vpush(c, &pool, seg[0]))
-                            goto done;
                     }
                 } else {
                     uint32_t h = hash_ints(seg, (size_t)L, 0);
@@ -221,22 +228,8 @@ int dn_determinize(Ctx *c, const NFA *nfa, int32_t max_states, Dense *out) {
                         slot = (slot + 1) & mask;
                     }
                     if (id < 0) {
-                        id = (int32_t)soff.n;
-                        if ((int64_t)soff.n + 1 > (int64_t)max_states) {
-                            c->err = E_LIMIT;
-                            c->err_value = (long long)soff.n + 1;
-                            goto done;
-                        }
-                        if (vreserve(c, &pool, pool.n + (size_t)L)) goto done;
-                        if (pool.n + (size_t)L >= (size_t)INT32_MAX) {
-                            c->err = E_MEMORY;
-                            c->err_value = -1;
-                            goto done;
-                        }
-                        if (vpush(c, &soff, (int32_t)pool.n) || vpush(c, &slen, L) || vpush(c, &shash, (int32_t)h))
-                            goto done;
-                        memcpy(pool.a + pool.n, seg, sizeof(int32_t) * (size_t)L);
-                        pool.n += (size_t)L;
+                        id = new_subset(c, &soff, &slen, &shash, &pool, seg, L, h, max_states);
+                        if (id < 0) goto done;
                         table[slot] = id + 1;
                         if (++tcount * 2 > tcap && grow_id_table(c, &table, &tcap, shash.a)) goto done;
                     }
