@@ -136,6 +136,24 @@ def decode(strat: Any, mgr: Any, seqs: list[FakeSeq], logits_fn: Callable[[int],
     return [s.generated for s in seqs]
 
 
+def offer(strat: Any, mgr: Any, seq: FakeSeq, wants: list[int], vocab_size: int,
+          noise: torch.Generator | None = None) -> list[int]:
+    """Put each of ``wants`` far on top of the logits (zeros, or random ones drawn from ``noise``),
+    one step each, until the engine emits another token (the grammar refused it): the tokens emitted."""
+
+    async def run() -> None:
+        for want in wants:
+            logits = torch.zeros(1, vocab_size) if noise is None else torch.randn(1, vocab_size, generator=noise)
+            logits[0, want] += 100.0
+            (t, ), _ = await step(strat, mgr, [seq], logits)
+            seq.generated.append(int(t))
+            if int(t) != want:
+                return
+
+    asyncio.run(run())
+    return seq.generated
+
+
 def adversarial_logits(vocab_size: int, favored: list[int], seed: int = 0) -> Callable[[int], torch.Tensor]:
     """Random logits with ``favored`` ids (grammar breakers, EOS) far on top: masks must hold."""
     gen = torch.Generator().manual_seed(seed)

@@ -30,7 +30,7 @@ pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
-from .test_real_server import START_TIMEOUT, _free_port, _start, _stop, _wait_ready  # noqa: E402
+from .test_real_server import _free_port, _stop, start_ready  # noqa: E402
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
@@ -69,18 +69,6 @@ def _spawn_proxy(cmd: list[str], log: Path) -> tuple[subprocess.Popen, str]:
     pytest.fail(f"proxy not ready:\n{log.read_text()[-3000:]}")
 
 
-def _start_replica(model, log: Path):
-    logs = []
-    for attempt in range(3):  # LMDeploy's engine-start manager race (see test_real_server.py)
-        logs.append(log.with_suffix(f".{attempt}.log"))
-        proc, base = _start(model, logs[-1])
-        model_id = _wait_ready(proc, base, logs[-1])
-        if model_id is not None:
-            return proc, base, model_id
-        _stop(proc)
-    pytest.fail("replica did not start:\n" + "\n----\n".join(f.read_text()[:3000] for f in logs))
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir
@@ -93,7 +81,7 @@ def cluster(tmp_path_factory):
     try:
         replicas = []
         for i in range(2):
-            proc, base, model_id = _start_replica(model, tmp / f"replica{i}.log")
+            proc, base, model_id = start_ready(model, tmp / f"replica{i}.log")
             started.append(proc)
             replicas.append((proc, base))
         ours, ours_base = _spawn_proxy([sys.executable, "-m", "tokenrails.engine_patch.lmdeploy.proxy_serve"],

@@ -7,7 +7,6 @@ there still has to be accepted by the grammar, the run is bounded, and rollback 
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
@@ -65,16 +64,7 @@ def test_newlines_after_think_then_tool_call_accepted_to_eos(qwen3, cpu_lmdeploy
     strat = harness.strategy()
     eos = list(vocab.eos_ids)[0]
 
-    async def run():
-        for want in ids + [eos]:
-            logits = torch.zeros(1, vocab.vocab_size)
-            logits[0, want] = 100.0
-            (t, ), _ = await harness.step(strat, mgr, [seq], logits)
-            seq.generated.append(int(t))
-            if int(t) != want:
-                return
-
-    asyncio.run(run())
+    harness.offer(strat, mgr, seq, ids + [eos], vocab.vocab_size)
     assert seq.generated == ids + [eos], f"refused after {tok.decode(seq.generated[:-1])!r}"
 
 

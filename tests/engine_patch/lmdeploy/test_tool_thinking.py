@@ -13,7 +13,6 @@ real strategy → FusedLogitsProcessor path (gate included), the prompt having o
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
@@ -88,16 +87,7 @@ def _upgrade_decodes(tok, vocab, fmt, script):
     eos = list(vocab.eos_ids)[0]
     wanted = list(script) + [eos]
 
-    async def run():
-        for want in wanted:
-            logits = torch.randn(1, vocab.vocab_size, generator=gen)
-            logits[0, want] += 100.0
-            (tok_id, ), _ = await harness.step(strat, mgr, [seq], logits)
-            seq.generated.append(int(tok_id))
-            if tok_id != want:
-                return
-
-    asyncio.run(run())
+    harness.offer(strat, mgr, seq, wanted, vocab.vocab_size, noise=gen)
     return seq.generated, wanted
 
 
@@ -157,12 +147,5 @@ def test_format_without_thinking_part_leaves_the_gate_in_charge(cpu_lmdeploy, up
     strat = harness.strategy()
     eos = list(vocab.eos_ids)[0]
 
-    async def run():
-        for want in ids + [eos]:
-            logits = torch.zeros(1, vocab.vocab_size)
-            logits[0, want] = 100.0
-            (t, ), _ = await harness.step(strat, mgr, [seq], logits)
-            seq.generated.append(int(t))
-
-    asyncio.run(run())
+    harness.offer(strat, mgr, seq, ids + [eos], vocab.vocab_size)
     assert seq.generated == ids + [eos]
