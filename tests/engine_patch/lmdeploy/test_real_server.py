@@ -45,8 +45,8 @@ START_ATTEMPTS = 3
 MANAGER_RACE = "EOFError"
 
 
-def _start(model, log, *extra_args, tool_call_parser="qwen"):
-    return atk.start_server(model, log, extra_args=extra_args, tool_call_parser=tool_call_parser)
+def _start(model, log, *extra_args, tool_call_parser="qwen", **start_kw):
+    return atk.start_server(model, log, extra_args=extra_args, tool_call_parser=tool_call_parser, **start_kw)
 
 
 def _wait_ready(proc, base, log):
@@ -57,10 +57,11 @@ def _wait_ready(proc, base, log):
     return model_id
 
 
-def start_ready(model, log, *extra_args, tool_call_parser="qwen"):
-    """A ready server (proc, base URL, model id); the start is retried for LMDeploy's manager race only."""
+def start_ready(model, log, *extra_args, tool_call_parser="qwen", **start_kw):
+    """A ready server (proc, base URL, model id); the start is retried for LMDeploy's manager race only.
+    ``start_kw`` go to ``testing_server_attack.start_server`` (``limits=``, ``stock=``)."""
     for attempt in range(START_ATTEMPTS):
-        proc, base = _start(model, log, *extra_args, tool_call_parser=tool_call_parser)
+        proc, base = _start(model, log, *extra_args, tool_call_parser=tool_call_parser, **start_kw)
         try:
             model_id = _wait_ready(proc, base, log)
         except BaseException:

@@ -31,9 +31,10 @@ pytest.importorskip("httpx")
 
 from tokenrails import testing_server_attack as atk  # noqa: E402
 
+from .test_real_server import start_ready  # noqa: E402
+
 pytestmark = pytest.mark.slow
 DEADLINE_S = 10.0
-START_TIMEOUT = 150
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +46,7 @@ def server(tmp_path_factory):
     except ModelNotFoundError as exc:
         pytest.skip(str(exc))
     log = tmp_path_factory.mktemp("attack") / "server.log"
-    for _ in range(4):  # LMDeploy's engine-start manager race (see test_real_server.py): retried
-        proc, base = atk.start_server(model, log, limits={"compile_timeout_s": DEADLINE_S})
-        model_id = atk.wait_ready(proc, base, START_TIMEOUT)
-        if model_id is not None:
-            break
-        atk.stop_server(proc)
-    else:
-        pytest.fail(f"api_server did not start:\n{log.read_text()[-3000:]}")
+    proc, base, model_id = start_ready(model, log, limits={"compile_timeout_s": DEADLINE_S})
     try:
         yield base, model_id
     finally:
