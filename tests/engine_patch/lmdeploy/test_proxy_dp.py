@@ -30,7 +30,7 @@ pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
-from .test_real_server import _free_port, _stop, start_ready  # noqa: E402
+from .test_real_server import _free_port, _stop, start_ready, stream_chat  # noqa: E402
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
@@ -179,16 +179,7 @@ def test_bad_schema_is_a_400_with_the_reason_through_the_proxy(cluster):
 def test_streaming_through_the_proxy(cluster):
     body = _body(cluster["model"], "Write a code.", stream=True,
                  response_format={"type": "regex_schema", "regex_schema": REGEX})
-    pieces, finishes = [], []
-    with httpx.stream("POST", f"{cluster['proxy']}/v1/chat/completions", json=body, timeout=180) as resp:
-        assert resp.status_code == 200
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            choice = json.loads(line[len("data: "):])["choices"][0]
-            pieces.append(choice["delta"].get("content") or "")
-            if choice.get("finish_reason"):
-                finishes.append(choice["finish_reason"])
+    pieces, finishes = stream_chat(cluster["proxy"], body)
     assert len([p for p in pieces if p]) > 1, pieces
     assert re.fullmatch(REGEX, "".join(pieces)), pieces
     assert finishes == ["stop"]

@@ -151,11 +151,8 @@ def test_structural_tag(server):
     jsonschema.validate(json.loads(m.group(1)), PERSON)
 
 
-def test_streaming_regex(server):
-    base, model_id, _, _ = server
-    pattern = r"[0-9]{3}-[a-z]{2}"
-    body = _body(model_id, "Write a code.", stream=True,
-                 response_format={"type": "regex_schema", "regex_schema": pattern})
+def stream_chat(base: str, body: dict) -> tuple[list[str], list[str]]:
+    """A streamed chat completion: its content pieces and finish reasons, in order (status 200 asserted)."""
     pieces, finishes = [], []
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=180) as resp:
         assert resp.status_code == 200
@@ -166,6 +163,15 @@ def test_streaming_regex(server):
             pieces.append(choice["delta"].get("content") or "")
             if choice.get("finish_reason"):
                 finishes.append(choice["finish_reason"])
+    return pieces, finishes
+
+
+def test_streaming_regex(server):
+    base, model_id, _, _ = server
+    pattern = r"[0-9]{3}-[a-z]{2}"
+    body = _body(model_id, "Write a code.", stream=True,
+                 response_format={"type": "regex_schema", "regex_schema": pattern})
+    pieces, finishes = stream_chat(base, body)
     assert len([p for p in pieces if p]) > 1  # really streamed, token by token
     assert re.fullmatch(pattern, "".join(pieces)), pieces
     assert finishes == ["stop"]
