@@ -109,7 +109,10 @@ class String(Term):
     value: str
 
     def _display_node(self) -> str:
-        return f"String({self.value!r})"
+        return f"String('{self.value}')"
+
+    def __repr__(self) -> str:
+        return f"String(value='{self.value}')"
 
     __str__ = Term.__str__
 
@@ -121,7 +124,10 @@ class Regex(Term):
     pattern: str
 
     def _display_node(self) -> str:
-        return f"Regex({self.pattern!r})"
+        return f"Regex('{self.pattern}')"
+
+    def __repr__(self) -> str:
+        return f"Regex(pattern='{self.pattern}')"
 
     __str__ = Term.__str__
 
@@ -225,10 +231,10 @@ class JsonSchema(Term):
                 and self.whitespace_pattern == other.whitespace_pattern)
 
     def __repr__(self) -> str:
-        return f"JsonSchema(schema={self.schema!r})"
+        return f"JsonSchema(schema='{self.schema}')"
 
     def _display_node(self) -> str:
-        return f"JsonSchema({self.schema!r})"
+        return f"JsonSchema('{self.schema}')"
 
     @classmethod
     def from_file(cls, path: str) -> "JsonSchema":
@@ -237,9 +243,9 @@ class JsonSchema(Term):
 
 
 # ---- composite terms ---------------------------------------------------------------------
-def _non_negative(name: str, value: int) -> None:
+def _non_negative(name: str, value: int, owner: str = "Quantify") -> None:
     if not isinstance(value, int) or value < 0:
-        raise ValueError(f"`{name}` must be a non-negative integer")
+        raise ValueError(f"{owner}: `{name}` must be a non-negative integer.")
 
 
 @dataclass
@@ -305,7 +311,7 @@ class QuantifyExact(_Unary):
     count: int
 
     def __post_init__(self) -> None:
-        _non_negative("count", self.count)
+        _non_negative("count", self.count, "QuantifyExact")
 
     def _display_node(self) -> str:
         return f"Quantify({{{self.count}}})"
@@ -318,7 +324,7 @@ class QuantifyMinimum(_Unary):
     min_count: int
 
     def __post_init__(self) -> None:
-        _non_negative("min_count", self.min_count)
+        _non_negative("min_count", self.min_count, "QuantifyMinimum")
 
     def _display_node(self) -> str:
         return f"Quantify({{{self.min_count},}})"
@@ -331,7 +337,7 @@ class QuantifyMaximum(_Unary):
     max_count: int
 
     def __post_init__(self) -> None:
-        _non_negative("max_count", self.max_count)
+        _non_negative("max_count", self.max_count, "QuantifyMaximum")
 
     def _display_node(self) -> str:
         return f"Quantify({{,{self.max_count}}})"
@@ -345,10 +351,10 @@ class QuantifyBetween(_Unary):
     max_count: int
 
     def __post_init__(self) -> None:
-        _non_negative("min_count", self.min_count)
-        _non_negative("max_count", self.max_count)
+        _non_negative("min_count", self.min_count, "QuantifyBetween")
+        _non_negative("max_count", self.max_count, "QuantifyBetween")
         if self.max_count < self.min_count:
-            raise ValueError("`max_count` must be greater than `min_count`")
+            raise ValueError("QuantifyBetween: `max_count` must be greater than `min_count`.")
 
     def _display_node(self) -> str:
         return f"Quantify({{{self.min_count},{self.max_count}}})"
@@ -398,9 +404,11 @@ def to_regex(term: Any) -> str:
     if isinstance(term, JsonSchema):
         from outlines_core.json_schema import build_regex_from_schema
 
-        return f"({build_regex_from_schema(term.schema)})"
+        return f"({build_regex_from_schema(term.schema, term.whitespace_pattern)})"
     if isinstance(term, Choice):
-        return "(" + "|".join(to_regex(i) if isinstance(i, Term) else re.escape(str(i)) for i in term.items) + ")"
+        from .python_terms import python_types_to_terms
+
+        return "(" + "|".join(to_regex(python_types_to_terms(i)) for i in term.items) + ")"
     if isinstance(term, Sequence):
         return "".join(to_regex(t) for t in term.terms)
     if isinstance(term, Alternatives):
