@@ -16,6 +16,13 @@ class Term:
     """Base of every output-type term: combinable (``+`` sequence, ``|`` alternatives,
     quantifiers), printable as a tree, usable as a pydantic field type, convertible to a regex."""
 
+    # ---- pickling: the classes say ``outlines.types.dsl``; rebuild them from here instead ----
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        cls = type(self)
+        if globals().get(cls.__name__) is cls:
+            return (_rebuild_term, (cls.__name__, dict(self.__dict__)))
+        return super().__reduce_ex__(protocol)
+
     # ---- regex language ------------------------------------------------------------------
     def matches(self, value: Any) -> bool:
         """Whether ``str(value)`` is in the term's language."""
@@ -96,6 +103,13 @@ class Term:
 
     def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict:
         return {"type": "string", "pattern": to_regex(self)}
+
+
+def _rebuild_term(name: str, state: dict) -> "Term":
+    """Unpickle a term of this module (see ``Term.__reduce_ex__``)."""
+    term = object.__new__(globals()[name])
+    term.__dict__.update(state)
+    return term
 
 
 def _as_term(value: Any) -> "Term":
@@ -362,36 +376,50 @@ class QuantifyBetween(_Unary):
     __str__ = Term.__str__
 
 
+def _str_term(value: Any) -> Any:
+    """outlines 1.3's DSL functions: a ``str`` argument is a literal ``String``; anything else is
+    taken as the term it is."""
+    return String(value) if isinstance(value, str) else value
+
+
 def either(*terms: Any) -> Alternatives:
-    return Alternatives([_as_term(t) for t in terms])
+    """One of ``terms`` (regex ``(a|b)``)."""
+    return Alternatives([_str_term(t) for t in terms])
 
 
 def optional(term: Any) -> Optional:
-    return Optional(_as_term(term))
+    """``term`` or nothing (``(t)?``)."""
+    return Optional(_str_term(term))
 
 
 def exactly(count: int, term: Any) -> QuantifyExact:
-    return QuantifyExact(_as_term(term), count)
+    """``term`` repeated ``count`` times (``(t){n}``)."""
+    return QuantifyExact(_str_term(term), count)
 
 
 def at_least(count: int, term: Any) -> QuantifyMinimum:
-    return QuantifyMinimum(_as_term(term), count)
+    """``term`` repeated ``count`` times or more (``(t){n,}``)."""
+    return QuantifyMinimum(_str_term(term), count)
 
 
 def at_most(count: int, term: Any) -> QuantifyMaximum:
-    return QuantifyMaximum(_as_term(term), count)
+    """``term`` repeated at most ``count`` times (``(t){0,n}``)."""
+    return QuantifyMaximum(_str_term(term), count)
 
 
 def between(min_count: int, max_count: int, term: Any) -> QuantifyBetween:
-    return QuantifyBetween(_as_term(term), min_count, max_count)
+    """``term`` repeated ``min_count`` to ``max_count`` times (``(t){m,n}``)."""
+    return QuantifyBetween(_str_term(term), min_count, max_count)
 
 
 def one_or_more(term: Any) -> KleenePlus:
-    return KleenePlus(_as_term(term))
+    """``(t)+``."""
+    return KleenePlus(_str_term(term))
 
 
 def zero_or_more(term: Any) -> KleeneStar:
-    return KleeneStar(_as_term(term))
+    """``(t)*``."""
+    return KleeneStar(_str_term(term))
 
 
 def to_regex(term: Any) -> str:
