@@ -7,6 +7,7 @@ exact languages (FSM backend); CFGs are EBNF, compiled by xgrammar.
 from . import (applications, base, caching, exceptions, fsm, function, inputs, generate, grammars, integrations, models,
                processors, prompts, samplers, templates, types)
 from ._install import install, is_installed, uninstall
+from ._api_version import api_version, set_api_version
 from .applications import Application
 from .function import Function
 from .generator import Generator
@@ -25,5 +26,5 @@ from .base import vectorize
 __all__ = [
     "Application", "Function", "Generator", "function", "applications", "inputs", "Prompt", "Template", "base", "caching", "cfg", "clear_cache", "disable_cache", "get_cache", "from_transformers", "fsm", "generate", "grammars", "install",
     "is_installed", "json_schema", "models", "processors", "prompt", "prompts", "regex", "samplers", "templates", "types", "vectorize",
-    "uninstall", "exceptions", "integrations", *_FROM,
+    "uninstall", "api_version", "set_api_version", "exceptions", "integrations", *_FROM,
 ]
