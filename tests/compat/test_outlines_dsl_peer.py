@@ -10,6 +10,7 @@ backslashes and the classes were ``tokenrails.compat....``.
 from __future__ import annotations
 
 import pickle
+import re
 
 import pytest
 
@@ -33,6 +34,7 @@ EXPRESSIONS = [
     'dsl.String("a").one_or_more().zero_or_more()',
     "types.integer.at_most(2).at_least(1)",
     'types.Choice(["a", "b"])',
+    'types.Choice(["a", types.Regex("[0-9]"), 3])',
     'types.CFG("start: \\"a\\"")',
     "types.JsonSchema({\"type\": \"integer\"})",
     "types.sentence", "types.paragraph", "types.newline", "types.char", "types.digit", "types.whitespace",
@@ -126,3 +128,20 @@ def test_terms_still_pickle_without_install():
     for clone in (pickle.loads(pickle.dumps(term)), copy.deepcopy(term)):
         assert repr(clone) == repr(term)
         assert shim_dsl.to_regex(clone) == shim_dsl.to_regex(term)
+
+
+@pytest.mark.parametrize("expr", EXPRESSIONS)
+def test_generation_uses_outlines_regex(expr, outlines_dsl):
+    """As an output type, a term constrains to outlines' regex for it (in the shim's dialect), or
+    to the same strings as a choice, or to its grammar / JSON schema."""
+    from tokenrails.compat.outlines.regex_dialect import outlines_dialect
+    from tokenrails.compat.outlines.types.convert import spec_for_output_type
+
+    term, theirs = _shim_eval(expr), outlines_dsl["terms"][expr]["regex"]
+    spec = spec_for_output_type(term)
+    if spec.kind == "regex":
+        assert outlines_dialect(theirs) in (spec.pattern, f"({spec.pattern})")  # a bare Regex: no group
+    elif spec.kind == "choice":
+        assert theirs == "(" + "|".join(re.escape(c) for c in spec.choices) + ")"
+    else:
+        assert (spec.kind, type(term).__name__) in {("grammar", "CFG"), ("json_schema", "JsonSchema")}

@@ -82,8 +82,8 @@ def _spec_for_term(term: Term) -> GuideSpec:
         return GuideSpec.regex(re.escape(term.value))
     if isinstance(term, JsonSchema):
         return json_spec(term.schema, term.whitespace_pattern)
-    if isinstance(term, Choice):
-        return GuideSpec.choice(_literal_strings(term.items))
+    if isinstance(term, Choice) and all(isinstance(i, (str, int, float)) for i in term.items):
+        return GuideSpec.choice(_literal_strings(term.items))  # (terms among the items: their regex, below)
     if isinstance(term, CFG):
         return grammar_spec(term.definition)
     from .terms import to_regex
