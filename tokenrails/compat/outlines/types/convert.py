@@ -9,7 +9,7 @@ import re
 import typing
 from typing import Any, Literal, get_args, get_origin
 
-from ....guided.errors import UnsupportedGuideError
+from ....guided.errors import GuideError, UnsupportedGuideError
 from ....guided.spec import GuideSpec
 from .._json_language import json_spec
 from ..regex_dialect import outlines_dialect
@@ -67,6 +67,8 @@ def spec_for_output_type(output_type: Any) -> GuideSpec | None:
 
     try:
         term = python_types_to_terms(output_type)
+    except GuideError:
+        raise
     except (TypeError, ValueError, RecursionError) as exc:  # what outlines raises for these
         raise UnsupportedGuideError(
             f"output type {output_type!r} is not supported (outlines 1.x refuses it too: {exc})",
