@@ -434,9 +434,7 @@ def to_regex(term: Any) -> str:
 
         return f"({build_regex_from_schema(term.schema, term.whitespace_pattern)})"
     if isinstance(term, Choice):
-        from .python_terms import python_types_to_terms
-
-        return "(" + "|".join(to_regex(python_types_to_terms(i)) for i in term.items) + ")"
+        return "(" + "|".join(to_regex(_python_terms.python_types_to_terms(i)) for i in term.items) + ")"
     if isinstance(term, Sequence):
         return "".join(to_regex(t) for t in term.terms)
     if isinstance(term, Alternatives):
@@ -468,3 +466,8 @@ def json_schema(schema: Any, whitespace_pattern: str | None = None) -> JsonSchem
 
 def cfg(definition: str) -> CFG:
     return CFG(definition)
+
+
+# bound once (not imported per call): code that purges ``*outlines*`` from ``sys.modules`` and
+# re-imports (outlines' own cache tests do) must not mix this module's classes with new copies
+from . import python_terms as _python_terms  # noqa: E402  (circular: python_terms builds on these classes)
