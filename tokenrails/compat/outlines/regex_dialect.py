@@ -205,6 +205,15 @@ def _spell_shorthands(pattern: str) -> str:
     return spell_shorthands(pattern, classes, "outlines dialect", negated=negated)
 
 
+def xgrammar_regex_spec(pattern: str) -> "GuideSpec":
+    """The spec of an outlines regex on the xgrammar backend: the pattern unchanged, for xgrammar
+    to read (outlines 1.x's xgrammar backend passes it to ``compile_regex`` as is), so the shim's
+    xgrammar backend admits exactly what xgrammar admits: ASCII ``\\d \\w``, xgrammar's ``\\s``."""
+    from ...guided.spec import GuideSpec
+
+    return GuideSpec.regex(pattern)
+
+
 def outlines_dialect(pattern: str) -> str:
     """An outlines regex in the dialect tokenrails' backends read.
 
