@@ -329,3 +329,21 @@ def core_strings(path: str) -> dict:
     """Each token's text as outlines 1.x reads it (decoded alone)."""
     hf = hf_tokenizer(path)
     return {i: hf.convert_tokens_to_string([t]) for t, i in hf.get_vocab().items()}
+
+
+@pytest.mark.slow  # runs the embedded SmolLM2 (a few seconds)
+def test_ssn_documentation_example_writes_ascii_digits():
+    """outlines 1.3's transformers documentation example, greedy on SmolLM2: on main the shim
+    wrote '🯸🯸🯸-🯸🯸-🯸' (U+1FBF8 from byte tokens); outlines-core's tokens spell ASCII digits."""
+    import re
+
+    from tokenrails.compat import outlines
+    from tokenrails.compat.outlines.types.terms import Regex
+    from tokenrails.demo_model import load_model
+
+    torch.set_num_threads(1)
+    loaded = load_model(quiet=True)
+    model = outlines.from_transformers(loaded.model, loaded.tokenizer)
+    out = model("Generate a fake social security number.", Regex(r"\d{3}-\d{2}-\d{4}"), max_new_tokens=20,
+                do_sample=False)
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{2}-[0-9]{4}", out), out
