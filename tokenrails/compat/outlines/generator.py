@@ -67,7 +67,7 @@ def _backend_processor(backend_name: str, model: Any, spec: Any, output_type: An
 
         if isinstance(output_type, Term):
             return backend.get_regex_logits_processor(to_regex(output_type))
-        if output_type in _SCALARS:
+        if isinstance(output_type, type) and output_type in _SCALARS:
             return backend.get_regex_logits_processor(_SCALARS[output_type])
     if spec.kind == "grammar":
         return backend.get_cfg_logits_processor(spec.payload)
