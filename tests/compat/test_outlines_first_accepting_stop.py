@@ -85,3 +85,13 @@ def test_install_selects_the_version():
     assert outlines.api_version() == "1.3.3"
     with pytest.raises(ValueError):
         outlines.set_api_version("zero")
+
+
+def test_0046_loop_refuses_transformers_arguments(model, api_0046):
+    """outlines 0.0.46's generators take (prompts, max_tokens, stop_at, rng): a transformers
+    argument is an error, never dropped silently."""
+    generator = outlines.generate.regex(model, r"[0-9]+", sampler=outlines.samplers.greedy())
+    with pytest.raises(TypeError, match="repetition_penalty"):
+        generator(PROMPT, max_tokens=4, repetition_penalty=1.2)
+    with pytest.raises(TypeError, match="repetition_penalty"):
+        list(generator.stream(PROMPT, max_tokens=4, repetition_penalty=1.2))

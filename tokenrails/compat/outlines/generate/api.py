@@ -35,6 +35,7 @@ class SequenceGeneratorAdapter:
     ) -> Any:
         if not callable(getattr(self.sampler, "generate_kwargs", None)) or _first_accepting_state_ends():
             generator, rng = self._outlines_loop(model_specific_params.pop("rng", None), seed)
+            _no_more_arguments(model_specific_params)
             return generator(prompts, max_tokens=max_tokens, stop_at=stop_at, rng=rng)
         processor, kwargs = self._prepare(max_tokens, stop_at, seed, model_specific_params)
         single = isinstance(prompts, str)
@@ -93,6 +94,7 @@ class SequenceGeneratorAdapter:
         if (getattr(self.sampler, "samples", 1) > 1 or not callable(getattr(self.sampler, "generate_kwargs", None))
                 or _first_accepting_state_ends()):
             generator, rng = self._outlines_loop(model_specific_params.pop("rng", None), seed)
+            _no_more_arguments(model_specific_params)
             yield from generator.stream(prompts, max_tokens=max_tokens, stop_at=stop_at, rng=rng)
             return
         processor, kwargs = self._prepare(max_tokens, stop_at, seed, model_specific_params)
@@ -130,6 +132,13 @@ class SequenceGeneratorAdapter:
         worker.join()
         if failure:
             raise failure[0]
+
+
+def _no_more_arguments(model_specific_params: dict) -> None:
+    """outlines' own loop takes no transformers arguments: refuse them rather than drop them."""
+    if model_specific_params:
+        raise TypeError(f"outlines' token loop (0.0.x API, or a sampler of outlines' own protocol) takes no "
+                        f"{', '.join(sorted(model_specific_params))}")
 
 
 def _first_accepting_state_ends() -> bool:

@@ -11,6 +11,7 @@ import re
 import types as _pytypes
 from typing import Any, Literal, get_args, get_origin
 
+from . import terms as _terms
 from .terms import CFG, Alternatives, JsonSchema, KleeneStar, Optional, Regex, Sequence, String, Term
 from . import utils
 from .type_regexes import BOOLEAN, DATE, DATETIME, INTEGER, NUMBER, STRING, TIME
@@ -153,3 +154,6 @@ def _handle_dict(args: tuple, recursion_depth: int) -> Sequence:
     pair = [key, String(":"), value]
     return Sequence([String("{"), Optional(Sequence(pair + [KleeneStar(Sequence([String(", ")] + pair))])),
                      String("}")])
+
+
+_terms.choice_item_term = python_types_to_terms  # Choice items convert as outlines converts them

@@ -422,6 +422,13 @@ def zero_or_more(term: Any) -> KleeneStar:
     return KleeneStar(_str_term(term))
 
 
+def choice_item_term(item: Any) -> Term:
+    """A ``Choice`` item as a term: outlines' ``python_types_to_terms``, which ``python_terms``
+    installs here when it is imported (it builds on this module, so this one cannot import it;
+    binding it once also keeps old and new classes apart when ``sys.modules`` is purged)."""
+    return item if isinstance(item, Term) else String(str(item))
+
+
 def to_regex(term: Any) -> str:
     """The regex of a term, in outlines 1.x's shape: leaves grouped, quantifiers on groups,
     JSON schemas through outlines-core's own ``build_regex_from_schema``."""
@@ -434,7 +441,7 @@ def to_regex(term: Any) -> str:
 
         return f"({build_regex_from_schema(term.schema, term.whitespace_pattern)})"
     if isinstance(term, Choice):
-        return "(" + "|".join(to_regex(_python_terms.python_types_to_terms(i)) for i in term.items) + ")"
+        return "(" + "|".join(to_regex(choice_item_term(i)) for i in term.items) + ")"
     if isinstance(term, Sequence):
         return "".join(to_regex(t) for t in term.terms)
     if isinstance(term, Alternatives):
@@ -466,8 +473,3 @@ def json_schema(schema: Any, whitespace_pattern: str | None = None) -> JsonSchem
 
 def cfg(definition: str) -> CFG:
     return CFG(definition)
-
-
-# bound once (not imported per call): code that purges ``*outlines*`` from ``sys.modules`` and
-# re-imports (outlines' own cache tests do) must not mix this module's classes with new copies
-from . import python_terms as _python_terms  # noqa: E402  (circular: python_terms builds on these classes)
