@@ -12,6 +12,7 @@ from tokenrails import GuideSpec, InvalidGuideError
 from tokenrails.requests import spec_from_request
 from tokenrails.compat import normalize_request, parse_request
 from tokenrails.requests.schema_transforms import disable_additional_properties
+from tokenrails.guided.xgrammar_classes import xgrammar_classes
 
 SCHEMA = {
     "type": "object",
@@ -53,7 +54,8 @@ def body(**fields: Any) -> dict:
 
 MODERN = {
     "json": GuideSpec.json_schema(SCHEMA),
-    "regex": GuideSpec.regex(r"\d{3}-[a-z]+"),
+    # a request's \d is stock LMDeploy's / vLLM's (xgrammar's) [0-9]: guided/xgrammar_classes.py
+    "regex": GuideSpec.regex(xgrammar_classes(r"\d{3}-[a-z]+")),
     "choice": GuideSpec.choice(["yes", "no", "maybe"]),
     "grammar": GuideSpec.grammar('root ::= "a" root | "b"'),
     "json_object": GuideSpec.json_object(),
