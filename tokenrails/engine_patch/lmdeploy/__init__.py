@@ -141,6 +141,10 @@ def _apply(p: Patcher) -> None:
     from . import grammar_drafts
 
     grammar_drafts.install(p)
+    # -- grammar-aware drafts for draft models (EAGLE...) and per-request draft counters ----------
+    from . import grammar_eagle
+
+    grammar_eagle.install(p)
 
 
 def _patch_tool_calls(p: Patcher) -> None:
