@@ -132,6 +132,8 @@ def main() -> None:
             rows.append([b, name, f"{median(p['tps']):.2f}", f"{median(p['fpt']):.2f}", f"{median(p['len']):.2f}",
                          f"{median(p['acc']):.1%}" if p["acc"] else "-",
                          f"{median(p['forced']):.1%}" if p["forced"] else "-"])
+        print(f"# batch {b} done: " + ", ".join(f"{n} {median(p['tps']):.2f} tok/s" for n, p in per.items()),
+              flush=True)
         e, g = per["eagle"], per["eagle+grammar"]
         ratio_rows.append([b, f"{median(g['len']) / median(e['len']):.2f}x", f"{median(g['fpt']) / median(e['fpt']):.2f}x",
                            f"{median(g['tps']) / median(e['tps']):.2f}x",
