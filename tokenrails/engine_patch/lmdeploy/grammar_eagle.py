@@ -28,7 +28,7 @@ import asyncio
 import logging
 import os
 from collections import deque
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable
 
 import torch
 
