@@ -22,6 +22,7 @@ import torch
 
 from .bitmask import MaskBuffer, eos_only_row
 from .errors import GuideError, InvalidGuideError
+from .forced import NOTHING, ForcedRun, forced_tokens
 from .sequence import Lookahead, RowContext, RowStatus, SequenceState, StepStatus
 
 __all__ = ["DraftCursor", "accept_tokens_spec", "fill_and_apply_spec"]
@@ -167,6 +168,19 @@ class DraftCursor:
                 self._walk = Lookahead(st)
             if not self._walk.advance(int(token)):
                 self.dead = True  # nothing to undo for this draft
+
+    def forced(self, max_tokens: int, *, encode: Any = None, bitmask: torch.Tensor | None = None) -> ForcedRun:
+        """The tokens the grammar forces from where the walk stands (``forced.forced_tokens``,
+        peek only: the walk is where it was afterwards). Nothing for a dead walk, a failed row,
+        or one that has not begun its answer (a thinking section is the model's own text)."""
+        with self._lock:
+            st = self._live()
+            if st is None or self.dead or not st.answering:
+                return NOTHING
+            matcher = st.resolve()
+            if matcher is None:
+                return NOTHING
+            return forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask)
 
     def rollback(self) -> None:
         """Restore the sequence exactly as before the first draft."""

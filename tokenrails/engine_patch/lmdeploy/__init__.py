@@ -141,6 +141,11 @@ def _apply(p: Patcher) -> None:
     from . import grammar_drafts
 
     grammar_drafts.install(p)
+    # -- grammar-aware drafts for draft models (EAGLE...) and per-request draft counters ----------
+    from . import draft_usage, grammar_eagle
+
+    grammar_eagle.install(p)
+    draft_usage.install(p)  # the counters in the api_server's usage ("speculative")
 
 
 def _patch_tool_calls(p: Patcher) -> None:

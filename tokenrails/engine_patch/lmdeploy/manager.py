@@ -238,3 +238,13 @@ class LMDeployGuidedManager:
         out = dict(mgr.stats()) if mgr is not None else {}
         out["tracked_rounds"] = len(self._rounds)
         return out
+
+    def request_metrics(self, session_id: Hashable, seq_id: Hashable | None = None) -> dict[str, float]:
+        """A request's guided metrics (the core's, when ``seq_id`` names a live sequence) and its
+        speculative-decoding counters (draft_metrics.py: drafted, accepted, forced, verify steps)."""
+        from . import draft_metrics
+
+        mgr = self.core(wait=False) if self._error is None else None
+        out: dict[str, float] = dict(mgr.request_metrics(session_id, seq_id)) if mgr is not None and seq_id is not None else {}
+        out.update(draft_metrics.request_stats(session_id))
+        return out

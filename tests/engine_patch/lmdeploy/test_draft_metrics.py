@@ -1,0 +1,46 @@
+"""Per-request draft counters (draft_metrics.py) and their place in ``request_metrics``."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("lmdeploy")
+
+
+@pytest.fixture
+def metrics():
+    from tokenrails.engine_patch.lmdeploy import draft_metrics, grammar_drafts
+    draft_metrics.reset()
+    grammar_drafts.reset_stats()
+    yield draft_metrics
+    draft_metrics.reset()
+
+
+def test_emitted_counts_stop_at_rejection_and_after_a_stop_token(metrics):
+    rows = [[5, 6, -1, -1], [5, 2, 7, 8], [-1, -1, -1, -1], [1, 1, 1, 1]]
+    assert metrics.emitted_counts(rows, frozenset({2})) == [2, 2, 0, 4]
+
+
+def test_verification_and_forced_counts_per_request(metrics):
+    stops = frozenset({2})
+    metrics.record_verification(["a", "b", None], 3, [[5, 6, 7, 9], [4, -1, -1, -1], [1, 1, 1, 1]], stops)
+    metrics.record_verification(["a", "b", None], 3, [[5, 2, 7, 9], [4, 4, -1, -1], [1, 1, 1, 1]], stops)
+    metrics.record_forced("a", 2)
+    metrics.record_forced("a", 0)
+    metrics.record_forced(None, 5)
+    assert metrics.request_stats("a") == {"draft_tokens": 6, "accepted_draft_tokens": 3 + 1,
+                                          "forced_draft_tokens": 2, "verify_steps": 2}
+    assert metrics.request_stats("b") == {"draft_tokens": 6, "accepted_draft_tokens": 0 + 1,
+                                          "forced_draft_tokens": 0, "verify_steps": 2}
+    assert metrics.request_stats("never") == {}
+    assert set(metrics.all_requests()) == {"a", "b"}
+
+
+def test_request_metrics_of_the_lmdeploy_manager_carry_the_counters(metrics, smollm2_tokenizer, vocab):
+    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+
+    metrics.record_verification([7], 4, [[3, 3, -1, -1, -1]], frozenset())
+    metrics.record_forced(7, 3)
+    mgr = LMDeployGuidedManager(smollm2_tokenizer, vocab.vocab_size, vocab=vocab)
+    out = mgr.request_metrics(7)
+    assert out == {"draft_tokens": 4, "accepted_draft_tokens": 1, "forced_draft_tokens": 3, "verify_steps": 1}
+    assert mgr.request_metrics(8) == {}
