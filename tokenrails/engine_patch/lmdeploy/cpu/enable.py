@@ -101,9 +101,10 @@ def _patch_bf16_support() -> None:
     list, 'cpu' included. On CPU, answer for the CPU (``cpu_supports_bf16``), so a bfloat16 model
     runs in bfloat16 as on a GPU that supports it (a float16 matmul has no fast CPU kernel: 5x slower
     than bfloat16 at 8 rows here). A float32 config still resolves to float16: LMDeploy's rule."""
+    import lmdeploy.utils as lm_utils
     from lmdeploy.pytorch import config as pt_config
 
-    original = pt_config.is_bf16_supported
+    original = lm_utils.is_bf16_supported
     if getattr(original, "_tokenrails_cpu", False):
         return
 
@@ -114,7 +115,9 @@ def _patch_bf16_support() -> None:
 
     is_bf16_supported.__wrapped__ = original  # type: ignore[attr-defined]
     is_bf16_supported._tokenrails_cpu = True  # type: ignore[attr-defined]
+    # the dtype resolution (bound at import) and the engine checker's warning (imported per call)
     pt_config.is_bf16_supported = is_bf16_supported
+    lm_utils.is_bf16_supported = is_bf16_supported
 
 
 def _cpu_only_checkers(checker: Any, torch_checker_cls: type) -> None:
