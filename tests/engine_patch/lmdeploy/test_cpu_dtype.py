@@ -58,3 +58,23 @@ def test_other_device_types_keep_lmdeploys_answer():
     cpu_enable.enable()
     assert pt_config.is_bf16_supported("maca") is True  # a type LMDeploy lists
     assert pt_config.is_bf16_supported("unknown-device") is False
+
+
+def test_bfloat16_rows_sample_exactly():
+    """What ``auto`` now runs for a bfloat16 model: the CPU sampling op stays exact in bfloat16 (a
+    one-hot row always gives its token; two allowed tokens, nothing else)."""
+    from tokenrails.engine_patch.lmdeploy.cpu.sampling import CpuMultinomialSamplingImpl
+
+    cpu_enable.enable()
+    op = CpuMultinomialSamplingImpl()
+    rows, vocab = 32, 49152
+    indices = torch.stack([torch.roll(torch.arange(vocab), -r) for r in range(rows)])
+    one_hot = torch.zeros(rows, vocab, dtype=torch.bfloat16)
+    one_hot[:, 0] = 1
+    two = torch.zeros(rows, vocab, dtype=torch.bfloat16)
+    two[:, 0], two[:, 1] = 0.75, 0.25
+    for step in range(40):
+        seeds, offs = torch.arange(rows) + 1000 * step, torch.full((rows, ), step)
+        assert torch.equal(op.forward(one_hot, seeds, offs, indices), indices[:, 0])
+        out = op.forward(two, seeds, offs, indices)
+        assert bool(((out == indices[:, 0]) | (out == indices[:, 1])).all())
