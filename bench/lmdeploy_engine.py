@@ -29,7 +29,11 @@ Time: the **whole engine step**, start to start of consecutive decoding steps of
 (overlapped with the forward or not), sampling, accept, outputs. Tokens/s = rows decoded in those
 steps / their summed duration (rows finish at different lengths; the mean occupancy is printed).
 The breakdown columns time the model forward and the logits processor call + accept of both
-engines (the upgrade's fill that overlaps the forward shows up in neither, only in the step).
+engines (the upgrade's fill that overlaps the forward shows up in neither, only in the step). A
+third table gives the process CPU time per decode step (all threads, so an overlapped fill is
+counted) and rows decoded per CPU-second: on a shared machine wall time moves with other load,
+CPU time much less. ``--dtype`` sets the model dtype of both engines alike (LMDeploy's ``auto``
+is float16 for SmolLM2, whose config says float32; bfloat16 has the fast CPU kernels).
 
 Validation: every guided output is checked: finished ones against the schema (jsonschema, format
 keywords not asserted) or ``re.fullmatch``; length-capped ones as a prefix accepted by a fresh
