@@ -29,7 +29,11 @@ Time: the **whole engine step**, start to start of consecutive decoding steps of
 (overlapped with the forward or not), sampling, accept, outputs. Tokens/s = rows decoded in those
 steps / their summed duration (rows finish at different lengths; the mean occupancy is printed).
 The breakdown columns time the model forward and the logits processor call + accept of both
-engines (the upgrade's fill that overlaps the forward shows up in neither, only in the step).
+engines (the upgrade's fill that overlaps the forward shows up in neither, only in the step). A
+third table gives the process CPU time per decode step (all threads, so an overlapped fill is
+counted) and rows decoded per CPU-second: on a shared machine wall time moves with other load,
+CPU time much less. ``--dtype`` sets the model dtype of both engines alike (LMDeploy's ``auto``
+is float16 for SmolLM2, whose config says float32; bfloat16 has the fast CPU kernels).
 
 Validation: every guided output is checked: finished ones against the schema (jsonschema, format
 keywords not asserted) or ``re.fullmatch``; length-capped ones as a prefix accepted by a fresh
@@ -38,6 +42,7 @@ xgrammar matcher of the same schema (JSON) or a partial match of Python's ``rege
 Failures are counted and printed, never hidden.
 
     python bench/lmdeploy_engine.py [--batches 1,8,32] [--tokens 48] [--rounds 2] [--per-subset 4]
+                                    [--dtype auto|float16|bfloat16|float32]
 """
 from __future__ import annotations
 
@@ -240,16 +245,17 @@ class StepTimer:
     """Start times of the agent's steps (with the rows each sampled), forward and logits time."""
 
     def __init__(self) -> None:
-        self.starts: list[list[Any]] = []  # [t, decoding, rows sampled, forward s, logits s]
+        self.starts: list[list[Any]] = []  # [t, decoding, rows sampled, forward s, logits s, process CPU s]
         self._undo: list = []
 
     def reset(self) -> None:
         self.starts = []
 
-    def decode_steps(self) -> tuple[float, int, int, float, float]:
-        """(seconds, rows, steps, forward s, logits s) over consecutive decoding steps (a prefill
-        breaks the chain); forward/logits of the steps counted."""
-        secs, rows, n, fwd, lg = 0.0, 0, 0, 0.0, 0.0
+    def decode_steps(self) -> tuple[float, int, int, float, float, float]:
+        """(seconds, rows, steps, forward s, logits s, process CPU s) over consecutive decoding
+        steps (a prefill breaks the chain); forward/logits of the steps counted. Process CPU time
+        (all threads: the overlapped fill included) is what other load on the machine moves least."""
+        secs, rows, n, fwd, lg, cpu = 0.0, 0, 0, 0.0, 0.0, 0.0
         for a, b in zip(self.starts, self.starts[1:]):
             if a[1] and b[1] and a[2]:
                 secs += b[0] - a[0]
@@ -257,7 +263,8 @@ class StepTimer:
                 n += 1
                 fwd += a[3]
                 lg += a[4]
-        return secs, rows, n, fwd, lg
+                cpu += b[5] - a[5]
+        return secs, rows, n, fwd, lg, cpu
 
     def _wrap_async(self, owner: Any, name: str, slot: int) -> None:
         original = getattr(owner, name)
@@ -295,7 +302,7 @@ class StepTimer:
 
         async def _async_step(agent_self, inputs=None, *args, **kwargs):
             decoding = inputs is None or bool(inputs.is_decoding)  # None: a decoding step from a delta
-            self.starts.append([time.perf_counter(), decoding, 0, 0.0, 0.0])
+            self.starts.append([time.perf_counter(), decoding, 0, 0.0, 0.0, time.process_time()])
             return await original_step(agent_self, inputs, *args, **kwargs)
 
         agent.BaseModelAgent._async_step = _async_step
@@ -322,7 +329,7 @@ def run_once(pipe, timer: StepTimer, rows: list[Row], tokens: int, guided: bool,
             else GenerationConfig(top_k=1, max_new_tokens=tokens, ignore_eos=True) for r in rows]
     timer.reset()
     outs = pipe([r.prompt for r in rows], gen_config=gens)
-    secs, decoded, steps, fwd, logits = timer.decode_steps()
+    secs, decoded, steps, fwd, logits, cpu = timer.decode_steps()
     if tally is not None:
         for r, o in zip(rows, outs):
             tally.outputs += 1
@@ -330,7 +337,7 @@ def run_once(pipe, timer: StepTimer, rows: list[Row], tokens: int, guided: bool,
             why = validator.check(r, o) if guided else None
             if why is not None:
                 tally.invalid.append(f"{r.kind} {r.label}: {why}")
-    return {"secs": secs, "rows": decoded, "steps": steps, "forward": fwd, "logits": logits}
+    return {"secs": secs, "rows": decoded, "steps": steps, "forward": fwd, "logits": logits, "cpu": cpu}
 
 
 def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, guided: bool, validator: Validator,
@@ -341,7 +348,7 @@ def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, gu
     if warm:
         for chunk in chunks:
             run_once(pipe, timer, chunk, tokens, guided, validator, None)  # compiles, tables, allocator
-    agg = {"secs": 0.0, "rows": 0, "steps": 0, "forward": 0.0, "logits": 0.0}
+    agg = {"secs": 0.0, "rows": 0, "steps": 0, "forward": 0.0, "logits": 0.0, "cpu": 0.0}
     for chunk in chunks:
         r = run_once(pipe, timer, chunk, tokens, guided, validator, tally)
         for k in agg:
@@ -349,10 +356,11 @@ def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, gu
     steps = max(1, agg["steps"])
     return {"tok_s": agg["rows"] / agg["secs"], "step_ms": 1e3 * agg["secs"] / steps,
             "occupancy": agg["rows"] / steps, "forward_ms": 1e3 * agg["forward"] / steps,
-            "logits_ms": 1e3 * agg["logits"] / steps}
+            "logits_ms": 1e3 * agg["logits"] / steps, "cpu_ms": 1e3 * agg["cpu"] / steps,
+            "cpu_tok_s": agg["rows"] / max(agg["cpu"], 1e-9)}
 
 
-def _pipeline(batches: list[int], tokens: int):
+def _pipeline(batches: list[int], tokens: int, dtype: str = "auto"):
     from lmdeploy import pipeline
 
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
@@ -361,7 +369,7 @@ def _pipeline(batches: list[int], tokens: int):
     max_batch = max(batches)
     blocks_per_seq = (400 + tokens + 63) // 64 + 1
     cfg = cpu_engine_config(max_batch_size=max_batch, session_len=1024, block_size=64,
-                            num_gpu_blocks=max(64, max_batch * blocks_per_seq + 8))
+                            num_gpu_blocks=max(64, max_batch * blocks_per_seq + 8), dtype=dtype)
     return pipeline(str(path), backend_config=cfg)
 
 
@@ -371,6 +379,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48, help="max new tokens per row")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; figures are medians over rounds")
     ap.add_argument("--per-subset", type=int, default=4, help="MaskBench schemas per subset")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16", "float32"],
+                    help="the model's dtype (LMDeploy's; 'auto' is float16 for SmolLM2, whose config says float32)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(1)
@@ -394,9 +404,9 @@ def main() -> None:
 
     validator = Validator(tok, vocab.vocab_size)
     patch.deactivate()
-    engines = {"stock": _pipeline(batches, args.tokens)}
+    engines = {"stock": _pipeline(batches, args.tokens, args.dtype)}
     patch.activate()
-    engines["upgraded"] = _pipeline(batches, args.tokens)
+    engines["upgraded"] = _pipeline(batches, args.tokens, args.dtype)
     patch.deactivate()
     timer = StepTimer()
     configs = [("unguided", "stock", None), ("stock", "stock", "public"), ("upgraded", "upgraded", "public"),
@@ -427,7 +437,7 @@ def main() -> None:
             pipe.close()
     res = {key: {k: median([r[k] for r in rs]) for k in rs[0]} for key, rs in samples.items()}
 
-    print(f"\nLMDeploy 0.18 PyTorch engine on CPU (1 thread), SmolLM2-135M, greedy, up to {args.tokens} new "
+    print(f"\nLMDeploy 0.18 PyTorch engine on CPU (1 thread), SmolLM2-135M, dtype {args.dtype}, greedy, up to {args.tokens} new "
           "tokens/row; decode tokens/s over whole engine steps (prefill excluded)\n")
     out_rows = []
     for workload in ("public", "pathological"):
@@ -446,6 +456,16 @@ def main() -> None:
                              g["forward_ms"], u["logits_ms"], s["logits_ms"], g["logits_ms"]])
     print_table(["workload", "batch", "step unguided", "step stock", "step upgraded", "fwd unguided", "fwd stock",
                  "fwd upgraded", "logits unguided", "logits stock", "logits upgraded"], out_rows)
+    print("\nprocess CPU time per decode step (all threads; moves least with other load on the machine) and "
+          "rows decoded per CPU-second\n")
+    out_rows = []
+    for workload in ("public", "pathological"):
+        for batch in batches:
+            u, s, g = res[("unguided", None, batch)], res[("stock", workload, batch)], res[("upgraded", workload, batch)]
+            out_rows.append([workload, batch, u["cpu_ms"], s["cpu_ms"], g["cpu_ms"], u["cpu_tok_s"], s["cpu_tok_s"],
+                             g["cpu_tok_s"], g["cpu_tok_s"] / s["cpu_tok_s"], g["cpu_tok_s"] / u["cpu_tok_s"]])
+    print_table(["workload", "batch", "cpu unguided", "cpu stock", "cpu upgraded", "rows/cpu-s unguided",
+                 "rows/cpu-s stock", "rows/cpu-s upgraded", "upgraded/stock", "upgraded/unguided"], out_rows)
     print("\nvalidation (first round of every configuration):")
     for (name, workload, batch), t in sorted(tallies.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         print(f"  {workload:12s} batch {batch:2d} {name:8s}: {t.outputs - len(t.invalid)}/{t.outputs} valid")

@@ -302,6 +302,13 @@ class GuidedDecodingManager:
         for seq_id in self._sessions.pop(session_id, ()):
             self._seqs.pop((session_id, seq_id), None)
 
+    def compiled(self, rows: Sequence[GuidedRow | None]) -> bool:
+        """Whether every row's constraint has finished compiling (cached, or cached as failed):
+        a fill or accept of these rows then never waits for a compile, so an engine may run it
+        on its own thread instead of handing it to a worker (a thread hop per step)."""
+        cache = self._cache
+        return all(r is None or cache.get(r.spec.key) is not None for r in rows)
+
     # ---- the batched step (see batch_step.py) ---------------------------------------------
     @_serialized
     def fill_and_apply(self, logits: torch.Tensor, rows: Sequence[GuidedRow | None]) -> list[RowStatus | None]:

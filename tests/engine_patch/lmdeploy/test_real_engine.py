@@ -65,11 +65,16 @@ def test_overlapped_fill_is_used_and_changes_nothing(pipe, monkeypatch):
 
     monkeypatch.setenv("TOKENRAILS_OVERLAP", "1")
     overlap.STATS.reset()
+    small = _run(pipe)  # a CPU agent does not overlap 2 guided rows: they are filled inline
+    assert overlap.STATS.steps == 0 and overlap.STATS.inline >= 10, overlap.STATS
+
+    monkeypatch.setattr(overlap, "CPU_MIN_ROWS", 1)  # the path of GPU agents and large CPU batches
+    overlap.STATS.reset()
     overlapped = _run(pipe)
     assert overlap.STATS.steps >= 10, overlap.STATS  # every guided decode step
     assert overlap.STATS.dropped == 0
     assert overlap.STATS.inline >= 10, overlap.STATS  # 3 rows: the apply skips the thread hop
-    assert [o.text for o in overlapped] == [o.text for o in serial]
+    assert [o.text for o in overlapped] == [o.text for o in serial] == [o.text for o in small]
     assert json.loads(overlapped[0].text)["age"] is not None
     assert re.fullmatch(r"[a-z]{2,6}-[0-9]{2}", overlapped[2].text)
 

@@ -8,8 +8,9 @@
   grammar is complete, and otherwise fails with a ``GuideError`` (EOS-only, finished with an error).
 * Fill and accept run in a worker thread: a compile still running never blocks the event loop.
   Small steps whose work is known to be short run inline instead (a thread hop costs more than
-  they do): the apply of a mask the overlapped fill already finished, and the accept of at most
-  ``INLINE_MAX_ROWS`` rows on host tokens (their matchers exist: the step's fill built them).
+  they do): the apply of a mask the overlapped fill already finished, the fill + apply of at most
+  ``INLINE_MAX_ROWS`` rows on CPU logits whose constraints are all compiled, and the accept of at
+  most ``INLINE_MAX_ROWS`` rows on host tokens (their matchers exist: the step's fill built them).
 * ``accept_token`` failures (REJECTED) and constraint errors are reported per row, never ignored.
 * Non-last prefill chunks neither fill nor accept (LMDeploy samples and discards a token there).
 * Reasoning: rows are resolved by ``LMDeployGuidedManager.prepare_row`` (config + prompt
@@ -142,6 +143,23 @@ def _fallback_eos(self) -> tuple[int, ...]:
     return (0,)
 
 
+def _fill_is_short(self, scores: torch.Tensor) -> bool:
+    """Logits on the CPU, no overlapped fill pending, and nothing the fill could wait for (the
+    vocabulary is built and every guided row's constraint compiled): the fill of at most
+    ``INLINE_MAX_ROWS`` rows is then shorter than the hop to a worker thread and back, which on a
+    CPU forward also hands the GIL around (the CPU path at batch 1: see docs/lmdeploy.md)."""
+    if scores.is_cuda or overlap.PREFILL.get() is not None:
+        return False
+    owner = self.guided_decoding_manager
+    if not owner.ready:
+        return False
+    try:
+        mgr = owner.core(wait=False)
+    except GuideError:
+        return True  # every row fails at once: nothing to wait for
+    return mgr is not None and mgr.compiled([r for r in self._tr_rows if isinstance(r, GuidedRow)])
+
+
 def patched_call(original: Callable) -> Callable:
     async def __call__(self, scores: torch.Tensor):
         scores, logprobs = await original(self, scores)
@@ -152,7 +170,7 @@ def patched_call(original: Callable) -> Callable:
         if ctx is not None and ctx.skip_guided:
             return scores, logprobs
         run_rows = [r if isinstance(r, GuidedRow) else None for r in rows]
-        if _guided_count(rows) <= INLINE_MAX_ROWS and overlap.ready(run_rows):
+        if _guided_count(rows) <= INLINE_MAX_ROWS and (overlap.ready(run_rows) or _fill_is_short(self, scores)):
             overlap.STATS.inline += 1
             _guided_step(self, scores, None)  # the current stream, this thread
             step_context.report(self.guided_errors)

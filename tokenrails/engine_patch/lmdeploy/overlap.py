@@ -8,8 +8,9 @@ mask (one kernel call) instead of filling. Fail-closed rules are the fill's own 
 rows → EOS-only); when the rows the processor sees differ from the ones filled (they should not),
 the prefilled mask is dropped and the step fills as before.
 
-Not used for non-last prefill chunks (their token is discarded), dummy inputs, or speculative
-decoding (its verification masks are built per draft). ``TOKENRAILS_OVERLAP=0`` turns it off.
+Not used for non-last prefill chunks (their token is discarded), dummy inputs, speculative
+decoding (its verification masks are built per draft), or a CPU agent's steps with fewer than
+``CPU_MIN_ROWS`` guided rows (the fill thread slows the CPU forward more than it saves). ``TOKENRAILS_OVERLAP=0`` turns it off.
 Times per step (``fill_s`` on the worker, ``wait_s`` exposed to the step) are kept in
 ``OverlapStats`` for the engine benchmark.
 """
@@ -51,6 +52,13 @@ class OverlapStats:
         self.steps, self.fill_s, self.wait_s, self.dropped, self.inline = 0, 0.0, 0.0, 0, 0
 
 
+# A forward on the CPU holds the core and hands the GIL back and forth between torch ops: a fill
+# thread started beside it competes for both, and for a few rows (~0.1-1 ms of fill) that costs
+# the forward more than the fill it hides (batch 1, SmolLM2 on CPU: forward wall +4-6 ms per step
+# at the same process CPU time). Below this many guided rows a CPU agent does not overlap; the
+# logits processor fills them inline when their constraints are compiled.
+CPU_MIN_ROWS = 9
+
 STATS = OverlapStats()
 _EXECUTOR: ThreadPoolExecutor | None = None
 _EXECUTOR_LOCK = threading.Lock()
@@ -86,8 +94,11 @@ def start(agent: Any, inputs: Any) -> None:
     mgr = owner.core(wait=False)
     if mgr is None:
         return
-    if not any(isinstance(r, GuidedRow) for r in step_context.rows(si)):
+    guided = sum(isinstance(r, GuidedRow) for r in step_context.rows(si))
+    if not guided:
         return
+    if guided < CPU_MIN_ROWS and str(getattr(agent, "device", "")) == "cpu":
+        return  # the logits processor fills these inline (logits._fill_is_short)
     prepared = step_context.prepared(owner, si)
     run_rows = [r if isinstance(r, GuidedRow) else None for r in prepared]
 
