@@ -32,7 +32,9 @@ from typing import Any, Callable, Hashable
 import torch
 
 from ...guided.sequence import GuidedRow
+from . import adaptive_drafts
 from ._patching import Patcher, require_attrs
+from .adaptive_drafts import PAD
 
 logger = logging.getLogger(__name__)
 
@@ -189,9 +191,10 @@ class _RowPlan:
 
 def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fillers: list[int],
                 num_drafts: int) -> tuple[list[list[int]], list[int], list[int]]:
-    """Per row: ``num_drafts`` draft ids (forced tokens, then fillers), and how many are grammar
-    drafts and how many come from one-token masks. Rows not guided, failed, thinking or with
-    nothing forced get fillers only. Every matcher is left where it was."""
+    """Per row: ``num_drafts`` draft ids (forced tokens, then the row's filler: ``PAD`` in the
+    engine, which verifies no position for it), and how many are grammar drafts and how many
+    come from one-token masks. Rows not guided, failed, thinking or with nothing forced get
+    fillers only. Every matcher is left where it was."""
     batch = len(fillers)
     drafts = [[fillers[i]] * num_drafts for i in range(batch)]
     counts, singles = [0] * batch, [0] * batch
@@ -274,19 +277,18 @@ def _proposer_class():
             batch = int(model_inputs.seq_length.size(0))
             k = int(self.num_speculative_tokens)
             next_ids = extra_inputs.next_token_ids
-            fillers = [int(t) for t in next_ids.reshape(-1).tolist()] if next_ids is not None else [0] * batch
-            fillers = (fillers + [0] * batch)[:batch]
+            pads = [PAD] * batch  # a row's forced run ends where PAD begins: nothing more is verified
             ctx = sampling_inputs.session_ctx if sampling_inputs is not None else None
             keys = _row_keys(ctx, batch)
             self._account(model_inputs, extra_inputs, keys)
             if model_inputs.is_chunk and not model_inputs.is_last_chunk:
-                drafts, counts, singles = [[f] * k for f in fillers], [0] * batch, [0] * batch
+                drafts, counts, singles = [[PAD] * k for _ in range(batch)], [0] * batch, [0] * batch
             else:
                 import asyncio
 
                 drafts, counts, singles = await asyncio.to_thread(
                     plan_drafts, self.guided_helper, ctx,
-                    sampling_inputs.response_formats if sampling_inputs is not None else None, fillers, k)
+                    sampling_inputs.response_formats if sampling_inputs is not None else None, pads, k)
             self._last = [_RowPlan(keys[i], counts[i], singles[i]) for i in range(batch)]
             device = next_ids.device if next_ids is not None else model_inputs.input_ids.device
             out = torch.tensor(drafts, dtype=torch.long, device=device).reshape(batch, k)
@@ -383,6 +385,9 @@ def install(p: Patcher) -> None:
 
     from_config.__wrapped__ = original_from  # type: ignore[attr-defined]
     p.set(spec_cfg, "from_config", classmethod(from_config))
+
+    # each row verifies only its forced run: ragged decode inputs, LMDeploy's sampler cut per row
+    adaptive_drafts.install(p, METHOD, _model_free)
 
     builder = config_builder.ConfigBuilder
     require_attrs(builder, ["build_specdecode_config"], "ConfigBuilder")
