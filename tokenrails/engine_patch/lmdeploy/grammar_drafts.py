@@ -40,9 +40,12 @@ logger = logging.getLogger(__name__)
 
 METHOD = "tokenrails_grammar"
 ENV_DRAFTS = "TOKENRAILS_GRAMMAR_DRAFTS"
+# "1": every row verifies k positions per step (fillers past its forced run), as before adaptive
+# verification; for comparisons (bench/grammar_drafts.py), read when an engine's proposer is built
+ENV_FIXED = "TOKENRAILS_GRAMMAR_DRAFTS_FIXED"
 MAX_TRACKED_REQUESTS = 4096  # per-request counters kept after a request ends (oldest dropped)
 
-__all__ = ["METHOD", "ENV_DRAFTS", "DraftStats", "configure", "configured_drafts", "install",
+__all__ = ["METHOD", "ENV_DRAFTS", "ENV_FIXED", "DraftStats", "configure", "configured_drafts", "install",
            "request_stats", "totals", "reset_stats"]
 
 
@@ -264,6 +267,7 @@ def _proposer_class():
         def __init__(self, specdecode_config: Any, device: Any = None):
             super().__init__(specdecode_config, device=device)
             self._last: list[_RowPlan | None] = []  # the previous step's plan, by batch row
+            self.adaptive = os.environ.get(ENV_FIXED, "") != "1"
             logger.warning("tokenrails: grammar drafts on: up to %d forced tokens drafted per guided row and "
                            "step, no draft model", self.num_speculative_tokens)
 
@@ -277,12 +281,16 @@ def _proposer_class():
             batch = int(model_inputs.seq_length.size(0))
             k = int(self.num_speculative_tokens)
             next_ids = extra_inputs.next_token_ids
-            pads = [PAD] * batch  # a row's forced run ends where PAD begins: nothing more is verified
+            if self.adaptive:  # a row's forced run ends where PAD begins: nothing more is verified
+                pads = [PAD] * batch
+            else:  # fixed k: fillers (the row's last token), verified and almost always rejected
+                pads = [int(t) for t in next_ids.reshape(-1).tolist()] if next_ids is not None else [0] * batch
+                pads = (pads + [0] * batch)[:batch]
             ctx = sampling_inputs.session_ctx if sampling_inputs is not None else None
             keys = _row_keys(ctx, batch)
             self._account(model_inputs, extra_inputs, keys)
             if model_inputs.is_chunk and not model_inputs.is_last_chunk:
-                drafts, counts, singles = [[PAD] * k for _ in range(batch)], [0] * batch, [0] * batch
+                drafts, counts, singles = [[pads[i]] * k for i in range(batch)], [0] * batch, [0] * batch
             else:
                 import asyncio
 
