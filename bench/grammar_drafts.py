@@ -300,8 +300,9 @@ def main() -> None:
             print()
             print_table(headers, rows)
             if control[1]:
-                print(f"control: plain guided at batch {batches[0]} vs larger batches, same requests: {control[0]} of "
-                      f"{control[1]} differ (greedy outputs that depend on the forward's shape: floating point)")
+                print(f"control: plain guided, the same request at batch {batches[0]} vs at the other batch sizes (or "
+                      f"repeated in one batch): {control[0]} of {control[1]} differ (greedy outputs that depend on the "
+                      f"forward's shape: floating point)")
         for pipe in pipes.values():
             pipe.close()
         counter.dtypes.clear()
