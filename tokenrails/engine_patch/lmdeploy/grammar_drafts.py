@@ -10,10 +10,11 @@ rejection sampler, untouched. So the output is that of plain guided decoding: gr
 token, sampled in distribution (a draft is accepted with the target's probability of it, which
 is 1 where the mask leaves one token). The matcher advances by accepted tokens only (``spec.py``).
 
-LMDeploy drafts exactly ``k`` tokens per row and step, so positions the grammar does not force
-(unguided rows, choices) get a filler draft: the row's last token, rejected unless the target
-model picks it itself. They cost verification compute, not correctness: that is where this
-does not pay (see docs/lmdeploy.md, "Grammar drafts").
+A row's forced run may be shorter than ``k`` (often empty: unguided rows, choices); the proposer
+ends it with ``adaptive_drafts.PAD`` and the engine verifies only ``1 + (the run)`` positions for
+that row (``adaptive_drafts.py``: ragged decode inputs, LMDeploy's sampler cut per row), so a step
+where nothing is forced is a plain one-position decode. ``TOKENRAILS_GRAMMAR_DRAFTS_FIXED=1``
+keeps the old fixed-k proposal (fillers, verified) for comparisons (see docs/lmdeploy.md).
 
 No draft model: the proposer declares ``needs_draft_model = False``; the agent's draft-model
 steps (graph runner, warm-up, draft KV cache) are skipped for it, nothing else of LMDeploy's
