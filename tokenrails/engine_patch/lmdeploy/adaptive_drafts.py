@@ -231,7 +231,8 @@ def _first_tokens(model_inputs: Any) -> torch.Tensor:
 
 def patched_rejection_sampling(original: Callable, applies: Callable[[Any], bool]) -> Callable:
     async def _rejection_sampling(self, model_inputs, extra_inputs, sampling_inputs):
-        if not applies(self) or not model_inputs.is_decoding or model_inputs.is_dummy:
+        if (not applies(self) or not model_inputs.is_decoding or model_inputs.is_dummy
+                or extra_inputs.output_draft_token_ids is None):
             return await original(self, model_inputs, extra_inputs, sampling_inputs)
         k = int(self.num_spec_tokens)
         drafts = extra_inputs.output_draft_token_ids
