@@ -10,10 +10,11 @@ rejection sampler, untouched. So the output is that of plain guided decoding: gr
 token, sampled in distribution (a draft is accepted with the target's probability of it, which
 is 1 where the mask leaves one token). The matcher advances by accepted tokens only (``spec.py``).
 
-LMDeploy drafts exactly ``k`` tokens per row and step, so positions the grammar does not force
-(unguided rows, choices) get a filler draft: the row's last token, rejected unless the target
-model picks it itself. They cost verification compute, not correctness: that is where this
-does not pay (see docs/lmdeploy.md, "Grammar drafts").
+A row's forced run may be shorter than ``k`` (often empty: unguided rows, choices); the proposer
+ends it with ``adaptive_drafts.PAD`` and the engine verifies only ``1 + (the run)`` positions for
+that row (``adaptive_drafts.py``: ragged decode inputs, LMDeploy's sampler cut per row), so a step
+where nothing is forced is a plain one-position decode. ``TOKENRAILS_GRAMMAR_DRAFTS_FIXED=1``
+keeps the old fixed-k proposal (fillers, verified) for comparisons (see docs/lmdeploy.md).
 
 No draft model: the proposer declares ``needs_draft_model = False``; the agent's draft-model
 steps (graph runner, warm-up, draft KV cache) are skipped for it, nothing else of LMDeploy's
@@ -32,15 +33,20 @@ from typing import Any, Callable, Hashable
 import torch
 
 from ...guided.sequence import GuidedRow
+from . import adaptive_drafts
 from ._patching import Patcher, require_attrs
+from .adaptive_drafts import PAD
 
 logger = logging.getLogger(__name__)
 
 METHOD = "tokenrails_grammar"
 ENV_DRAFTS = "TOKENRAILS_GRAMMAR_DRAFTS"
+# "1": every row verifies k positions per step (fillers past its forced run), as before adaptive
+# verification; for comparisons (bench/grammar_drafts.py), read when an engine's proposer is built
+ENV_FIXED = "TOKENRAILS_GRAMMAR_DRAFTS_FIXED"
 MAX_TRACKED_REQUESTS = 4096  # per-request counters kept after a request ends (oldest dropped)
 
-__all__ = ["METHOD", "ENV_DRAFTS", "DraftStats", "configure", "configured_drafts", "install",
+__all__ = ["METHOD", "ENV_DRAFTS", "ENV_FIXED", "DraftStats", "configure", "configured_drafts", "install",
            "request_stats", "totals", "reset_stats"]
 
 
@@ -189,9 +195,10 @@ class _RowPlan:
 
 def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fillers: list[int],
                 num_drafts: int) -> tuple[list[list[int]], list[int], list[int]]:
-    """Per row: ``num_drafts`` draft ids (forced tokens, then fillers), and how many are grammar
-    drafts and how many come from one-token masks. Rows not guided, failed, thinking or with
-    nothing forced get fillers only. Every matcher is left where it was."""
+    """Per row: ``num_drafts`` draft ids (forced tokens, then the row's filler: ``PAD`` in the
+    engine, which verifies no position for it), and how many are grammar drafts and how many
+    come from one-token masks. Rows not guided, failed, thinking or with nothing forced get
+    fillers only. Every matcher is left where it was."""
     batch = len(fillers)
     drafts = [[fillers[i]] * num_drafts for i in range(batch)]
     counts, singles = [0] * batch, [0] * batch
@@ -261,6 +268,7 @@ def _proposer_class():
         def __init__(self, specdecode_config: Any, device: Any = None):
             super().__init__(specdecode_config, device=device)
             self._last: list[_RowPlan | None] = []  # the previous step's plan, by batch row
+            self.adaptive = os.environ.get(ENV_FIXED, "") != "1"
             logger.warning("tokenrails: grammar drafts on: up to %d forced tokens drafted per guided row and "
                            "step, no draft model", self.num_speculative_tokens)
 
@@ -274,19 +282,22 @@ def _proposer_class():
             batch = int(model_inputs.seq_length.size(0))
             k = int(self.num_speculative_tokens)
             next_ids = extra_inputs.next_token_ids
-            fillers = [int(t) for t in next_ids.reshape(-1).tolist()] if next_ids is not None else [0] * batch
-            fillers = (fillers + [0] * batch)[:batch]
+            if self.adaptive:  # a row's forced run ends where PAD begins: nothing more is verified
+                pads = [PAD] * batch
+            else:  # fixed k: fillers (the row's last token), verified and almost always rejected
+                pads = [int(t) for t in next_ids.reshape(-1).tolist()] if next_ids is not None else [0] * batch
+                pads = (pads + [0] * batch)[:batch]
             ctx = sampling_inputs.session_ctx if sampling_inputs is not None else None
             keys = _row_keys(ctx, batch)
             self._account(model_inputs, extra_inputs, keys)
             if model_inputs.is_chunk and not model_inputs.is_last_chunk:
-                drafts, counts, singles = [[f] * k for f in fillers], [0] * batch, [0] * batch
+                drafts, counts, singles = [[pads[i]] * k for i in range(batch)], [0] * batch, [0] * batch
             else:
                 import asyncio
 
                 drafts, counts, singles = await asyncio.to_thread(
                     plan_drafts, self.guided_helper, ctx,
-                    sampling_inputs.response_formats if sampling_inputs is not None else None, fillers, k)
+                    sampling_inputs.response_formats if sampling_inputs is not None else None, pads, k)
             self._last = [_RowPlan(keys[i], counts[i], singles[i]) for i in range(batch)]
             device = next_ids.device if next_ids is not None else model_inputs.input_ids.device
             out = torch.tensor(drafts, dtype=torch.long, device=device).reshape(batch, k)
@@ -383,6 +394,9 @@ def install(p: Patcher) -> None:
 
     from_config.__wrapped__ = original_from  # type: ignore[attr-defined]
     p.set(spec_cfg, "from_config", classmethod(from_config))
+
+    # each row verifies only its forced run: ragged decode inputs, LMDeploy's sampler cut per row
+    adaptive_drafts.install(p, METHOD, _model_free)
 
     builder = config_builder.ConfigBuilder
     require_attrs(builder, ["build_specdecode_config"], "ConfigBuilder")
