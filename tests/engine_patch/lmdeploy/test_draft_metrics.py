@@ -44,3 +44,13 @@ def test_request_metrics_of_the_lmdeploy_manager_carry_the_counters(metrics, smo
     out = mgr.request_metrics(7)
     assert out == {"draft_tokens": 4, "accepted_draft_tokens": 1, "forced_draft_tokens": 3, "verify_steps": 1}
     assert mgr.request_metrics(8) == {}
+
+
+def test_ragged_drafts_count_only_the_real_ones(metrics):
+    """Adaptive grammar drafts end a row's forced run with -1: only the ids before it were drafted."""
+    assert metrics.drafted_counts([[5, 6, -1, -1], [-1, -1, -1, -1], [1, 2, 3, 4]]) == [2, 0, 4]
+    metrics.record_verification(["a", "b"], [2, 0], [[5, 6, 8, -1, -1], [9, -1, -1, -1, -1]], frozenset())
+    assert metrics.request_stats("a") == {"draft_tokens": 2, "accepted_draft_tokens": 2,
+                                          "forced_draft_tokens": 0, "verify_steps": 1}
+    assert metrics.request_stats("b") == {"draft_tokens": 0, "accepted_draft_tokens": 0,
+                                          "forced_draft_tokens": 0, "verify_steps": 1}

@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 MAX_TRACKED_REQUESTS = 4096
 
-__all__ = ["DraftCounters", "request_stats", "record_verification", "record_forced", "reset", "all_requests", "install"]
+__all__ = ["DraftCounters", "request_stats", "record_verification", "drafted_counts", "record_forced", "reset", "all_requests", "install"]
 
 
 @dataclass
@@ -101,19 +101,34 @@ def emitted_counts(output_token_ids: Sequence[Sequence[int]], stops: frozenset[i
     return counts
 
 
-def record_verification(session_ids: Sequence[Hashable], num_drafts: int,
+def drafted_counts(draft_token_ids: Sequence[Sequence[int]]) -> list[int]:
+    """Real drafts per row: the ids before the first negative one (the grammar proposer ends a row's
+    forced run with -1, ``adaptive_drafts.PAD``; a draft model's rows are full)."""
+    counts = []
+    for row in draft_token_ids:
+        n = 0
+        for t in row:
+            if t < 0:
+                break
+            n += 1
+        counts.append(n)
+    return counts
+
+
+def record_verification(session_ids: Sequence[Hashable], num_drafts: int | Sequence[int],
                         output_token_ids: Sequence[Sequence[int]], stops: frozenset[int]) -> None:
-    """One verification step: every row verified ``num_drafts`` drafts; what it accepted is what it
-    emitted minus the bonus token."""
+    """One verification step: each row verified ``num_drafts`` drafts (one count for every row, or
+    one per row); what it accepted is what it emitted minus the bonus token."""
     emitted = emitted_counts(output_token_ids, stops)
+    drafted = [int(num_drafts)] * len(emitted) if isinstance(num_drafts, int) else [int(d) for d in num_drafts]
     with _LOCK:
-        for key, n in zip(session_ids, emitted):
+        for key, n, d in zip(session_ids, emitted, drafted):
             if key is None:
                 continue
             st = _of(key)
             st.verify_steps += 1
-            st.draft_tokens += num_drafts
-            st.accepted_draft_tokens += min(num_drafts, max(n - 1, 0))
+            st.draft_tokens += d
+            st.accepted_draft_tokens += min(d, max(n - 1, 0))
 
 
 def _stop_ids(agent: Any) -> frozenset[int]:
@@ -133,7 +148,10 @@ def patched_rejection_sampling(original: Callable) -> Callable:
                 ids = out.output_token_ids.reshape(out.output_token_ids.shape[0], -1).tolist()
                 keys = [e.get("session_id") if isinstance(e, dict) else None for e in ctx]
                 keys = (keys + [None] * len(ids))[: len(ids)]
-                record_verification(keys, int(self.num_spec_tokens), ids, _stop_ids(self))
+                drafts = getattr(extra_inputs, "output_draft_token_ids", None)
+                drafted = (drafted_counts(drafts.reshape(drafts.shape[0], -1).tolist()) if drafts is not None
+                           else int(self.num_spec_tokens))
+                record_verification(keys, drafted, ids, _stop_ids(self))
         except Exception:  # counters must never fail a step
             import logging
 
