@@ -1,0 +1,235 @@
+"""Python examples out of outlines' documentation pages (markdown), and which of them can run here.
+
+Used by ``bench/outlines_doc_examples.py``; kept free of outlines, torch and the model so the
+test (``tests/bench/test_outlines_doc_extract.py``) can check it on a small in-repo sample.
+
+A page is read like a notebook: its Python code blocks run in order in one namespace, so a block
+may use what an earlier block of the same page defined. Each block is classified *statically*:
+
+* not Python (``bash``, output listings, text that does not parse): not an example at all;
+* another inference provider (OpenAI, vLLM, llama.cpp, MLX, API clients...), or a model that an
+  earlier block built with one: skipped, with the provider as reason;
+* something this machine cannot do (GPU-only code, network downloads, servers, deployment
+  platforms, images/PDFs, logins): skipped, with the reason;
+* names the page never defines (a fragment: ``generator(prompt)`` with no ``prompt``): skipped,
+  except ``model``, which the runner supplies (the embedded model) when a page uses one it never
+  built ("assume a model").
+
+What is left is run; whether it counts as an *example* (it generated, or it raised) is decided at
+run time by the runner.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PYTHON_LANGS = {"python", "py", "python3", "pycon"}
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*)$")
+
+# another inference provider in the block's code: (pattern, name)
+PROVIDERS: list[tuple[re.Pattern, str]] = [(re.compile(p), name) for p, name in [
+    (r"models\.openai|from_openai|openai\.|OpenAI\(|AzureOpenAI|import openai|from openai", "OpenAI"),
+    (r"models\.vllm|from_vllm|VLLM|vllm\.|import vllm|from vllm", "vLLM"),
+    (r"models\.llamacpp|from_llamacpp|llama_cpp|LlamaCpp|llamacpp", "llama.cpp"),
+    (r"models\.mlxlm|from_mlxlm|mlx_lm|mlx\.", "MLX"),
+    (r"models\.exl2|exllamav2|from_exllama", "ExLlamaV2"),
+    (r"anthropic|Anthropic", "Anthropic"),
+    (r"gemini|genai\.|from google", "Gemini"),
+    (r"from_ollama|ollama", "Ollama"),
+    (r"from_sglang|sglang", "SGLang"),
+    (r"from_tgi|huggingface_hub\.InferenceClient|InferenceClient|AsyncInferenceClient|\btgi\b", "TGI"),
+    (r"from_dottxt|dottxt", "dottxt"),
+    (r"from_mistral|mistralai\.|from mistralai|Mistral\(", "Mistral API"),
+    (r"lmstudio|from_lmstudio", "LM Studio"),
+    (r"TransformersVision|transformers_vision|from_transformers\([^)]*Processor|AutoProcessor|"
+     r"LlavaForConditionalGeneration|Qwen2VL|ForConditionalGeneration|outlines\.inputs\.Image|\bImage\(", "vision/multimodal"),
+    (r"models\.mamba|MambaForCausalLM", "mamba"),
+]]
+# things this machine cannot do
+MACHINE: list[tuple[re.Pattern, str]] = [(re.compile(p), why) for p, why in [
+    (r"huggingface_hub import login|\blogin\(\)", "Hugging Face login (network)"),
+    (r"import modal|from modal|@app\.|modal\.", "Modal deployment"),
+    (r"import bentoml|bentoml\.", "BentoML deployment"),
+    (r"cerebrium", "Cerebrium deployment"),
+    (r"beam\.|from beam", "Beam deployment"),
+    (r"requests\.(get|post)|urllib|httpx|urlopen|wikipedia", "network access"),
+    (r"FastAPI|uvicorn|fastapi", "a web server"),
+    (r"pdf2image|convert_from_path|fitz|PyPDF|pypdf", "PDF processing"),
+    (r"PIL|Image\.open|load_image", "images"),
+    (r"load_dataset|datasets import", "Hugging Face datasets (network)"),
+    (r"\.cuda\(\)|device_map=\"cuda\"|device=\"cuda:\d", "a CUDA GPU"),
+    (r"chess\.", "the python-chess package"),
+    (r"\bsubprocess\b|os\.system", "shell commands"),
+]]
+# a block that builds a model: (pattern, provider or None for transformers)
+TRANSFORMERS_MODEL = re.compile(r"models\.transformers\(|from_transformers\(|models\.Transformers\(|"
+                                r"outlines\.Transformers\(")
+
+# names the runner supplies when a page uses them without defining them ("assume a model")
+ASSUMED = {"model", "outlines"}
+
+
+@dataclass
+class Block:
+    """One fenced Python code block of a page (dedented, admonition indentation removed)."""
+
+    page: str
+    index: int          # position among the page's Python blocks
+    line: int           # 1-based line of the opening fence
+    code: str
+    status: str = "run"  # "run", "skipped", "not-python"
+    reason: str = ""
+    free_names: list[str] = field(default_factory=list)
+
+    @property
+    def ident(self) -> str:
+        return f"{self.page}#{self.index}@L{self.line}"
+
+
+def fenced_blocks(text: str) -> list[tuple[int, str, str]]:
+    """``(line, language, code)`` for every fenced block; fences may be indented (mkdocs tabs and
+    admonitions) and the block's lines lose that indentation."""
+    lines = text.splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, indent = m.group("fence"), m.group("indent")
+        info = m.group("info").strip()
+        lang = re.split(r"[\s{]", info.strip("{}. "), maxsplit=1)[0].lower() if info else ""
+        body, j = [], i + 1
+        while j < len(lines):
+            close = FENCE.match(lines[j])
+            if close and close.group("fence")[0] == fence[0] and len(close.group("fence")) >= len(fence) \
+                    and not close.group("info").strip():
+                break
+            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j].lstrip())
+            j += 1
+        out.append((i + 1, lang, textwrap.dedent("\n".join(body))))
+        i = j + 1
+    return out
+
+
+def _from_console(code: str) -> str:
+    """``>>> x`` / ``... y`` transcripts: keep the code lines, drop the printed output."""
+    if not any(line.startswith(">>>") for line in code.splitlines()):
+        return code
+    kept = []
+    for line in code.splitlines():
+        if line.startswith(">>> ") or line == ">>>":
+            kept.append(line[4:])
+        elif line.startswith("... ") or line == "...":
+            kept.append(line[4:])
+    return "\n".join(kept)
+
+
+def page_blocks(page: str, text: str) -> list[Block]:
+    """The page's Python blocks, in order."""
+    blocks = []
+    for line, lang, code in fenced_blocks(text):
+        if lang not in PYTHON_LANGS:
+            continue
+        blocks.append(Block(page, len(blocks), line, _from_console(code)))
+    return blocks
+
+
+def _defined_and_loaded(tree: ast.AST) -> tuple[set[str], list[str]]:
+    """Names a block binds at any level, and names it reads that it does not bind itself."""
+    defined: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            defined.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+            args = node.args if not isinstance(node, ast.ClassDef) else None
+            if args is not None:
+                for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+                    if a is not None:
+                        defined.add(a.arg)
+        elif isinstance(node, ast.Lambda):
+            for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs, node.args.vararg,
+                      node.args.kwarg]:
+                if a is not None:
+                    defined.add(a.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                defined.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            defined.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            defined.update(node.names)
+        elif isinstance(node, ast.MatchAs) and node.name:
+            defined.add(node.name)
+    loaded = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in defined \
+                and node.id not in loaded:
+            loaded.append(node.id)
+    return defined, loaded
+
+
+def classify(blocks: list[Block]) -> list[Block]:
+    """Mark each block of one page as run / skipped (with reason) / not Python (see module doc)."""
+    known: set[str] = set(dir(builtins)) | {"__name__", "__file__", "display"}
+    skipped_defs: set[str] = set()
+    provider: str | None = None  # provider of the model the page built last (None: transformers or none)
+    for block in blocks:
+        try:
+            tree = ast.parse(block.code)
+        except SyntaxError as exc:
+            block.status, block.reason = "not-python", f"does not parse ({exc.msg}, line {exc.lineno})"
+            continue
+        code = block.code
+        found = next((name for pat, name in PROVIDERS if pat.search(code)), None)
+        if found is not None:
+            provider = found
+        elif TRANSFORMERS_MODEL.search(code):
+            provider = None
+        defined, loaded = _defined_and_loaded(tree)
+        if found is not None:
+            block.status, block.reason = "skipped", f"another provider: {found}"
+        elif provider is not None and not TRANSFORMERS_MODEL.search(code) and "model" in loaded:
+            block.status, block.reason = "skipped", f"uses the {provider} model of an earlier block"
+        else:
+            why = next((why for pat, why in MACHINE if pat.search(code)), None)
+            if why is not None:
+                block.status, block.reason = "skipped", f"needs {why}"
+        free = [n for n in loaded if n not in known and n not in ASSUMED]
+        block.free_names = free
+        if block.status == "run" and free:
+            from_skipped = [n for n in free if n in skipped_defs]
+            block.status, block.reason = "skipped", (
+                f"needs names only a skipped block defines: {', '.join(from_skipped[:5])}" if from_skipped
+                else "fragment: uses names the page never defines: " + ", ".join(free[:5]))
+        if block.status == "run":
+            known |= defined
+        else:  # what a skipped block defines is missing to later blocks
+            skipped_defs |= defined
+    return blocks
+
+
+def page_sources(src: Path) -> list[Path]:
+    """README and every documentation page of an extracted sdist, in a stable order."""
+    pages = [src / "README.md"] if (src / "README.md").is_file() else []
+    docs = src / "docs"
+    if docs.is_dir():
+        pages += sorted(p for p in docs.rglob("*.md")
+                        if not re.search(r"community/|/blog/|api(_reference)?/|licen[cs]e", str(p.relative_to(src))))
+    return pages
+
+
+def extract(src: Path) -> dict[str, list[Block]]:
+    """``{page: classified blocks}`` of every page that has Python blocks."""
+    out = {}
+    for path in page_sources(src):
+        rel = str(path.relative_to(src))
+        blocks = page_blocks(rel, path.read_text(encoding="utf-8", errors="replace"))
+        if blocks:
+            out[rel] = classify(blocks)
+    return out
