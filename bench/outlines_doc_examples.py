@@ -44,6 +44,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,7 +60,7 @@ from outlines_suites import CACHE, fetch, package_root  # noqa: E402
 
 VERSIONS = ["0.0.46", "0.1.14", "1.3.3"]
 # what each version's own import needs beyond the venv (pinned as each version pinned them)
-REAL_LIBS = {"0.0.46": ["numba", "llvmlite", "pyairports", "nest_asyncio"],
+REAL_LIBS = {"0.0.46": ["numpy==1.26.4", "numba==0.60.0", "llvmlite==0.43.0", "nest_asyncio"],  # numpy < 2
              "0.1.14": ["outlines_core==0.1.26", "genson", "nest_asyncio"],
              "1.3.3": ["genson"]}
 
@@ -109,7 +110,9 @@ def run_blocks(version: str, pages: list[dict], mode: str, cap: int, timeout: in
                 fh.write(json.dumps(line) + "\n")
         if verbose:
             print(f"  [{mode}] child died in {crashed}: {tail[0][:200]}", file=sys.stderr)
-    return _read(results_path)
+    results = _read(results_path)
+    shutil.rmtree(work, ignore_errors=True)
+    return results
 
 
 def _read(path: Path) -> dict[str, dict]:

@@ -250,6 +250,49 @@ def adapt_code(code: str) -> str:
     return _CUDA.sub('"cpu"', code)
 
 
+def _datasets_hasher_stand_in() -> None:
+    """outlines 0.0.46 imports ``datasets.fingerprint.Hasher`` only to hash a tokenizer for its
+    cache key; ``datasets`` would bring pyarrow and pandas. When it is absent, a stand-in with the
+    same ``Hasher.hash(obj) -> str`` (a digest of the pickled object) takes its place."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("datasets") is not None:
+        return
+    import hashlib
+
+    import cloudpickle
+
+    class Hasher:
+        @staticmethod
+        def hash(value) -> str:
+            return hashlib.sha256(cloudpickle.dumps(value)).hexdigest()[:16]
+
+    package, fingerprint = types.ModuleType("datasets"), types.ModuleType("datasets.fingerprint")
+    fingerprint.Hasher = Hasher
+    package.fingerprint = fingerprint
+    sys.modules.update({"datasets": package, "datasets.fingerprint": fingerprint})
+
+
+def _pyairports_stand_in() -> None:
+    """outlines 0.0.46's ``types.airports`` reads ``pyairports.airports.AIRPORT_LIST`` (rows whose
+    4th field is the IATA code). That project is gone from the registry (the name now holds an
+    unrelated package, which this bench never installs); the rows are built from
+    ``airportsdata`` (what outlines 0.1 switched to) instead."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("airportsdata") is None or "pyairports" in sys.modules:
+        return
+    import airportsdata
+
+    rows = [(a["name"], a["city"], a["country"], a["iata"], a["icao"]) for a in airportsdata.load().values()]
+    package, airports = types.ModuleType("pyairports"), types.ModuleType("pyairports.airports")
+    airports.AIRPORT_LIST = rows
+    package.airports = airports
+    sys.modules.update({"pyairports": package, "pyairports.airports": airports})
+
+
 def setup(job: dict) -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -271,6 +314,8 @@ def setup(job: dict) -> str:
     else:
         for path in reversed(job["sys_path"]):
             sys.path.insert(0, path)
+        _datasets_hasher_stand_in()
+        _pyairports_stand_in()
     plugin.GENERATION_CAP = 10**9  # our own cap below (it also notes calls that reach it)
     plugin._redirect_hub_names()
     _cache_local_models(local)
