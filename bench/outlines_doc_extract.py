@@ -56,7 +56,7 @@ MACHINE: list[tuple[re.Pattern, str]] = [(re.compile(p), why) for p, why in [
     (r"import bentoml|bentoml\.", "BentoML deployment"),
     (r"cerebrium", "Cerebrium deployment"),
     (r"beam\.|from beam", "Beam deployment"),
-    (r"requests\.(get|post)|urllib|httpx|urlopen|wikipedia", "network access"),
+    (r"requests\.(get|post)|urllib|httpx|urlopen|wikipedia|from_github", "network access"),
     (r"FastAPI|uvicorn|fastapi", "a web server"),
     (r"pdf2image|convert_from_path|fitz|PyPDF|pypdf", "PDF processing"),
     (r"PIL|Image\.open|load_image", "images"),
@@ -117,7 +117,9 @@ def fenced_blocks(text: str) -> list[tuple[int, str, str]]:
 
 
 def _from_console(code: str) -> str:
-    """``>>> x`` / ``... y`` transcripts: keep the code lines, drop the printed output."""
+    """``>>> x`` / ``... y`` transcripts: keep the code lines, drop the printed output. Notebook
+    magics (``%pip install ...``, ``!pip ...``) are dropped too (installing is not an example)."""
+    code = "\n".join(line for line in code.splitlines() if not re.match(r"\s*[%!]\w", line))
     if not any(line.startswith(">>>") for line in code.splitlines()):
         return code
     kept = []
@@ -137,6 +139,33 @@ def page_blocks(page: str, text: str) -> list[Block]:
             continue
         blocks.append(Block(page, len(blocks), line, _from_console(code)))
     return blocks
+
+
+def _module_level(tree: ast.Module) -> set[str]:
+    """Names a block binds in its own namespace (not a function's parameters or locals)."""
+    out: set[str] = set()
+
+    def visit(stmts):
+        for node in stmts:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(node.name)
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.update((a.asname or a.name).split(".")[0] for a in node.names)
+                continue
+            nested = [getattr(node, f, None) for f in ("body", "orelse", "finalbody")]
+            nested += [h.body for h in getattr(node, "handlers", [])]
+            nested = [n for n in nested if isinstance(n, list)]
+            own = [node] if not nested else [c for c in ast.iter_child_nodes(node) if not isinstance(c, ast.stmt)]
+            for part in own:  # the statement itself, or a compound statement's header (for-target, with-as)
+                for child in ast.walk(part):
+                    if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+                        out.add(child.id)
+            for stmts in nested:
+                visit(stmts)
+
+    visit(tree.body)
+    return out
 
 
 def _defined_and_loaded(tree: ast.AST) -> tuple[set[str], list[str]]:
@@ -191,7 +220,8 @@ def classify(blocks: list[Block]) -> list[Block]:
             provider = found
         elif TRANSFORMERS_MODEL.search(code):
             provider = None
-        defined, loaded = _defined_and_loaded(tree)
+        _, loaded = _defined_and_loaded(tree)
+        defined = _module_level(tree)
         if found is not None:
             block.status, block.reason = "skipped", f"another provider: {found}"
         elif provider is not None and not TRANSFORMERS_MODEL.search(code) and "model" in loaded:
@@ -200,6 +230,8 @@ def classify(blocks: list[Block]) -> list[Block]:
             why = next((why for pat, why in MACHINE if pat.search(code)), None)
             if why is not None:
                 block.status, block.reason = "skipped", f"needs {why}"
+            elif any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)):
+                block.status, block.reason = "skipped", "fragment: a module of the reader's own package (relative import)"
         free = [n for n in loaded if n not in known and n not in ASSUMED]
         block.free_names = free
         if block.status == "run" and free:

@@ -72,13 +72,27 @@ config = Settings()
 ```python
 settings = config.copy()
 ```
+
+```python
+%pip install chess -q
+def legal(board):
+    return board
+```
+
+```python
+print(legal(board))
+```
+
+```python
+from .function import joke
+```
 '''
 
 
 def test_fences_languages_and_indentation():
     blocks = fenced_blocks(PAGE)
     assert [lang for _, lang, _ in blocks] == ["bash", "python", "python", "python", "python", "py", "python",
-                                               "python", "python", "python", "python"]
+                                               "python", "python", "python", "python", "python", "python", "python"]
     indented = blocks[2][2]
     assert indented.startswith("model = outlines.models.transformers(") and "\n    " not in indented
 
@@ -97,7 +111,11 @@ def test_classification():
         ("skipped", "needs Hugging Face login (network)"),
         ("skipped", "fragment"),                      # Settings: never defined
         ("skipped", "needs names only a skipped block defines"),
+        ("run", ""),                                  # a notebook magic line is dropped
+        ("skipped", "fragment"),                      # board: only a function's parameter
+        ("skipped", "fragment"),                      # relative import
     ]
+    assert blocks[-1].reason.endswith("(relative import)")
     assert "generator" in blocks[4].free_names and "prompt" in blocks[4].free_names
     assert blocks[6].code.splitlines() == ["import outlines", "print(outlines.types.integer)"]
 
