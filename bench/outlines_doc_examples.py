@@ -126,6 +126,11 @@ def outcome(result: dict, cap: int) -> tuple[str, str]:
     if "not_run" in result:
         return "not-run", result["not_run"]
     capped = f" (a generation reached the {cap}-token cap)" if result.get("cap_hits") else ""
+    expected = result.get("expected_error")
+    if expected and result.get("error_type") == expected:
+        return "passed", ""  # the page shows this very exception
+    if expected and "error" not in result:
+        return "failed", f"the page shows {expected} raised; nothing was raised"
     if "error" in result:
         if result.get("after_failure") and result.get("error_type") == "NameError":
             return "cascade", "needs what a failed earlier block of its page should have defined"
@@ -145,8 +150,8 @@ def select(pages: dict, pattern: str | None, limit: int | None) -> list[dict]:
             continue
         if limit is not None and n >= limit:
             break
-        out.append({"page": page, "blocks": [{"ident": b.ident, "code": b.code, "run": b.status == "run"}
-                                             for b in blocks]})
+        out.append({"page": page, "blocks": [{"ident": b.ident, "code": b.code, "run": b.status == "run",
+                                              "expected_error": b.expected_error} for b in blocks]})
         n += sum(b.status == "run" for b in blocks)
     return out
 

@@ -84,6 +84,7 @@ class Block:
     status: str = "run"  # "run", "skipped", "not-python"
     reason: str = ""
     free_names: list[str] = field(default_factory=list)
+    expected_error: str | None = None  # the exception the page shows this block raising
 
     @property
     def ident(self) -> str:
@@ -131,13 +132,29 @@ def _from_console(code: str) -> str:
     return "\n".join(kept)
 
 
+TRACEBACK_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception|Warning))\b", re.M)
+
+
+def documented_error(output: str) -> str | None:
+    """The exception class an output listing shows (``Traceback ...`` then ``XError: ...``)."""
+    if "Traceback (most recent call last)" not in output:
+        return None
+    names = TRACEBACK_ERROR.findall(output.split("Traceback (most recent call last)", 1)[1])
+    return names[-1] if names else None
+
+
 def page_blocks(page: str, text: str) -> list[Block]:
-    """The page's Python blocks, in order."""
+    """The page's Python blocks, in order; a block whose next listing is a traceback documents
+    that exception (``expected_error``)."""
     blocks = []
-    for line, lang, code in fenced_blocks(text):
+    fenced = fenced_blocks(text)
+    for k, (line, lang, code) in enumerate(fenced):
         if lang not in PYTHON_LANGS:
             continue
-        blocks.append(Block(page, len(blocks), line, _from_console(code)))
+        block = Block(page, len(blocks), line, _from_console(code))
+        if k + 1 < len(fenced) and fenced[k + 1][1] not in PYTHON_LANGS:
+            block.expected_error = documented_error(fenced[k + 1][2])
+        blocks.append(block)
     return blocks
 
 

@@ -356,7 +356,7 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
     ns: dict = {"__name__": "__main__"}
     failed_before = False
     for block in page["blocks"]:
-        result = {"ident": block["ident"], "page": page["page"]}
+        result = {"ident": block["ident"], "page": page["page"], "expected_error": block.get("expected_error")}
         if not block["run"]:
             continue
         code = adapt_code(block["code"])
@@ -391,7 +391,7 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
             result["error"] = _error_line(error)
             result["error_type"] = type(error).__name__
             result["after_failure"] = failed_before
-            failed_before = True
+            failed_before = failed_before or type(error).__name__ != block.get("expected_error")
         elif any(not r["ok"] and not r["unchecked"] for r in RECORDS):
             failed_before = True
         out.write(json.dumps(result) + "\n")

@@ -195,3 +195,12 @@ def test_batches_check_every_element():
 def test_unknown_output_types_are_unchecked_not_passed():
     reason = check("1.x", ("output_type", object()), "x")
     assert reason is not None and reason.startswith("unchecked")
+
+
+def test_a_block_followed_by_a_traceback_documents_that_error():
+    page = ('```python\n@outlines.prompt\ndef greet(name):\n    """Hi {{ surname }}"""\n```\n\n'
+            '```text\nTraceback (most recent call last):\n  File "x.py", line 9, in <module>\n'
+            '    return render()\njinja2.exceptions.UndefinedError: \'surname\' is undefined\n```\n\n'
+            '```python\nx = 1\n```\n\n```text\n1\n```\n')
+    blocks = page_blocks("p.md", page)
+    assert [b.expected_error for b in blocks] == ["UndefinedError", None]
