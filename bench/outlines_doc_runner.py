@@ -100,7 +100,11 @@ class RecordedGenerator:
     """A 0.x generator (``generate.json(model, X)``) that records each call's output."""
 
     def __init__(self, inner, request):
-        self._inner, self._request = inner, request
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_request", request)
+
+    def __setattr__(self, name, value):  # ``generator.format_sequence = parse`` (generate.format)
+        setattr(self._inner, name, value)
 
     def __call__(self, prompts, *args, **kwargs):
         with _outermost() as outer:
@@ -296,6 +300,11 @@ def _pyairports_stand_in() -> None:
 def setup(job: dict) -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if job["mode"] == "real":  # before torch imports numpy: outlines 0.0.46 needs its numpy < 2
+        for path in reversed(job["sys_path"]):
+            sys.path.insert(0, path)
+        _datasets_hasher_stand_in()
+        _pyairports_stand_in()
     import torch
 
     torch.set_num_threads(1)
@@ -311,11 +320,6 @@ def setup(job: dict) -> str:
             if name == "outlines" or name.startswith("outlines."):
                 plugin._guard_module(module)
         sys.meta_path.append(plugin.MissingOutlinesModules())
-    else:
-        for path in reversed(job["sys_path"]):
-            sys.path.insert(0, path)
-        _datasets_hasher_stand_in()
-        _pyairports_stand_in()
     plugin.GENERATION_CAP = 10**9  # our own cap below (it also notes calls that reach it)
     plugin._redirect_hub_names()
     _cache_local_models(local)
