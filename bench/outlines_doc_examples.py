@@ -28,8 +28,9 @@ its reason. A block is a *runnable example* when it generated through outlines' 
 things are setup. Every generation is checked against the structure its example asked for
 (pydantic, jsonschema, ``re.fullmatch``, membership, ``int``/``float``/``bool`` parsing, Lark for
 CFGs); a block passes when it ran without an exception and every output fits. Each block starts
-from torch seed 0 and has ``--timeout`` seconds; generations are capped at ``--cap`` new tokens
-(failures where a generation reached the cap say so).
+from torch seed 0 and has ``--timeout`` seconds; generations are capped at ``--cap`` new tokens,
+or at the example's own ``max_tokens`` / ``max_new_tokens`` up to 512 (failures where a
+generation reached the cap say so).
 
 ``--real`` runs the pages that had a failure again on outlines itself (its sdist first on
 ``sys.path``, with the libraries it pins installed by pip ``--no-deps --target`` into the cache,
@@ -125,7 +126,7 @@ def outcome(result: dict, cap: int) -> tuple[str, str]:
     """("passed" | "failed" | "setup" | "cascade" | "not-run", reason) of one block's result."""
     if "not_run" in result:
         return "not-run", result["not_run"]
-    capped = f" (a generation reached the {cap}-token cap)" if result.get("cap_hits") else ""
+    capped = " (a generation reached the bench's token cap)" if result.get("cap_hits") else ""
     expected = result.get("expected_error")
     if expected and result.get("error_type") == expected:
         return "passed", ""  # the page shows this very exception
@@ -151,7 +152,7 @@ def select(pages: dict, pattern: str | None, limit: int | None) -> list[dict]:
         if limit is not None and n >= limit:
             break
         out.append({"page": page, "blocks": [{"ident": b.ident, "code": b.code, "run": b.status == "run",
-                                              "expected_error": b.expected_error} for b in blocks]})
+                                              "expected_error": b.expected_error, "assumes": b.assumes} for b in blocks]})
         n += sum(b.status == "run" for b in blocks)
     return out
 

@@ -64,6 +64,7 @@ MACHINE: list[tuple[re.Pattern, str]] = [(re.compile(p), why) for p, why in [
     (r"\.cuda\(\)|device_map=\"cuda\"|device=\"cuda:\d", "a CUDA GPU"),
     (r"chess\.", "the python-chess package"),
     (r"\bsubprocess\b|os\.system", "shell commands"),
+    (r"\.from_file\(|\bopen\(", "a file the page does not include"),
 ]]
 # a block that builds a model: (pattern, provider or None for transformers)
 TRANSFORMERS_MODEL = re.compile(r"models\.transformers\(|from_transformers\(|models\.Transformers\(|"
@@ -85,6 +86,7 @@ class Block:
     reason: str = ""
     free_names: list[str] = field(default_factory=list)
     expected_error: str | None = None  # the exception the page shows this block raising
+    assumes: list[str] = field(default_factory=list)  # ASSUMED names it reads without defining
 
     @property
     def ident(self) -> str:
@@ -117,10 +119,14 @@ def fenced_blocks(text: str) -> list[tuple[int, str, str]]:
     return out
 
 
+# IPython magics / shell escapes (not Lark's ``%import`` / ``%ignore`` inside a grammar string)
+MAGIC = re.compile(r"^\s*(%(pip|conda|load_ext|matplotlib|env|cd|time|timeit)\b|%%\w|!(pip|conda|wget|curl|git|apt|python)\b)")
+
+
 def _from_console(code: str) -> str:
     """``>>> x`` / ``... y`` transcripts: keep the code lines, drop the printed output. Notebook
     magics (``%pip install ...``, ``!pip ...``) are dropped too (installing is not an example)."""
-    code = "\n".join(line for line in code.splitlines() if not re.match(r"\s*[%!]\w", line))
+    code = "\n".join(line for line in code.splitlines() if not MAGIC.match(line))
     if not any(line.startswith(">>>") for line in code.splitlines()):
         return code
     kept = []
@@ -220,6 +226,20 @@ def _defined_and_loaded(tree: ast.AST) -> tuple[set[str], list[str]]:
     return defined, loaded
 
 
+def _missing_packages(tree: ast.AST) -> list[str]:
+    """Top-level packages the block imports that this environment does not have (outlines and
+    transformers are never missing: the runner provides them)."""
+    import importlib.util
+
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.append(node.module.split(".")[0])
+    return [n for n in dict.fromkeys(names) if n != "outlines" and importlib.util.find_spec(n) is None]
+
+
 def classify(blocks: list[Block]) -> list[Block]:
     """Mark each block of one page as run / skipped (with reason) / not Python (see module doc)."""
     known: set[str] = set(dir(builtins)) | {"__name__", "__file__", "display"}
@@ -251,6 +271,11 @@ def classify(blocks: list[Block]) -> list[Block]:
                 block.status, block.reason = "skipped", "fragment: a module of the reader's own package (relative import)"
         free = [n for n in loaded if n not in known and n not in ASSUMED]
         block.free_names = free
+        block.assumes = [n for n in loaded if n in ASSUMED]
+        if block.status == "run":
+            missing = _missing_packages(tree)
+            if missing:
+                block.status, block.reason = "skipped", f"needs the {', '.join(missing)} package (not installed here)"
         if block.status == "run" and free:
             from_skipped = [n for n in free if n in skipped_defs]
             block.status, block.reason = "skipped", (

@@ -11,7 +11,8 @@ The machine, never the example, is adapted: ``import outlines`` is the shim (``m
 installed as ``bench/outlines_shim_plugin.py`` installs it) or outlines itself (``mode`` "real",
 its sdist first on ``sys.path``); every Hugging Face hub name loads the embedded SmolLM2 (the
 only change to what an example asks for, with ``"cuda"`` devices → CPU: no GPU here); new tokens
-are capped at ``cap`` per generation; each generation call of outlines' public API is recorded
+are capped at ``cap`` per generation (an example's own ``max_tokens`` / ``max_new_tokens`` up to
+``EXPLICIT_CAP``); each generation call of outlines' public API is recorded
 with what it asked for and checked (``bench/outlines_doc_validate.py``); each block starts from
 torch seed 0 and stops after ``timeout`` seconds.
 """
@@ -56,6 +57,20 @@ def _record(api: str, request: tuple[str, Any], output: Any, batched: bool) -> N
         reason = f"unchecked: oracle error {type(exc).__name__}: {exc}"[:200]
     RECORDS.append({"kind": request[0], "ok": reason is None, "unchecked": bool(reason and reason.startswith("unchecked")),
                     "reason": reason, "output": repr(output)[:160]})
+
+
+EXPLICIT_CAP = 512  # an example's own max_tokens / max_new_tokens is honoured up to this
+_ASKED: list = [None]  # the limit the example passed to the call being run (None: none)
+
+
+@contextlib.contextmanager
+def _asked(kwargs: dict):
+    limit = kwargs.get("max_tokens", kwargs.get("max_new_tokens"))
+    previous, _ASKED[0] = _ASKED[0], limit if isinstance(limit, int) else _ASKED[0]
+    try:
+        yield
+    finally:
+        _ASKED[0] = previous
 
 
 @contextlib.contextmanager
@@ -107,7 +122,7 @@ class RecordedGenerator:
         setattr(self._inner, name, value)
 
     def __call__(self, prompts, *args, **kwargs):
-        with _outermost() as outer:
+        with _outermost() as outer, _asked(kwargs):
             out = self._inner(prompts, *args, **kwargs)
         if outer:
             batched = isinstance(prompts, list) or isinstance(out, list) and self._request[0] != "json"
@@ -115,7 +130,9 @@ class RecordedGenerator:
         return out
 
     def stream(self, prompts, *args, **kwargs):
-        return _StreamRecorder(self._inner.stream(prompts, *args, **kwargs), "0.x", self._request,
+        with _asked(kwargs):  # (the limit is read when the stream starts generating: best effort)
+            stream = self._inner.stream(prompts, *args, **kwargs)
+        return _StreamRecorder(stream, "0.x", self._request,
                                isinstance(prompts, str))
 
     def __getattr__(self, name):
@@ -129,14 +146,14 @@ class RecordedGenerator1x:
         self._inner, self._request = inner, ("output_type", output_type)
 
     def __call__(self, prompt, *args, **kwargs):
-        with _outermost() as outer:
+        with _outermost() as outer, _asked(kwargs):
             out = self._inner(prompt, *args, **kwargs)
         if outer:
             _record("1.x", self._request, out, isinstance(out, list))
         return out
 
     def batch(self, prompts, *args, **kwargs):
-        with _outermost() as outer:
+        with _outermost() as outer, _asked(kwargs):
             out = self._inner.batch(prompts, *args, **kwargs)
         if outer:
             _record("1.x", self._request, out, True)
@@ -182,14 +199,14 @@ def _hook_1x(outlines) -> None:
     def __call__(self, model_input, output_type=None, *args, **kwargs):
         if not isinstance(model_input, (str, list, dict)) and type(model_input).__name__ != "Chat":
             return call(self, model_input, output_type, *args, **kwargs)  # 0.x forward call (tensors)
-        with _outermost() as outer:
+        with _outermost() as outer, _asked(kwargs):
             out = call(self, model_input, output_type, *args, **kwargs)
         if outer:
             _record("1.x", ("output_type", output_type), out, isinstance(out, list))
         return out
 
     def batch_(self, model_input, output_type=None, *args, **kwargs):
-        with _outermost() as outer:
+        with _outermost() as outer, _asked(kwargs):
             out = batch(self, model_input, output_type, *args, **kwargs)
         if outer:
             _record("1.x", ("output_type", output_type), out, True)
@@ -205,19 +222,21 @@ def _cap_generation(cap: int) -> None:
     inner = transformers.GenerationMixin.generate
 
     def generate(self, *args, **kwargs):
-        if kwargs.get("max_new_tokens") is None or kwargs["max_new_tokens"] > cap:
-            kwargs["max_new_tokens"] = cap
+        limit = cap if _ASKED[0] is None else min(int(_ASKED[0]), EXPLICIT_CAP)
+        if kwargs.get("max_new_tokens") is None or kwargs["max_new_tokens"] > limit:
+            kwargs["max_new_tokens"] = limit
             capped = True
         else:
             capped = False
+        cap_now = kwargs["max_new_tokens"]
         kwargs.pop("max_length", None) if capped else None
         out = inner(self, *args, **kwargs)
         if capped:
             ids = kwargs.get("input_ids", args[0] if args else None)
             seqs = getattr(out, "sequences", out)
             try:
-                if ids is not None and seqs.shape[-1] - ids.shape[-1] >= cap:
-                    CAP_HITS.append(cap)
+                if ids is not None and seqs.shape[-1] - ids.shape[-1] >= cap_now:
+                    CAP_HITS.append(cap_now)
             except AttributeError:
                 pass
         return out
@@ -364,8 +383,8 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
         if not block["run"]:
             continue
         code = adapt_code(block["code"])
-        loaded = {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        if "outlines" in loaded and "outlines" not in ns:
+        assumes = set(block.get("assumes", []))
+        if "outlines" in assumes and "outlines" not in ns:
             import outlines
 
             ns["outlines"] = outlines
@@ -378,7 +397,7 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
         error = None
         stdout = io.StringIO()
         try:
-            if "model" in loaded and "model" not in ns:
+            if "model" in assumes and "model" not in ns:
                 ns["model"] = default_model(job["api"], local)
                 result["assumed_model"] = True
             with contextlib.redirect_stdout(stdout):

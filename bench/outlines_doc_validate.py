@@ -90,10 +90,11 @@ def _signature_model(fn: Any) -> Any:
     import pydantic
 
     fields = {}
+    fn_name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "Function")
     for name, p in inspect.signature(fn).parameters.items():
         ann = Any if p.annotation is inspect.Parameter.empty else p.annotation
         fields[name] = (ann, ... if p.default is inspect.Parameter.empty else p.default)
-    return pydantic.create_model(getattr(fn, "__name__", "Function") + "Args", **fields)
+    return pydantic.create_model(fn_name + "Args", **fields)
 
 
 def _type_adapter_json(t: Any, text: Any) -> Reason:
@@ -205,7 +206,14 @@ def check_0x(kind: str, spec: Any, value: Any) -> Reason:
         if isinstance(spec, (str, dict)):
             return json_schema(spec, value)
         if isinstance(spec, type) and issubclass(spec, enum.Enum):
-            return None if value in [m.value for m in spec] else f"{_short(value)} not among the Enum's values"
+            # members that are functions (``partial(add)``) stand for JSON of their arguments
+            for member in spec:
+                if callable(member.value):
+                    if isinstance(value, dict) and check_0x("json", member.value, value) is None:
+                        return None
+                elif value == member.value:
+                    return None
+            return f"{_short(value)} fits none of the Enum's members"
         if callable(spec):
             import pydantic
 
@@ -213,7 +221,7 @@ def check_0x(kind: str, spec: Any, value: Any) -> Reason:
                 _signature_model(spec).model_validate(value)
                 return None
             except pydantic.ValidationError as exc:
-                return f"does not fit {spec.__name__}'s signature: {str(exc).splitlines()[0][:100]}"
+                return f"does not fit {getattr(spec, '__name__', spec)}'s signature: {str(exc).splitlines()[0][:100]}"
         if hasattr(spec, "to_json"):  # genson SchemaBuilder
             return json_schema(spec.to_json(), value)
         return f"unchecked: json({_short(spec)})"

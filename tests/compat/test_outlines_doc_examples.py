@@ -84,6 +84,13 @@ print(legal(board))
 ```
 
 ```python
+grammar = """
+    ?start: NUMBER
+    %import common.NUMBER
+"""
+```
+
+```python
 from .function import joke
 ```
 '''
@@ -92,7 +99,7 @@ from .function import joke
 def test_fences_languages_and_indentation():
     blocks = fenced_blocks(PAGE)
     assert [lang for _, lang, _ in blocks] == ["bash", "python", "python", "python", "python", "py", "python",
-                                               "python", "python", "python", "python", "python", "python", "python"]
+                                               "python", "python", "python", "python", "python", "python", "python", "python"]
     indented = blocks[2][2]
     assert indented.startswith("model = outlines.models.transformers(") and "\n    " not in indented
 
@@ -113,9 +120,11 @@ def test_classification():
         ("skipped", "needs names only a skipped block defines"),
         ("run", ""),                                  # a notebook magic line is dropped
         ("skipped", "fragment"),                      # board: only a function's parameter
+        ("run", ""),                                  # Lark's %import is no notebook magic
         ("skipped", "fragment"),                      # relative import
     ]
     assert blocks[-1].reason.endswith("(relative import)")
+    assert "%import common.NUMBER" in blocks[-2].code
     assert "generator" in blocks[4].free_names and "prompt" in blocks[4].free_names
     assert blocks[6].code.splitlines() == ["import outlines", "print(outlines.types.integer)"]
 
