@@ -149,11 +149,29 @@ def documented_error(output: str) -> str | None:
     return names[-1] if names else None
 
 
-def page_blocks(page: str, text: str) -> list[Block]:
+SNIPPET = re.compile(r'^--8<--\s+"([^"]+)"\s*$', re.M)
+
+
+def include_snippets(code: str, root: Path | None, page: str) -> str:
+    """mkdocs' ``--8<-- "path"`` lines replaced by that file of the sdist (by the page's own
+    folder's file of that name when the stated path is not in it); left as is when absent."""
+    if root is None:
+        return code
+
+    def replace(m: re.Match) -> str:
+        for candidate in (root / m.group(1), (root / page).parent / Path(m.group(1)).name):
+            if candidate.is_file():
+                return candidate.read_text(encoding="utf-8", errors="replace")
+        return m.group(0)
+
+    return SNIPPET.sub(replace, code)
+
+
+def page_blocks(page: str, text: str, root: Path | None = None) -> list[Block]:
     """The page's Python blocks, in order; a block whose next listing is a traceback documents
-    that exception (``expected_error``)."""
+    that exception (``expected_error``); ``root``: the sdist, for mkdocs snippet includes."""
     blocks = []
-    fenced = fenced_blocks(text)
+    fenced = [(line, lang, include_snippets(code, root, page)) for line, lang, code in fenced_blocks(text)]
     for k, (line, lang, code) in enumerate(fenced):
         if lang not in PYTHON_LANGS:
             continue
@@ -218,6 +236,11 @@ def _defined_and_loaded(tree: ast.AST) -> tuple[set[str], list[str]]:
             defined.update(node.names)
         elif isinstance(node, ast.MatchAs) and node.name:
             defined.add(node.name)
+    # ``Action: Action`` in a class body reads the outer ``Action`` before binding its own
+    class_only = {t.id for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for st in c.body
+                  for t in ([st.target] if isinstance(st, ast.AnnAssign) else getattr(st, "targets", []))
+                  if isinstance(t, ast.Name)}
+    defined -= class_only - _module_level(tree) if isinstance(tree, ast.Module) else set()
     loaded = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in defined \
@@ -303,7 +326,7 @@ def extract(src: Path) -> dict[str, list[Block]]:
     out = {}
     for path in page_sources(src):
         rel = str(path.relative_to(src))
-        blocks = page_blocks(rel, path.read_text(encoding="utf-8", errors="replace"))
+        blocks = page_blocks(rel, path.read_text(encoding="utf-8", errors="replace"), src)
         if blocks:
             out[rel] = classify(blocks)
     return out

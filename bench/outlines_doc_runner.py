@@ -339,6 +339,8 @@ def setup(job: dict) -> str:
             if name == "outlines" or name.startswith("outlines."):
                 plugin._guard_module(module)
         sys.meta_path.append(plugin.MissingOutlinesModules())
+        if job["api"] == "0.x":  # outlines 0.1's docs import outlines-core 0.1's layout (as its tests do)
+            sys.meta_path.append(plugin.OutlinesCoreV01Modules())
     plugin.GENERATION_CAP = 10**9  # our own cap below (it also notes calls that reach it)
     plugin._redirect_hub_names()
     _cache_local_models(local)
