@@ -16,7 +16,8 @@ llama.cpp, vLLM or deployment platforms).
 How (``bench/outlines_doc_extract.py``, ``outlines_doc_runner.py``, ``outlines_doc_validate.py``):
 each page's Python code blocks run in order in one namespace, like a notebook, in a child
 process where ``import outlines`` is the shim (installed as ``bench/outlines_shim_plugin.py``
-does). The only change to an example is its model: every Hugging Face hub name loads the
+does, told which version it stands in for: ``TOKENRAILS_OUTLINES_API``). The only change to an
+example is its model: every Hugging Face hub name loads the
 embedded SmolLM2-135M-Instruct (``tokenrails.demo_model``), whether through
 ``models.transformers("...")`` or ``from_transformers(AutoModelForCausalLM.from_pretrained("..."),
 ...)``, and CUDA devices become the CPU. A page that uses ``model`` without building one gets
@@ -86,7 +87,9 @@ def run_blocks(version: str, pages: list[dict], mode: str, cap: int, timeout: in
            "pages": pages, "sys_path": real_sys_path(version) if mode == "real" else []}
     (work / "job.json").write_text(json.dumps(job))
     results_path = work / "results.jsonl"
+    # the shim follows the behaviour of the outlines version it stands in for (0.0.x's stopping rule)
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               TOKENRAILS_OUTLINES_API=version,
                PYTHONPATH=os.pathsep.join([str(ROOT / "bench"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     order = [b["ident"] for p in pages for b in p["blocks"] if b["run"]]
     page_of = {b["ident"]: p["page"] for p in pages for b in p["blocks"]}
