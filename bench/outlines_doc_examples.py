@@ -30,7 +30,7 @@ things are setup. Every generation is checked against the structure its example 
 (pydantic, jsonschema, ``re.fullmatch``, membership, ``int``/``float``/``bool`` parsing, Lark for
 CFGs); a block passes when it ran without an exception and every output fits. Each block starts
 from torch seed 0 and has ``--timeout`` seconds; generations are capped at ``--cap`` new tokens,
-or at the example's own ``max_tokens`` / ``max_new_tokens`` up to 512 (failures where a
+or at the example's own ``max_tokens`` / ``max_new_tokens`` up to 256 (failures where a
 generation reached the cap say so).
 
 ``--real`` runs the pages that had a failure again on outlines itself (its sdist first on
@@ -133,7 +133,9 @@ def outcome(result: dict, cap: int) -> tuple[str, str]:
     """("passed" | "failed" | "setup" | "cascade" | "not-run", reason) of one block's result."""
     if "not_run" in result:
         return "not-run", result["not_run"]
-    capped = " (a generation reached the bench's token cap)" if result.get("cap_hits") else ""
+    capped = " (a generation reached the bench's token cap)" if result.get("cap_hits") else (
+        f" (a generation ran to the example's own {result['own_limit_hits'][0]}-token limit)"
+        if result.get("own_limit_hits") else "")
     expected = result.get("expected_error")
     if expected and result.get("error_type") == expected:
         return "passed", ""  # the page shows this very exception

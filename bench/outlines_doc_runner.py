@@ -40,6 +40,7 @@ import outlines_doc_validate as validate  # noqa: E402
 RECORDS: list[dict] = []
 _DEPTH = threading.local()
 CAP_HITS: list[int] = []
+OWN_LIMIT_HITS: list[int] = []
 
 
 class BlockTimeout(Exception):
@@ -59,7 +60,7 @@ def _record(api: str, request: tuple[str, Any], output: Any, batched: bool) -> N
                     "reason": reason, "output": repr(output)[:160]})
 
 
-EXPLICIT_CAP = 512  # an example's own max_tokens / max_new_tokens is honoured up to this
+EXPLICIT_CAP = 256  # an example's own max_tokens / max_new_tokens is honoured up to this
 _ASKED: list = [None]  # the limit the example passed to the call being run (None: none)
 
 
@@ -231,14 +232,13 @@ def _cap_generation(cap: int) -> None:
         cap_now = kwargs["max_new_tokens"]
         kwargs.pop("max_length", None) if capped else None
         out = inner(self, *args, **kwargs)
-        if capped:
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            seqs = getattr(out, "sequences", out)
-            try:
-                if ids is not None and seqs.shape[-1] - ids.shape[-1] >= cap_now:
-                    CAP_HITS.append(cap_now)
-            except AttributeError:
-                pass
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        seqs = getattr(out, "sequences", out)
+        try:  # a generation that ran to its limit: the bench's cap, or the example's own max_tokens
+            if ids is not None and seqs.shape[-1] - ids.shape[-1] >= cap_now:
+                (CAP_HITS if capped else OWN_LIMIT_HITS).append(cap_now)
+        except AttributeError:
+            pass
         return out
 
     transformers.GenerationMixin.generate = generate
@@ -392,6 +392,7 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
             ns["outlines"] = outlines
         RECORDS.clear()
         CAP_HITS.clear()
+        OWN_LIMIT_HITS.clear()
         torch.manual_seed(0)
         start = time.perf_counter()
         signal.signal(signal.SIGALRM, _on_alarm)
@@ -411,7 +412,7 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
         finally:
             signal.alarm(0)
         result.update(seconds=round(time.perf_counter() - start, 2), records=list(RECORDS),
-                      cap_hits=len(CAP_HITS), stdout=stdout.getvalue()[-300:])
+                      cap_hits=len(CAP_HITS), own_limit_hits=OWN_LIMIT_HITS[:1], stdout=stdout.getvalue()[-300:])
         if error is not None:
             result["error"] = _error_line(error)
             result["error_type"] = type(error).__name__
