@@ -360,6 +360,28 @@ def _redirect_outlines_core_vocabulary(local: str) -> None:
     outlines_core.Vocabulary = Vocabulary
 
 
+def _provider_constructors_keep_provider_objects() -> None:
+    """The shim's other-provider constructors (``outlines.from_llamacpp``...) raise
+    ``UnsupportedProviderError``; handed a stubbed provider object they give back a placeholder
+    of that provider instead, so suites building one at import still collect (out of scope)."""
+    import outlines
+    import outlines.models
+    from tokenrails.compat.outlines.models import providers
+
+    def keep(original, qualname):
+        def constructor(*args, **kwargs):
+            if any(isinstance(a, ProviderPlaceholder) for a in (*args, *kwargs.values())):
+                return ProviderPlaceholder(f"{qualname}(...)")
+            return original(*args, **kwargs)
+
+        return constructor
+
+    for holder in (outlines, outlines.models):
+        for name, value in list(vars(holder).items()):
+            if isinstance(value, types.FunctionType) and value.__module__ == providers.__name__:
+                setattr(holder, name, keep(value, f"{holder.__name__}.{name}"))
+
+
 def pytest_configure(config):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -368,6 +390,7 @@ def pytest_configure(config):
     from tokenrails.compat.outlines import _install
 
     _install.install()
+    _provider_constructors_keep_provider_objects()
     for name, module in list(sys.modules.items()):
         if name == "outlines" or name.startswith("outlines."):
             _guard_module(module)

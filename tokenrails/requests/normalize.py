@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 from ..guided.errors import InvalidGuideError, client_input_boundary
 from ..guided.spec import GuideSpec
+from ..guided.xgrammar_classes import xgrammar_classes
 from .backend_hints import BackendHint, parse_backend_hint
 from .response_format import (
     REASONING_KEY,
@@ -302,8 +303,8 @@ class _Collector:
                     "json={'type': 'object'} instead of json_object"
                 )
             return GuideSpec.json_object(any_whitespace=any_ws)
-        if kind == "regex":
-            return GuideSpec.regex(value)
+        if kind == "regex":  # the stock engines' (xgrammar's) \d \w \s: guided/xgrammar_classes.py
+            return GuideSpec.regex(xgrammar_classes(value) if isinstance(value, str) else value)
         if kind == "choice":
             if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
                 raise InvalidGuideError(f"{source} must be a list of strings")

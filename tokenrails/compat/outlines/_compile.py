@@ -28,6 +28,15 @@ def backend_for(spec: GuideSpec) -> str:
     return "auto"
 
 
-def compile_for(spec: GuideSpec, tokenizer: Any, backend: str | None = None) -> CompiledGuide:
-    """``spec`` compiled for ``tokenizer``; ``backend`` overrides the outlines-language routing."""
-    return compile_guide(spec, vocabulary_for(tokenizer), backend=backend or backend_for(spec))
+def compile_for(spec: GuideSpec, tokenizer: Any, backend: str | None = None,
+                core_reading: bool = False) -> CompiledGuide:
+    """``spec`` compiled for ``tokenizer``; ``backend`` overrides the outlines-language routing.
+    ``core_reading``: tokens read as outlines 1.x hands them to outlines-core (``core_reading.py``),
+    for the regex / choice / JSON kinds outlines-core enforces there."""
+    if core_reading and spec.kind in ("regex", "choice", "json_schema", "json_object"):
+        from .core_reading import outlines_core_vocabulary
+
+        vocab = outlines_core_vocabulary(tokenizer)
+    else:
+        vocab = vocabulary_for(tokenizer)
+    return compile_guide(spec, vocab, backend=backend or backend_for(spec))

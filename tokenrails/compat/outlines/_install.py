@@ -26,9 +26,18 @@ def shim_modules() -> dict[str, ModuleType]:
     return out
 
 
-def install() -> None:
-    """Make ``import outlines`` (and its submodules) resolve to the tokenrails shim."""
+def install(api_version: str | None = None) -> None:
+    """Make ``import outlines`` (and its submodules) resolve to the tokenrails shim.
+
+    ``api_version`` ("0.0.46", "0.1.14", "1.3.3"...) picks the outlines release whose behaviour
+    the shim follows where releases differ (``_api_version.py``: 0.0.x stops ``generate.*`` at the
+    first accepting state); ``None`` keeps the current choice (default 1.3.3).
+    """
     global _saved
+    if api_version is not None:
+        from ._api_version import set_api_version
+
+        set_api_version(api_version)
     modules = shim_modules()
     if _saved is None:
         _saved = {name: sys.modules.get(name) for name in modules}
@@ -44,6 +53,9 @@ def uninstall() -> None:
     global _saved
     if _saved is None:
         return
+    from ._api_version import set_api_version
+
+    set_api_version(None)
     for name in [n for n in sys.modules if n == "outlines" or n.startswith("outlines.")]:
         del sys.modules[name]
     sys.modules.update({n: m for n, m in _saved.items() if m is not None})

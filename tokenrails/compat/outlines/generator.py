@@ -20,10 +20,10 @@ class SteerableGenerator:
         spec = spec_for_output_type(output_type)
         if spec is None:
             self.logits_processor = None
-        elif backend_name in (None, "tokenrails"):
-            self.logits_processor = processor_for_spec(spec, model.tokenizer)
+        elif backend_name in (None, "tokenrails"):  # None: outlines 1.x's default, outlines-core's token reading
+            self.logits_processor = processor_for_spec(spec, model.tokenizer, core_reading=backend_name is None)
         else:
-            self.logits_processor = _backend_processor(backend_name, model, spec)
+            self.logits_processor = _backend_processor(backend_name, model, spec, output_type)
 
     @classmethod
     def from_processor(cls, model: Any, processor: OutlinesLogitsProcessor) -> "SteerableGenerator":
@@ -53,7 +53,7 @@ def _is_processor(value: Any) -> bool:
     return isinstance(value, OutlinesLogitsProcessor) or callable(getattr(value, "process_logits", None))
 
 
-def _backend_processor(backend_name: str, model: Any, spec: Any) -> Any:
+def _backend_processor(backend_name: str, model: Any, spec: Any, output_type: Any = None) -> Any:
     """The processor of ``spec`` on one named outlines backend (``outlines.backends``)."""
     import re
 
@@ -61,6 +61,14 @@ def _backend_processor(backend_name: str, model: Any, spec: Any) -> Any:
     from ._json_language import outlines_regex
 
     backend = backends._get_backend(backend_name, model)
+    if backend_name == "xgrammar" and spec.kind == "regex":  # xgrammar reads the outlines regex itself
+        from .types.convert import _SCALARS
+        from .types.terms import Term, to_regex
+
+        if isinstance(output_type, Term):
+            return backend.get_regex_logits_processor(to_regex(output_type))
+        if isinstance(output_type, type) and output_type in _SCALARS:
+            return backend.get_regex_logits_processor(_SCALARS[output_type])
     if spec.kind == "grammar":
         return backend.get_cfg_logits_processor(spec.payload)
     if backend_name == "outlines_core":  # outlines-core reads regexes only

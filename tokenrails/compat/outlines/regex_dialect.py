@@ -3,7 +3,10 @@ outlines-core 0.2 (Rust's regex crate, what outlines 1.x runs) does.
 
 Spelled out here: POSIX bracket classes, ``(?i)`` (Unicode case folding), ``\\d \\w \\s`` and
 their negations (the exact code points outlines-core matches, ``regex_classes.py``), and
-repetitions of repetitions (nested, as Rust reads them).
+repetitions of repetitions (nested, as Rust reads them). Which *tokens* a class admits also
+depends on how tokens are read: outlines 1.x hands outlines-core each token decoded alone
+(``core_reading.py``), so ``\\d`` never takes a partial UTF-8 byte token. The xgrammar backend
+skips this dialect: xgrammar reads the regex itself (``xgrammar_regex_spec``).
 """
 from __future__ import annotations
 
@@ -203,6 +206,15 @@ def _spell_shorthands(pattern: str) -> str:
         return pattern
     classes, negated = _outlines_classes()
     return spell_shorthands(pattern, classes, "outlines dialect", negated=negated)
+
+
+def xgrammar_regex_spec(pattern: str) -> "GuideSpec":
+    """The spec of an outlines regex on the xgrammar backend: the pattern unchanged, for xgrammar
+    to read (outlines 1.x's xgrammar backend passes it to ``compile_regex`` as is), so the shim's
+    xgrammar backend admits exactly what xgrammar admits: ASCII ``\\d \\w``, xgrammar's ``\\s``."""
+    from ...guided.spec import GuideSpec
+
+    return GuideSpec.regex(pattern)
 
 
 def outlines_dialect(pattern: str) -> str:

@@ -16,6 +16,7 @@ from ....guided.errors import InvalidGuideError, UnsupportedGuideError
 from ....guided.spec import GuideSpec
 from ....guided.vocabulary import Vocabulary
 from ..fsm.guide import TokenrailsGuide
+from ..regex_dialect import xgrammar_regex_spec
 from ..processors.structured import GuideLogitsProcessor
 from ....guided.registry import get_backend
 from .._vocabulary import hf_tokenizer_of, vocabulary_for
@@ -104,6 +105,11 @@ class XGrammarBackend(TokenrailsBackend):
                                                "use the llguidance or tokenrails backend",
                                                feature="whitespace_pattern", backend="xgrammar")
         return super().get_json_schema_logits_processor(json_schema)
+
+    def get_regex_logits_processor(self, regex: str) -> Any:
+        """The regex as xgrammar reads it (outlines' xgrammar backend hands it to xgrammar's
+        ``compile_regex`` unchanged): ASCII ``\\d \\w``, xgrammar's ``\\s``; not outlines-core's dialect."""
+        return self._processor(xgrammar_regex_spec(regex))
 
     def __init__(self, model: Any):
         try:

@@ -113,9 +113,10 @@ class TokenrailsGuide(Guide):
         self.states = StateSpace(compiled, labels=getattr(self, "_state_labels", None))
 
     @classmethod
-    def from_spec(cls, spec: GuideSpec, tokenizer: Any, backend: Optional[str] = None) -> "TokenrailsGuide":
+    def from_spec(cls, spec: GuideSpec, tokenizer: Any, backend: Optional[str] = None,
+                  core_reading: bool = False) -> "TokenrailsGuide":
         guide = cls.__new__(cls)
-        guide._init_compiled(compile_for(spec, tokenizer, backend), tokenizer)
+        guide._init_compiled(compile_for(spec, tokenizer, backend, core_reading), tokenizer)
         return guide
 
     def get_next_instruction(self, state: int) -> Instruction:

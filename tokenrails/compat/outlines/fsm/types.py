@@ -8,9 +8,9 @@ from typing import Any, Callable, Tuple
 INTEGER = r"[+-]?(0|[1-9][0-9]*)"
 BOOLEAN = "(True|False)"
 FLOAT = rf"{INTEGER}(\.[0-9]+)?([eE][+-][0-9]+)?"
-DATE = r"([0-9]{4})-(0[1-9]|1[0-2])-([0-2][0-9]|3[0-1])"
+DATE = r"(\d{4})-(0[1-9]|1[0-2])-([0-2][0-9]|3[0-1])"
 TIME = r"([0-1][0-9]|2[0-3]):([0-5][0-9]):([0-5][0-9])"
-DATETIME = rf"({DATE})( )({TIME})"
+DATETIME = rf"({DATE})(\s)({TIME})"
 
 FormatFunction = Callable[[str], Any]
 

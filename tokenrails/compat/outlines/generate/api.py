@@ -33,8 +33,9 @@ class SequenceGeneratorAdapter:
         seed: Optional[int] = None,
         **model_specific_params: Any,
     ) -> Any:
-        if not callable(getattr(self.sampler, "generate_kwargs", None)):
+        if not callable(getattr(self.sampler, "generate_kwargs", None)) or _first_accepting_state_ends():
             generator, rng = self._outlines_loop(model_specific_params.pop("rng", None), seed)
+            _no_more_arguments(model_specific_params)
             return generator(prompts, max_tokens=max_tokens, stop_at=stop_at, rng=rng)
         processor, kwargs = self._prepare(max_tokens, stop_at, seed, model_specific_params)
         single = isinstance(prompts, str)
@@ -90,8 +91,10 @@ class SequenceGeneratorAdapter:
         Several samples per prompt (multinomial ``samples=``, beam search) stream through outlines'
         own loop, which keeps outlines' ``[prompt][sample]`` grouping (transformers' streamers
         refuse beams)."""
-        if getattr(self.sampler, "samples", 1) > 1 or not callable(getattr(self.sampler, "generate_kwargs", None)):
+        if (getattr(self.sampler, "samples", 1) > 1 or not callable(getattr(self.sampler, "generate_kwargs", None))
+                or _first_accepting_state_ends()):
             generator, rng = self._outlines_loop(model_specific_params.pop("rng", None), seed)
+            _no_more_arguments(model_specific_params)
             yield from generator.stream(prompts, max_tokens=max_tokens, stop_at=stop_at, rng=rng)
             return
         processor, kwargs = self._prepare(max_tokens, stop_at, seed, model_specific_params)
@@ -129,6 +132,21 @@ class SequenceGeneratorAdapter:
         worker.join()
         if failure:
             raise failure[0]
+
+
+def _no_more_arguments(model_specific_params: dict) -> None:
+    """outlines' own loop takes no transformers arguments: refuse them rather than drop them."""
+    if model_specific_params:
+        raise TypeError(f"outlines' token loop (0.0.x API, or a sampler of outlines' own protocol) takes no "
+                        f"{', '.join(sorted(model_specific_params))}")
+
+
+def _first_accepting_state_ends() -> bool:
+    """outlines 0.0.x (``api_version``): ``generate.*`` ran outlines' own loop, which ends once every
+    sequence's guide is in a final state — so the shim runs that loop too."""
+    from .._api_version import stops_at_first_accepting_state
+
+    return stops_at_first_accepting_state()
 
 
 class _StepStreamer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from .._json_language import schema_to_str as convert_json_schema_to_str
+from .._json_language import schema_to_str
 from ..models.transformers import token_string
 
 __all__ = ["adapt_tokenizer", "convert_json_schema_to_str"]
@@ -21,3 +21,8 @@ def adapt_tokenizer(tokenizer: Any) -> Any:
 
     tokenizer.convert_token_to_string = convert_token_to_string
     return tokenizer
+
+
+def convert_json_schema_to_str(json_schema: Any) -> str:
+    """A dict, JSON text or pydantic model as JSON text (outlines' name and keyword)."""
+    return schema_to_str(json_schema)

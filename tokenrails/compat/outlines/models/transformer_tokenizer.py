@@ -25,7 +25,8 @@ class TransformerTokenizer:
     """outlines' tokenizer wrapper: ``eos_token_id``, ``vocabulary``, ``encode``, ``decode``.
 
     Guides built from it read the wrapped tokenizer's exact token bytes (``vocabulary_for``), not
-    ``convert_token_to_string`` (which turns partial UTF-8 byte tokens into U+FFFD)."""
+    ``convert_token_to_string`` (which turns partial UTF-8 byte tokens into U+FFFD); except on
+    outlines 1.x's default path, which reads tokens as outlines-core does (``core_reading.py``)."""
 
     def __init__(self, tokenizer: Any, **kwargs: Any):
         self.tokenizer = tokenizer

@@ -170,7 +170,7 @@ def _as_processor(model: Transformers, output_type: Any) -> Any:
             callable(getattr(output_type, "process_logits", None)):
         return output_type
     spec = spec_for_output_type(output_type)
-    return None if spec is None else processor_for_spec(spec, model.tokenizer)
+    return None if spec is None else processor_for_spec(spec, model.tokenizer, core_reading=True)
 
 
 def _as_cache(past_key_values: Any) -> Any:

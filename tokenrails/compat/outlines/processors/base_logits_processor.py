@@ -6,10 +6,12 @@ arrays or lists, 1-D or 2-D; subclasses implement ``process_logits`` on 2-D torc
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
+
+TensorType = TypeVar("TensorType")  # outlines' annotation for "a tensor of the processor's library"
 
 
 class OutlinesLogitsProcessor:

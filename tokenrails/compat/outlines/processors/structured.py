@@ -205,6 +205,7 @@ class CFGLogitsProcessor(GuideLogitsProcessor):
         super().__init__(tokenizer, CFGGuide(cfg_str, tokenizer), tensor_library_name)
 
 
-def processor_for_spec(spec: GuideSpec, tokenizer: Any) -> GuideLogitsProcessor:
-    """A processor for any spec (used by ``generate.*`` and ``Generator``)."""
-    return GuideLogitsProcessor(tokenizer, TokenrailsGuide.from_spec(spec, tokenizer))
+def processor_for_spec(spec: GuideSpec, tokenizer: Any, core_reading: bool = False) -> GuideLogitsProcessor:
+    """A processor for any spec (used by ``generate.*`` and ``Generator``); ``core_reading``: tokens
+    read as outlines 1.x reads them for outlines-core (``core_reading.py``)."""
+    return GuideLogitsProcessor(tokenizer, TokenrailsGuide.from_spec(spec, tokenizer, core_reading=core_reading))

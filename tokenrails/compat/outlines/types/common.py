@@ -31,12 +31,12 @@ def _ipv6() -> str:
     return "(" + "|".join(alts) + ")"
 
 
-_SENTENCE = r"[A-Z][^\n]*[.!?]"
+_SENTENCE = r"[A-Z].*\s*[.!?]"
 _SEMVER_ID = "[0-9A-Za-z-]+"
 _NUM = "(0|[1-9][0-9]*)"
 
 sentence = Regex(_SENTENCE)
-paragraph = Regex(rf"{_SENTENCE}( {_SENTENCE})*\n+")
+paragraph = Regex(rf"{_SENTENCE}(?:\s+{_SENTENCE})*\n+")
 hex_str = Regex(f"(0x)?{_HEX}+")
 uuid4 = Regex(f"{_HEX}{{8}}-{_HEX}{{4}}-4{_HEX}{{3}}-[89abAB]{_HEX}{{3}}-{_HEX}{{12}}")
 ipv4 = Regex(_IPV4)

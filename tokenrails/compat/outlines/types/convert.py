@@ -9,7 +9,7 @@ import re
 import typing
 from typing import Any, Literal, get_args, get_origin
 
-from ....guided.errors import UnsupportedGuideError
+from ....guided.errors import GuideError, UnsupportedGuideError
 from ....guided.spec import GuideSpec
 from .._json_language import json_spec
 from ..regex_dialect import outlines_dialect
@@ -37,15 +37,22 @@ def _is_structured(t: Any) -> bool:
 
 
 def spec_for_output_type(output_type: Any) -> GuideSpec | None:
-    """``None`` means unconstrained text. Unsupported types raise ``UnsupportedGuideError``."""
+    """``None`` means unconstrained text. Unsupported types raise ``UnsupportedGuideError``.
+
+    Common types take a direct route; every other form goes where outlines 1.x sends it
+    (``python_types_to_terms``): a ``CFG`` term is a grammar, a ``JsonSchema`` term a JSON schema,
+    anything else (unions, lists, tuples, dicts, literals inside them...) the term's regex.
+    """
     if output_type is None or isinstance(output_type, GuideSpec):
         return output_type
     if isinstance(output_type, Term):
         return _spec_for_term(output_type)
     if output_type in _SCALARS:
         return GuideSpec.regex(outlines_dialect(_SCALARS[output_type]))
-    if output_type is dict:
-        return GuideSpec.json_object()
+    if output_type is dict:  # outlines 1.x: its Lark JSON grammar (any JSON value)
+        from ..grammars import json as json_grammar
+
+        return grammar_spec(json_grammar)
     if get_origin(output_type) is Literal:
         return GuideSpec.choice(_literal_strings(get_args(output_type)))
     if isinstance(output_type, type) and issubclass(output_type, enum.Enum):
@@ -56,11 +63,18 @@ def spec_for_output_type(output_type: Any) -> GuideSpec | None:
         from ..fsm.json_schema import get_schema_from_signature
 
         return json_spec(get_schema_from_signature(output_type))
-    raise UnsupportedGuideError(
-        f"output type {output_type!r} is not supported by the outlines shim; use a pydantic "
-        "model, Literal, Enum, int/float/bool/str, or a Regex/JsonSchema/Choice/CFG term",
-        feature="output_type",
-    )
+    from .python_terms import python_types_to_terms
+
+    try:
+        term = python_types_to_terms(output_type)
+    except GuideError:
+        raise
+    except (TypeError, ValueError, RecursionError) as exc:  # what outlines raises for these
+        raise UnsupportedGuideError(
+            f"output type {output_type!r} is not supported (outlines 1.x refuses it too: {exc})",
+            feature="output_type",
+        ) from exc
+    return _spec_for_term(term)
 
 
 def _spec_for_term(term: Term) -> GuideSpec:
@@ -70,8 +84,8 @@ def _spec_for_term(term: Term) -> GuideSpec:
         return GuideSpec.regex(re.escape(term.value))
     if isinstance(term, JsonSchema):
         return json_spec(term.schema, term.whitespace_pattern)
-    if isinstance(term, Choice):
-        return GuideSpec.choice(_literal_strings(term.items))
+    if isinstance(term, Choice) and all(isinstance(i, (str, int, float)) for i in term.items):
+        return GuideSpec.choice(_literal_strings(term.items))  # (terms among the items: their regex, below)
     if isinstance(term, CFG):
         return grammar_spec(term.definition)
     from .terms import to_regex

@@ -11,6 +11,7 @@ import re
 import types as _pytypes
 from typing import Any, Literal, get_args, get_origin
 
+from . import terms as _terms
 from .terms import CFG, Alternatives, JsonSchema, KleeneStar, Optional, Regex, Sequence, String, Term
 from . import utils
 from .type_regexes import BOOLEAN, DATE, DATETIME, INTEGER, NUMBER, STRING, TIME
@@ -89,8 +90,11 @@ def _handle_literal(args: tuple) -> Alternatives:
 
 
 def _handle_union(args: tuple, recursion_depth: int) -> Alternatives:
-    return Alternatives([Regex(_NONE) if a is type(None) else python_types_to_terms(a, recursion_depth + 1)
-                         for a in args])
+    """The members in order, ``None`` last (a bare keyword, never JSON-quoted in containers)."""
+    terms = [python_types_to_terms(a, recursion_depth + 1) for a in args if a is not None and a is not type(None)]
+    if any(a is None or a is type(None) for a in args):
+        terms.append(Regex(_NONE))
+    return Alternatives(terms)
 
 
 def _ensure_json_quoted(term: Term) -> Term:
@@ -131,14 +135,15 @@ def _handle_tuple(args: tuple, recursion_depth: int) -> Term:
 
 
 def _quote_key(term: Term) -> Term:
-    """JSON object keys are always strings: quote whatever the key type renders."""
-    if term == Regex(STRING):
-        return term
+    """JSON object keys are strings: literal keys and regex keys (``int``, ``float``...) are
+    quoted, ``str``'s regex already is; other terms stay as they are (as in outlines 1.3)."""
     if isinstance(term, String):
         return String(f'"{term.value}"')
     if isinstance(term, Alternatives):
         return Alternatives([_quote_key(t) for t in term.terms])
-    return Sequence([String('"'), term, String('"')])
+    if isinstance(term, Regex) and term.pattern != STRING:
+        return Sequence([String('"'), term, String('"')])
+    return term
 
 
 def _handle_dict(args: tuple, recursion_depth: int) -> Sequence:
@@ -149,3 +154,6 @@ def _handle_dict(args: tuple, recursion_depth: int) -> Sequence:
     pair = [key, String(":"), value]
     return Sequence([String("{"), Optional(Sequence(pair + [KleeneStar(Sequence([String(", ")] + pair))])),
                      String("}")])
+
+
+_terms.choice_item_term = python_types_to_terms  # Choice items convert as outlines converts them

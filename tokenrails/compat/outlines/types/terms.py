@@ -16,6 +16,13 @@ class Term:
     """Base of every output-type term: combinable (``+`` sequence, ``|`` alternatives,
     quantifiers), printable as a tree, usable as a pydantic field type, convertible to a regex."""
 
+    # ---- pickling: the classes say ``outlines.types.dsl``; rebuild them from here instead ----
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        cls = type(self)
+        if globals().get(cls.__name__) is cls:
+            return (_rebuild_term, (cls.__name__, dict(self.__dict__)))
+        return super().__reduce_ex__(protocol)
+
     # ---- regex language ------------------------------------------------------------------
     def matches(self, value: Any) -> bool:
         """Whether ``str(value)`` is in the term's language."""
@@ -98,6 +105,13 @@ class Term:
         return {"type": "string", "pattern": to_regex(self)}
 
 
+def _rebuild_term(name: str, state: dict) -> "Term":
+    """Unpickle a term of this module (see ``Term.__reduce_ex__``)."""
+    term = object.__new__(globals()[name])
+    term.__dict__.update(state)
+    return term
+
+
 def _as_term(value: Any) -> "Term":
     return value if isinstance(value, Term) else String(str(value))
 
@@ -109,7 +123,10 @@ class String(Term):
     value: str
 
     def _display_node(self) -> str:
-        return f"String({self.value!r})"
+        return f"String('{self.value}')"
+
+    def __repr__(self) -> str:
+        return f"String(value='{self.value}')"
 
     __str__ = Term.__str__
 
@@ -121,7 +138,10 @@ class Regex(Term):
     pattern: str
 
     def _display_node(self) -> str:
-        return f"Regex({self.pattern!r})"
+        return f"Regex('{self.pattern}')"
+
+    def __repr__(self) -> str:
+        return f"Regex(pattern='{self.pattern}')"
 
     __str__ = Term.__str__
 
@@ -225,10 +245,10 @@ class JsonSchema(Term):
                 and self.whitespace_pattern == other.whitespace_pattern)
 
     def __repr__(self) -> str:
-        return f"JsonSchema(schema={self.schema!r})"
+        return f"JsonSchema(schema='{self.schema}')"
 
     def _display_node(self) -> str:
-        return f"JsonSchema({self.schema!r})"
+        return f"JsonSchema('{self.schema}')"
 
     @classmethod
     def from_file(cls, path: str) -> "JsonSchema":
@@ -237,9 +257,9 @@ class JsonSchema(Term):
 
 
 # ---- composite terms ---------------------------------------------------------------------
-def _non_negative(name: str, value: int) -> None:
+def _non_negative(name: str, value: int, owner: str = "Quantify") -> None:
     if not isinstance(value, int) or value < 0:
-        raise ValueError(f"`{name}` must be a non-negative integer")
+        raise ValueError(f"{owner}: `{name}` must be a non-negative integer.")
 
 
 @dataclass
@@ -305,7 +325,7 @@ class QuantifyExact(_Unary):
     count: int
 
     def __post_init__(self) -> None:
-        _non_negative("count", self.count)
+        _non_negative("count", self.count, "QuantifyExact")
 
     def _display_node(self) -> str:
         return f"Quantify({{{self.count}}})"
@@ -318,7 +338,7 @@ class QuantifyMinimum(_Unary):
     min_count: int
 
     def __post_init__(self) -> None:
-        _non_negative("min_count", self.min_count)
+        _non_negative("min_count", self.min_count, "QuantifyMinimum")
 
     def _display_node(self) -> str:
         return f"Quantify({{{self.min_count},}})"
@@ -331,7 +351,7 @@ class QuantifyMaximum(_Unary):
     max_count: int
 
     def __post_init__(self) -> None:
-        _non_negative("max_count", self.max_count)
+        _non_negative("max_count", self.max_count, "QuantifyMaximum")
 
     def _display_node(self) -> str:
         return f"Quantify({{,{self.max_count}}})"
@@ -345,10 +365,10 @@ class QuantifyBetween(_Unary):
     max_count: int
 
     def __post_init__(self) -> None:
-        _non_negative("min_count", self.min_count)
-        _non_negative("max_count", self.max_count)
+        _non_negative("min_count", self.min_count, "QuantifyBetween")
+        _non_negative("max_count", self.max_count, "QuantifyBetween")
         if self.max_count < self.min_count:
-            raise ValueError("`max_count` must be greater than `min_count`")
+            raise ValueError("QuantifyBetween: `max_count` must be greater than `min_count`.")
 
     def _display_node(self) -> str:
         return f"Quantify({{{self.min_count},{self.max_count}}})"
@@ -356,36 +376,57 @@ class QuantifyBetween(_Unary):
     __str__ = Term.__str__
 
 
+def _str_term(value: Any) -> Any:
+    """outlines 1.3's DSL functions: a ``str`` argument is a literal ``String``; anything else is
+    taken as the term it is."""
+    return String(value) if isinstance(value, str) else value
+
+
 def either(*terms: Any) -> Alternatives:
-    return Alternatives([_as_term(t) for t in terms])
+    """One of ``terms`` (regex ``(a|b)``)."""
+    return Alternatives([_str_term(t) for t in terms])
 
 
 def optional(term: Any) -> Optional:
-    return Optional(_as_term(term))
+    """``term`` or nothing (``(t)?``)."""
+    return Optional(_str_term(term))
 
 
 def exactly(count: int, term: Any) -> QuantifyExact:
-    return QuantifyExact(_as_term(term), count)
+    """``term`` repeated ``count`` times (``(t){n}``)."""
+    return QuantifyExact(_str_term(term), count)
 
 
 def at_least(count: int, term: Any) -> QuantifyMinimum:
-    return QuantifyMinimum(_as_term(term), count)
+    """``term`` repeated ``count`` times or more (``(t){n,}``)."""
+    return QuantifyMinimum(_str_term(term), count)
 
 
 def at_most(count: int, term: Any) -> QuantifyMaximum:
-    return QuantifyMaximum(_as_term(term), count)
+    """``term`` repeated at most ``count`` times (``(t){0,n}``)."""
+    return QuantifyMaximum(_str_term(term), count)
 
 
 def between(min_count: int, max_count: int, term: Any) -> QuantifyBetween:
-    return QuantifyBetween(_as_term(term), min_count, max_count)
+    """``term`` repeated ``min_count`` to ``max_count`` times (``(t){m,n}``)."""
+    return QuantifyBetween(_str_term(term), min_count, max_count)
 
 
 def one_or_more(term: Any) -> KleenePlus:
-    return KleenePlus(_as_term(term))
+    """``(t)+``."""
+    return KleenePlus(_str_term(term))
 
 
 def zero_or_more(term: Any) -> KleeneStar:
-    return KleeneStar(_as_term(term))
+    """``(t)*``."""
+    return KleeneStar(_str_term(term))
+
+
+def choice_item_term(item: Any) -> Term:
+    """A ``Choice`` item as a term: outlines' ``python_types_to_terms``, which ``python_terms``
+    installs here when it is imported (it builds on this module, so this one cannot import it;
+    binding it once also keeps old and new classes apart when ``sys.modules`` is purged)."""
+    return item if isinstance(item, Term) else String(str(item))
 
 
 def to_regex(term: Any) -> str:
@@ -398,9 +439,9 @@ def to_regex(term: Any) -> str:
     if isinstance(term, JsonSchema):
         from outlines_core.json_schema import build_regex_from_schema
 
-        return f"({build_regex_from_schema(term.schema)})"
+        return f"({build_regex_from_schema(term.schema, term.whitespace_pattern)})"
     if isinstance(term, Choice):
-        return "(" + "|".join(to_regex(i) if isinstance(i, Term) else re.escape(str(i)) for i in term.items) + ")"
+        return "(" + "|".join(to_regex(choice_item_term(i)) for i in term.items) + ")"
     if isinstance(term, Sequence):
         return "".join(to_regex(t) for t in term.terms)
     if isinstance(term, Alternatives):

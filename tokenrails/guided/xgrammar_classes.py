@@ -1,0 +1,60 @@
+"""``\\d \\w \\s`` (and negations) of a request's regex, read as xgrammar reads them.
+
+Stock LMDeploy and vLLM enforce a request's regex (``response_format`` ``regex_schema``,
+``guided_regex``) with xgrammar, whose classes are ASCII: ``\\d`` = ``[0-9]``, ``\\w`` =
+``[a-zA-Z0-9_]``, ``\\s`` = ``[\\f\\n\\r\\t\\v \\xa0]``, negations their complements over code points.
+tokenrails' own ``GuideSpec.regex`` follows Python's ``re`` (Unicode ``\\d``: on SmolLM2's vocabulary
+25 first tokens where xgrammar allows 10, the extra ones partial UTF-8 bytes of other scripts'
+digits). A request is the engine's language, so its shorthands are spelled out as xgrammar's sets
+before any backend reads it: every backend of the ladder (FSM, llguidance, xgrammar) then
+enforces what the stock engine enforces.
+"""
+from __future__ import annotations
+
+from .ecma_patterns import spell_shorthands
+from .fsm.charset import negate, normalize
+
+_RANGES = {
+    "d": ((0x30, 0x39),),
+    "w": normalize([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]),
+    "s": ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0)),
+}
+
+
+def _escape(cp: int) -> str:
+    """A code point as every backend's regex reader takes it (Python, Rust, xgrammar): letters and
+    digits as themselves, the rest as fixed-width ``\\uHHHH`` / ``\\UHHHHHHHH``."""
+    if chr(cp).isascii() and chr(cp).isalnum():
+        return chr(cp)
+    if cp <= 0xFFFF:  # never \\xHH: xgrammar reads \\x greedily ("\\x5fa" is U+05FA)
+        return f"\\u{cp:04x}"
+    return f"\\U{cp:08x}"
+
+
+def _body(ranges) -> str:
+    return "".join(_escape(a) if a == b else f"{_escape(a)}-{_escape(b)}" for a, b in ranges)
+
+
+def _without_surrogates(ranges):
+    out = []
+    for a, b in ranges:
+        if b < 0xD800 or a > 0xDFFF:
+            out.append((a, b))
+            continue
+        if a < 0xD800:
+            out.append((a, 0xD7FF))
+        if b > 0xDFFF:
+            out.append((0xE000, b))
+    return tuple(out)
+
+
+CLASSES = {k: _body(r) for k, r in _RANGES.items()}
+NEGATED = {k: _body(_without_surrogates(negate(r))) for k, r in _RANGES.items()}
+
+
+def xgrammar_classes(pattern: str) -> str:
+    """``pattern`` with ``\\d \\w \\s \\D \\W \\S`` (outside and inside brackets) spelled as xgrammar's
+    sets; the rest unchanged."""
+    if "\\" not in pattern:
+        return pattern
+    return spell_shorthands(pattern, CLASSES, "request regex", negated=NEGATED)
