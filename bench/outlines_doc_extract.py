@@ -240,7 +240,10 @@ def _defined_and_loaded(tree: ast.AST) -> tuple[set[str], list[str]]:
     class_only = {t.id for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for st in c.body
                   for t in ([st.target] if isinstance(st, ast.AnnAssign) else getattr(st, "targets", []))
                   if isinstance(t, ast.Name)}
-    defined -= class_only - _module_level(tree) if isinstance(tree, ast.Module) else set()
+    params = {a.arg for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+              for a in [*f.args.posonlyargs, *f.args.args, *f.args.kwonlyargs, f.args.vararg, f.args.kwarg]
+              if a is not None}
+    defined -= class_only - params - _module_level(tree) if isinstance(tree, ast.Module) else set()
     loaded = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in defined \

@@ -213,3 +213,11 @@ def test_a_block_followed_by_a_traceback_documents_that_error():
             '```python\nx = 1\n```\n\n```text\n1\n```\n')
     blocks = page_blocks("p.md", page)
     assert [b.expected_error for b in blocks] == ["UndefinedError", None]
+
+
+def test_a_class_field_named_like_a_parameter_is_not_a_free_name():
+    page = ("```python\nclass Item(BaseModel):\n    sub: str\n\ndef show(sub):\n    print(sub)\n```\n\n"
+            "```python\nclass Step(BaseModel):\n    Action: Action\n```\n")
+    blocks = classify(page_blocks("p.md", page))
+    assert blocks[0].free_names == ["BaseModel"]
+    assert "Action" in blocks[1].free_names
