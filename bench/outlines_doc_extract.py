@@ -293,6 +293,9 @@ def classify(blocks: list[Block]) -> list[Block]:
             why = next((why for pat, why in MACHINE if pat.search(code)), None)
             if why is not None:
                 block.status, block.reason = "skipped", f"needs {why}"
+            elif any(isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value is Ellipsis
+                     for n in tree.body):
+                block.status, block.reason = "skipped", "fragment: placeholder values (`x = ...`)"
             elif any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)):
                 block.status, block.reason = "skipped", "fragment: a module of the reader's own package (relative import)"
         free = [n for n in loaded if n not in known and n not in ASSUMED]

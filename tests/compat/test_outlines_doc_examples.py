@@ -221,3 +221,8 @@ def test_a_class_field_named_like_a_parameter_is_not_a_free_name():
     blocks = classify(page_blocks("p.md", page))
     assert blocks[0].free_names == ["BaseModel"]
     assert "Action" in blocks[1].free_names
+
+
+def test_placeholder_values_make_a_fragment():
+    blocks = classify(page_blocks("p.md", "```python\nimport outlines\nmodel = ...\nprint(model)\n```\n"))
+    assert blocks[0].status == "skipped" and "placeholder" in blocks[0].reason
