@@ -11,8 +11,10 @@ from ...guided.spec import GuideSpec
 from ._compile import fsm_available
 
 
-def schema_to_str(schema: Any) -> str:
-    """outlines' ``convert_json_schema_to_str``: dict / JSON text / pydantic model → JSON text."""
+def schema_to_str(json_schema: Any) -> str:
+    """outlines' ``convert_json_schema_to_str``: dict / JSON text / pydantic model → JSON text
+    (its parameter keeps outlines' name: the cookbook calls it with ``json_schema=``)."""
+    schema = json_schema
     if isinstance(schema, dict):
         return json.dumps(schema)
     if isinstance(schema, str):

@@ -147,11 +147,16 @@ class TokenrailsGuide(Guide):
         return bool(allowed.numel()) and set(allowed.tolist()) <= set(self.vocabulary_.eos_ids)
 
     def copy(self) -> "TokenrailsGuide":
-        """Same compiled guide, fresh state table (cheap: nothing is recompiled)."""
+        """Same compiled guide (cheap: nothing is recompiled), and a copy of the state table: the
+        ids handed out so far stay valid in the copy, new ones are its own. outlines' loop copies
+        a row's guide mid-walk (``reorder_fsms``) and goes on from that row's state id, which a
+        fresh table did not know (it read as final: a batch of 0.0.x ``generate.choice`` stopped
+        after one token)."""
         other = self.__class__.__new__(self.__class__)
         other.__dict__.update({k: v for k, v in self.__dict__.items() if k in ("regex_string", "cfg_string",
                                                                                "_state_labels")})
         other._init_compiled(self.compiled, self.tokenizer)
+        other.states = self.states.copy()
         return other
 
     def _fill_bitmask(self, state: int, bitmask: torch.Tensor, row: int) -> None:

@@ -12,6 +12,8 @@ instead, and any labelled id can be resumed from even if it was never handed out
 """
 from __future__ import annotations
 
+import copy
+
 from collections import OrderedDict
 from typing import Callable
 
@@ -54,6 +56,17 @@ class StateSpace:
             self._by_automaton[where] = 0
         self._start_where = where
         self._keep(0, start)
+
+    def copy(self) -> "StateSpace":
+        """The same ids → paths so far, its own from here on (live matchers are rebuilt by replay
+        when needed: a matcher moves on with its path, so none is shared)."""
+        other = copy.copy(self)
+        other._parent, other._children = list(self._parent), dict(self._children)
+        other._live = OrderedDict()
+        other._accepting, other._by_automaton = dict(self._accepting), dict(self._by_automaton)
+        other._labelled, other._issued = dict(self._labelled), set(self._issued)
+        other._row = allocate_token_bitmask(1, self.vocab.vocab_size)
+        return other
 
     def _read_labels(self) -> None:
         source, self._labels = self._labels, None

@@ -1,0 +1,246 @@
+"""outlines' documentation examples, run on tokenrails' outlines shim (issue 28).
+
+What is fetched, at run time (nothing of outlines is committed here): the source distribution
+of each outlines version from the package registry (``pip download --no-binary :all:``, cached,
+the same ``fetch`` as ``bench/outlines_suites.py``). All three default versions ship their whole
+documentation in the sdist, so nothing else is needed and nothing was unreachable:
+
+* 0.0.46: ``README.md``, ``docs/`` (quickstart, reference, cookbook);
+* 0.1.14: ``README.md``, ``docs/`` (quickstart, reference incl. ``generation/``, cookbook);
+* 1.3.3 (the newest 1.3.x): ``README.md``, ``docs/`` (guide, features, examples = the cookbook).
+
+Pages under ``docs/community/`` (contributing), ``docs/blog/`` and ``docs/api*/`` are left out
+(no user examples), as are the ``examples/*.py`` scripts (programs, not documentation; most use
+llama.cpp, vLLM or deployment platforms).
+
+How (``bench/outlines_doc_extract.py``, ``outlines_doc_runner.py``, ``outlines_doc_validate.py``):
+each page's Python code blocks run in order in one namespace, like a notebook, in a child
+process where ``import outlines`` is the shim (installed as ``bench/outlines_shim_plugin.py``
+does, told which version it stands in for: ``TOKENRAILS_OUTLINES_API``). The only change to an
+example is its model: every Hugging Face hub name loads the
+embedded SmolLM2-135M-Instruct (``tokenrails.demo_model``), whether through
+``models.transformers("...")`` or ``from_transformers(AutoModelForCausalLM.from_pretrained("..."),
+...)``, and CUDA devices become the CPU. A page that uses ``model`` without building one gets
+that model (the docs' "assume a model"). Blocks for other providers (OpenAI, vLLM, llama.cpp,
+MLX, API clients...), blocks needing what this machine lacks (network, GPU, deployment
+platforms, images/PDFs) and fragments (names no block of the page defines) are skipped, each with
+its reason. A block is a *runnable example* when it generated through outlines' public API
+(``generate.*``, ``Generator``, ``model(prompt, output_type)``) or raised; blocks that only define
+things are setup. Every generation is checked against the structure its example asked for
+(pydantic, jsonschema, ``re.fullmatch``, membership, ``int``/``float``/``bool`` parsing, Lark for
+CFGs); a block passes when it ran without an exception and every output fits. Each block starts
+from torch seed 0 and has ``--timeout`` seconds; generations are capped at ``--cap`` new tokens,
+or at the example's own ``max_tokens`` / ``max_new_tokens`` up to 256 (failures where a
+generation reached the cap say so).
+
+``--real`` runs the pages that had a failure again on outlines itself (its sdist first on
+``sys.path``, with the libraries it pins installed by pip ``--no-deps --target`` into the cache,
+never into the venv and never torch), to tell "outlines also fails" apart. Not reachable:
+outlines 0.0.46 itself (with numpy < 2 and numba 0.60 it imports, but its generation loop
+reorders the legacy tuple KV cache, which transformers 5 no longer returns: every generation
+fails with ``AttributeError: 'NoneType' object has no attribute 'device'``), so ``--real`` skips
+0.0.x and says so; 0.0.46's failures are judged from its sdist's source instead.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/outlines_doc_examples.py [--versions 0.0.46,0.1.14,1.3.3]
+        [--limit N] [--pages REGEX] [--cap 128] [--timeout 240] [--real] [--verbose] [--save FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from outlines_doc_extract import extract  # noqa: E402
+from outlines_suites import CACHE, fetch, package_root  # noqa: E402
+
+VERSIONS = ["0.0.46", "0.1.14", "1.3.3"]
+# what each version's own import needs beyond the venv (pinned as each version pinned them)
+REAL_LIBS = {"0.0.46": ["numpy==1.26.4", "numba==0.60.0", "llvmlite==0.43.0", "nest_asyncio"],  # numpy < 2
+             "0.1.14": ["outlines_core==0.1.26", "genson", "nest_asyncio"],
+             "1.3.3": ["genson"]}
+
+
+def api_of(version: str) -> str:
+    return "1.x" if int(version.split(".")[0]) >= 1 else "0.x"
+
+
+def real_sys_path(version: str) -> list[str]:
+    target = CACHE.parent / f"outlines-{version}-doclibs"
+    if not (target / ".done").exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                        "--target", str(target), *REAL_LIBS.get(version, [])], check=True)
+        (target / ".done").write_text("")
+    return [str(package_root(version)), str(target)]
+
+
+def run_blocks(version: str, pages: list[dict], mode: str, cap: int, timeout: int, verbose: bool) -> dict[str, dict]:
+    """Run ``pages`` in child processes (a new one after a crash or hang); ``{ident: result}``."""
+    work = Path(tempfile.mkdtemp(prefix=f"outlines-docs-{version}-{mode}-"))
+    job = {"version": version, "api": api_of(version), "mode": mode, "cap": cap, "timeout": timeout,
+           "pages": pages, "sys_path": real_sys_path(version) if mode == "real" else []}
+    (work / "job.json").write_text(json.dumps(job))
+    results_path = work / "results.jsonl"
+    # the shim follows the behaviour of the outlines version it stands in for (0.0.x's stopping rule)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               TOKENRAILS_OUTLINES_API=version,
+               PYTHONPATH=os.pathsep.join([str(ROOT / "bench"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    order = [b["ident"] for p in pages for b in p["blocks"] if b["run"]]
+    page_of = {b["ident"]: p["page"] for p in pages for b in p["blocks"]}
+    for _attempt in range(len(order) + 1):
+        budget = timeout * (len(order) + 2)
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "outlines_doc_runner.py"), str(work / "job.json"),
+                               str(results_path)], env=env, capture_output=True, text=True, timeout=budget)
+        results = _read(results_path)
+        missing = [i for i in order if i not in results]
+        if not missing:
+            break
+        # the child died inside the first missing block: that block failed; the rest of its page
+        # lost its namespace and is not counted (each such block is reported as not run)
+        crashed = missing[0]
+        tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        lines = [{"ident": crashed, "page": page_of[crashed], "records": [], "cap_hits": 0,
+                  "error": f"the process died: {tail[0][:200]}", "error_type": "Crash", "after_failure": False}]
+        lines += [{"ident": i, "page": page_of[i], "not_run": "its page's process died in an earlier block"}
+                  for i in missing[1:] if page_of[i] == page_of[crashed]]
+        with results_path.open("a") as fh:
+            for line in lines:
+                fh.write(json.dumps(line) + "\n")
+        if verbose:
+            print(f"  [{mode}] child died in {crashed}: {tail[0][:200]}", file=sys.stderr)
+    results = _read(results_path)
+    shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def _read(path: Path) -> dict[str, dict]:
+    if not path.exists():
+        return {}
+    return {r["ident"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def outcome(result: dict, cap: int) -> tuple[str, str]:
+    """("passed" | "failed" | "setup" | "cascade" | "not-run", reason) of one block's result."""
+    if "not_run" in result:
+        return "not-run", result["not_run"]
+    capped = " (a generation reached the bench's token cap)" if result.get("cap_hits") else (
+        f" (a generation ran to the example's own {result['own_limit_hits'][0]}-token limit)"
+        if result.get("own_limit_hits") else "")
+    expected = result.get("expected_error")
+    if expected and result.get("error_type") == expected:
+        return "passed", ""  # the page shows this very exception
+    if expected and "error" not in result:
+        return "failed", f"the page shows {expected} raised; nothing was raised"
+    if "error" in result:
+        if result.get("after_failure") and result.get("error_type") == "NameError":
+            return "cascade", "needs what a failed earlier block of its page should have defined"
+        return "failed", result["error"] + capped
+    bad = [r for r in result["records"] if not r["ok"] and not r["unchecked"]]
+    if bad:
+        return "failed", bad[0]["reason"] + capped
+    if not result["records"]:
+        return "setup", ""
+    return "passed", ""
+
+
+def select(pages: dict, pattern: str | None, limit: int | None) -> list[dict]:
+    out, n = [], 0
+    for page, blocks in pages.items():
+        if pattern and not re.search(pattern, page):
+            continue
+        if limit is not None and n >= limit:
+            break
+        out.append({"page": page, "blocks": [{"ident": b.ident, "code": b.code, "run": b.status == "run",
+                                              "expected_error": b.expected_error, "assumes": b.assumes} for b in blocks]})
+        n += sum(b.status == "run" for b in blocks)
+    return out
+
+
+def report(version: str, pages: dict, selected: list[dict], results: dict, real: dict | None, cap: int,
+           verbose: bool) -> dict:
+    chosen = {p["page"] for p in selected}
+    skipped = Counter()
+    for page, blocks in pages.items():
+        if page in chosen:
+            for b in blocks:
+                if b.status == "skipped":
+                    skipped[re.sub(r": .*", "", b.reason) if b.reason.startswith("fragment") else b.reason] += 1
+    counts, failures, also = Counter(), [], 0
+    for p in selected:
+        for b in p["blocks"]:
+            if b["ident"] not in results:
+                continue
+            kind, reason = outcome(results[b["ident"]], cap)
+            counts[kind] += 1
+            if kind == "failed":
+                real_note = ""
+                if real is not None:
+                    if b["ident"] in real:
+                        rk, rr = outcome(real[b["ident"]], cap)
+                        real_note = f" | outlines {version}: {rk}{': ' + rr if rr else ''}"
+                        also += rk == "failed"
+                    else:
+                        real_note = " | outlines: not run"
+                failures.append(f"{b['ident']}: {reason}{real_note}")
+            elif verbose and kind == "passed":
+                print(f"  pass {b['ident']} ({results[b['ident']].get('seconds')} s)")
+    runnable = counts["passed"] + counts["failed"]
+    pct = 100 * counts["passed"] / runnable if runnable else 0.0
+    print(f"\n== outlines {version}: runnable {runnable}, passed {counts['passed']} ({pct:.1f} %), failed "
+          f"{counts['failed']}" + (f" (outlines itself also fails {also})" if real is not None else "")
+          + f", setup blocks {counts['setup']}, after a failure {counts['cascade']}, not run {counts['not-run']}, "
+          f"skipped {sum(skipped.values())}")
+    for line in failures:
+        print(f"  FAIL {line}")
+    for why, n in skipped.most_common():
+        print(f"  skipped {n:3d}: {why}")
+    return {"runnable": runnable, "passed": counts["passed"], "failed": counts["failed"], "also_outlines": also,
+            "skipped": sum(skipped.values()), "failures": failures, "skipped_reasons": dict(skipped)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--versions", default=",".join(VERSIONS))
+    ap.add_argument("--limit", type=int, default=None, help="at most about N runnable blocks per version (whole pages)")
+    ap.add_argument("--pages", default=None, help="regex on page paths (README.md, docs/...)")
+    ap.add_argument("--cap", type=int, default=128, help="new tokens per generation at most")
+    ap.add_argument("--timeout", type=int, default=240, help="seconds per block")
+    ap.add_argument("--real", action="store_true", help="run pages with failures on outlines itself too")
+    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--save", type=Path, default=None, help="write every block's result (JSON) here")
+    args = ap.parse_args()
+    summary, saved = {}, {}
+    for version in args.versions.split(","):
+        t0 = time.perf_counter()
+        pages = extract(fetch(version))
+        selected = select(pages, args.pages, args.limit)
+        results = run_blocks(version, selected, "shim", args.cap, args.timeout, args.verbose)
+        real = None
+        if args.real and api_of(version) == "0.x" and version.startswith("0.0."):
+            print(f"  --real: outlines {version} cannot generate with this transformers (see the docstring)")
+        elif args.real:
+            failed_pages = {results[b["ident"]]["page"] for p in selected for b in p["blocks"]
+                            if b["ident"] in results and outcome(results[b["ident"]], args.cap)[0] == "failed"}
+            real = run_blocks(version, [p for p in selected if p["page"] in failed_pages], "real", args.cap,
+                              args.timeout, args.verbose) if failed_pages else {}
+        summary[version] = report(version, pages, selected, results, real, args.cap, args.verbose)
+        summary[version]["seconds"] = round(time.perf_counter() - t0)
+        saved[version] = {"shim": results, "real": real}
+        print(f"  ({summary[version]['seconds']} s)")
+    if args.save:
+        args.save.write_text(json.dumps(saved, indent=1))
+    print("\n" + json.dumps({v: {k: s[k] for k in ("runnable", "passed", "failed", "skipped")} for v, s in summary.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""The documentation-examples bench's own logic (bench/outlines_doc_examples.py): how it cuts a
+markdown page into Python examples and classifies them, and how it judges an output against the
+structure its example asked for. No model, no outlines, no network: a small page written here."""
+from __future__ import annotations
+
+import enum
+import sys
+import typing
+from pathlib import Path
+
+import pydantic
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from outlines_doc_extract import classify, fenced_blocks, page_blocks  # noqa: E402
+from outlines_doc_runner import adapt_code  # noqa: E402
+from outlines_doc_validate import check  # noqa: E402
+
+PAGE = '''# A page
+
+```bash
+pip install outlines
+```
+
+```python
+import outlines
+from pydantic import BaseModel
+
+class User(BaseModel):
+    name: str
+```
+
+=== "tab"
+
+    ```python title="indented"
+    model = outlines.models.transformers("some/model", device="cuda")
+    user = outlines.generate.json(model, User)("Describe a user:")
+    ```
+
+```python
+model = outlines.models.openai("gpt-4o")
+```
+
+```python
+print(model("hi"))
+```
+
+```py
+answer = generator(prompt)
+```
+
+```python
+>>> x = 1 +
+```
+
+```python
+>>> import outlines
+>>> print(outlines.types.integer)
+Regex('[+-]?(0|[1-9][0-9]*)')
+```
+
+```python
+from huggingface_hub import login
+login()
+```
+
+```python
+config = Settings()
+```
+
+```python
+settings = config.copy()
+```
+
+```python
+%pip install chess -q
+def legal(board):
+    return board
+```
+
+```python
+print(legal(board))
+```
+
+```python
+grammar = """
+    ?start: NUMBER
+    %import common.NUMBER
+"""
+```
+
+```python
+from .function import joke
+```
+'''
+
+
+def test_fences_languages_and_indentation():
+    blocks = fenced_blocks(PAGE)
+    assert [lang for _, lang, _ in blocks] == ["bash", "python", "python", "python", "python", "py", "python",
+                                               "python", "python", "python", "python", "python", "python", "python", "python"]
+    indented = blocks[2][2]
+    assert indented.startswith("model = outlines.models.transformers(") and "\n    " not in indented
+
+
+def test_classification():
+    blocks = classify(page_blocks("page.md", PAGE))
+    status = [(b.status, b.reason.split(":")[0]) for b in blocks]
+    assert status == [
+        ("run", ""),                                  # imports, a pydantic model
+        ("run", ""),                                  # transformers model + generation
+        ("skipped", "another provider"),              # OpenAI
+        ("skipped", "uses the OpenAI model of an earlier block"),
+        ("skipped", "fragment"),                      # generator, prompt: never defined
+        ("not-python", "does not parse (invalid syntax, line 1)"),
+        ("run", ""),                                  # a console transcript: its code lines
+        ("skipped", "needs Hugging Face login (network)"),
+        ("skipped", "fragment"),                      # Settings: never defined
+        ("skipped", "needs names only a skipped block defines"),
+        ("run", ""),                                  # a notebook magic line is dropped
+        ("skipped", "fragment"),                      # board: only a function's parameter
+        ("run", ""),                                  # Lark's %import is no notebook magic
+        ("skipped", "fragment"),                      # relative import
+    ]
+    assert blocks[-1].reason.endswith("(relative import)")
+    assert "%import common.NUMBER" in blocks[-2].code
+    assert "generator" in blocks[4].free_names and "prompt" in blocks[4].free_names
+    assert blocks[6].code.splitlines() == ["import outlines", "print(outlines.types.integer)"]
+
+
+def test_only_cuda_devices_change():
+    code = 'rng = torch.Generator(device="cuda")\nm = f("org/cuda-model", device=\'cuda:0\')'
+    assert adapt_code(code) == 'rng = torch.Generator(device="cpu")\nm = f("org/cuda-model", device="cpu")'
+
+
+class Color(str, enum.Enum):
+    red = "red"
+    blue = "blue"
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
+def add(a: int, b: int):
+    return a + b
+
+
+@pytest.mark.parametrize("request_, output, ok", [
+    (("regex", r"[0-9]{3}"), "123", True),
+    (("regex", r"[0-9]{3}"), "1234", False),          # fullmatch, not match
+    (("choice", ["yes", "no"]), "yes", True),
+    (("choice", ["yes", "no"]), "maybe", False),
+    (("format", int), 3, True),
+    (("format", int), "3", False),
+    (("format", float), 3, True),
+    (("json", Person), Person(name="a", age=1), True),
+    (("json", Person), {"name": "a", "age": 1}, False),
+    (("json", '{"type": "object", "required": ["a"]}'), {"a": 1}, True),
+    (("json", '{"type": "object", "required": ["a"]}'), {"b": 1}, False),
+    (("json", add), {"a": 1, "b": 2}, True),
+    (("json", add), {"a": "x", "b": 2}, False),
+    (("cfg", '?start: "a"+'), "aaa", True),
+    (("cfg", '?start: "a"+'), "ab", False),
+])
+def test_0x_checks(request_, output, ok):
+    assert (check("0.x", request_, output) is None) is ok
+
+
+@pytest.mark.parametrize("output_type, text, ok", [
+    (Person, '{"name": "a", "age": 1}', True),
+    (Person, '{"name": "a", "age": "x"}', False),
+    (Person, '{"name": "a", "age"', False),           # cut short
+    (typing.Literal["yes", "no"], "no", True),
+    (typing.Literal["yes", "no"], '"no"', False),     # 1.x: a Literal is plain text, not JSON
+    (int, "-12", True),
+    (int, "012", False),
+    (float, "1.5", True),
+    (bool, "True", True),
+    (bool, "true", False),
+    (Color, "blue", True),
+    (Color, "green", False),
+    (typing.List[int], "[1, 2]", True),
+    (typing.Dict[int, str], '{"1": "a"}', True),
+    (typing.Union[Person, typing.Literal["I don't know"]], "I don't know", True),
+    (typing.Union[Person, typing.Literal["I don't know"]], '{"name": "a", "age": 2}', True),
+    (typing.Union[Person, typing.Literal["I don't know"]], "no idea", False),
+    (None, "anything", True),
+    ({"type": "array", "items": {"type": "integer"}}, "[1, 2]", True),
+    ({"type": "array", "items": {"type": "integer"}}, '["a"]', False),
+    (add, '{"a": 1, "b": 2}', True),
+])
+def test_1x_checks(output_type, text, ok):
+    assert (check("1.x", ("output_type", output_type), text) is None) is ok
+
+
+def test_batches_check_every_element():
+    assert check("0.x", ("choice", ["a", "b"]), ["a", "b"], batched=True) is None
+    assert check("0.x", ("choice", ["a", "b"]), [["a", "b"], ["b", "c"]], batched=True) is not None
+
+
+def test_unknown_output_types_are_unchecked_not_passed():
+    reason = check("1.x", ("output_type", object()), "x")
+    assert reason is not None and reason.startswith("unchecked")
+
+
+def test_a_block_followed_by_a_traceback_documents_that_error():
+    page = ('```python\n@outlines.prompt\ndef greet(name):\n    """Hi {{ surname }}"""\n```\n\n'
+            '```text\nTraceback (most recent call last):\n  File "x.py", line 9, in <module>\n'
+            '    return render()\njinja2.exceptions.UndefinedError: \'surname\' is undefined\n```\n\n'
+            '```python\nx = 1\n```\n\n```text\n1\n```\n')
+    blocks = page_blocks("p.md", page)
+    assert [b.expected_error for b in blocks] == ["UndefinedError", None]
+
+
+def test_a_class_field_named_like_a_parameter_is_not_a_free_name():
+    page = ("```python\nclass Item(BaseModel):\n    sub: str\n\ndef show(sub):\n    print(sub)\n```\n\n"
+            "```python\nclass Step(BaseModel):\n    Action: Action\n```\n")
+    blocks = classify(page_blocks("p.md", page))
+    assert blocks[0].free_names == ["BaseModel"]
+    assert "Action" in blocks[1].free_names
+
+
+def test_placeholder_values_make_a_fragment():
+    blocks = classify(page_blocks("p.md", "```python\nimport outlines\nmodel = ...\nprint(model)\n```\n"))
+    assert blocks[0].status == "skipped" and "placeholder" in blocks[0].reason
