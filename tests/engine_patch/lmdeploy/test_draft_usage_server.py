@@ -35,7 +35,8 @@ def _body(model_id, **extra):
 
 def _check(spec, completion_tokens):
     assert set(spec) == {"draft_tokens", "accepted_draft_tokens", "forced_draft_tokens", "verify_steps"}, spec
-    assert spec["verify_steps"] > 0 and spec["draft_tokens"] == K * spec["verify_steps"], spec
+    # adaptive grammar drafts: a row drafts its forced run only (at most K), nothing where nothing is forced
+    assert spec["verify_steps"] > 0 and 0 < spec["draft_tokens"] <= K * spec["verify_steps"], spec
     assert 0 <= spec["accepted_draft_tokens"] <= spec["draft_tokens"], spec
     assert 0 < spec["forced_draft_tokens"] <= spec["draft_tokens"], spec
     # prefill emits the first token, every verification step its accepted drafts + 1, and the
