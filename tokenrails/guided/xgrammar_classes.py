@@ -12,7 +12,7 @@ enforces what the stock engine enforces.
 from __future__ import annotations
 
 from .ecma_patterns import spell_shorthands
-from .fsm.charset import negate, normalize
+from .fsm.charset import negate, normalize, without_surrogates
 
 _RANGES = {
     "d": ((0x30, 0x39),),
@@ -35,21 +35,8 @@ def _body(ranges) -> str:
     return "".join(_escape(a) if a == b else f"{_escape(a)}-{_escape(b)}" for a, b in ranges)
 
 
-def _without_surrogates(ranges):
-    out = []
-    for a, b in ranges:
-        if b < 0xD800 or a > 0xDFFF:
-            out.append((a, b))
-            continue
-        if a < 0xD800:
-            out.append((a, 0xD7FF))
-        if b > 0xDFFF:
-            out.append((0xE000, b))
-    return tuple(out)
-
-
 CLASSES = {k: _body(r) for k, r in _RANGES.items()}
-NEGATED = {k: _body(_without_surrogates(negate(r))) for k, r in _RANGES.items()}
+NEGATED = {k: _body(without_surrogates(negate(r))) for k, r in _RANGES.items()}
 
 
 def xgrammar_classes(pattern: str) -> str:

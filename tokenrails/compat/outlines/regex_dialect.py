@@ -15,6 +15,7 @@ import functools
 import re
 
 from ...guided.errors import InvalidGuideError, UnsupportedGuideError
+from ...guided.fsm.charset import without_surrogates
 from ...guided.ecma_patterns import spell_shorthands
 from ...guided.schema_features import class_end
 
@@ -171,20 +172,7 @@ def _complement(ranges: tuple) -> tuple:
         start = b + 1
     if start <= 0x10FFFF:
         out.append((start, 0x10FFFF))
-    return tuple((a, b) for a, b in _drop_surrogates(out))
-
-
-def _drop_surrogates(ranges: list) -> list:
-    out = []
-    for a, b in ranges:
-        if b < 0xD800 or a > 0xDFFF:
-            out.append((a, b))
-            continue
-        if a < 0xD800:
-            out.append((a, 0xD7FF))
-        if b > 0xDFFF:
-            out.append((0xE000, b))
-    return out
+    return without_surrogates(out)
 
 
 @functools.lru_cache(maxsize=1)

@@ -24,6 +24,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
+from .grammar_drafts import emitted_counts
+
 MAX_TRACKED_REQUESTS = 4096
 
 __all__ = ["DraftCounters", "request_stats", "record_verification", "drafted_counts", "record_forced", "reset", "all_requests", "install"]
@@ -83,22 +85,6 @@ def record_forced(session_id: Hashable, n: int) -> None:
         return
     with _LOCK:
         _of(session_id).forced_draft_tokens += int(n)
-
-
-def emitted_counts(output_token_ids: Sequence[Sequence[int]], stops: frozenset[int]) -> list[int]:
-    """Tokens each row's verification produced: up to the first negative id (rejected positions),
-    including a stop token and nothing after it (the engine drops what follows a stop)."""
-    counts = []
-    for row in output_token_ids:
-        n = 0
-        for t in row:
-            if t < 0:
-                break
-            n += 1
-            if t in stops:
-                break
-        counts.append(n)
-    return counts
 
 
 def drafted_counts(draft_token_ids: Sequence[Sequence[int]]) -> list[int]:

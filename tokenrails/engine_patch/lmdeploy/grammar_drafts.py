@@ -234,12 +234,14 @@ def _row_keys(session_ctx: list | None, batch: int) -> list[Hashable]:
     return keys
 
 
-def _emitted(out_ids: torch.Tensor, stops: frozenset[int]) -> list[int]:
-    """Tokens each row's verification produced, up to and including a stop token (the engine
-    drops what follows it)."""
-    rows = out_ids.reshape(out_ids.shape[0], -1).tolist()
+def emitted_counts(output_token_ids, stops: frozenset[int]) -> list[int]:
+    """Tokens each row's verification produced (rows of ids, or a tensor): up to the first negative
+    id (rejected positions), including a stop token and nothing after it (the engine drops what
+    follows a stop)."""
+    if isinstance(output_token_ids, torch.Tensor):
+        output_token_ids = output_token_ids.reshape(output_token_ids.shape[0], -1).tolist()
     counts = []
-    for row in rows:
+    for row in output_token_ids:
         n = 0
         for t in row:
             if t < 0:
@@ -320,7 +322,7 @@ def _proposer_class():
             out_ids = extra_inputs.output_token_ids
             if out_ids is None or model_inputs.is_dummy:
                 return
-            emitted = _emitted(out_ids, self._stop_ids())
+            emitted = emitted_counts(out_ids, self._stop_ids())
             verified = bool(model_inputs.is_decoding)
             prev = {p.key: p for p in self._last if p is not None and p.key is not None}
             with _LEDGER.lock:

@@ -60,3 +60,18 @@ def from_predicate(pred) -> Ranges:
 
 def contains(ranges: Ranges, cp: int) -> bool:
     return any(lo <= cp <= hi for lo, hi in ranges)
+
+
+def without_surrogates(ranges: Iterable[tuple[int, int]]) -> Ranges:
+    """``ranges`` minus U+D800-U+DFFF: no regex reader (Python, Rust, xgrammar) takes a lone
+    surrogate in a class, and none is a character UTF-8 can spell."""
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if b < 0xD800 or a > 0xDFFF:
+            out.append((a, b))
+            continue
+        if a < 0xD800:
+            out.append((a, 0xD7FF))
+        if b > 0xDFFF:
+            out.append((0xE000, b))
+    return tuple(out)
