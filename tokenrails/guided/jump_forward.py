@@ -47,7 +47,7 @@ import torch
 from .bitmask import eos_only_row, words_for
 from .forced import forced_tokens
 from .sequence import SequenceState
-from .vocabulary import Vocabulary
+from .vocabulary import Vocabulary, whole_utf8_prefix
 
 __all__ = ["JumpForward", "compute_jump_forward", "text_encoder"]
 
@@ -140,13 +140,7 @@ def _forced_text(vocab: Vocabulary, tokens: Sequence[int]) -> str:
     """The text of the forced run's leading tokens: cut before a special token (its text would
     retokenize to the special id) and before a split UTF-8 character."""
     n = next((i for i, t in enumerate(tokens) if t in vocab.special_ids), len(tokens))
-    data = b"".join(vocab.token_bytes[t] for t in tokens[:n])
-    for cut in range(len(data), max(len(data) - 4, -1), -1):
-        try:
-            return data[:cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return ""
+    return whole_utf8_prefix(b"".join(vocab.token_bytes[t] for t in tokens[:n]))
 
 
 def _back_off_last(vocab: Vocabulary, matcher, prev: list[int], ids: list[int]) -> list[int]:

@@ -17,6 +17,18 @@ from .errors import InvalidGuideError
 # backend_cache key of the model's transformers tokenizer (backends that must tokenize text)
 HF_TOKENIZER_KEY = "hf_tokenizer"
 
+
+def whole_utf8_prefix(data: bytes) -> str:
+    """``data`` decoded up to its last whole UTF-8 character: a forced run of byte tokens may end
+    inside a character, whose tail is not forced yet."""
+    for cut in range(len(data), max(len(data) - 4, -1), -1):
+        try:
+            return data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""
+
+
 @dataclass(eq=False)
 class Vocabulary:
     """Token ``i`` decodes to ``token_bytes[i]``; ids in ``special_ids`` are never grammar tokens."""

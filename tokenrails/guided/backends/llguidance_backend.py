@@ -33,7 +33,7 @@ from ..schema_features import (
     schema_pattern_hazards,
 )
 from ..spec import GuideSpec
-from ..vocabulary import HF_TOKENIZER_KEY, Vocabulary
+from ..vocabulary import HF_TOKENIZER_KEY, Vocabulary, whole_utf8_prefix
 
 # llguidance marks special tokens by a leading 0xFF byte (never valid UTF-8). Names are private so
 # a grammar cannot refer to them by their real text (``<|im_start|>`` is then plain text).
@@ -348,14 +348,7 @@ class LLGuidanceMatcher(Matcher):
     def find_jump_forward_string(self) -> str:
         if self._terminated or self._m.is_error():
             return ""
-        data = self._m.compute_ff_bytes()
-        # Only whole UTF-8 characters: cut a trailing partial sequence.
-        for cut in range(len(data), max(len(data) - 4, -1), -1):
-            try:
-                return data[:cut].decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-        return ""
+        return whole_utf8_prefix(self._m.compute_ff_bytes())  # only whole UTF-8 characters
 
     def is_accepting(self) -> bool:
         return self._terminated or (not self._m.is_error() and bool(self._m.is_accepting()))
