@@ -78,14 +78,9 @@ def start_ready(model, log, *extra_args, tool_call_parser="qwen", **start_kw):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir
-    try:
-        model, _, _ = resolve_model_dir(quiet=True)
-    except ModelNotFoundError as exc:
-        pytest.skip(str(exc))
+def server(tmp_path_factory, model_dir):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    proc, base, model_id = start_ready(model, log)
+    proc, base, model_id = start_ready(model_dir, log)
     try:
         yield base, model_id, proc, log
     finally:

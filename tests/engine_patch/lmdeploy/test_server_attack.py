@@ -38,15 +38,9 @@ DEADLINE_S = 10.0
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir
-
-    try:
-        model, _, _ = resolve_model_dir(quiet=True)
-    except ModelNotFoundError as exc:
-        pytest.skip(str(exc))
+def server(tmp_path_factory, model_dir):
     log = tmp_path_factory.mktemp("attack") / "server.log"
-    proc, base, model_id = start_ready(model, log, limits={"compile_timeout_s": DEADLINE_S})
+    proc, base, model_id = start_ready(model_dir, log, limits={"compile_timeout_s": DEADLINE_S})
     try:
         yield base, model_id
     finally:
