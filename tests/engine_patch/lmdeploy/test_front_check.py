@@ -280,3 +280,69 @@ def test_a_check_that_finishes_before_its_callback_is_added_does_not_deadlock(up
     thread.join(10)
     assert not thread.is_alive(), "the front check deadlocked"
     assert holder["v"] is None
+
+
+def _loop_turns_during_preprocess(fmt) -> int:
+    """How many times other tasks ran while the patched ``preprocess`` reached LMDeploy's own call
+    (the stock call itself is replaced by a probe, so only the upgrade's front check is counted)."""
+    from lmdeploy.messages import GenerationConfig
+
+    from tokenrails.engine_patch.lmdeploy import front_check
+
+    turns = [0]
+    at_call: list[int] = []
+
+    async def stock_preprocess(self, *args, **kwargs):
+        at_call.append(turns[0])
+        return "reached"
+
+    patched = front_check.checked_preprocess(stock_preprocess)
+    fake = SimpleNamespace(backend="pytorch", session_mgr=None)
+    gen = GenerationConfig(response_format=fmt)
+
+    async def main():
+        done = asyncio.Event()
+
+        async def neighbour():  # another request, or the engine loop, waiting for its turn
+            while not done.is_set():
+                turns[0] += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(neighbour())
+        await asyncio.sleep(0)
+        start = turns[0]
+        assert await patched(fake, [{"role": "user", "content": "hi"}], "s", gen_config=gen) == "reached"
+        done.set()
+        await task
+        return at_call[0] - start
+
+    return asyncio.run(main())
+
+
+def test_a_small_known_format_reaches_the_engine_without_yielding(upgraded):
+    """Issue 25 point 4: every real yield in ``preprocess`` lets the engine loop start a prefill
+    with the requests that arrived so far, and LMDeploy's scheduler then decodes that partial batch
+    for up to ``prefill_interval`` (16) steps before it admits the rest: a warm batch of 32 ran as
+    17 + 15 rows. A small format already checked must go straight through (on main it hopped to
+    the executor for parsing: one or more turns)."""
+    _fresh_memo()
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+        "type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name"]}}}
+    _loop_turns_during_preprocess(fmt)  # first sight: the verdict compiles on a pool thread
+    assert _loop_turns_during_preprocess(fmt) == 0
+
+
+def test_a_large_format_is_still_parsed_off_the_loop(upgraded):
+    """The inline parse is bounded: a format past ``INLINE_PARSE_NODES`` (here ~1 MB of
+    properties) still parses on the executor, so the loop keeps turning."""
+    from tokenrails.engine_patch.lmdeploy import front_check
+
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 200}
+                                            for i in range(5_000)}}
+    assert not front_check.parses_inline(big)
+    assert front_check.parses_inline({"type": "object", "properties": {"a": {"type": "integer"}}})
+    assert not front_check.parses_inline("x" * (64 * front_check.INLINE_PARSE_NODES + 64))
+    _fresh_memo()
+    fmt = {"type": "json_schema", "json_schema": {"name": "big", "schema": big}}
+    assert _loop_turns_during_preprocess(fmt) > 0
