@@ -346,3 +346,42 @@ def test_a_large_format_is_still_parsed_off_the_loop(upgraded):
     _fresh_memo()
     fmt = {"type": "json_schema", "json_schema": {"name": "big", "schema": big}}
     assert _loop_turns_during_preprocess(fmt) > 0
+
+
+def test_requests_waiting_on_one_new_format_resume_together(upgraded):
+    """Issue 25 point 4, the first call with a new format: 32 requests waiting on its check must
+    resume in the same turn of the loop, else the first few reach the engine alone, it prefills
+    them, and the rest wait up to 16 decode steps. On main each waiter had its own wrapper of the
+    check, and the ones arriving after the (fast) check finished took the memo without waiting:
+    about a third of trials resumed over two turns."""
+    from tokenrails.engine_patch.lmdeploy import front_check
+
+    spreads = []
+    for trial in range(20):
+        _fresh_memo()
+        checker = front_check.FrontCheck()
+        spec = GuideSpec.regex(f"[0-9]{{3}}-together-{trial}")
+        turns = [0]
+        resumed: list[int] = []
+
+        async def main():
+            done = asyncio.Event()
+
+            async def neighbour():
+                while not done.is_set():
+                    turns[0] += 1
+                    await asyncio.sleep(0)
+
+            task = asyncio.create_task(neighbour())
+
+            async def request():
+                assert await checker.verdict(spec, GuideLimits()) is None
+                resumed.append(turns[0])
+
+            await asyncio.gather(*(request() for _ in range(32)))
+            done.set()
+            await task
+
+        asyncio.run(main())
+        spreads.append(len(set(resumed)))
+    assert spreads == [1] * 20, spreads

@@ -57,6 +57,10 @@ class FrontCheck:
         self._pool: CompilePool | None = None
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
+        # one asyncio view of each in-flight check per event loop: its waiters all wake in the same
+        # turn of the loop, so a batch's requests for a new format reach the engine together (one
+        # wrapper per waiter woke them over several turns, and the engine prefilled part of the batch)
+        self._views: dict[tuple[str, int], asyncio.Future] = {}
 
     def _get_pool(self, limits: GuideLimits) -> CompilePool:
         with self._lock:
@@ -66,6 +70,9 @@ class FrontCheck:
 
     async def verdict(self, spec: Any, limits: GuideLimits) -> GuideError | None:
         """The typed error compiling ``spec`` raises (detached), or None; never blocks the loop."""
+        pending = self._pending_view(spec.key)
+        if pending is not None:  # wake with the requests already waiting, even if the memo has it now
+            return await self._await(pending, None, spec, limits)
         seen, err = req.memo_get(spec.key)
         if seen:
             return err
@@ -81,16 +88,48 @@ class FrontCheck:
                 self._inflight[spec.key] = future
         if new:  # outside the lock: a finished future runs the callback here, and it takes the lock
             future.add_done_callback(functools.partial(self._done, spec.key))
+        return await self._await(self._view(spec.key, future), future, spec, limits)
+
+    async def _await(self, view: asyncio.Future, future: Future | None, spec: Any,
+                     limits: GuideLimits) -> GuideError | None:
+        """``view``'s verdict within the compile deadline; past it the check (``future``, if this
+        waiter owns one) is abandoned and the request refused with the typed error."""
         try:
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
-                                          timeout=limits.compile_timeout_s)
+            return await asyncio.wait_for(asyncio.shield(view), timeout=limits.compile_timeout_s)
         except asyncio.TimeoutError:
-            pool.abandon(future)
+            if future is not None:
+                self._get_pool(limits).abandon(future)
             err = GuideTimeoutError(
                 f"limit compile_timeout_s={limits.compile_timeout_s} exceeded: checking this constraint "
                 "did not finish in time", limit="compile_timeout_s", value=limits.compile_timeout_s)
             req.memo_put(spec.key, err)
             return err
+
+    def _pending_view(self, key: str) -> asyncio.Future | None:
+        """This loop's not yet finished view of a check of ``key``, if requests are waiting on one."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            view = self._views.get((key, id(loop)))
+        if view is None or view.done() or view.get_loop() is not loop:
+            return None
+        return view
+
+    def _view(self, key: str, future: Future) -> asyncio.Future:
+        """This loop's one asyncio future of ``future`` (made by its first waiter)."""
+        loop = asyncio.get_running_loop()
+        slot = (key, id(loop))
+        with self._lock:
+            view = self._views.get(slot)
+            if view is None or view.get_loop() is not loop:
+                view = asyncio.wrap_future(future, loop=loop)
+                self._views[slot] = view
+                view.add_done_callback(functools.partial(self._forget_view, slot))
+            return view
+
+    def _forget_view(self, slot: tuple[str, int], view: asyncio.Future) -> None:
+        with self._lock:
+            if self._views.get(slot) is view:
+                del self._views[slot]
 
     def _done(self, key: str, future: Future) -> None:
         with self._lock:
