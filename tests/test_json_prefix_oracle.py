@@ -291,3 +291,35 @@ def test_parse_prefix_shapes():
         parse_prefix("01")
     with pytest.raises(ValueError):
         loads_strict('{"a": 1, "a": 2}')
+
+
+def test_engine_bench_validator_refutes_the_stock_escape_xgrammar_passes(smollm2_tokenizer):
+    """bench/lmdeploy_engine.py's Validator: the capped ``{"allOf": [`` of stock LMDeploy on the
+    Synthesized schema is invalid (main's xgrammar-only check passed it), the xgrammar cross-check
+    is recorded and the disagreement listed; an undecided prefix is counted apart, not valid."""
+    from types import SimpleNamespace
+
+    from bench.lmdeploy_engine import CHECK_ORACLE, CHECK_XGRAMMAR, Row, Tally, Validator
+
+    validator = Validator(smollm2_tokenizer, len(smollm2_tokenizer))
+    tally = Tally()
+    for schema, text in ((SYNTH_ENUM_1, '{\n  "allOf": [\n    {'), (SYNTH_ENUM_FOO, '{\n  "allOf": [')):
+        row = Row("maskbench", "Synthesized", "p", {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+                  schema=schema)
+        out = SimpleNamespace(finish_reason="length", text=text,
+                              token_ids=smollm2_tokenizer.encode(text, add_special_tokens=False))
+        judgement = validator.check(row, out)
+        assert judgement.status == "invalid"
+        assert dict(judgement.checks) == {CHECK_ORACLE: "invalid", CHECK_XGRAMMAR: "valid"}
+        assert judgement.disagreement
+        tally.add(row, judgement)
+    hard = {"type": "object", "required": ["k"], "properties": {"k": {"type": "integer", "multipleOf": 7919,
+                                                                        "minimum": 1}}}
+    row = Row("maskbench", "hard", "p", {"type": "json_schema", "json_schema": {"name": "s", "schema": hard}},
+              schema=hard)
+    text = '{"k": 1'
+    out = SimpleNamespace(finish_reason="length", text=text,
+                          token_ids=smollm2_tokenizer.encode(text, add_special_tokens=False))
+    tally.add(row, validator.check(row, out))
+    assert len(tally.invalid) == 2 and len(tally.undecided) == 1
+    assert tally.checks[CHECK_ORACLE] == {"invalid": 2, "undecided": 1}
