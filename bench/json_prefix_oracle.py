@@ -670,7 +670,13 @@ class PrefixOracle:
                 return f"required member {k!r} cannot be added"
         mx = schema.get("maxProperties")
         if isinstance(mx, int) and not isinstance(mx, bool):
-            at_least = len(set(used) | set(required)) + (node.pkey is not None or node.need_member)
+            missing = [k for k in required if k not in used]
+            # an open name (or the member a comma asks for) is one more only if it cannot be a missing required one
+            if node.pkey is not None:
+                extra = not node.pkey.pending and not any(k.startswith(node.pkey.chars) for k in missing)
+            else:
+                extra = node.need_member and not missing
+            at_least = len(set(used) | set(required)) + extra
             if at_least > mx:
                 return f"more than maxProperties {mx} members"
         deps = dict(schema.get("dependentSchemas") or {}) if isinstance(schema.get("dependentSchemas"), dict) else {}
@@ -938,7 +944,10 @@ class PrefixOracle:
             if node.pkey.pending:  # an escape cut in the name: finish it, the name is then unknown here
                 cands: list[tuple[str, str | None]] = [(_finish_escape(node.pkey.pending), None)]
             else:
-                cands = [(_json_chars(k[len(node.pkey.chars):]), k) for k in props
+                required = [k for k in s.get("required", []) if isinstance(k, str)] \
+                    if isinstance(s.get("required"), list) else []
+                names = list(dict.fromkeys([*required, *props]))  # a missing required name first
+                cands = [(_json_chars(k[len(node.pkey.chars):]), k) for k in names
                          if k not in used and k.startswith(node.pkey.chars)]
                 if node.pkey.chars not in used:
                     cands.append(("", node.pkey.chars))

@@ -31,8 +31,9 @@ elsewhere hits them alike), figures are medians over rounds:
 
 Time: the **whole engine step**, start to start of consecutive decoding steps of the model agent
 (``BaseModelAgent._async_step``): scheduling, inputs, forward, the guided wrapper, the mask fill
-(overlapped with the forward or not), sampling, accept, outputs. Tokens/s = rows decoded in those
-steps / their summed duration (rows finish at different lengths; the mean occupancy is printed).
+(overlapped with the forward or not), sampling, accept, outputs. Tokens/s = tokens emitted in those
+steps (one per row and step without drafts) / their summed duration (rows finish at different
+lengths; the mean occupancy, rows per step, is printed).
 The breakdown columns time the model forward and the logits processor call + accept of both
 engines (the upgrade's fill that overlaps the forward shows up in neither, only in the step). A
 third table gives the process CPU time per decode step (all threads, so an overlapped fill is

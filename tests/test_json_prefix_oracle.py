@@ -49,6 +49,7 @@ SCHEMAS = {
                                                     "properties": {"bar": {}, "foo": {}}}}}]},
     "unicode": {"type": "object", "properties": {"árvíz": {"type": "string", "minLength": 2}},
                 "required": ["árvíz"]},
+    "max_props_required": {"type": "object", "required": ["a", "b"], "maxProperties": 2},
     "ref_siblings_draft7": {"$schema": "http://json-schema.org/draft-07/schema#",
                             "definitions": {"s": {"type": "string"}}, "$ref": "#/definitions/s", "type": "integer"},
 }
@@ -227,6 +228,7 @@ def test_the_known_stock_escape_is_invalid(schema):
     ("pattern_props", '{"a": 1'),                         # additionalProperties: string
     ("pattern_props", '{"a": "", "b": "", "c": "", '),    # maxProperties 3
     ("synthesized_enum", '{"foo": 1, "bar'),              # enum: no such key
+    ("max_props_required", '{"a": 1, "c'),                # "c" is a third member: maxProperties 2
     ("ref_siblings_draft7", "1"),                         # draft 7: $ref wins, the sibling type is ignored
     ("person", '{"name": "a"}x'),                         # not a JSON prefix
     ("person", '{"name": NaN'),                           # not JSON
@@ -257,6 +259,9 @@ def test_refuted(name, text):
     ("person", '{"name": "a", "age": -1'),                # -1e-400 is -0.0 >= 0: json underflows
     ("any_of", "[tr"),
     ("person", "  "),
+    ("max_props_required", '{"a": 1, "'),               # the open name may be the missing required "b"
+    ("max_props_required", '{"a": 1, '),
+    ("max_props_required", '{"'),
     ("person", '{"name": "a\ufffd'),                      # a character cut by the token cap
 ])
 def test_decided_valid(name, text):
