@@ -10,6 +10,7 @@ where stock writes ``{"allOf": [...`` to the cap) and one case per rule.
 from __future__ import annotations
 
 import json
+import math
 
 import jsonschema
 import pytest
@@ -50,6 +51,13 @@ SCHEMAS = {
     "unicode": {"type": "object", "properties": {"árvíz": {"type": "string", "minLength": 2}},
                 "required": ["árvíz"]},
     "max_props_required": {"type": "object", "required": ["a", "b"], "maxProperties": 2},
+    "dependencies": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                     "dependentSchemas": {"a": {"required": ["b"]}}, "dependentRequired": {"b": ["a"]},
+                     "propertyNames": {"maxLength": 3}},
+    "draft4_numbers": {"$schema": "http://json-schema.org/draft-04/schema#", "type": "array",
+                       "items": {"type": "number", "maximum": 0, "exclusiveMaximum": True, "minimum": -2.5}},
+    "negative_numbers": {"type": "array", "items": {"type": "number", "minimum": -2.5, "exclusiveMaximum": 0},
+                         "contains": {"type": "integer"}},
     "ref_siblings_draft7": {"$schema": "http://json-schema.org/draft-07/schema#",
                             "definitions": {"s": {"type": "string"}}, "$ref": "#/definitions/s", "type": "integer"},
 }
@@ -118,10 +126,12 @@ def values_for(schema, root, depth=0):
         if "pattern" in schema:
             return st.from_regex(schema["pattern"])
         return st.text(min_size=schema.get("minLength", 0), max_size=schema.get("maxLength", 10))
-    if t == "integer":
-        return st.integers(-200, 200)
-    if t == "number":
-        return st.integers(-200, 200) | st.floats(-1e3, 1e3, allow_nan=False)
+    if t in ("integer", "number"):
+        bound = lambda *ks: next((schema[k] for k in ks if type(schema.get(k)) in (int, float)), None)  # noqa: E731
+        lo, hi = bound("minimum", "exclusiveMinimum"), bound("maximum", "exclusiveMaximum")
+        lo, hi = (-200 if lo is None else lo), (200 if hi is None else hi)
+        ints = st.integers(math.ceil(lo), math.floor(hi)) if math.ceil(lo) <= math.floor(hi) else st.nothing()
+        return ints if t == "integer" else ints | st.floats(lo, hi, allow_nan=False)
     if t == "boolean":
         return st.booleans()
     if t == "null":
