@@ -338,3 +338,19 @@ def test_engine_bench_validator_refutes_the_stock_escape_xgrammar_passes(smollm2
     tally.add(row, validator.check(row, out))
     assert len(tally.invalid) == 2 and len(tally.undecided) == 1
     assert tally.checks[CHECK_ORACLE] == {"invalid": 2, "undecided": 1}
+
+
+def test_engine_bench_step_timer_counts_emitted_tokens_and_row_steps():
+    """The engine bench's step chain: a decode step's time runs to the next decode step's start (a
+    prefill breaks the chain: the step before it is not counted, nor the last); tokens are what the
+    step emitted (several per row with drafts), so forward passes per output token = row-steps / tokens."""
+    from bench.lmdeploy_engine import StepTimer
+
+    timer = StepTimer()
+    # [t, decoding, tokens emitted, forward s, logits s, process CPU s, rows]
+    timer.starts = [[0.0, False, 0, 0.5, 0.0, 0.0, 0], [1.0, True, 2, 0.1, 0.01, 0.1, 2],
+                    [1.2, True, 7, 0.1, 0.02, 0.3, 2], [1.5, False, 0, 0.4, 0.0, 0.5, 0],
+                    [2.0, True, 1, 0.1, 0.01, 0.6, 1], [2.1, True, 1, 0.1, 0.01, 0.7, 1]]
+    secs, tokens, steps, fwd, logits, cpu, rows = timer.decode_steps()
+    assert (steps, tokens, rows) == (2, 3, 3)
+    assert abs(secs - 0.3) < 1e-9 and abs(fwd - 0.2) < 1e-9 and abs(logits - 0.02) < 1e-9 and abs(cpu - 0.3) < 1e-9
