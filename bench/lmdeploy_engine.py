@@ -22,12 +22,18 @@ elsewhere hits them alike), figures are medians over rounds:
 
 * ``unguided``: the same prompts without a format (``ignore_eos``);
 * ``stock``: LMDeploy's own xgrammar path (upgrade inactive, its own engine);
-* ``upgraded``: the same requests with ``activate()`` (its own engine, built with the upgrade on).
+* ``upgraded``: the same requests with ``activate()`` (its own engine, built with the upgrade on);
+* ``upgraded+drafts`` (``--drafts``, on by default; public workload): the upgrade with grammar
+  drafts, ``SpeculativeConfig(method="tokenrails_grammar", num_speculative_tokens=--draft-tokens)``
+  (its own engine; docs/lmdeploy.md "Grammar drafts"). A decode step there emits several tokens
+  per row: its tokens/s counts *emitted* tokens (from the verification's output), and it prints
+  forward passes per output token (row-steps / emitted tokens; 1.00 without drafts).
 
 Time: the **whole engine step**, start to start of consecutive decoding steps of the model agent
 (``BaseModelAgent._async_step``): scheduling, inputs, forward, the guided wrapper, the mask fill
-(overlapped with the forward or not), sampling, accept, outputs. Tokens/s = rows decoded in those
-steps / their summed duration (rows finish at different lengths; the mean occupancy is printed).
+(overlapped with the forward or not), sampling, accept, outputs. Tokens/s = tokens emitted in those
+steps (one per row and step without drafts) / their summed duration (rows finish at different
+lengths; the mean occupancy, rows per step, is printed).
 The breakdown columns time the model forward and the logits processor call + accept of both
 engines (the upgrade's fill that overlaps the forward shows up in neither, only in the step). A
 third table gives the process CPU time per decode step (all threads, so an overlapped fill is
@@ -39,19 +45,24 @@ process CPU-second: per-row figures charge an engine for rows it ends sooner (a 
 one short value: stock's xgrammar leaves some such schemas unenforced and writes to the cap).
 
 Validation: every guided output is checked: finished ones against the schema (jsonschema, format
-keywords not asserted) or ``re.fullmatch``; length-capped ones as a prefix accepted by a fresh
-xgrammar matcher of the same schema (JSON) or a partial match of Python's ``regex`` module.
-Failures are counted and printed, never hidden. Known gap: the capped-JSON check is xgrammar, i.e.
-stock's own grammar, so where stock does not enforce a schema (``allOf`` + ``not``) its capped
-output passes (docs/lmdeploy.md, engine bench).
+keywords not asserted, JSON without NaN or repeated member names) or ``re.fullmatch``; length-capped
+JSON by bench/json_prefix_oracle.py, independent of xgrammar and of tokenrails' backends (valid iff
+some completion validates with jsonschema: refuted from the partial value, or proved by a witness
+completion; otherwise *undecided*, counted and printed, never counted valid); length-capped regex
+outputs by a partial match of Python's ``regex`` module. Cross-checks, printed per configuration
+with how many outputs each check judged: a fresh xgrammar matcher on capped JSON (stock's own
+grammar: it passes what stock leaves unenforced, e.g. ``{"allOf": [...`` for JSONSchemaBench's
+``allOf`` + ``enum`` schemas) and the prefix oracle on finished JSON (it must never refute what
+jsonschema accepts). Failures are counted and printed, never hidden.
 
     python bench/lmdeploy_engine.py [--batches 1,8,32] [--tokens 48] [--rounds 2] [--per-subset 4]
-                                    [--dtype auto|float16|bfloat16|float32]
+                                    [--dtype auto|float16|bfloat16|float32] [--no-drafts] [--draft-tokens 4]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -190,8 +201,25 @@ def pathological_row() -> Row:
 
 
 # ---- validation --------------------------------------------------------------------------------
+CHECK_FINISHED_JSON = "jsonschema (finished JSON)"
+CHECK_ORACLE = "prefix oracle (capped JSON; bench/json_prefix_oracle.py)"
+CHECK_XGRAMMAR = "xgrammar prefix (capped JSON; stock's own grammar, cross-check)"
+CHECK_ORACLE_FINISHED = "prefix oracle on finished JSON (consistency with jsonschema)"
+CHECK_REGEX = "re.fullmatch (finished regex)"
+CHECK_REGEX_PARTIAL = "regex partial match (capped regex)"
+
+
+@dataclass
+class Judgement:
+    status: str                      # "valid" | "invalid" | "undecided" (the deciding check's)
+    why: str | None = None
+    checks: list[tuple[str, str]] = field(default_factory=list)  # (check, its verdict) of every check run
+    disagreement: str | None = None  # a cross-check that contradicts the deciding one
+
+
 class Validator:
-    """Finished outputs against their schema / regex; capped ones as an xgrammar-accepted prefix."""
+    """Finished outputs against their schema / regex; capped JSON by the independent prefix oracle
+    (xgrammar's prefix acceptance kept as a cross-check); capped regex by a partial match."""
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         import xgrammar as xgr
@@ -199,9 +227,13 @@ class Validator:
         self.xgr = xgr
         self.compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size))
         self._compiled: dict[str, Any] = {}
+        self._oracles: dict[str, Any] = {}
+
+    def _key(self, row: Row) -> str:
+        return json.dumps(row.response_format, sort_keys=True)
 
     def _grammar(self, row: Row):
-        key = json.dumps(row.response_format, sort_keys=True)
+        key = self._key(row)
         if key not in self._compiled:
             if row.pattern is not None:
                 self._compiled[key] = self.compiler.compile_regex(row.pattern)
@@ -209,32 +241,69 @@ class Validator:
                 self._compiled[key] = self.compiler.compile_json_schema(json.dumps(row.schema))
         return self._compiled[key]
 
-    def check(self, row: Row, out: Any) -> str | None:
-        """None if valid, else why not."""
+    def _oracle(self, row: Row):
+        from bench.json_prefix_oracle import PrefixOracle
+
+        key = self._key(row)
+        if key not in self._oracles:
+            self._oracles[key] = PrefixOracle(row.schema)
+        return self._oracles[key]
+
+    def _judge_prefix(self, row: Row, text: str):
+        from bench.json_prefix_oracle import UNDECIDED, Verdict
+
+        try:
+            return self._oracle(row).judge(text)
+        except Exception as exc:  # noqa: BLE001 - an oracle failure is undecided, never valid
+            return Verdict(UNDECIDED, f"oracle error {type(exc).__name__}: {str(exc)[:60]}")
+
+    def check(self, row: Row, out: Any) -> Judgement:
         if out.finish_reason == "stop":
             if row.pattern is not None:
-                return None if re.fullmatch(row.pattern, out.text) else f"regex mismatch: {out.text[:80]!r}"
+                ok = re.fullmatch(row.pattern, out.text) is not None
+                return Judgement("valid" if ok else "invalid", None if ok else f"regex mismatch: {out.text[:80]!r}",
+                                 [(CHECK_REGEX, "valid" if ok else "invalid")])
             import jsonschema
+
+            from bench.json_prefix_oracle import INVALID, loads_strict
+            why = None
             try:
-                jsonschema.validate(json.loads(out.text), row.schema)
+                jsonschema.validate(loads_strict(out.text), row.schema)
             except Exception as exc:  # noqa: BLE001
-                return f"{type(exc).__name__}: {str(exc)[:80]} in {out.text[:80]!r}"
-            return None
+                why = f"{type(exc).__name__}: {str(exc)[:80]} in {out.text[:80]!r}"
+            verdict = self._judge_prefix(row, out.text)
+            j = Judgement("valid" if why is None else "invalid", why,
+                          [(CHECK_FINISHED_JSON, "valid" if why is None else "invalid"),
+                           (CHECK_ORACLE_FINISHED, verdict.status)])
+            if why is None and verdict.status == INVALID:  # a valid document is a valid prefix
+                j.disagreement = f"oracle refutes a finished output jsonschema accepts: {verdict.reason[:100]}"
+            return j
         if row.pattern is not None:
             import regex
 
             text = out.text.rstrip("\ufffd")  # a character cut by the length cap
             ok = regex.fullmatch(_as_python_re(row.pattern, text), text, partial=True)
-            return None if ok else f"not a prefix of a match: {out.text[:80]!r}"
+            return Judgement("valid" if ok else "invalid", None if ok else f"not a prefix of a match: {out.text[:80]!r}",
+                             [(CHECK_REGEX_PARTIAL, "valid" if ok else "invalid")])
+        verdict = self._judge_prefix(row, out.text)
         matcher = self.xgr.GrammarMatcher(self._grammar(row))
-        for t in out.token_ids:
-            if not matcher.accept_token(int(t)):
-                return f"prefix refused by xgrammar at {t}: {out.text[:80]!r}"
-        return None
+        refused = next((t for t in out.token_ids if not matcher.accept_token(int(t))), None)
+        xgr_status = "valid" if refused is None else "invalid"
+        why = None
+        if verdict.status == "invalid":
+            why = f"capped prefix refuted: {verdict.reason[:100]} in {out.text[:80]!r}"
+        elif verdict.status == "undecided":
+            why = f"capped prefix undecided: {verdict.reason[:80]} in {out.text[:60]!r}"
+        j = Judgement(verdict.status, why, [(CHECK_ORACLE, verdict.status), (CHECK_XGRAMMAR, xgr_status)])
+        if verdict.status != "undecided" and verdict.status != xgr_status:
+            j.disagreement = (f"oracle {verdict.status}, xgrammar {xgr_status}"
+                              + (f" (refused token {refused})" if refused is not None else "")
+                              + f": {verdict.reason[:80]} {out.text[:80]!r}")
+        return j
 
 
 def _as_python_re(pattern: str, text: str) -> str:
-    """``pattern`` for the ``regex`` module (which has partial matching) with Python ``re``'s ``\w``
+    r"""``pattern`` for the ``regex`` module (which has partial matching) with Python ``re``'s ``\w``
     on the characters of ``text``: ``re``'s ``\w`` is ``str.isalnum()`` + ``_`` (e.g. U+1F109), the
     ``regex`` module's is Unicode TR18's. Only ``\w`` outside character classes (the workload's)."""
     import regex
@@ -246,29 +315,34 @@ def _as_python_re(pattern: str, text: str) -> str:
 
 # ---- timing ------------------------------------------------------------------------------------
 class StepTimer:
-    """Start times of the agent's steps (with the rows each sampled), forward and logits time."""
+    """Start times of the agent's steps (with the tokens each emitted and the rows it ran), forward
+    and logits time."""
 
-    def __init__(self) -> None:
-        self.starts: list[list[Any]] = []  # [t, decoding, rows sampled, forward s, logits s, process CPU s]
+    def __init__(self, stops: frozenset[int] = frozenset()) -> None:
+        # [t, decoding, tokens emitted, forward s, logits s, process CPU s, rows]
+        self.starts: list[list[Any]] = []
+        self.stops = stops  # stop token ids: a draft step's row emits nothing after one
         self._undo: list = []
 
     def reset(self) -> None:
         self.starts = []
 
-    def decode_steps(self) -> tuple[float, int, int, float, float, float]:
-        """(seconds, rows, steps, forward s, logits s, process CPU s) over consecutive decoding
-        steps (a prefill breaks the chain); forward/logits of the steps counted. Process CPU time
-        (all threads: the overlapped fill included) is what other load on the machine moves least."""
-        secs, rows, n, fwd, lg, cpu = 0.0, 0, 0, 0.0, 0.0, 0.0
+    def decode_steps(self) -> tuple[float, int, int, float, float, float, int]:
+        """(seconds, tokens, steps, forward s, logits s, process CPU s, row-steps) over consecutive
+        decoding steps (a prefill breaks the chain); forward/logits of the steps counted. Without
+        drafts a row emits one token per step (tokens == row-steps). Process CPU time (all threads:
+        the overlapped fill included) is what other load on the machine moves least."""
+        secs, toks, n, fwd, lg, cpu, rows = 0.0, 0, 0, 0.0, 0.0, 0.0, 0
         for a, b in zip(self.starts, self.starts[1:]):
             if a[1] and b[1] and a[2]:
                 secs += b[0] - a[0]
-                rows += a[2]
+                toks += a[2]
                 n += 1
                 fwd += a[3]
                 lg += a[4]
                 cpu += b[5] - a[5]
-        return secs, rows, n, fwd, lg, cpu
+                rows += a[6]
+        return secs, toks, n, fwd, lg, cpu, rows
 
     def _wrap_async(self, owner: Any, name: str, slot: int) -> None:
         original = getattr(owner, name)
@@ -284,33 +358,61 @@ class StepTimer:
         setattr(owner, name, timed)
         self._undo.append((owner, name, original))
 
-    def install(self) -> None:
+    def install(self, spec: bool = False) -> None:
+        """``spec``: an engine with speculative decoding (grammar drafts): tokens and rows come from
+        its verification (``SpecModelAgent._rejection_sampling``, timed as the logits part: mask,
+        verification, accept), where one row may emit several tokens per step."""
         from lmdeploy.pytorch.engine import logits_process
         from lmdeploy.pytorch.engine.model_agent import agent
 
-        flp = logits_process.FusedLogitsProcessor
-        self._wrap_async(flp, "__call__", 4)
-        self._wrap_async(flp, "accept_guided_tokens", 4)
         self._wrap_async(agent.BaseModelAgent, "_async_model_forward", 3)
-        original_sampling = flp.sampling
+        if spec:
+            self._install_spec()
+        else:
+            flp = logits_process.FusedLogitsProcessor
+            self._wrap_async(flp, "__call__", 4)
+            self._wrap_async(flp, "accept_guided_tokens", 4)
+            original_sampling = flp.sampling
 
-        def sampling(proc, logits):
-            out = original_sampling(proc, logits)
-            if self.starts:
-                self.starts[-1][2] += int(out.numel())
-            return out
+            def sampling(proc, logits):
+                out = original_sampling(proc, logits)
+                if self.starts:
+                    self.starts[-1][2] += int(out.numel())
+                    self.starts[-1][6] += int(out.numel())
+                return out
 
-        flp.sampling = sampling
-        self._undo.append((flp, "sampling", original_sampling))
+            flp.sampling = sampling
+            self._undo.append((flp, "sampling", original_sampling))
         original_step = agent.BaseModelAgent._async_step
 
         async def _async_step(agent_self, inputs=None, *args, **kwargs):
             decoding = inputs is None or bool(inputs.is_decoding)  # None: a decoding step from a delta
-            self.starts.append([time.perf_counter(), decoding, 0, 0.0, 0.0, time.process_time()])
+            self.starts.append([time.perf_counter(), decoding, 0, 0.0, 0.0, time.process_time(), 0])
             return await original_step(agent_self, inputs, *args, **kwargs)
 
         agent.BaseModelAgent._async_step = _async_step
         self._undo.append((agent.BaseModelAgent, "_async_step", original_step))
+
+    def _install_spec(self) -> None:
+        from lmdeploy.pytorch.spec_decode.spec_agent import SpecModelAgent
+
+        from tokenrails.engine_patch.lmdeploy.grammar_drafts import emitted_counts
+
+        original = SpecModelAgent._rejection_sampling  # the upgrade's adaptive version when active
+
+        async def _rejection_sampling(agent_self, model_inputs, extra_inputs, sampling_inputs):
+            t0 = time.perf_counter()
+            res = await original(agent_self, model_inputs, extra_inputs, sampling_inputs)
+            if self.starts:
+                self.starts[-1][4] += time.perf_counter() - t0
+                if model_inputs.is_decoding and not model_inputs.is_dummy:
+                    counts = emitted_counts(res.output_token_ids, self.stops)
+                    self.starts[-1][2] += sum(counts)
+                    self.starts[-1][6] += len(counts)
+            return res
+
+        SpecModelAgent._rejection_sampling = _rejection_sampling
+        self._undo.append((SpecModelAgent, "_rejection_sampling", original))
 
     def uninstall(self) -> None:
         for owner, name, original in reversed(self._undo):
@@ -322,7 +424,22 @@ class StepTimer:
 class Tally:
     outputs: int = 0
     invalid: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
+    disagreements: list[str] = field(default_factory=list)
+    checks: dict[str, dict[str, int]] = field(default_factory=dict)  # check -> verdict -> outputs
     texts: list[str] = field(default_factory=list)
+
+    def add(self, row: Row, judgement: Judgement) -> None:
+        for check, verdict in judgement.checks:
+            counts = self.checks.setdefault(check, {})
+            counts[verdict] = counts.get(verdict, 0) + 1
+        where = f"{row.kind} {row.label}: "
+        if judgement.status == "invalid":
+            self.invalid.append(where + (judgement.why or ""))
+        elif judgement.status == "undecided":
+            self.undecided.append(where + (judgement.why or ""))
+        if judgement.disagreement:
+            self.disagreements.append(where + judgement.disagreement)
 
 
 def run_once(pipe, timer: StepTimer, rows: list[Row], tokens: int, guided: bool, validator: Validator,
@@ -335,16 +452,15 @@ def run_once(pipe, timer: StepTimer, rows: list[Row], tokens: int, guided: bool,
     call_cpu = time.process_time()
     outs = pipe([r.prompt for r in rows], gen_config=gens)
     call_cpu = time.process_time() - call_cpu
-    secs, decoded, steps, fwd, logits, cpu = timer.decode_steps()
+    secs, decoded, steps, fwd, logits, cpu, row_steps = timer.decode_steps()
     if tally is not None:
         for r, o in zip(rows, outs):
             tally.outputs += 1
             tally.texts.append(o.text)
-            why = validator.check(r, o) if guided else None
-            if why is not None:
-                tally.invalid.append(f"{r.kind} {r.label}: {why}")
+            if guided:
+                tally.add(r, validator.check(r, o))
     return {"secs": secs, "rows": decoded, "steps": steps, "forward": fwd, "logits": logits, "cpu": cpu,
-            "call_cpu": call_cpu, "requests": len(rows)}
+            "call_cpu": call_cpu, "requests": len(rows), "row_steps": row_steps}
 
 
 def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, guided: bool, validator: Validator,
@@ -355,30 +471,50 @@ def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, gu
     if warm:
         for chunk in chunks:
             run_once(pipe, timer, chunk, tokens, guided, validator, None)  # compiles, tables, allocator
-    agg = {"secs": 0.0, "rows": 0, "steps": 0, "forward": 0.0, "logits": 0.0, "cpu": 0.0, "call_cpu": 0.0, "requests": 0}
+    agg = {"secs": 0.0, "rows": 0, "steps": 0, "forward": 0.0, "logits": 0.0, "cpu": 0.0, "call_cpu": 0.0,
+           "requests": 0, "row_steps": 0}
+    wall = time.perf_counter()
     for chunk in chunks:
         r = run_once(pipe, timer, chunk, tokens, guided, validator, tally)
         for k in agg:
             agg[k] += r[k]
+    wall = time.perf_counter() - wall
+    if not agg["secs"]:  # every decode step followed by a prefill: nothing to time, said, not a crash
+        print(f"WARNING: no consecutive decode steps timed at batch {batch} (figures nan); the last call's steps "
+              f"[t, decoding, tokens, fwd, logits, cpu, rows]: "
+              f"{[[round(x, 3) if isinstance(x, float) else x for x in st] for st in timer.starts[:20]]}",
+              file=sys.stderr, flush=True)
+        agg["secs"] = agg["cpu"] = math.nan
     steps = max(1, agg["steps"])
+    # "rows" are tokens emitted in decode steps (one per row and step without drafts)
     return {"tok_s": agg["rows"] / agg["secs"], "step_ms": 1e3 * agg["secs"] / steps,
-            "occupancy": agg["rows"] / steps, "forward_ms": 1e3 * agg["forward"] / steps,
+            "occupancy": agg["row_steps"] / steps, "fwd_per_token": agg["row_steps"] / max(agg["rows"], 1),
+            "wall_s": wall, "forward_ms": 1e3 * agg["forward"] / steps,
             "logits_ms": 1e3 * agg["logits"] / steps, "cpu_ms": 1e3 * agg["cpu"] / steps,
             "cpu_tok_s": agg["rows"] / max(agg["cpu"], 1e-9),
             "req_cpu_s": agg["requests"] / max(agg["call_cpu"], 1e-9)}
 
 
-def _pipeline(batches: list[int], tokens: int, dtype: str = "auto"):
+def _median_finite(values: list[float]) -> float:
+    """The median of the rounds that measured something (nan: none did)."""
+    finite = [v for v in values if v == v]
+    return median(finite) if finite else math.nan
+
+
+def _pipeline(batches: list[int], tokens: int, dtype: str = "auto", draft_tokens: int = 0):
+    """An engine for the bench; ``draft_tokens`` > 0: with grammar drafts (the upgrade must be active)."""
     from lmdeploy import pipeline
+    from lmdeploy.messages import SpeculativeConfig
 
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
     from tokenrails.demo_model import resolve_model_dir
     path, _, _ = resolve_model_dir(quiet=True)
     max_batch = max(batches)
-    blocks_per_seq = (400 + tokens + 63) // 64 + 1
+    blocks_per_seq = (400 + tokens + draft_tokens + 63) // 64 + 1
     cfg = cpu_engine_config(max_batch_size=max_batch, session_len=1024, block_size=64,
                             num_gpu_blocks=max(64, max_batch * blocks_per_seq + 8), dtype=dtype)
-    return pipeline(str(path), backend_config=cfg)
+    spec = SpeculativeConfig(method="tokenrails_grammar", num_speculative_tokens=draft_tokens) if draft_tokens else None
+    return pipeline(str(path), backend_config=cfg, speculative_config=spec)
 
 
 def main() -> None:
@@ -389,6 +525,9 @@ def main() -> None:
     ap.add_argument("--per-subset", type=int, default=4, help="MaskBench schemas per subset")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16", "float32"],
                     help="the model's dtype (LMDeploy's; 'auto' is float16 for SmolLM2, whose config says float32)")
+    ap.add_argument("--drafts", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run upgraded+drafts (grammar drafts) on the public workload, interleaved")
+    ap.add_argument("--draft-tokens", type=int, default=4, help="num_speculative_tokens of upgraded+drafts")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(1)
@@ -415,22 +554,26 @@ def main() -> None:
     engines = {"stock": _pipeline(batches, args.tokens, args.dtype)}
     patch.activate()
     engines["upgraded"] = _pipeline(batches, args.tokens, args.dtype)
+    if args.drafts:
+        engines["drafts"] = _pipeline(batches, args.tokens, args.dtype, draft_tokens=args.draft_tokens)
     patch.deactivate()
-    timer = StepTimer()
+    timer = StepTimer(frozenset(vocab.eos_ids))
     configs = [("unguided", "stock", None), ("stock", "stock", "public"), ("upgraded", "upgraded", "public"),
                ("stock", "stock", "pathological"), ("upgraded", "upgraded", "pathological")]
+    if args.drafts:
+        configs.insert(3, ("upgraded+drafts", "drafts", "public"))
     samples: dict[tuple, list[dict]] = {}
     tallies: dict[tuple, Tally] = {}
     try:
         for batch in batches:
             for rnd in range(args.rounds):
                 for name, engine, workload in configs:
-                    if engine == "upgraded":
+                    if engine in ("upgraded", "drafts"):
                         patch.activate()
                     rows = workloads[workload or "public"]
                     key = (name, workload, batch)
                     tally = tallies.setdefault(key, Tally()) if workload and rnd == 0 else None
-                    timer.install()
+                    timer.install(spec=engine == "drafts")
                     try:
                         r = measure(engines[engine], timer, rows, batch, args.tokens, workload is not None, validator,
                                     tally, warm=rnd == 0)
@@ -439,11 +582,12 @@ def main() -> None:
                         patch.deactivate()
                     samples.setdefault(key, []).append(r)
                     print(f"batch {batch} round {rnd}: {name} {workload or ''} {r['tok_s']:.1f} tok/s "
-                          f"(occupancy {r['occupancy']:.1f})", file=sys.stderr, flush=True)
+                          f"(occupancy {r['occupancy']:.1f}, fwd/token {r['fwd_per_token']:.2f}, "
+                          f"{r['wall_s']:.1f} s)", file=sys.stderr, flush=True)
     finally:
         for pipe in engines.values():
             pipe.close()
-    res = {key: {k: median([r[k] for r in rs]) for k in rs[0]} for key, rs in samples.items()}
+    res = {key: {k: _median_finite([r[k] for r in rs]) for k in rs[0]} for key, rs in samples.items()}
 
     print(f"\nLMDeploy 0.18 PyTorch engine on CPU (1 thread), SmolLM2-135M, dtype {args.dtype}, greedy, up to {args.tokens} new "
           "tokens/row; decode tokens/s over whole engine steps (prefill excluded)\n")
@@ -484,17 +628,53 @@ def main() -> None:
             out_rows.append([workload, batch, s["req_cpu_s"], g["req_cpu_s"], g["req_cpu_s"] / s["req_cpu_s"]])
     # (no unguided column: unguided rows ignore EOS and always run the full length)
     print_table(["workload", "batch", "req/cpu-s stock", "req/cpu-s upgraded", "upgraded/stock"], out_rows)
-    print("\nvalidation (first round of every configuration):")
+    if args.drafts:
+        print(f"\nupgraded+drafts (grammar drafts, k = {args.draft_tokens}) on the public workload: tokens/s counts "
+              "emitted tokens (several per row in a step that accepts drafts); fwd/token = row-steps / emitted "
+              "tokens (1.00 without drafts); rows/cpu-s = emitted tokens per process CPU-second\n")
+        out_rows = []
+        for batch in batches:
+            u, s, g = res[("unguided", None, batch)], res[("stock", "public", batch)], res[("upgraded", "public", batch)]
+            d = res[("upgraded+drafts", "public", batch)]
+            out_rows.append([batch, d["tok_s"], d["tok_s"] / s["tok_s"], d["tok_s"] / u["tok_s"], d["tok_s"] / g["tok_s"],
+                             d["fwd_per_token"], d["occupancy"], d["step_ms"], d["forward_ms"], d["logits_ms"],
+                             d["cpu_tok_s"] / s["cpu_tok_s"], d["req_cpu_s"] / s["req_cpu_s"]])
+        print_table(["batch", "drafts tok/s", "drafts/stock", "drafts/unguided", "drafts/upgraded", "fwd/token",
+                     "rows/step", "step ms", "fwd ms", "verify ms", "rows/cpu-s drafts/stock",
+                     "req/cpu-s drafts/stock"], out_rows)
+    walls: dict[str, float] = {}
+    for (name, workload, _), rs in samples.items():
+        label = f"{name} {workload or ''}".strip()
+        walls[label] = walls.get(label, 0.0) + sum(r["wall_s"] for r in rs)
+    total = sum(walls.values())
+    print("\nmeasured wall time per configuration (all batches and rounds, warm-up calls excluded): "
+          + ", ".join(f"{k} {v:.0f} s ({v / total:.0%})" for k, v in walls.items()))
+    print("\nvalidation (first round of every configuration): valid / invalid / undecided (undecided is never "
+          "counted valid), then every check with the outputs it judged")
     for (name, workload, batch), t in sorted(tallies.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-        print(f"  {workload:12s} batch {batch:2d} {name:8s}: {t.outputs - len(t.invalid)}/{t.outputs} valid")
+        valid = t.outputs - len(t.invalid) - len(t.undecided)
+        print(f"  {workload:12s} batch {batch:2d} {name:15s}: {valid}/{t.outputs} valid, {len(t.invalid)} invalid, "
+              f"{len(t.undecided)} undecided")
+        for check, counts in sorted(t.checks.items()):
+            judged = sum(counts.values())
+            print(f"      {check}: {judged} judged: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
         for why in t.invalid[:5]:
-            print(f"      {why}")
+            print(f"      invalid: {why}")
+        for why in t.undecided[:5]:
+            print(f"      undecided: {why}")
+        for why in t.disagreements[:5]:
+            print(f"      checks disagree: {why}")
     for workload in ("public", "pathological"):
         for batch in batches:
             s, g = tallies.get(("stock", workload, batch)), tallies.get(("upgraded", workload, batch))
             if s and g:
                 same = sum(a == b for a, b in zip(s.texts, g.texts))
                 print(f"  {workload} batch {batch}: {same}/{len(s.texts)} outputs identical stock vs upgraded")
+            d = tallies.get(("upgraded+drafts", workload, batch))
+            if d and g:
+                same = sum(a == b for a, b in zip(g.texts, d.texts))
+                print(f"  {workload} batch {batch}: {same}/{len(g.texts)} outputs identical upgraded vs upgraded+drafts "
+                      "(greedy; bfloat16 near-ties can flip with the forward's shape, docs/lmdeploy.md)")
 
 
 if __name__ == "__main__":
