@@ -31,6 +31,9 @@ def set_api_version(version: str | None) -> None:
     if version is not None:
         _parse(version)
     _chosen = version
+    from . import _identity  # stand-in classes take the chosen release's names
+
+    _identity.apply()
 
 
 def api_version() -> str:

@@ -14,5 +14,8 @@ def _iata() -> type[Enum]:
 def __getattr__(name: str):
     if name == "IATA":
         value = globals()["IATA"] = _iata()
+        from .. import _identity
+
+        _identity.adopt("types.airports:IATA")  # outlines' enum is ``outlines.types.airports.Airport``
         return value
     raise AttributeError(name)

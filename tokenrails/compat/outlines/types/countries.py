@@ -26,5 +26,8 @@ def _build(name: str) -> type[Enum]:
 def __getattr__(name: str):
     if name in ("Alpha2", "Alpha3", "Numeric", "Name", "Flag"):
         value = globals()[name] = _build(name)
+        from .. import _identity
+
+        _identity.adopt(f"types.countries:{name}")  # outlines' names: Alpha_2, Numeric_code...
         return value
     raise AttributeError(name)
