@@ -12,6 +12,8 @@ def _iata() -> type[Enum]:
 
 
 def __getattr__(name: str):
+    if name == "Airport":  # the enum's own name (``IATA.__qualname__``): pickle finds the class by it
+        return globals()["IATA"] if "IATA" in globals() else __getattr__("IATA")
     if name == "IATA":
         value = globals()["IATA"] = _iata()
         from .. import _identity
