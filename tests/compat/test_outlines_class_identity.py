@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import typing
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,6 @@ import pytest
 import tokenrails.compat.outlines as shim
 from tokenrails.compat.outlines._install import shim_modules
 from outlines_peer import _suites
-
-pytestmark = pytest.mark.slow  # fetches outlines' sdists from the package registry on first use
 
 VERSIONS = ["0.0.46", "0.1.14", "1.3.3"]
 
@@ -118,6 +117,7 @@ def release():
     shim.set_api_version(None)
 
 
+@pytest.mark.slow  # fetches outlines' sdists from the package registry on first use
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_stand_in_reads_as_the_class_outlines_binds_there(version, release):
     release(version)
@@ -138,6 +138,7 @@ def test_every_stand_in_reads_as_the_class_outlines_binds_there(version, release
     assert wrong == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_stand_in_name_is_a_class_of_some_release(version, release):
     """Where a release lacks the class (``Write`` under 1.x), the shim keeps the name of the
@@ -151,6 +152,7 @@ def test_every_stand_in_name_is_a_class_of_some_release(version, release):
         assert expected in known, (key, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", VERSIONS)
 def test_renamed_classes_follow_the_release(version, release):
     """The classes outlines moved or renamed read as the chosen release's."""
@@ -173,6 +175,7 @@ def test_renamed_classes_follow_the_release(version, release):
     assert guide.Write.__module__ == {"0.1": "outlines_core.fsm.guide"}.get(line, "outlines.fsm.guide")
 
 
+@pytest.mark.slow
 def test_dsl_and_lazily_built_classes_read_as_outlines():
     """Enums built on first use take outlines' names when built (``outlines.types.airports.Airport``)."""
     from tokenrails.compat.outlines.types import airports, countries
@@ -186,3 +189,20 @@ def test_dsl_and_lazily_built_classes_read_as_outlines():
         cls = getattr(countries, attr)
         assert (cls.__module__, cls.__qualname__) == names[("outlines.types.countries", attr)]
     assert shim.types.Regex.__module__ == "outlines.types.dsl"
+
+
+def test_type_hints_resolve_although_the_module_is_outlines():
+    """``typing.get_type_hints`` (and pydantic) evaluate string annotations in
+    ``sys.modules[cls.__module__]``, which without ``install()`` does not exist: the stand-ins'
+    annotations are evaluated in their tokenrails module when they are renamed."""
+    import pydantic
+
+    from tokenrails.compat.outlines import _identity
+
+    stand_ins = _identity.stand_ins()
+    assert len(stand_ins) >= 90
+    for cls in stand_ins:
+        typing.get_type_hints(cls)
+    chat = pydantic.TypeAdapter(shim.inputs.Chat).validate_python({"messages": [{"role": "user", "content": "hi"}]})
+    assert chat.messages[0]["content"] == "hi"
+    assert typing.get_type_hints(shim.samplers.SamplingParameters)["top_k"] == typing.Optional[int]

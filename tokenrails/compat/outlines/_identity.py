@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copyreg
 import importlib
+import typing
 from typing import Any, Callable
 
 _PACKAGE = __name__.rpartition(".")[0]
@@ -24,7 +25,7 @@ _PACKAGE = __name__.rpartition(".")[0]
 # outlines' name for each stand-in, per release line ("0.0", "0.1", "1"): a string is the same in
 # every line; a line missing from a dict (the class did not exist there) reads as the nearest
 # later line, else the nearest earlier one. Keys: ``<shim module>:<attribute>``, relative to this
-# package. The DSL term classes (``types.terms``) are set by ``types/dsl.py`` itself.
+# package.
 HOMES: dict[str, str | dict[str, str]] = {
     "applications:Application": "outlines.applications:Application",
     "backends.base:BaseBackend": "outlines.backends.base:BaseBackend",
@@ -105,6 +106,9 @@ HOMES: dict[str, str | dict[str, str]] = {
     "samplers:SamplingParameters": {"0.0": "outlines.generate.api:SamplingParameters",
                                     "0.1": "outlines.samplers:SamplingParameters"},
     "templates:Template": "outlines.templates:Template",
+    **{f"types.terms:{name}": f"outlines.types.dsl:{name}" for name in (
+        "Term", "String", "Regex", "CFG", "Choice", "JsonSchema", "Sequence", "Alternatives", "Optional", "KleeneStar",
+        "KleenePlus", "QuantifyExact", "QuantifyMinimum", "QuantifyMaximum", "QuantifyBetween")},
     # enums built on first use; outlines names them differently from the attribute holding them
     "types.airports:IATA": "outlines.types.airports:Airport",
     "types.countries:Alpha2": "outlines.types.countries:Alpha_2",
@@ -158,8 +162,28 @@ def adopt(key: str) -> None:
     cls = vars(module).get(attr)  # never the module's lazy ``__getattr__``: no enum is built here
     if cls is None:
         return
-    _home.setdefault(cls, (module.__name__, attr))
+    if cls not in _home:
+        _home[cls] = (module.__name__, attr)
+        _evaluate_annotations(cls, vars(module))
     _rename(cls, key, api_version())
+
+
+def _evaluate_annotations(cls: type, namespace: dict) -> None:
+    """Replace the class's string annotations (``from __future__ import annotations``) by what
+    they name in its tokenrails module: ``typing.get_type_hints`` and pydantic would look the
+    strings up in ``sys.modules[cls.__module__]``, which now names an outlines module."""
+    hints = cls.__dict__.get("__annotations__") or {}
+    for name, value in list(hints.items()):
+        if isinstance(value, typing.ForwardRef):  # NamedTuple's spelling of a string annotation
+            value = value.__forward_arg__
+        if isinstance(value, str):
+            try:
+                hints[name] = eval(value, dict(namespace), dict(vars(cls)))  # noqa: S307 - the shim's own source
+            except Exception:  # noqa: BLE001 - left as written (a name only a type checker knows)
+                continue
+    for field in (cls.__dict__.get("__dataclass_fields__") or {}).values():
+        if isinstance(field.type, str) and field.name in hints:
+            field.type = hints[field.name]
 
 
 def apply() -> None:
