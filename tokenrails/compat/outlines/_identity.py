@@ -11,7 +11,10 @@ tokenrails home (``Transformers`` -> ``tokenrails.compat.outlines.models.transfo
 pickles and ``copy``/``deepcopy`` never depend on what ``outlines`` is in the loading process.
 A user's subclass of a stand-in keeps Python's own reduction (it is pickled under its own name).
 The class objects themselves pickle by name, as any class: that works where ``outlines`` is the
-shim (after ``install()``).
+shim (after ``install()``; every stand-in is found where outlines keeps it, except 0.1's
+``outlines_core.fsm.guide`` instructions), and cloudpickle copies them by value elsewhere.
+String annotations are evaluated in the tokenrails module before the rename, so
+``typing.get_type_hints`` and pydantic do not look them up in the ``outlines`` module.
 """
 from __future__ import annotations
 
