@@ -23,6 +23,8 @@ import importlib
 import typing
 from typing import Any, Callable
 
+from ._api_version import _parse, api_version, on_change
+
 _PACKAGE = __name__.rpartition(".")[0]
 
 # outlines' name for each stand-in, per release line ("0.0", "0.1", "1"): a string is the same in
@@ -127,8 +129,6 @@ _home: dict[type, tuple[str, str]] = {}
 
 
 def release_line(version: str) -> str:
-    from ._api_version import _parse
-
     major, minor = _parse(version)[:2]
     return "1" if major >= 1 else f"0.{min(minor, 1)}"
 
@@ -158,8 +158,6 @@ def _rename(cls: type, key: str, version: str) -> None:
 
 def adopt(key: str) -> None:
     """Give the already-built stand-in ``key`` outlines' name (lazily built classes call this)."""
-    from ._api_version import api_version
-
     shim_module, _, attr = key.partition(":")
     module = importlib.import_module(f"{_PACKAGE}.{shim_module}")
     cls = vars(module).get(attr)  # never the module's lazy ``__getattr__``: no enum is built here
@@ -193,6 +191,9 @@ def apply() -> None:
     """Name every stand-in as the chosen outlines release does (at import, on ``set_api_version``)."""
     for key in HOMES:
         adopt(key)
+
+
+on_change(apply)
 
 
 def stand_ins() -> dict[type, tuple[str, str]]:
