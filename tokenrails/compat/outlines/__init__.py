@@ -22,6 +22,9 @@ from .templates import Template
 from .types import cfg, json_schema, regex
 from .caching import clear_cache, disable_cache, get_cache
 from .base import vectorize
+from . import _identity
+
+_identity.apply()  # stand-in classes read as outlines' (``outlines.models.transformers.Transformers``)
 
 __all__ = [
     "Application", "Function", "Generator", "function", "applications", "inputs", "Prompt", "Template", "base", "caching", "cfg", "clear_cache", "disable_cache", "get_cache", "from_transformers", "fsm", "generate", "grammars", "install",

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Callable
 
 DEFAULT = "1.3.3"
 _ENV = "TOKENRAILS_OUTLINES_API"
 _chosen: str | None = None
+_listeners: list[Callable[[], None]] = []
 
 
 def _parse(version: str) -> tuple[int, ...]:
@@ -31,6 +33,13 @@ def set_api_version(version: str | None) -> None:
     if version is not None:
         _parse(version)
     _chosen = version
+    for listener in list(_listeners):  # e.g. the stand-in classes take the chosen release's names
+        listener()
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` after every ``set_api_version``."""
+    _listeners.append(listener)
 
 
 def api_version() -> str:

@@ -43,8 +43,11 @@ def _disk_class():
 
 def __getattr__(name: str) -> Any:
     if name == "CloudpickleDisk":
-        cls = globals()["CloudpickleDisk"] = _disk_class()
-        return cls
+        globals()["CloudpickleDisk"] = _disk_class()
+        from . import _identity
+
+        _identity.adopt("caching:CloudpickleDisk")  # reads as outlines.caching.CloudpickleDisk
+        return globals()["CloudpickleDisk"]
     raise AttributeError(name)
 
 

@@ -7,9 +7,9 @@ from .providers import (  # noqa: F401  (outlines names; they refuse when called
     from_dottxt, from_gemini, from_llamacpp, from_lmstudio, from_mistral, from_mlxlm, from_ollama, from_openai,
     from_sglang, from_tgi, from_vllm, from_vllm_offline, mlxlm, transformers_vision,
 )
-# ``outlines.models.openai`` / ``.llamacpp`` / ``.vllm``: modules (``OpenAIConfig``, ``LlamaCppTokenizer``...)
+# ``outlines.models.openai`` / ``.llamacpp`` / ``.vllm`` / ``.mlxlm``...: modules (``OpenAIConfig``, ``LlamaCppTokenizer``...)
 # that are also outlines 0.x's constructors when called (they raise UnsupportedProviderError)
-from . import llamacpp, openai, vllm  # noqa: F811
+from . import exllamav2, llamacpp, mlxlm, openai, transformers_vision, vllm  # noqa: F811
 from .openai import OpenAI, azure_openai
 
 __all__ = [

@@ -3,9 +3,8 @@
 ``UnsupportedProviderError``."""
 from __future__ import annotations
 
-from .providers import make_callable, from_llamacpp, llamacpp, unavailable_class
+from .providers import LlamaCpp, make_callable, from_llamacpp, llamacpp, unavailable_class
 
-LlamaCpp = unavailable_class("LlamaCpp", "llama.cpp")
 LlamaCppTokenizer = unavailable_class("LlamaCppTokenizer", "llama.cpp")
 
 constructor = llamacpp

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Union
 
-from .providers import make_callable, LEGACY_CLASSES, unavailable, unavailable_class
+from . import providers as _providers
+from .providers import make_callable, unavailable
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class OpenAIConfig:
     user: str = field(default_factory=str)
 
 
-OpenAI = unavailable_class("OpenAI", LEGACY_CLASSES["OpenAI"])
+OpenAI = _providers.OpenAI  # the class ``outlines.models.OpenAI`` names too
 openai = unavailable("openai", "OpenAI")
 azure_openai = unavailable("azure_openai", "Azure OpenAI")
 

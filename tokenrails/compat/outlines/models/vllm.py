@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .providers import make_callable, from_vllm, unavailable_class, vllm
-
-VLLM = unavailable_class("VLLM", "vLLM")
+from .providers import VLLM, make_callable, from_vllm, vllm
 
 
 def adapt_tokenizer(tokenizer: Any) -> Any:

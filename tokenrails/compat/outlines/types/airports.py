@@ -12,7 +12,12 @@ def _iata() -> type[Enum]:
 
 
 def __getattr__(name: str):
+    if name == "Airport":  # the enum's own name (``IATA.__qualname__``): pickle finds the class by it
+        return globals()["IATA"] if "IATA" in globals() else __getattr__("IATA")
     if name == "IATA":
         value = globals()["IATA"] = _iata()
+        from .. import _identity
+
+        _identity.adopt("types.airports:IATA")  # outlines' enum is ``outlines.types.airports.Airport``
         return value
     raise AttributeError(name)

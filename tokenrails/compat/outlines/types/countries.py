@@ -23,8 +23,18 @@ def _build(name: str) -> type[Enum]:
     return Enum(name, {v: v for v in values})  # type: ignore[return-value]
 
 
+# the enums' own names (``__qualname__``, outlines' spelling): pickle finds a class by it
+_OWN_NAMES = {"Alpha_2": "Alpha2", "Alpha_3": "Alpha3", "Numeric_code": "Numeric"}
+
+
 def __getattr__(name: str):
+    if name in _OWN_NAMES:
+        attr = _OWN_NAMES[name]
+        return globals()[attr] if attr in globals() else __getattr__(attr)
     if name in ("Alpha2", "Alpha3", "Numeric", "Name", "Flag"):
         value = globals()[name] = _build(name)
+        from .. import _identity
+
+        _identity.adopt(f"types.countries:{name}")  # outlines' names: Alpha_2, Numeric_code...
         return value
     raise AttributeError(name)

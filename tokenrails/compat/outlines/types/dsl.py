@@ -44,10 +44,9 @@ from .terms import (  # noqa: F401  (outlines names)
     cfg,
 )
 
-# outlines defines all of these in ``outlines.types.dsl``: they read (``repr(type(t))``, module,
-# qualname) as outlines' do. Terms still pickle without the shim installed (``Term.__reduce_ex__``).
-for _public in (Term, String, Regex, CFG, Choice, JsonSchema, Sequence, Alternatives, Optional, KleeneStar, KleenePlus,
-                QuantifyExact, QuantifyMinimum, QuantifyMaximum, QuantifyBetween, either, optional, exactly, at_least,
-                at_most, between, one_or_more, zero_or_more, to_regex, regex, json_schema, cfg, python_types_to_terms):
+# outlines defines these functions in ``outlines.types.dsl`` (the term classes are named so by
+# ``_identity.HOMES``, and still pickle without the shim installed: ``Term.__reduce_ex__``).
+for _public in (either, optional, exactly, at_least, at_most, between, one_or_more, zero_or_more, to_regex, regex,
+                json_schema, cfg, python_types_to_terms):
     _public.__module__ = "outlines.types.dsl"
 del _public
