@@ -23,6 +23,10 @@ elsewhere hits them alike), figures are medians over rounds:
 * ``unguided``: the same prompts without a format (``ignore_eos``);
 * ``stock``: LMDeploy's own xgrammar path (upgrade inactive, its own engine);
 * ``upgraded``: the same requests with ``activate()`` (its own engine, built with the upgrade on);
+* ``unguided@upgraded``: the public prompts unguided, each row exactly as long as the upgraded row was
+  in the batch's first round, so both run the same rows per step: the ratio is guided decoding's own
+  cost (plain ``unguided`` rows ignore EOS and never end early, so a grammar that ends a row sooner
+  lowers tokens per step though no step got dearer);
 * ``upgraded+drafts`` (``--drafts``, on by default; public workload): the upgrade with grammar
   drafts, ``SpeculativeConfig(method="tokenrails_grammar", num_speculative_tokens=--draft-tokens)``
   (its own engine; docs/lmdeploy.md "Grammar drafts"). A decode step there emits several tokens
@@ -442,12 +446,15 @@ class Tally:
             self.disagreements.append(where + judgement.disagreement)
 
 
-def run_once(pipe, timer: StepTimer, rows: list[Row], tokens: int, guided: bool, validator: Validator,
+def run_once(pipe, timer: StepTimer, rows: list[Row], tokens: int | list[int], guided: bool, validator: Validator,
              tally: Tally | None) -> dict:
+    """One call of ``rows``; ``tokens``: the cap of every row, or of each row (unguided rows ignore
+    EOS and run exactly that long)."""
     from lmdeploy import GenerationConfig
 
-    gens = [GenerationConfig(top_k=1, max_new_tokens=tokens, response_format=r.response_format) if guided
-            else GenerationConfig(top_k=1, max_new_tokens=tokens, ignore_eos=True) for r in rows]
+    caps = tokens if isinstance(tokens, list) else [tokens] * len(rows)
+    gens = [GenerationConfig(top_k=1, max_new_tokens=n, response_format=r.response_format) if guided
+            else GenerationConfig(top_k=1, max_new_tokens=n, ignore_eos=True) for r, n in zip(rows, caps)]
     timer.reset()
     call_cpu = time.process_time()
     outs = pipe([r.prompt for r in rows], gen_config=gens)
@@ -460,22 +467,27 @@ def run_once(pipe, timer: StepTimer, rows: list[Row], tokens: int, guided: bool,
             if guided:
                 tally.add(r, validator.check(r, o))
     return {"secs": secs, "rows": decoded, "steps": steps, "forward": fwd, "logits": logits, "cpu": cpu,
-            "call_cpu": call_cpu, "requests": len(rows), "row_steps": row_steps}
+            "call_cpu": call_cpu, "requests": len(rows), "row_steps": row_steps,
+            "lengths": [max(1, len(o.token_ids)) for o in outs]}
 
 
 def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, guided: bool, validator: Validator,
-            tally: Tally | None, warm: bool) -> dict:
-    """Calls of ``batch`` rows until ``max(batch, 8)`` rows ran (batch 1: 8 calls over 8 rows)."""
+            tally: Tally | None, warm: bool, lengths: list[list[int]] | None = None) -> dict:
+    """Calls of ``batch`` rows until ``max(batch, 8)`` rows ran (batch 1: 8 calls over 8 rows);
+    ``lengths``: unguided rows run exactly as long as another configuration's rows did (per call)."""
     calls = max(1, 8 // batch)
     chunks = [[rows[(c * batch + i) % len(rows)] for i in range(batch)] for c in range(calls)]
+    caps = lengths or [tokens] * calls
     if warm:
-        for chunk in chunks:
-            run_once(pipe, timer, chunk, tokens, guided, validator, None)  # compiles, tables, allocator
+        for chunk, cap in zip(chunks, caps):
+            run_once(pipe, timer, chunk, cap, guided, validator, None)  # compiles, tables, allocator
     agg = {"secs": 0.0, "rows": 0, "steps": 0, "forward": 0.0, "logits": 0.0, "cpu": 0.0, "call_cpu": 0.0,
            "requests": 0, "row_steps": 0}
+    emitted = []
     wall = time.perf_counter()
-    for chunk in chunks:
-        r = run_once(pipe, timer, chunk, tokens, guided, validator, tally)
+    for chunk, cap in zip(chunks, caps):
+        r = run_once(pipe, timer, chunk, cap, guided, validator, tally)
+        emitted.append(r["lengths"])
         for k in agg:
             agg[k] += r[k]
     wall = time.perf_counter() - wall
@@ -492,7 +504,7 @@ def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, gu
             "wall_s": wall, "forward_ms": 1e3 * agg["forward"] / steps,
             "logits_ms": 1e3 * agg["logits"] / steps, "cpu_ms": 1e3 * agg["cpu"] / steps,
             "cpu_tok_s": agg["rows"] / max(agg["cpu"], 1e-9),
-            "req_cpu_s": agg["requests"] / max(agg["call_cpu"], 1e-9)}
+            "req_cpu_s": agg["requests"] / max(agg["call_cpu"], 1e-9), "lengths": emitted}
 
 
 def _median_finite(values: list[float]) -> float:
@@ -558,12 +570,17 @@ def main() -> None:
         engines["drafts"] = _pipeline(batches, args.tokens, args.dtype, draft_tokens=args.draft_tokens)
     patch.deactivate()
     timer = StepTimer(frozenset(vocab.eos_ids))
+    # "unguided@upgraded": the public prompts unguided, each row exactly as long as the upgraded row
+    # was in this batch's first round: the same rows per step, so the ratio is guided decoding's own cost
+    # (plain "unguided" rows never end early, and rows a grammar ends sooner lower tokens per step)
     configs = [("unguided", "stock", None), ("stock", "stock", "public"), ("upgraded", "upgraded", "public"),
+               ("unguided@upgraded", "stock", None),
                ("stock", "stock", "pathological"), ("upgraded", "upgraded", "pathological")]
     if args.drafts:
         configs.insert(3, ("upgraded+drafts", "drafts", "public"))
     samples: dict[tuple, list[dict]] = {}
     tallies: dict[tuple, Tally] = {}
+    upgraded_lengths: dict[int, list[list[int]]] = {}
     try:
         for batch in batches:
             for rnd in range(args.rounds):
@@ -574,12 +591,16 @@ def main() -> None:
                     key = (name, workload, batch)
                     tally = tallies.setdefault(key, Tally()) if workload and rnd == 0 else None
                     timer.install(spec=engine == "drafts")
+                    matched = upgraded_lengths.get(batch) if name == "unguided@upgraded" else None
                     try:
                         r = measure(engines[engine], timer, rows, batch, args.tokens, workload is not None, validator,
-                                    tally, warm=rnd == 0)
+                                    tally, warm=rnd == 0, lengths=matched)
                     finally:
                         timer.uninstall()
                         patch.deactivate()
+                    if name == "upgraded" and workload == "public" and rnd == 0:
+                        upgraded_lengths[batch] = r["lengths"]
+                    r.pop("lengths")
                     samples.setdefault(key, []).append(r)
                     print(f"batch {batch} round {rnd}: {name} {workload or ''} {r['tok_s']:.1f} tok/s "
                           f"(occupancy {r['occupancy']:.1f}, fwd/token {r['fwd_per_token']:.2f}, "
@@ -599,6 +620,16 @@ def main() -> None:
                              g["tok_s"] / u["tok_s"], s["tok_s"] / u["tok_s"], s["occupancy"], g["occupancy"]])
     print_table(["workload", "batch", "unguided", "stock", "upgraded", "upgraded/stock", "upgraded/unguided",
                  "stock/unguided", "rows/step stock", "rows/step upgraded"], out_rows)
+    print("\nguided decoding's own cost: the public prompts unguided, each row exactly as long as its upgraded "
+          "row (same rows per step; plain unguided rows never end early)\n")
+    out_rows = []
+    for batch in batches:
+        m, g = res[("unguided@upgraded", None, batch)], res[("upgraded", "public", batch)]
+        out_rows.append([batch, m["tok_s"], g["tok_s"], g["tok_s"] / m["tok_s"], m["cpu_ms"], g["cpu_ms"],
+                         g["cpu_tok_s"] / m["cpu_tok_s"], m["occupancy"], g["occupancy"]])
+    print_table(["batch", "unguided@upgraded tok/s", "upgraded tok/s", "upgraded/unguided@upgraded",
+                 "cpu ms/step unguided@upgraded", "cpu ms/step upgraded", "rows/cpu-s upgraded/unguided@upgraded",
+                 "rows/step unguided@upgraded", "rows/step upgraded"], out_rows)
     print("\nper decode step (ms): whole step, model forward, logits processor call + accept\n")
     out_rows = []
     for workload in ("public", "pathological"):
