@@ -62,6 +62,9 @@ def _apply(p: Patcher) -> None:
     from . import error_relay  # engine-side typed errors reach the HTTP response with their message
 
     error_relay.patch(p)
+    from . import mp_start  # the engine process survives LMDeploy's start-up race (mp_start.py)
+
+    mp_start.install(p)
     p.set(ae.AsyncEngine, "__init__", engines.patched_async_engine_init(ae.AsyncEngine.__init__))
     _widen_server_format(p)
     _patch_harmony(p)
