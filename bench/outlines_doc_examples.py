@@ -172,18 +172,33 @@ def select(pages: dict, pattern: str | None, limit: int | None) -> list[dict]:
     return out
 
 
+# exceptions an example raises while reading the generated text (its own ``model_validate_json``,
+# ``json.loads``, a parse): the text is what failed, as with an output the bench's check refused
+TEXT_ERRORS = {"ValidationError", "JSONDecodeError", "ValueError", "UnexpectedCharacters", "UnexpectedToken",
+               "UnexpectedEOF", "UnexpectedInput"}
+
+
 def _outputs(result: dict) -> list[str]:
-    return [r.get("digest", r["output"]) for r in result.get("records", [])]
+    """Digests of every generated text of a block: the outputs checked, and the raw texts a 0.x
+    generator parsed (present even when parsing raised)."""
+    return [r.get("digest", r["output"]) for r in result.get("records", [])] + result.get("raw", [])
+
+
+def about_the_text(result: dict) -> bool:
+    """Did the block fail because of the text generated (an invalid output, or an exception raised
+    reading it), rather than because of the page's code?"""
+    bad = [r for r in result.get("records", []) if not r["ok"] and not r["unchecked"]]
+    return bool(bad) if "error" not in result else result.get("error_type") in TEXT_ERRORS
 
 
 def outlines_too(shim: dict, real: dict, cap: int, earlier: str = "") -> str | None:
     """Why a block the shim failed is not runnable — outlines itself, same version, same machine,
-    same limits, fails it too — or ``None`` (the failure counts against the shim).
+    model, seed and limits, fails it too — or ``None`` (the failure counts against the shim).
 
-    * An exception or an invalid output of the page's own code: outlines fails the block too.
-    * The model running to a token limit (the example's own, or the bench's cap): only when
-      outlines wrote the identical text (whole-output digests equal), as the shim's output is then
-      outlines' output; a different text is the shim's.
+    * The page's code fails on outlines too (an exception, or an invalid output): not runnable.
+    * The model running to a token limit (the example's own, or the bench's cap) and the text
+      failing for it: only when outlines wrote the identical text (whole-output digests equal),
+      as the shim's output is then outlines' own; a different text counts against the shim.
     * A block outlines cannot reach because it fails an earlier block of the page (``earlier``:
       that block and its error): the page's code does not run on outlines this far."""
     kind, reason = outcome(real, cap)
@@ -191,10 +206,11 @@ def outlines_too(shim: dict, real: dict, cap: int, earlier: str = "") -> str | N
         return f"outlines fails an earlier block of the page ({earlier or '?'}), so this one cannot run there"
     if kind != "failed":
         return None
-    if shim.get("cap_hits") or shim.get("own_limit_hits"):
-        if _outputs(shim) and _outputs(shim) == _outputs(real):
-            return f"outlines writes the identical text and fails the same way: {reason}"
-        return None
+    same = bool(_outputs(shim)) and _outputs(shim) == _outputs(real)
+    if about_the_text(shim):
+        if shim.get("cap_hits") or shim.get("own_limit_hits"):
+            return f"outlines writes the identical text and fails the same way: {reason}" if same else None
+        return f"{reason} ({'the identical text' if same else 'another text'})" if _outputs(shim) else reason
     return reason
 
 

@@ -42,6 +42,7 @@ import outlines_doc_validate as validate  # noqa: E402
 RECORDS: list[dict] = []
 _DEPTH = threading.local()
 CAP_HITS: list[int] = []
+RAW: list[str] = []  # digests of the texts a 0.x generator parsed (``format_sequence``), this block
 OWN_LIMIT_HITS: list[int] = []
 
 
@@ -86,6 +87,21 @@ def _asked_limit(args: tuple, kwargs: dict, positional: bool = False) -> Any:
     if limit is None and positional and args and isinstance(args[0], int) and not isinstance(args[0], bool):
         limit = args[0]
     return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+VERSION: list = [""]  # the outlines version the job runs (set by ``setup``)
+
+
+def _seeded(args: tuple, kwargs: dict) -> dict:
+    """outlines 0.0.x's token loop draws from a ``torch.Generator`` it seeds from the clock
+    (``rng.seed()``) when the call passes none, so its samples differ from run to run and the shim's
+    cannot be compared with outlines' own. The bench passes one seeded with 0 instead (every block
+    already starts from torch seed 0); a call that passes its own ``rng`` keeps it."""
+    if not VERSION[0].startswith("0.0.") or "rng" in kwargs or len(args) >= 3:
+        return kwargs
+    import torch
+
+    return dict(kwargs, rng=torch.Generator().manual_seed(0))
 
 
 @contextlib.contextmanager
@@ -137,19 +153,37 @@ class _StreamRecorder:
         return part
 
 
+def _noting_raw(parse):
+    """``format_sequence`` that notes the digest of each text it parses (kept when it raises: a
+    0.x ``generate.json`` whose text does not validate raises inside outlines' call)."""
+    if getattr(parse, "_notes_raw", False):
+        return parse
+
+    def format_sequence(text):
+        RAW.append(_digest(text))
+        return parse(text)
+
+    format_sequence._notes_raw = True
+    return format_sequence
+
+
 class RecordedGenerator:
     """A 0.x generator (``generate.json(model, X)``) that records each call's output."""
 
     def __init__(self, inner, request):
         object.__setattr__(self, "_inner", inner)
         object.__setattr__(self, "_request", request)
+        if callable(getattr(inner, "format_sequence", None)):
+            self.format_sequence = inner.format_sequence
 
     def __setattr__(self, name, value):  # ``generator.format_sequence = parse`` (generate.format)
+        if name == "format_sequence" and callable(value):
+            value = _noting_raw(value)
         setattr(self._inner, name, value)
 
     def __call__(self, prompts, *args, **kwargs):
         with _outermost() as outer, _asked(_asked_limit(args, kwargs, positional=True)):
-            out = self._inner(prompts, *args, **kwargs)
+            out = self._inner(prompts, *args, **_seeded(args, kwargs))
         if outer:
             batched = isinstance(prompts, list) or isinstance(out, list) and self._request[0] != "json"
             _record("0.x", self._request, out, batched)
@@ -158,7 +192,7 @@ class RecordedGenerator:
     def stream(self, prompts, *args, **kwargs):
         limit = _asked_limit(args, kwargs, positional=True)
         with _asked(limit):
-            stream = self._inner.stream(prompts, *args, **kwargs)
+            stream = self._inner.stream(prompts, *args, **_seeded(args, kwargs))
         return _StreamRecorder(stream, "0.x", self._request, isinstance(prompts, str), limit)
 
     def __getattr__(self, name):
@@ -421,7 +455,7 @@ def setup(job: dict) -> str:
     plugin.GENERATION_CAP = 10**9  # our own cap below (it also notes calls that reach it)
     plugin._redirect_hub_names()
     _cache_local_models(local)
-    CAP[0] = int(job["cap"])
+    CAP[0], VERSION[0] = int(job["cap"]), job["version"]
     _cap_generation()
     import outlines
 
@@ -475,6 +509,7 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
         RECORDS.clear()
         CAP_HITS.clear()
         OWN_LIMIT_HITS.clear()
+        RAW.clear()
         torch.manual_seed(0)
         start = time.perf_counter()
         signal.signal(signal.SIGALRM, _on_alarm)
@@ -494,7 +529,7 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
         finally:
             signal.alarm(0)
         result.update(seconds=round(time.perf_counter() - start, 2), records=list(RECORDS),
-                      cap_hits=len(CAP_HITS), own_limit_hits=OWN_LIMIT_HITS[:1], stdout=stdout.getvalue()[-300:])
+                      cap_hits=len(CAP_HITS), own_limit_hits=OWN_LIMIT_HITS[:1], raw=RAW[:50], stdout=stdout.getvalue()[-300:])
         if error is not None:
             result["error"] = _error_line(error)
             result["error_type"] = type(error).__name__
