@@ -300,3 +300,29 @@ def test_fails_on_outlines_too_needs_outlines_to_fail_and_the_same_text_at_a_lim
     assert outlines_too(_result(output="a", cap_hits=1), _result(output="b", cap_hits=1), 128) is None
     cascade = {"error": "NameError: x", "error_type": "NameError", "after_failure": True, "records": []}
     assert "earlier block" in outlines_too(_result("ValueError: v"), cascade, 128)
+
+
+def test_a_failure_of_the_page_code_at_a_limit_needs_no_identical_text():
+    # a 4-token stream read five times: StopIteration whatever the text
+    shim = dict(_result("StopIteration: "), own_limit_hits=[4], raw=["a"])
+    assert outlines_too(shim, dict(_result("StopIteration: "), raw=["b"]), 128) is not None
+    # the example's own model_validate_json on a cut text: the text is what failed
+    shim = dict(_result("ValidationError: 1 validation error"), own_limit_hits=[200], raw=["a"])
+    assert outlines_too(shim, dict(_result("ValidationError: 1 validation error"), raw=["b"]), 128) is None
+    assert outlines_too(shim, dict(_result("ValidationError: 1 validation error"), raw=["a"]), 128) is not None
+
+
+def test_0x_parsed_texts_are_digested_even_when_parsing_raises(monkeypatch):
+    monkeypatch.setattr(runner, "RAW", [])
+
+    class Inner:
+        format_sequence = None
+
+    def parse(text):
+        raise ValueError(text)
+
+    recorded = runner.RecordedGenerator(Inner(), ("json", dict))
+    recorded.format_sequence = parse
+    with pytest.raises(ValueError):
+        recorded._inner.format_sequence('{"a": 1')
+    assert runner.RAW == [runner._digest('{"a": 1')]
