@@ -43,6 +43,7 @@ RECORDS: list[dict] = []
 _DEPTH = threading.local()
 CAP_HITS: list[int] = []
 RAW: list[str] = []  # digests of the texts a 0.x generator parsed (``format_sequence``), this block
+RAW_TEXT: list[str] = []  # the start of the first such text, for reading
 OWN_LIMIT_HITS: list[int] = []
 
 
@@ -60,7 +61,7 @@ def _record(api: str, request: tuple[str, Any], output: Any, batched: bool) -> N
     except Exception as exc:  # the oracle itself failed: report, do not hide
         reason = f"unchecked: oracle error {type(exc).__name__}: {exc}"[:200]
     RECORDS.append({"kind": request[0], "ok": reason is None, "unchecked": bool(reason and reason.startswith("unchecked")),
-                    "reason": reason, "output": repr(output)[:160], "digest": _digest(output)})
+                    "reason": reason, "output": repr(output)[:300], "digest": _digest(output)})
 
 
 def _digest(output: Any) -> str:
@@ -161,6 +162,8 @@ def _noting_raw(parse):
 
     def format_sequence(text):
         RAW.append(_digest(text))
+        if not RAW_TEXT:
+            RAW_TEXT.append(repr(text)[:300])
         return parse(text)
 
     format_sequence._notes_raw = True
@@ -510,6 +513,7 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
         CAP_HITS.clear()
         OWN_LIMIT_HITS.clear()
         RAW.clear()
+        RAW_TEXT.clear()
         torch.manual_seed(0)
         start = time.perf_counter()
         signal.signal(signal.SIGALRM, _on_alarm)
@@ -529,7 +533,7 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
         finally:
             signal.alarm(0)
         result.update(seconds=round(time.perf_counter() - start, 2), records=list(RECORDS),
-                      cap_hits=len(CAP_HITS), own_limit_hits=OWN_LIMIT_HITS[:1], raw=RAW[:50], stdout=stdout.getvalue()[-300:])
+                      cap_hits=len(CAP_HITS), own_limit_hits=OWN_LIMIT_HITS[:1], raw=RAW[:50], raw_text=RAW_TEXT[:1], stdout=stdout.getvalue()[-300:])
         if error is not None:
             result["error"] = _error_line(error)
             result["error_type"] = type(error).__name__
