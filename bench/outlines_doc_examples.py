@@ -234,7 +234,7 @@ def report(version: str, pages: dict, selected: list[dict], results: dict, real:
             for b in blocks:
                 if b.status == "skipped":
                     skipped[re.sub(r": .*", "", b.reason) if b.reason.startswith("fragment") else b.reason] += 1
-    counts, failures, excluded = Counter(), [], []
+    counts, failures, excluded, after = Counter(), [], [], []
     for p in selected:
         for b in p["blocks"]:
             if b["ident"] not in results:
@@ -246,6 +246,8 @@ def report(version: str, pages: dict, selected: list[dict], results: dict, real:
                     kind = "outlines-too"
                     excluded.append(f"{b['ident']}: shim: {reason} | outlines {version}: {why}")
             counts[kind] += 1
+            if kind in ("cascade", "not-run"):
+                after.append(f"{b['ident']}: {reason}")
             if kind == "failed":
                 if real is None:
                     note = " | outlines: not run (no --real)"
@@ -268,11 +270,13 @@ def report(version: str, pages: dict, selected: list[dict], results: dict, real:
         print(f"  FAIL {line}")
     for line in excluded:
         print(f"  OUTLINES-TOO {line}")
+    for line in after:
+        print(f"  NOT-COUNTED {line}")
     for why, n in skipped.most_common():
         print(f"  skipped {n:3d}: {why}")
     return {"runnable": runnable, "passed": counts["passed"], "failed": counts["failed"],
             "outlines_too": counts["outlines-too"], "skipped": sum(skipped.values()), "failures": failures,
-            "excluded": excluded, "skipped_reasons": dict(skipped)}
+            "excluded": excluded, "not_counted": after, "skipped_reasons": dict(skipped)}
 
 
 def main() -> None:
