@@ -24,22 +24,28 @@ embedded SmolLM2-135M-Instruct (``tokenrails.demo_model``), whether through
 that model (the docs' "assume a model"). Blocks for other providers (OpenAI, vLLM, llama.cpp,
 MLX, API clients...), blocks needing what this machine lacks (network, GPU, deployment
 platforms, images/PDFs) and fragments (names no block of the page defines) are skipped, each with
-its reason. A block is a *runnable example* when it generated through outlines' public API
+its reason. A block is an *example* when it generated through outlines' public API
 (``generate.*``, ``Generator``, ``model(prompt, output_type)``) or raised; blocks that only define
 things are setup. Every generation is checked against the structure its example asked for
 (pydantic, jsonschema, ``re.fullmatch``, membership, ``int``/``float``/``bool`` parsing, Lark for
 CFGs); a block passes when it ran without an exception and every output fits. Each block starts
-from torch seed 0 and has ``--timeout`` seconds; generations are capped at ``--cap`` new tokens,
-or at the example's own ``max_tokens`` / ``max_new_tokens`` up to 256 (failures where a
-generation reached the cap say so).
+from torch seed 0 and has ``--timeout`` seconds. A limit the example sets (``max_tokens`` /
+``max_new_tokens``) is part of the example and is honoured in full; a generation whose example
+sets none gets at most ``--cap`` new tokens — in transformers' ``generate`` and in outlines 0.x's
+own token loop alike (what 0.0.x's ``generate.*`` run). A failure says when a generation ran to
+the bench's cap or to the example's own limit.
 
-``--real`` runs the pages that had a failure again on outlines itself (its sdist first on
-``sys.path``, with the libraries it pins installed by pip ``--no-deps --target`` into the cache,
-never into the venv and never torch), to tell "outlines also fails" apart. Not reachable:
-outlines 0.0.46 itself (with numpy < 2 and numba 0.60 it imports, but its generation loop
-reorders the legacy tuple KV cache, which transformers 5 no longer returns: every generation
-fails with ``AttributeError: 'NoneType' object has no attribute 'device'``), so ``--real`` skips
-0.0.x and says so; 0.0.46's failures are judged from its sdist's source instead.
+*Runnable* (the denominator): an example outlines itself can run to a valid output on this
+machine. ``--real`` runs every page with a failure again on outlines itself, same version, same
+model, seed and limits (its sdist first on ``sys.path``, the libraries it pins installed by pip
+``--no-deps --target`` into the cache, never into the venv and never torch). A block the shim
+failed is *not runnable* — listed apart as "fails on outlines too", with outlines' own error —
+when outlines fails it too; when the failure is the model running to a token limit, only if
+outlines wrote the identical text (whole-output digests), else it counts against the shim.
+Without ``--real`` every failure counts against the shim. outlines 0.0.46 runs with one
+adaptation of the machine: its loop reorders the KV cache as transformers 4's tuple of tuples,
+which transformers 5 no longer returns, so a ``Cache`` object is reordered by its own
+``reorder_cache`` (``outlines_doc_runner._cache_object_reorder``).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/outlines_doc_examples.py [--versions 0.0.46,0.1.14,1.3.3]
         [--limit N] [--pages REGEX] [--cap 128] [--timeout 240] [--real] [--verbose] [--save FILE]
@@ -166,8 +172,61 @@ def select(pages: dict, pattern: str | None, limit: int | None) -> list[dict]:
     return out
 
 
+# exceptions an example raises while reading the generated text (its own ``model_validate_json``,
+# ``json.loads``, a parse): the text is what failed, as with an output the bench's check refused
+TEXT_ERRORS = {"ValidationError", "JSONDecodeError", "ValueError", "UnexpectedCharacters", "UnexpectedToken",
+               "UnexpectedEOF", "UnexpectedInput"}
+
+
+def _outputs(result: dict) -> list[str]:
+    """Digests of every generated text of a block: the outputs checked, and the raw texts a 0.x
+    generator parsed (present even when parsing raised)."""
+    return [r.get("digest", r["output"]) for r in result.get("records", [])] + result.get("raw", [])
+
+
+def about_the_text(result: dict) -> bool:
+    """Did the block fail because of the text generated (an invalid output, or an exception raised
+    reading it), rather than because of the page's code?"""
+    bad = [r for r in result.get("records", []) if not r["ok"] and not r["unchecked"]]
+    return bool(bad) if "error" not in result else result.get("error_type") in TEXT_ERRORS
+
+
+def outlines_too(shim: dict, real: dict, cap: int, earlier: str = "") -> str | None:
+    """Why a block the shim failed is not runnable — outlines itself, same version, same machine,
+    model, seed and limits, fails it too — or ``None`` (the failure counts against the shim).
+
+    * The page's code fails on outlines too (an exception, or an invalid output): not runnable.
+    * The model running to a token limit (the example's own, or the bench's cap) and the text
+      failing for it: only when outlines wrote the identical text (whole-output digests equal),
+      as the shim's output is then outlines' own; a different text counts against the shim.
+    * A block outlines cannot reach because it fails an earlier block of the page (``earlier``:
+      that block and its error): the page's code does not run on outlines this far."""
+    kind, reason = outcome(real, cap)
+    if kind == "cascade":
+        return f"outlines fails an earlier block of the page ({earlier or '?'}), so this one cannot run there"
+    if kind != "failed":
+        return None
+    same = bool(_outputs(shim)) and _outputs(shim) == _outputs(real)
+    if about_the_text(shim):
+        if shim.get("cap_hits") or shim.get("own_limit_hits"):
+            return f"outlines writes the identical text and fails the same way: {reason}" if same else None
+        return f"{reason} ({'the identical text' if same else 'another text'})" if _outputs(shim) else reason
+    return reason
+
+
+def _first_failure(page: dict, real: dict, cap: int) -> str:
+    """The first block of ``page`` that outlines itself failed, and its error (``"#0: ImportError: ..."``)."""
+    for block in page["blocks"]:
+        result = real.get(block["ident"])
+        if result is not None and outcome(result, cap)[0] == "failed":
+            return f"#{block['ident'].split('#')[1].split('@')[0]}: {outcome(result, cap)[1][:120]}"
+    return ""
+
+
 def report(version: str, pages: dict, selected: list[dict], results: dict, real: dict | None, cap: int,
            verbose: bool) -> dict:
+    """Per-version figures: passed / runnable, where *runnable* leaves out the blocks outlines itself
+    fails (``outlines_too``; only known when ``--real`` ran them), each listed with its evidence."""
     chosen = {p["page"] for p in selected}
     skipped = Counter()
     for page, blocks in pages.items():
@@ -175,37 +234,49 @@ def report(version: str, pages: dict, selected: list[dict], results: dict, real:
             for b in blocks:
                 if b.status == "skipped":
                     skipped[re.sub(r": .*", "", b.reason) if b.reason.startswith("fragment") else b.reason] += 1
-    counts, failures, also = Counter(), [], 0
+    counts, failures, excluded, after = Counter(), [], [], []
     for p in selected:
         for b in p["blocks"]:
             if b["ident"] not in results:
                 continue
             kind, reason = outcome(results[b["ident"]], cap)
+            if kind == "failed" and real is not None and b["ident"] in real:
+                why = outlines_too(results[b["ident"]], real[b["ident"]], cap, _first_failure(p, real, cap))
+                if why is not None:
+                    kind = "outlines-too"
+                    excluded.append(f"{b['ident']}: shim: {reason} | outlines {version}: {why}")
             counts[kind] += 1
+            if kind in ("cascade", "not-run"):
+                after.append(f"{b['ident']}: {reason}")
             if kind == "failed":
-                real_note = ""
-                if real is not None:
-                    if b["ident"] in real:
-                        rk, rr = outcome(real[b["ident"]], cap)
-                        real_note = f" | outlines {version}: {rk}{': ' + rr if rr else ''}"
-                        also += rk == "failed"
-                    else:
-                        real_note = " | outlines: not run"
-                failures.append(f"{b['ident']}: {reason}{real_note}")
+                if real is None:
+                    note = " | outlines: not run (no --real)"
+                elif b["ident"] not in real:
+                    note = " | outlines: not run"
+                else:
+                    rk, rr = outcome(real[b["ident"]], cap)
+                    note = f" | outlines {version}: {rk}{': ' + rr if rr else ''}"
+                failures.append(f"{b['ident']}: {reason}{note}")
             elif verbose and kind == "passed":
                 print(f"  pass {b['ident']} ({results[b['ident']].get('seconds')} s)")
     runnable = counts["passed"] + counts["failed"]
     pct = 100 * counts["passed"] / runnable if runnable else 0.0
-    print(f"\n== outlines {version}: runnable {runnable}, passed {counts['passed']} ({pct:.1f} %), failed "
-          f"{counts['failed']}" + (f" (outlines itself also fails {also})" if real is not None else "")
-          + f", setup blocks {counts['setup']}, after a failure {counts['cascade']}, not run {counts['not-run']}, "
+    print(f"\n== outlines {version}: passed {counts['passed']} / runnable {runnable} ({pct:.1f} %); "
+          f"failed on the shim {counts['failed']}; fails on outlines too (not runnable) {counts['outlines-too']}"
+          + ("" if real is not None else " (not known: no --real)")
+          + f"; setup blocks {counts['setup']}, after a failure {counts['cascade']}, not run {counts['not-run']}, "
           f"skipped {sum(skipped.values())}")
     for line in failures:
         print(f"  FAIL {line}")
+    for line in excluded:
+        print(f"  OUTLINES-TOO {line}")
+    for line in after:
+        print(f"  NOT-COUNTED {line}")
     for why, n in skipped.most_common():
         print(f"  skipped {n:3d}: {why}")
-    return {"runnable": runnable, "passed": counts["passed"], "failed": counts["failed"], "also_outlines": also,
-            "skipped": sum(skipped.values()), "failures": failures, "skipped_reasons": dict(skipped)}
+    return {"runnable": runnable, "passed": counts["passed"], "failed": counts["failed"],
+            "outlines_too": counts["outlines-too"], "skipped": sum(skipped.values()), "failures": failures,
+            "excluded": excluded, "not_counted": after, "skipped_reasons": dict(skipped)}
 
 
 def main() -> None:
@@ -226,9 +297,7 @@ def main() -> None:
         selected = select(pages, args.pages, args.limit)
         results = run_blocks(version, selected, "shim", args.cap, args.timeout, args.verbose)
         real = None
-        if args.real and api_of(version) == "0.x" and version.startswith("0.0."):
-            print(f"  --real: outlines {version} cannot generate with this transformers (see the docstring)")
-        elif args.real:
+        if args.real:
             failed_pages = {results[b["ident"]]["page"] for p in selected for b in p["blocks"]
                             if b["ident"] in results and outcome(results[b["ident"]], args.cap)[0] == "failed"}
             real = run_blocks(version, [p for p in selected if p["page"] in failed_pages], "real", args.cap,
@@ -239,7 +308,8 @@ def main() -> None:
         print(f"  ({summary[version]['seconds']} s)")
     if args.save:
         args.save.write_text(json.dumps(saved, indent=1))
-    print("\n" + json.dumps({v: {k: s[k] for k in ("runnable", "passed", "failed", "skipped")} for v, s in summary.items()}))
+    print("\n" + json.dumps({v: {k: s[k] for k in ("passed", "runnable", "failed", "outlines_too", "skipped")}
+                             for v, s in summary.items()}))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Python examples out of outlines' documentation pages (markdown), and which of them can run here.
 
 Used by ``bench/outlines_doc_examples.py``; kept free of outlines, torch and the model so the
-test (``tests/bench/test_outlines_doc_extract.py``) can check it on a small in-repo sample.
+test (``tests/compat/test_outlines_doc_examples.py``) can check it on a small in-repo sample.
 
 A page is read like a notebook: its Python code blocks run in order in one namespace, so a block
 may use what an earlier block of the same page defined. Each block is classified *statically*:

@@ -10,11 +10,13 @@ block that crashed or hung this one.
 The machine, never the example, is adapted: ``import outlines`` is the shim (``mode`` "shim",
 installed as ``bench/outlines_shim_plugin.py`` installs it) or outlines itself (``mode`` "real",
 its sdist first on ``sys.path``); every Hugging Face hub name loads the embedded SmolLM2 (the
-only change to what an example asks for, with ``"cuda"`` devices → CPU: no GPU here); new tokens
-are capped at ``cap`` per generation (an example's own ``max_tokens`` / ``max_new_tokens`` up to
-``EXPLICIT_CAP``); each generation call of outlines' public API is recorded
+only change to what an example asks for, with ``"cuda"`` devices → CPU: no GPU here); a
+generation whose example sets no limit gets at most ``cap`` new tokens, in transformers'
+``generate`` and in outlines 0.x's own token loop (an example's own ``max_tokens`` /
+``max_new_tokens`` is honoured in full); each generation call of outlines' public API is recorded
 with what it asked for and checked (``bench/outlines_doc_validate.py``); each block starts from
-torch seed 0 and stops after ``timeout`` seconds.
+torch seed 0 and stops after ``timeout`` seconds. outlines 0.0.x itself gets its KV cache
+reordered the way transformers 5 can (``_cache_object_reorder``).
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ import outlines_doc_validate as validate  # noqa: E402
 RECORDS: list[dict] = []
 _DEPTH = threading.local()
 CAP_HITS: list[int] = []
+RAW: list[str] = []  # digests of the texts a 0.x generator parsed (``format_sequence``), this block
+RAW_TEXT: list[str] = []  # the start of the first such text, for reading
 OWN_LIMIT_HITS: list[int] = []
 
 
@@ -57,17 +61,53 @@ def _record(api: str, request: tuple[str, Any], output: Any, batched: bool) -> N
     except Exception as exc:  # the oracle itself failed: report, do not hide
         reason = f"unchecked: oracle error {type(exc).__name__}: {exc}"[:200]
     RECORDS.append({"kind": request[0], "ok": reason is None, "unchecked": bool(reason and reason.startswith("unchecked")),
-                    "reason": reason, "output": repr(output)[:160]})
+                    "reason": reason, "output": repr(output)[:300], "digest": _digest(output)})
 
 
-EXPLICIT_CAP = 256  # an example's own max_tokens / max_new_tokens is honoured up to this
+def _digest(output: Any) -> str:
+    """A digest of the whole output, so the shim's and outlines' outputs of one block can be
+    compared whole (``output`` keeps only the start, for reading)."""
+    import hashlib
+
+    return hashlib.sha256(repr(output).encode("utf-8", "replace")).hexdigest()[:16]
+
+
+CAP: list = [128]  # the bench's cap: new tokens of a generation whose example sets no limit (``--cap``)
 _ASKED: list = [None]  # the limit the example passed to the call being run (None: none)
 
 
-@contextlib.contextmanager
-def _asked(kwargs: dict):
+def _limit() -> tuple[int, bool]:
+    """The new-token limit of a generation starting now, and whether it is the bench's cap (else
+    the example's own ``max_tokens`` / ``max_new_tokens``, honoured in full: it is part of the example)."""
+    return (CAP[0], True) if _ASKED[0] is None else (int(_ASKED[0]), False)
+
+
+def _asked_limit(args: tuple, kwargs: dict, positional: bool = False) -> Any:
+    """The example's own limit of one call (``positional``: 0.x ``generator(prompts, max_tokens)``)."""
     limit = kwargs.get("max_tokens", kwargs.get("max_new_tokens"))
-    previous, _ASKED[0] = _ASKED[0], limit if isinstance(limit, int) else _ASKED[0]
+    if limit is None and positional and args and isinstance(args[0], int) and not isinstance(args[0], bool):
+        limit = args[0]
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+VERSION: list = [""]  # the outlines version the job runs (set by ``setup``)
+
+
+def _seeded(args: tuple, kwargs: dict) -> dict:
+    """outlines 0.0.x's token loop draws from a ``torch.Generator`` it seeds from the clock
+    (``rng.seed()``) when the call passes none, so its samples differ from run to run and the shim's
+    cannot be compared with outlines' own. The bench passes one seeded with 0 instead (every block
+    already starts from torch seed 0); a call that passes its own ``rng`` keeps it."""
+    if not VERSION[0].startswith("0.0.") or "rng" in kwargs or len(args) >= 3:
+        return kwargs
+    import torch
+
+    return dict(kwargs, rng=torch.Generator().manual_seed(0))
+
+
+@contextlib.contextmanager
+def _asked(limit: Any):
+    previous, _ASKED[0] = _ASKED[0], limit if limit is not None else _ASKED[0]
     try:
         yield
     finally:
@@ -87,15 +127,17 @@ def _outermost():
 class _StreamRecorder:
     """Passes a 0.x stream through; at its end checks the joined text of a single prompt."""
 
-    def __init__(self, it, api, request, single):
+    def __init__(self, it, api, request, single, limit=None):
         self._it, self._api, self._request, self._single, self._parts = iter(it), api, request, single, []
+        self._limit = limit  # the example's own limit: in force while the stream generates
 
     def __iter__(self):
         return self
 
     def __next__(self):
         try:
-            part = next(self._it)
+            with _asked(self._limit):
+                part = next(self._it)
         except StopIteration:
             if self._single and all(isinstance(p, str) for p in self._parts):
                 kind, spec = self._request
@@ -112,29 +154,49 @@ class _StreamRecorder:
         return part
 
 
+def _noting_raw(parse):
+    """``format_sequence`` that notes the digest of each text it parses (kept when it raises: a
+    0.x ``generate.json`` whose text does not validate raises inside outlines' call)."""
+    if getattr(parse, "_notes_raw", False):
+        return parse
+
+    def format_sequence(text):
+        RAW.append(_digest(text))
+        if not RAW_TEXT:
+            RAW_TEXT.append(repr(text)[:300])
+        return parse(text)
+
+    format_sequence._notes_raw = True
+    return format_sequence
+
+
 class RecordedGenerator:
     """A 0.x generator (``generate.json(model, X)``) that records each call's output."""
 
     def __init__(self, inner, request):
         object.__setattr__(self, "_inner", inner)
         object.__setattr__(self, "_request", request)
+        if callable(getattr(inner, "format_sequence", None)):
+            self.format_sequence = inner.format_sequence
 
     def __setattr__(self, name, value):  # ``generator.format_sequence = parse`` (generate.format)
+        if name == "format_sequence" and callable(value):
+            value = _noting_raw(value)
         setattr(self._inner, name, value)
 
     def __call__(self, prompts, *args, **kwargs):
-        with _outermost() as outer, _asked(kwargs):
-            out = self._inner(prompts, *args, **kwargs)
+        with _outermost() as outer, _asked(_asked_limit(args, kwargs, positional=True)):
+            out = self._inner(prompts, *args, **_seeded(args, kwargs))
         if outer:
             batched = isinstance(prompts, list) or isinstance(out, list) and self._request[0] != "json"
             _record("0.x", self._request, out, batched)
         return out
 
     def stream(self, prompts, *args, **kwargs):
-        with _asked(kwargs):  # (the limit is read when the stream starts generating: best effort)
-            stream = self._inner.stream(prompts, *args, **kwargs)
-        return _StreamRecorder(stream, "0.x", self._request,
-                               isinstance(prompts, str))
+        limit = _asked_limit(args, kwargs, positional=True)
+        with _asked(limit):
+            stream = self._inner.stream(prompts, *args, **_seeded(args, kwargs))
+        return _StreamRecorder(stream, "0.x", self._request, isinstance(prompts, str), limit)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -147,14 +209,14 @@ class RecordedGenerator1x:
         self._inner, self._request = inner, ("output_type", output_type)
 
     def __call__(self, prompt, *args, **kwargs):
-        with _outermost() as outer, _asked(kwargs):
+        with _outermost() as outer, _asked(_asked_limit(args, kwargs)):
             out = self._inner(prompt, *args, **kwargs)
         if outer:
             _record("1.x", self._request, out, isinstance(out, list))
         return out
 
     def batch(self, prompts, *args, **kwargs):
-        with _outermost() as outer, _asked(kwargs):
+        with _outermost() as outer, _asked(_asked_limit(args, kwargs)):
             out = self._inner.batch(prompts, *args, **kwargs)
         if outer:
             _record("1.x", self._request, out, True)
@@ -200,14 +262,14 @@ def _hook_1x(outlines) -> None:
     def __call__(self, model_input, output_type=None, *args, **kwargs):
         if not isinstance(model_input, (str, list, dict)) and type(model_input).__name__ != "Chat":
             return call(self, model_input, output_type, *args, **kwargs)  # 0.x forward call (tensors)
-        with _outermost() as outer, _asked(kwargs):
+        with _outermost() as outer, _asked(_asked_limit(args, kwargs)):
             out = call(self, model_input, output_type, *args, **kwargs)
         if outer:
             _record("1.x", ("output_type", output_type), out, isinstance(out, list))
         return out
 
     def batch_(self, model_input, output_type=None, *args, **kwargs):
-        with _outermost() as outer, _asked(kwargs):
+        with _outermost() as outer, _asked(_asked_limit(args, kwargs)):
             out = batch(self, model_input, output_type, *args, **kwargs)
         if outer:
             _record("1.x", ("output_type", output_type), out, True)
@@ -216,32 +278,62 @@ def _hook_1x(outlines) -> None:
     Transformers.__call__, Transformers.batch = __call__, batch_
 
 
-def _cap_generation(cap: int) -> None:
-    """Every ``generate`` gets at most ``cap`` new tokens; a call that stops at the cap is noted."""
+def _cap_generation() -> None:
+    """Every transformers ``generate`` gets at most the limit in force (``_limit``) new tokens; a
+    call that ran to it is noted (the bench's cap, or the example's own limit)."""
     import transformers
 
     inner = transformers.GenerationMixin.generate
 
     def generate(self, *args, **kwargs):
-        limit = cap if _ASKED[0] is None else min(int(_ASKED[0]), EXPLICIT_CAP)
+        limit, capped = _limit()
         if kwargs.get("max_new_tokens") is None or kwargs["max_new_tokens"] > limit:
             kwargs["max_new_tokens"] = limit
-            capped = True
-        else:
-            capped = False
+            kwargs.pop("max_length", None)
         cap_now = kwargs["max_new_tokens"]
-        kwargs.pop("max_length", None) if capped else None
         out = inner(self, *args, **kwargs)
         ids = kwargs.get("input_ids", args[0] if args else None)
         seqs = getattr(out, "sequences", out)
         try:  # a generation that ran to its limit: the bench's cap, or the example's own max_tokens
             if ids is not None and seqs.shape[-1] - ids.shape[-1] >= cap_now:
-                (CAP_HITS if capped else OWN_LIMIT_HITS).append(cap_now)
+                (CAP_HITS if capped and cap_now == limit else OWN_LIMIT_HITS).append(cap_now)
         except AttributeError:
             pass
         return out
 
     transformers.GenerationMixin.generate = generate
+
+
+def _cap_token_loop() -> None:
+    """outlines 0.x's own token loop (``sequence_generator``: what 0.0.x's ``generate.*`` run, in
+    outlines 0.0.x and in the shim standing in for it, and what a hand-built ``SequenceGenerator``
+    or a sampler of outlines' own protocol runs) never calls transformers' ``generate``, so the cap
+    above does not reach it: the loop is cut after the limit in force (``_limit``) steps, noted
+    the same way. Patched where the loop is looked up: the module defining it and, in outlines
+    0.0.x, ``outlines.generate.api`` which imported it by name."""
+    import importlib
+
+    try:
+        module = importlib.import_module("outlines.generate.generator")
+    except ImportError:  # outlines 1.x: no such loop
+        return
+    inner = getattr(module, "sequence_generator", None)
+    if inner is None:
+        return
+
+    def sequence_generator(*args, **kwargs):
+        limit, capped = _limit()
+        for steps, state in enumerate(inner(*args, **kwargs), start=1):
+            if steps >= limit:  # the consumer stops here itself when the limit is the example's own
+                (CAP_HITS if capped else OWN_LIMIT_HITS).append(limit)
+                yield state
+                return
+            yield state
+
+    module.sequence_generator = sequence_generator
+    api = sys.modules.get("outlines.generate.api") or importlib.import_module("outlines.generate.api")
+    if getattr(api, "sequence_generator", None) is inner:
+        api.sequence_generator = sequence_generator
 
 
 def _cache_local_models(local: str) -> None:
@@ -316,6 +408,28 @@ def _pyairports_stand_in() -> None:
     sys.modules.update({"pyairports": package, "pyairports.airports": airports})
 
 
+def _cache_object_reorder() -> None:
+    """outlines 0.0.x (run itself, ``--real``) reorders the KV cache its model returns as the legacy
+    tuple of per-layer tuples (``reorder_kv_cache``); transformers 5 returns a ``Cache`` object,
+    whose iteration that function cannot index (every generation fails with ``'NoneType' object
+    has no attribute 'device'``). The machine is adapted, not outlines' loop: a ``Cache`` is
+    reordered by its own ``reorder_cache`` (the same row selection by ancestors); a tuple still
+    goes to outlines' function."""
+    import importlib
+
+    module = importlib.import_module("outlines.generate.generator")
+    original = module.reorder_kv_cache
+
+    def reorder_kv_cache(kv_cache, ancestors):
+        reorder = getattr(kv_cache, "reorder_cache", None)
+        if callable(reorder):
+            reorder(ancestors)
+            return kv_cache
+        return original(kv_cache, ancestors)
+
+    module.reorder_kv_cache = reorder_kv_cache
+
+
 def setup(job: dict) -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -344,8 +458,13 @@ def setup(job: dict) -> str:
     plugin.GENERATION_CAP = 10**9  # our own cap below (it also notes calls that reach it)
     plugin._redirect_hub_names()
     _cache_local_models(local)
-    _cap_generation(int(job["cap"]))
+    CAP[0], VERSION[0] = int(job["cap"]), job["version"]
+    _cap_generation()
     import outlines
+
+    _cap_token_loop()
+    if job["mode"] == "real" and job["version"].startswith("0.0."):
+        _cache_object_reorder()
 
     if job["api"] == "0.x":
         _hook_0x(outlines)
@@ -393,6 +512,8 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
         RECORDS.clear()
         CAP_HITS.clear()
         OWN_LIMIT_HITS.clear()
+        RAW.clear()
+        RAW_TEXT.clear()
         torch.manual_seed(0)
         start = time.perf_counter()
         signal.signal(signal.SIGALRM, _on_alarm)
@@ -412,7 +533,7 @@ def run_page(page: dict, job: dict, local: str, out) -> None:
         finally:
             signal.alarm(0)
         result.update(seconds=round(time.perf_counter() - start, 2), records=list(RECORDS),
-                      cap_hits=len(CAP_HITS), own_limit_hits=OWN_LIMIT_HITS[:1], stdout=stdout.getvalue()[-300:])
+                      cap_hits=len(CAP_HITS), own_limit_hits=OWN_LIMIT_HITS[:1], raw=RAW[:50], raw_text=RAW_TEXT[:1], stdout=stdout.getvalue()[-300:])
         if error is not None:
             result["error"] = _error_line(error)
             result["error_type"] = type(error).__name__

@@ -226,3 +226,103 @@ def test_a_class_field_named_like_a_parameter_is_not_a_free_name():
 def test_placeholder_values_make_a_fragment():
     blocks = classify(page_blocks("p.md", "```python\nimport outlines\nmodel = ...\nprint(model)\n```\n"))
     assert blocks[0].status == "skipped" and "placeholder" in blocks[0].reason
+
+
+# --- limits: the example's own limit in full, the bench's cap otherwise, in outlines 0.x's loop too ---
+
+import types  # noqa: E402
+
+import outlines_doc_runner as runner  # noqa: E402
+from outlines_doc_examples import outlines_too  # noqa: E402
+
+
+@pytest.fixture
+def token_loop(monkeypatch):
+    """A stand-in ``outlines.generate.generator`` / ``.api`` pair whose loop yields 20 states,
+    with the runner's token-loop cap installed on it (sys.modules restored afterwards)."""
+    generator, api = types.ModuleType("outlines.generate.generator"), types.ModuleType("outlines.generate.api")
+
+    def sequence_generator(n=20):
+        yield from range(n)
+
+    generator.sequence_generator = api.sequence_generator = sequence_generator
+    monkeypatch.setitem(sys.modules, "outlines.generate.generator", generator)
+    monkeypatch.setitem(sys.modules, "outlines.generate.api", api)
+    monkeypatch.setattr(runner, "CAP", [5])
+    monkeypatch.setattr(runner, "CAP_HITS", [])
+    monkeypatch.setattr(runner, "OWN_LIMIT_HITS", [])
+    runner._cap_token_loop()
+    assert api.sequence_generator is generator.sequence_generator is not sequence_generator
+    return generator
+
+
+def test_the_cap_reaches_outlines_own_token_loop(token_loop):
+    assert list(token_loop.sequence_generator()) == [0, 1, 2, 3, 4]  # no limit of its own: the cap
+    assert runner.CAP_HITS == [5] and runner.OWN_LIMIT_HITS == []
+
+
+def test_an_example_limit_above_the_cap_is_honoured(token_loop):
+    with runner._asked(12):
+        states = []
+        for count, state in enumerate(token_loop.sequence_generator(), start=1):
+            states.append(state)
+            if count >= 12:  # the consumer (SequenceGenerator) stops at max_tokens itself
+                break
+    assert len(states) == 12 and runner.CAP_HITS == [] and runner.OWN_LIMIT_HITS == [12]
+    with runner._asked(500):
+        assert len(list(token_loop.sequence_generator())) == 20  # ended on its own: no limit reached
+    assert runner.OWN_LIMIT_HITS == [12] and runner.CAP_HITS == []
+
+
+def test_the_example_limit_is_read_from_keywords_or_0x_position():
+    assert runner._asked_limit(("x",), {"max_tokens": 500}) == 500
+    assert runner._asked_limit((), {"max_new_tokens": 7}) == 7
+    assert runner._asked_limit((30,), {}, positional=True) == 30
+    assert runner._asked_limit((30,), {}) is None and runner._asked_limit((True,), {}, positional=True) is None
+
+
+def _result(error=None, output="x", own=(), cap_hits=0):
+    result = {"records": [] if error else [{"ok": False, "unchecked": False, "reason": "invalid", "output": output,
+                                            "digest": output}],
+              "cap_hits": cap_hits, "own_limit_hits": list(own)}
+    if error:
+        result.update(error=error, error_type=error.split(":")[0])
+    return result
+
+
+def test_fails_on_outlines_too_needs_outlines_to_fail_and_the_same_text_at_a_limit():
+    passed = {"records": [{"ok": True, "unchecked": False, "reason": None, "output": "y", "digest": "y"}]}
+    assert outlines_too(_result("TypeError: f() got x"), passed, 128) is None           # the shim's
+    assert "TypeError" in outlines_too(_result("TypeError: f() got x"), _result("TypeError: f() got x"), 128)
+    shim = _result(output="aaaa", own=[100])
+    assert outlines_too(shim, _result(output="aaaa", own=[100]), 128).startswith("outlines writes the identical")
+    assert outlines_too(shim, _result(output="aaab", own=[100]), 128) is None          # another text: the shim's
+    assert outlines_too(_result(output="a", cap_hits=1), _result(output="b", cap_hits=1), 128) is None
+    cascade = {"error": "NameError: x", "error_type": "NameError", "after_failure": True, "records": []}
+    assert "earlier block" in outlines_too(_result("ValueError: v"), cascade, 128)
+
+
+def test_a_failure_of_the_page_code_at_a_limit_needs_no_identical_text():
+    # a 4-token stream read five times: StopIteration whatever the text
+    shim = dict(_result("StopIteration: "), own_limit_hits=[4], raw=["a"])
+    assert outlines_too(shim, dict(_result("StopIteration: "), raw=["b"]), 128) is not None
+    # the example's own model_validate_json on a cut text: the text is what failed
+    shim = dict(_result("ValidationError: 1 validation error"), own_limit_hits=[200], raw=["a"])
+    assert outlines_too(shim, dict(_result("ValidationError: 1 validation error"), raw=["b"]), 128) is None
+    assert outlines_too(shim, dict(_result("ValidationError: 1 validation error"), raw=["a"]), 128) is not None
+
+
+def test_0x_parsed_texts_are_digested_even_when_parsing_raises(monkeypatch):
+    monkeypatch.setattr(runner, "RAW", [])
+
+    class Inner:
+        format_sequence = None
+
+    def parse(text):
+        raise ValueError(text)
+
+    recorded = runner.RecordedGenerator(Inner(), ("json", dict))
+    recorded.format_sequence = parse
+    with pytest.raises(ValueError):
+        recorded._inner.format_sequence('{"a": 1')
+    assert runner.RAW == [runner._digest('{"a": 1')]
