@@ -175,6 +175,15 @@ def completes_named_char(pending: bytes, token: bytes, named: set[str]) -> bool:
     return len(whole) == size and whole.decode("utf-8", "replace") in named
 
 
+def canonical_tail(tail: bytes, named: set[str]) -> bytes:
+    """An unfinished character's bytes, reduced to what decides the next token: the first byte
+    alone keeps its own rule for the second; past it only the count of missing bytes matters
+    (unless a named character starts so). Keeps the walk to a few triples per state."""
+    if len(tail) <= 1 or any(c.encode().startswith(tail) for c in named):
+        return tail
+    return (b"\xe1" if _SECOND[tail[0]][1] == 3 else b"\xf1") + b"\x80" * (len(tail) - 1)
+
+
 def compare_all_states(index: dict, eos: int, guide, tokenizer, pattern: str) -> tuple[int, int, int]:
     """Walks every reachable (outlines state, shim state, unfinished UTF-8 bytes) triple and fails
     at the first one where the allowed sets differ beyond the two stated cases (module
@@ -189,7 +198,8 @@ def compare_all_states(index: dict, eos: int, guide, tokenizer, pattern: str) ->
         theirs_state, ours_state, pending = queue.popleft()
         theirs = (set(table[theirs_state]) if theirs_state in table else {eos}) - special
         ours = allowed(guide, ours_state)
-        tails = {t: utf8_tail(pending + token_bytes[t]) for t in theirs | ours if t != eos}
+        tails = {t: b"" if not pending and token_bytes[t].isascii() else utf8_tail(pending + token_bytes[t])
+                 for t in theirs | ours if t != eos}
         not_utf8 = {t for t in theirs - {eos} if tails[t] is None}
         only_ours = {t for t in ours - theirs if completes_named_char(pending, token_bytes[t], named)}
         non_utf8, split_named = non_utf8 + len(not_utf8), split_named + len(only_ours)
@@ -199,7 +209,7 @@ def compare_all_states(index: dict, eos: int, guide, tokenizer, pattern: str) ->
                         f"shim {len(ours - only_ours)}; only outlines: {names(theirs - not_utf8 - ours)}; "
                         f"only the shim: {names(ours - only_ours - theirs)}")
         for t in (ours & theirs) - {eos}:
-            nxt = (table[theirs_state][t], guide.get_next_state(ours_state, t), tails[t])
+            nxt = (table[theirs_state][t], guide.get_next_state(ours_state, t), canonical_tail(tails[t], named))
             if nxt not in seen:
                 seen.add(nxt)
                 queue.append(nxt)
