@@ -8,13 +8,12 @@ Unicode case folding: ``(?i)k`` is ``[kK]``, not the Kelvin sign). The shim's 0.
 patterns this way (``regex_dialect.outlines_dialect`` asks ``reads_regex_with_interegular``), so
 ``\\d{3}`` starts with SmolLM2's 10 digit tokens as outlines 0.0.46 / 0.1.14 did, not outlines-core
 0.2's 25 (tests/compat/test_outlines_0x_class_token_sets.py, against those versions themselves).
+This module holds interegular's classes and case rule; ``regex_dialect`` spells a pattern with them.
 """
 from __future__ import annotations
 
 import bisect
 import functools
-
-from . import regex_dialect as _rd
 
 # interegular 0.3's _CHAR_GROUPS, as code-point ranges
 DIGIT = ((0x30, 0x39),)
@@ -28,13 +27,6 @@ def reads_regex_with_interegular() -> bool:
     from ._api_version import api_version
 
     return int(api_version().strip().split(".")[0]) < 1
-
-
-@functools.lru_cache(maxsize=1)
-def _classes() -> tuple[dict[str, str], dict[str, str]]:
-    ranges = {"d": DIGIT, "w": WORD, "s": SPACE}
-    return ({k: _rd._class_body(r) for k, r in ranges.items()},
-            {k: _rd._class_body(_rd._complement(r)) for k, r in ranges.items()})
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,30 +50,15 @@ def _cased() -> list[int]:
     return sorted(_case_table())
 
 
-def _extras(code_points) -> set[int]:
+def case_extras(code_points) -> set[int]:
     table = _case_table()
     members = set(code_points)
     return {m for cp in members for m in table.get(cp, ())} - members
 
 
 @functools.lru_cache(maxsize=1024)
-def _extras_of_range(lo: int, hi: int) -> frozenset[int]:
-    """``_extras(range(lo, hi + 1))`` visiting only the code points that have a case partner."""
+def case_extras_of_range(lo: int, hi: int) -> frozenset[int]:
+    """``case_extras(range(lo, hi + 1))`` visiting only the code points that have a case partner."""
     cased, table = _cased(), _case_table()
     found = {m for cp in cased[bisect.bisect_left(cased, lo):bisect.bisect_right(cased, hi)] for m in table[cp]}
     return frozenset(m for m in found if not lo <= m <= hi)
-
-
-def interegular_dialect(pattern: str) -> str:
-    """``pattern`` as interegular reads it, in the dialect tokenrails' backends read: a leading
-    ``(?i)`` spelled out with interegular's lower/upper rule, ``\\d \\w \\s \\D \\W \\S`` (in and
-    out of brackets) as interegular's ASCII sets and their complements."""
-    fold = False
-    while pattern.startswith("(?i)"):
-        fold, pattern = True, pattern[4:]
-    if fold:
-        pattern = _rd._case_fold(pattern, _extras, _extras_of_range)
-    if "\\" in pattern:
-        classes, negated = _classes()
-        pattern = _rd.spell_shorthands(pattern, classes, "outlines 0.x dialect", negated=negated)
-    return _rd._group_stacked_repeats(pattern)

@@ -227,7 +227,7 @@ def outlines_dialect(pattern: str) -> str:
     if not isinstance(pattern, str):
         return pattern
     if interegular_dialect.reads_regex_with_interegular():
-        return interegular_dialect.interegular_dialect(pattern)
+        return _interegular_reading(pattern)
     fold = False
     while pattern.startswith("(?i)"):
         fold, pattern = True, pattern[4:]
@@ -235,6 +235,29 @@ def outlines_dialect(pattern: str) -> str:
     if fold:
         pattern = _case_fold(pattern)
     return _group_stacked_repeats(_spell_shorthands(pattern))
+
+
+@functools.lru_cache(maxsize=1)
+def _interegular_classes() -> tuple[dict[str, str], dict[str, str]]:
+    """Bracket-expression bodies of interegular's ASCII ``\\d \\w \\s`` and their complements."""
+    ranges = {"d": interegular_dialect.DIGIT, "w": interegular_dialect.WORD, "s": interegular_dialect.SPACE}
+    return ({k: _class_body(r) for k, r in ranges.items()},
+            {k: _class_body(_complement(r)) for k, r in ranges.items()})
+
+
+def _interegular_reading(pattern: str) -> str:
+    """``pattern`` as interegular (outlines 0.0.x / 0.1.x) reads it: a leading ``(?i)`` spelled
+    out with its lower/upper rule, ``\\d \\w \\s \\D \\W \\S`` (in and out of brackets) as its
+    ASCII sets and their complements (``interegular_dialect.py``)."""
+    fold = False
+    while pattern.startswith("(?i)"):
+        fold, pattern = True, pattern[4:]
+    if fold:
+        pattern = _case_fold(pattern, interegular_dialect.case_extras, interegular_dialect.case_extras_of_range)
+    if "\\" in pattern:
+        classes, negated = _interegular_classes()
+        pattern = spell_shorthands(pattern, classes, "outlines 0.x dialect", negated=negated)
+    return _group_stacked_repeats(pattern)
 
 
 _REPEAT = re.compile(r"[*+?]|\{[0-9]+(?:,[0-9]*)?\}|\{,[0-9]+\}")
