@@ -13,11 +13,13 @@ from __future__ import annotations
 import bisect
 import functools
 import re
+from typing import Callable
 
 from ...guided.errors import InvalidGuideError, UnsupportedGuideError
 from ...guided.fsm.charset import without_surrogates
 from ...guided.ecma_patterns import spell_shorthands
 from ...guided.schema_features import class_end
+from . import interegular_dialect
 
 _POSIX = {
     "alpha": "A-Za-z", "digit": "0-9", "alnum": "0-9A-Za-z", "upper": "A-Z", "lower": "a-z",
@@ -45,11 +47,14 @@ def _spell_posix(pattern: str) -> str:
     return _POSIX_RE.sub(repl, pattern)
 
 
-def _case_fold(pattern: str) -> str:
+def _case_fold(pattern: str, extras_of: Callable = None, extras_of_range: Callable = None) -> str:
     """A pattern under ``(?i)``: every letter (literal, in a class or in a class range) with the
     letters Unicode case folding makes equal to it, as Rust's regex crate (outlines-core) reads
     ``(?i)``: ``k`` also matches the Kelvin sign, ``é`` ``É``, ``σ`` ``Σ`` and ``ς``; ``ı`` only
-    itself. Escaped characters are left as written."""
+    itself. Escaped characters are left as written. ``extras_of`` / ``extras_of_range``: another
+    reading of ``(?i)`` (interegular's, ``interegular_dialect.py``)."""
+    extras_of = extras_of or _fold_extras
+    extras_of_range = extras_of_range or _fold_extras_of_range
     out: list[str] = []
     i, n, in_class = 0, len(pattern), False
     while i < n:
@@ -65,11 +70,11 @@ def _case_fold(pattern: str) -> str:
             elif i + 2 < n and pattern[i + 1] == "-" and pattern[i + 2] not in "]\\":
                 lo, hi = ord(c), ord(pattern[i + 2])
                 out.append(pattern[i:i + 3])
-                out.append(_class_body(_ranges(_fold_extras_of_range(lo, hi))))
+                out.append(_class_body(_ranges(extras_of_range(lo, hi))))
                 i += 3
                 continue
             else:
-                out.append(c if c in "^-" else _class_body(_ranges({ord(c)} | _fold_extras([ord(c)]))))
+                out.append(c if c in "^-" else _class_body(_ranges({ord(c)} | extras_of([ord(c)]))))
         elif c == "[":
             in_class = True
             out.append(c)
@@ -86,7 +91,7 @@ def _case_fold(pattern: str) -> str:
             i = j + 1
             continue
         else:
-            extras = _fold_extras([ord(c)])
+            extras = extras_of([ord(c)])
             out.append(f"[{_class_body(_ranges({ord(c)} | extras))}]" if extras else c)
         i += 1
     return "".join(out)
@@ -214,9 +219,15 @@ def outlines_dialect(pattern: str) -> str:
     points: they are spelled out as the exact code points outlines-core matches
     (``regex_classes.py``, read from outlines-core; compared with it in
     tests/compat/test_outlines_regex_dialect.py).
+
+    Under the 0.x API (``api_version()`` before 1.0) the pattern is read as outlines 0.0.x /
+    0.1.x read it, with interegular: ASCII ``\\d \\w \\s``, interegular's ``(?i)``
+    (``interegular_dialect.py``).
     """
     if not isinstance(pattern, str):
         return pattern
+    if interegular_dialect.reads_regex_with_interegular():
+        return _interegular_reading(pattern)
     fold = False
     while pattern.startswith("(?i)"):
         fold, pattern = True, pattern[4:]
@@ -224,6 +235,29 @@ def outlines_dialect(pattern: str) -> str:
     if fold:
         pattern = _case_fold(pattern)
     return _group_stacked_repeats(_spell_shorthands(pattern))
+
+
+@functools.lru_cache(maxsize=1)
+def _interegular_classes() -> tuple[dict[str, str], dict[str, str]]:
+    """Bracket-expression bodies of interegular's ASCII ``\\d \\w \\s`` and their complements."""
+    ranges = {"d": interegular_dialect.DIGIT, "w": interegular_dialect.WORD, "s": interegular_dialect.SPACE}
+    return ({k: _class_body(r) for k, r in ranges.items()},
+            {k: _class_body(_complement(r)) for k, r in ranges.items()})
+
+
+def _interegular_reading(pattern: str) -> str:
+    """``pattern`` as interegular (outlines 0.0.x / 0.1.x) reads it: a leading ``(?i)`` spelled
+    out with its lower/upper rule, ``\\d \\w \\s \\D \\W \\S`` (in and out of brackets) as its
+    ASCII sets and their complements (``interegular_dialect.py``)."""
+    fold = False
+    while pattern.startswith("(?i)"):
+        fold, pattern = True, pattern[4:]
+    if fold:
+        pattern = _case_fold(pattern, interegular_dialect.case_extras, interegular_dialect.case_extras_of_range)
+    if "\\" in pattern:
+        classes, negated = _interegular_classes()
+        pattern = spell_shorthands(pattern, classes, "outlines 0.x dialect", negated=negated)
+    return _group_stacked_repeats(pattern)
 
 
 _REPEAT = re.compile(r"[*+?]|\{[0-9]+(?:,[0-9]*)?\}|\{,[0-9]+\}")
