@@ -507,6 +507,21 @@ def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, gu
             "req_cpu_s": agg["requests"] / max(agg["call_cpu"], 1e-9), "lengths": emitted}
 
 
+def settle(timer: StepTimer, quiet_s: float = 1.0, limit_s: float = 10.0) -> None:
+    """Wait until the engine has started no step for ``quiet_s``: the pipeline call returns while the
+    agent may still finish a step it launched ahead (its accept runs after the outputs went out), and
+    the bench deactivates the upgrade between configurations, which in the middle of a step hands an
+    upgraded engine stock methods (seen: a grammar-drafts step calling the stock guided helper's
+    ``accept_token`` on the upgrade's manager, which killed that engine)."""
+    deadline = time.perf_counter() + limit_s
+    while time.perf_counter() < deadline:
+        seen = len(timer.starts)
+        last = timer.starts[-1][0] if timer.starts else 0.0
+        time.sleep(0.2)
+        if len(timer.starts) == seen and time.perf_counter() - last >= quiet_s:
+            return
+
+
 def _median_finite(values: list[float]) -> float:
     """The median of the rounds that measured something (nan: none did)."""
     finite = [v for v in values if v == v]
@@ -595,6 +610,8 @@ def main() -> None:
                     try:
                         r = measure(engines[engine], timer, rows, batch, args.tokens, workload is not None, validator,
                                     tally, warm=rnd == 0, lengths=matched)
+                        if engine in ("upgraded", "drafts"):
+                            settle(timer)
                     finally:
                         timer.uninstall()
                         patch.deactivate()
