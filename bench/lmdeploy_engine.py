@@ -468,7 +468,8 @@ def run_once(pipe, timer: StepTimer, rows: list[Row], tokens: int | list[int], g
                 tally.add(r, validator.check(r, o))
     return {"secs": secs, "rows": decoded, "steps": steps, "forward": fwd, "logits": logits, "cpu": cpu,
             "call_cpu": call_cpu, "requests": len(rows), "row_steps": row_steps,
-            "lengths": [max(1, len(o.token_ids)) for o in outs]}
+            # decode steps each row took: its tokens, plus the step that sampled its stop token
+            "lengths": [max(1, len(o.token_ids) + (o.finish_reason == "stop")) for o in outs]}
 
 
 def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, guided: bool, validator: Validator,
