@@ -8,12 +8,9 @@ Unicode case folding: ``(?i)k`` is ``[kK]``, not the Kelvin sign). The shim's 0.
 patterns this way (``regex_dialect.outlines_dialect`` asks ``reads_regex_with_interegular``), so
 ``\\d{3}`` starts with SmolLM2's 10 digit tokens as outlines 0.0.46 / 0.1.14 did, not outlines-core
 0.2's 25 (tests/compat/test_outlines_0x_class_token_sets.py, against those versions themselves).
-This module holds interegular's classes and case rule; ``regex_dialect`` spells a pattern with them.
+This module holds interegular's classes and case table; ``regex_dialect`` spells a pattern with them.
 """
 from __future__ import annotations
-
-import bisect
-import functools
 
 # interegular 0.3's _CHAR_GROUPS, as code-point ranges
 DIGIT = ((0x30, 0x39),)
@@ -24,16 +21,15 @@ SPACE = ((0x09, 0x0D), (0x20, 0x20))
 def reads_regex_with_interegular() -> bool:
     """The chosen outlines API (``_api_version``) is older than 1.0, whose regexes went through
     interegular; 1.x's go to outlines-core 0.2 (Rust's regex crate)."""
-    from ._api_version import api_version
+    from ._api_version import _parse, api_version
 
-    return int(api_version().strip().split(".")[0]) < 1
+    return _parse(api_version()) < (1,)
 
 
-@functools.lru_cache(maxsize=1)
-def _case_table() -> dict[int, tuple[int, ...]]:
+def case_table() -> dict[int, tuple[int, ...]]:
     """Code point -> its ``str.lower()`` and ``str.upper()`` where they are one other character
     (what interegular's ``(?i)`` adds to a character; not symmetric: the Kelvin sign adds ``k``,
-    ``k`` adds only ``K``)."""
+    ``k`` adds only ``K``). ``regex_dialect.INTEREGULAR_CASE`` builds it once and applies it."""
     table: dict[int, tuple[int, ...]] = {}
     for cp in range(0x110000):
         if 0xD800 <= cp <= 0xDFFF:
@@ -43,22 +39,3 @@ def _case_table() -> dict[int, tuple[int, ...]]:
         if extra:
             table[cp] = extra
     return table
-
-
-@functools.lru_cache(maxsize=1)
-def _cased() -> list[int]:
-    return sorted(_case_table())
-
-
-def case_extras(code_points) -> set[int]:
-    table = _case_table()
-    members = set(code_points)
-    return {m for cp in members for m in table.get(cp, ())} - members
-
-
-@functools.lru_cache(maxsize=1024)
-def case_extras_of_range(lo: int, hi: int) -> frozenset[int]:
-    """``case_extras(range(lo, hi + 1))`` visiting only the code points that have a case partner."""
-    cased, table = _cased(), _case_table()
-    found = {m for cp in cased[bisect.bisect_left(cased, lo):bisect.bisect_right(cased, hi)] for m in table[cp]}
-    return frozenset(m for m in found if not lo <= m <= hi)

@@ -47,14 +47,14 @@ def _spell_posix(pattern: str) -> str:
     return _POSIX_RE.sub(repl, pattern)
 
 
-def _case_fold(pattern: str, extras_of: Callable = None, extras_of_range: Callable = None) -> str:
+def _case_fold(pattern: str, rule: "CaseRule | None" = None) -> str:
     """A pattern under ``(?i)``: every letter (literal, in a class or in a class range) with the
-    letters Unicode case folding makes equal to it, as Rust's regex crate (outlines-core) reads
-    ``(?i)``: ``k`` also matches the Kelvin sign, ``é`` ``É``, ``σ`` ``Σ`` and ``ς``; ``ı`` only
-    itself. Escaped characters are left as written. ``extras_of`` / ``extras_of_range``: another
-    reading of ``(?i)`` (interegular's, ``interegular_dialect.py``)."""
-    extras_of = extras_of or _fold_extras
-    extras_of_range = extras_of_range or _fold_extras_of_range
+    letters ``rule`` makes equal to it. By default Unicode case folding, as Rust's regex crate
+    (outlines-core) reads ``(?i)``: ``k`` also matches the Kelvin sign, ``é`` ``É``, ``σ`` ``Σ``
+    and ``ς``; ``ı`` only itself (interegular's reading: ``interegular_dialect.py``). Escaped
+    characters are left as written."""
+    rule = rule or UNICODE_FOLDING
+    extras_of, extras_of_range = rule.extras, rule.extras_of_range
     out: list[str] = []
     i, n, in_class = 0, len(pattern), False
     while i < n:
@@ -97,31 +97,30 @@ def _case_fold(pattern: str, extras_of: Callable = None, extras_of_range: Callab
     return "".join(out)
 
 
-def _fold_extras(code_points) -> set[int]:
-    """The code points case folding makes equal to some of ``code_points``, not among them."""
-    table = _case_classes()
-    members = set(code_points)
-    extras = {m for cp in members if cp in table for m in table[cp]}
-    return extras - members
+class CaseRule:
+    """One reading of ``(?i)``: a table code point -> the code points it also matches, built once
+    when a ``(?i)`` pattern first needs it, and the extras of characters and of class ranges."""
+
+    def __init__(self, build_table: Callable[[], dict[int, tuple[int, ...]]]) -> None:
+        self.table = functools.lru_cache(maxsize=1)(build_table)
+        self._cased = functools.lru_cache(maxsize=1)(lambda: sorted(self.table()))
+        # a hostile ``(?i)`` pattern of 3,000 full-range classes took minutes per range walk
+        self.extras_of_range = functools.lru_cache(maxsize=1024)(self._extras_of_range)
+
+    def extras(self, code_points) -> set[int]:
+        """The code points the rule makes equal to some of ``code_points``, not among them."""
+        table = self.table()
+        members = set(code_points)
+        return {m for cp in members for m in table.get(cp, ())} - members
+
+    def _extras_of_range(self, lo: int, hi: int) -> frozenset[int]:
+        """``extras(range(lo, hi + 1))``, visiting only the cased code points in the range (a few
+        thousand in all) instead of every code point."""
+        cased, table = self._cased(), self.table()
+        found = {m for cp in cased[bisect.bisect_left(cased, lo):bisect.bisect_right(cased, hi)] for m in table[cp]}
+        return frozenset(m for m in found if not lo <= m <= hi)
 
 
-@functools.lru_cache(maxsize=1024)
-def _fold_extras_of_range(lo: int, hi: int) -> frozenset[int]:
-    """``_fold_extras(range(lo, hi + 1))``, visiting only the cased code points in the range (a
-    few thousand in all) instead of every code point: a hostile ``(?i)`` pattern of 3,000
-    full-range classes took minutes, now under a second."""
-    cased = _cased_code_points()
-    table = _case_classes()
-    extras = {m for cp in cased[bisect.bisect_left(cased, lo):bisect.bisect_right(cased, hi)] for m in table[cp]}
-    return frozenset(m for m in extras if not lo <= m <= hi)
-
-
-@functools.lru_cache(maxsize=1)
-def _cased_code_points() -> list[int]:
-    return sorted(_case_classes())
-
-
-@functools.lru_cache(maxsize=1)
 def _case_classes() -> dict[int, tuple[int, ...]]:
     """Code point -> the code points with the same Unicode case folding (only classes of two or
     more). Read once from Python's Unicode tables (~0.3 s), when a ``(?i)`` pattern first needs it."""
@@ -143,6 +142,13 @@ def _case_classes() -> dict[int, tuple[int, ...]]:
             for cp in ordered:
                 table[cp] = ordered
     return table
+
+
+UNICODE_FOLDING = CaseRule(_case_classes)  # outlines-core's (Rust's) ``(?i)``
+_case_classes = UNICODE_FOLDING.table  # read once (~0.3 s)
+_fold_extras = UNICODE_FOLDING.extras
+_fold_extras_of_range = UNICODE_FOLDING.extras_of_range
+INTEREGULAR_CASE = CaseRule(interegular_dialect.case_table)  # outlines 0.x's: str.lower/upper
 
 
 def _ranges(code_points) -> tuple:
@@ -180,25 +186,36 @@ def _complement(ranges: tuple) -> tuple:
     return without_surrogates(out)
 
 
-@functools.lru_cache(maxsize=1)
-def _outlines_classes() -> tuple[dict[str, str], dict[str, str]]:
-    """Bracket-expression bodies of outlines-core's ``\\d \\w \\s`` and of their complements
-    (keys ``d w s``); built once (~5 ms)."""
-    from . import regex_classes
-
-    ranges = {"w": regex_classes.WORD, "d": regex_classes.DIGIT, "s": regex_classes.SPACE}
+def _class_bodies(digit: tuple, word: tuple, space: tuple) -> tuple[dict[str, str], dict[str, str]]:
+    """Bracket-expression bodies of ``\\d \\w \\s`` given as code-point ranges, and of their
+    complements (keys ``d w s``)."""
+    ranges = {"w": word, "d": digit, "s": space}
     return ({k: _class_body(r) for k, r in ranges.items()},
             {k: _class_body(_complement(r)) for k, r in ranges.items()})
 
 
-def _spell_shorthands(pattern: str) -> str:
+@functools.lru_cache(maxsize=1)
+def _outlines_classes() -> tuple[dict[str, str], dict[str, str]]:
+    """outlines-core's ``\\d \\w \\s`` and their complements; built once (~5 ms)."""
+    from . import regex_classes
+
+    return _class_bodies(regex_classes.DIGIT, regex_classes.WORD, regex_classes.SPACE)
+
+
+@functools.lru_cache(maxsize=1)
+def _interegular_classes() -> tuple[dict[str, str], dict[str, str]]:
+    """interegular's ASCII ``\\d \\w \\s`` and their complements (outlines 0.x)."""
+    return _class_bodies(interegular_dialect.DIGIT, interegular_dialect.WORD, interegular_dialect.SPACE)
+
+
+def _spell_shorthands(pattern: str, bodies: Callable = _outlines_classes, dialect: str = "outlines dialect") -> str:
     """``\\w \\d \\s \\W \\D \\S`` (outside and inside brackets) as the exact code points
-    outlines-core's (Rust's) classes match: Python's and Rust's Unicode tables differ (marks, newer
-    digits, ``\\x1c``-``\\x1f``), measured over every code point."""
+    ``bodies`` gives: by default outlines-core's (Rust's) classes, as Python's and Rust's Unicode
+    tables differ (marks, newer digits, ``\\x1c``-``\\x1f``), measured over every code point."""
     if "\\" not in pattern:
         return pattern
-    classes, negated = _outlines_classes()
-    return spell_shorthands(pattern, classes, "outlines dialect", negated=negated)
+    classes, negated = bodies()
+    return spell_shorthands(pattern, classes, dialect, negated=negated)
 
 
 def xgrammar_regex_spec(pattern: str) -> "GuideSpec":
@@ -226,38 +243,17 @@ def outlines_dialect(pattern: str) -> str:
     """
     if not isinstance(pattern, str):
         return pattern
-    if interegular_dialect.reads_regex_with_interegular():
-        return _interegular_reading(pattern)
+    interegular = interegular_dialect.reads_regex_with_interegular()
     fold = False
     while pattern.startswith("(?i)"):
         fold, pattern = True, pattern[4:]
-    pattern = _spell_posix(pattern)
+    if not interegular:  # the 0.x reading leaves POSIX classes as written, as it always did
+        pattern = _spell_posix(pattern)
     if fold:
-        pattern = _case_fold(pattern)
+        pattern = _case_fold(pattern, INTEREGULAR_CASE if interegular else UNICODE_FOLDING)
+    if interegular:
+        return _group_stacked_repeats(_spell_shorthands(pattern, _interegular_classes, "outlines 0.x dialect"))
     return _group_stacked_repeats(_spell_shorthands(pattern))
-
-
-@functools.lru_cache(maxsize=1)
-def _interegular_classes() -> tuple[dict[str, str], dict[str, str]]:
-    """Bracket-expression bodies of interegular's ASCII ``\\d \\w \\s`` and their complements."""
-    ranges = {"d": interegular_dialect.DIGIT, "w": interegular_dialect.WORD, "s": interegular_dialect.SPACE}
-    return ({k: _class_body(r) for k, r in ranges.items()},
-            {k: _class_body(_complement(r)) for k, r in ranges.items()})
-
-
-def _interegular_reading(pattern: str) -> str:
-    """``pattern`` as interegular (outlines 0.0.x / 0.1.x) reads it: a leading ``(?i)`` spelled
-    out with its lower/upper rule, ``\\d \\w \\s \\D \\W \\S`` (in and out of brackets) as its
-    ASCII sets and their complements (``interegular_dialect.py``)."""
-    fold = False
-    while pattern.startswith("(?i)"):
-        fold, pattern = True, pattern[4:]
-    if fold:
-        pattern = _case_fold(pattern, interegular_dialect.case_extras, interegular_dialect.case_extras_of_range)
-    if "\\" in pattern:
-        classes, negated = _interegular_classes()
-        pattern = spell_shorthands(pattern, classes, "outlines 0.x dialect", negated=negated)
-    return _group_stacked_repeats(pattern)
 
 
 _REPEAT = re.compile(r"[*+?]|\{[0-9]+(?:,[0-9]*)?\}|\{,[0-9]+\}")
