@@ -136,14 +136,10 @@ def release_line(version: str) -> str:
 def outlines_name(key: str, version: str) -> tuple[str, str]:
     """``(module, qualname)`` outlines ``version`` gives the stand-in ``key`` (a ``HOMES`` key)."""
     spec = HOMES[key]
-    if isinstance(spec, str):
-        module, _, qualname = spec.partition(":")
-        return module, qualname
-    line = release_line(version)
-    at = LINES.index(line)
-    order = list(LINES[at:]) + list(reversed(LINES[:at]))
-    chosen = next(spec[candidate] for candidate in order if candidate in spec)
-    module, _, qualname = chosen.partition(":")
+    if not isinstance(spec, str):  # per line: this version's, else the nearest later, else earlier
+        at = LINES.index(release_line(version))
+        spec = next(spec[line] for line in (*LINES[at:], *reversed(LINES[:at])) if line in spec)
+    module, _, qualname = spec.partition(":")
     return module, qualname
 
 
