@@ -24,6 +24,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
+import torch
+
+from .adaptive_drafts import row_lengths
 from .grammar_drafts import emitted_counts
 
 MAX_TRACKED_REQUESTS = 4096
@@ -88,17 +91,11 @@ def record_forced(session_id: Hashable, n: int) -> None:
 
 
 def drafted_counts(draft_token_ids: Sequence[Sequence[int]]) -> list[int]:
-    """Real drafts per row: the ids before the first negative one (the grammar proposer ends a row's
-    forced run with -1, ``adaptive_drafts.PAD``; a draft model's rows are full)."""
-    counts = []
-    for row in draft_token_ids:
-        n = 0
-        for t in row:
-            if t < 0:
-                break
-            n += 1
-        counts.append(n)
-    return counts
+    """Real drafts per row: the ids before the row's ``adaptive_drafts.PAD`` (-1; the grammar
+    proposer ends a row's forced run with it, a draft model's rows are full)."""
+    if not draft_token_ids:
+        return []
+    return row_lengths(torch.as_tensor(draft_token_ids, dtype=torch.long)).tolist()
 
 
 def record_verification(session_ids: Sequence[Hashable], num_drafts: int | Sequence[int],
@@ -135,7 +132,7 @@ def patched_rejection_sampling(original: Callable) -> Callable:
                 keys = [e.get("session_id") if isinstance(e, dict) else None for e in ctx]
                 keys = (keys + [None] * len(ids))[: len(ids)]
                 drafts = getattr(extra_inputs, "output_draft_token_ids", None)
-                drafted = (drafted_counts(drafts.reshape(drafts.shape[0], -1).tolist()) if drafts is not None
+                drafted = (row_lengths(drafts.reshape(drafts.shape[0], -1)).tolist() if drafts is not None
                            else int(self.num_spec_tokens))
                 record_verification(keys, drafted, ids, _stop_ids(self))
         except Exception:  # counters must never fail a step
