@@ -26,3 +26,17 @@ def vocab(smollm2_tokenizer):
     from tokenrails import Vocabulary
 
     return Vocabulary.from_huggingface(smollm2_tokenizer)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Compiles a test abandoned (hostile specs, deadlines) may still run: wait for them here, past
+    the product's exit bound, so none returns while the interpreter finalizes (which aborts it)."""
+    from tokenrails.guided.native_threads import running, wait_for_native_threads
+
+    pending = running()
+    if pending:
+        left = wait_for_native_threads(300.0)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"tokenrails: waited for {len(pending)} native thread(s) at session end "
+                                f"({', '.join(sorted({t.name for t in pending}))}); {len(left)} still running")

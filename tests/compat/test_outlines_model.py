@@ -163,3 +163,17 @@ def test_stream_pieces_add_up_to_the_call_output(model) -> None:
         assert isinstance(step, list) and len(step) == 2
         outs = [o + p for o, p in zip(outs, step)]
     assert all(re.fullmatch(pattern, o) for o in outs), outs
+
+
+def test_a_stream_left_early_stops_its_generation(model) -> None:
+    """A consumer that stops reading (``break``, then the generator is closed) ends the generation
+    thread at its next step: it must not keep running the model unseen, nor still be inside a native
+    call when the interpreter exits."""
+    import threading
+
+    generator = outlines.generate.regex(model, r"[a-z ]{200}", sampler=GREEDY)
+    stream = generator.stream("Write a long sentence:", max_tokens=200)
+    first = next(stream)
+    assert isinstance(first, str)
+    stream.close()
+    assert not [t for t in threading.enumerate() if t.name == "tokenrails-outlines-stream"]

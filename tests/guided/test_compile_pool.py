@@ -121,3 +121,41 @@ def test_interpreter_exit_does_not_wait_for_a_stuck_compile(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "timed out" in done.stdout
     assert elapsed < 60  # the stuck compile sleeps 120 s; exit must not wait for it
+
+
+def test_a_compile_returning_during_exit_does_not_abort_the_process():
+    """An abandoned xgrammar compile that returns while the interpreter finalizes cannot take the GIL
+    back; CPython's thread exit then unwinds through tvm-ffi's noexcept guard and the process aborts
+    (exit status 134) after the program's own work succeeded. Exit waits for it instead. Here a slow
+    finalizer in ``__main__`` holds finalization open long enough for the compile to return in it."""
+    script = textwrap.dedent(f"""
+        import json, os, time
+        os.environ["TOKENRAILS_EXIT_WAIT_S"] = "60"
+        from transformers import AutoTokenizer
+        import tokenrails as tr
+        from tokenrails.guided.manager import GuidedDecodingManager
+
+        class SlowFinalizer:
+            def __del__(self):
+                time.sleep(4)  # runs after finalization has begun; the GIL is released meanwhile
+
+        keep = SlowFinalizer()
+        tok = AutoTokenizer.from_pretrained({str(Path(__file__).resolve().parents[1] / "fixtures" / "smollm2")!r})
+        manager = GuidedDecodingManager(tr.Vocabulary.from_huggingface(tok), backend="xgrammar",
+                                        limits=tr.GuideLimits(compile_timeout_s=0.01))
+        schema = {{"type": "object", "properties": {{
+            f"p{{i}}": {{"type": "string", "pattern": "[a-z]{{1,%d}}" % (100 - i % 7)}} for i in range(100)}}}}
+        try:  # the first compile also builds the tokenizer info, partly in Python: let it finish
+            manager.get_compiled(tr.GuideSpec.regex("warm"))
+        except tr.GuideTimeoutError:
+            while manager._pool.abandoned:
+                time.sleep(0.05)
+        try:  # about 1 s inside one native call
+            manager.get_compiled(tr.GuideSpec.json_schema(json.dumps(schema)))
+        except tr.GuideTimeoutError:
+            print("timed out", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=200,
+                          cwd=str(Path(__file__).resolve().parents[2]))
+    assert "timed out" in done.stdout, done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -12,7 +12,8 @@ Here:
   ``max_abandoned`` are pending, ``submit`` refuses with ``GuideLimitError`` (each abandoned compile
   still holds a core and memory: a client sending hostile compiles in a loop must not get a thread
   each);
-* threads are daemons: interpreter exit never waits for a compile.
+* threads are daemons started through ``native_threads``: interpreter exit waits for a running
+  compile only for a bounded time (a compile returning during finalization aborts the process).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 from .errors import GuideLimitError
+from .native_threads import start_native_thread
 
 
 class CompilePool:
@@ -80,9 +82,7 @@ class CompilePool:
             future, fn, args = self._queue.popleft()
             if not future.set_running_or_notify_cancel():
                 continue
-            thread = threading.Thread(target=self._run, args=(future, fn, args), name=self._name, daemon=True)
-            self._running[future] = thread
-            thread.start()
+            self._running[future] = start_native_thread(self._run, future, fn, args, name=self._name)
 
     def _run(self, future: Future, fn: Callable[..., Any], args: tuple) -> None:
         try:

@@ -24,6 +24,7 @@ from typing import Any, Hashable
 from ...guided.sequence import GuidedRow
 from ...guided.errors import GuideError, InvalidGuideError
 from ...guided.limits import GuideLimits
+from ...guided.native_threads import start_native_thread
 from ..reasoning import default_setting, parse_setting, prompt_for_reading, resolve
 from .inherit import fill_threads_from_env, limits_from_env
 
@@ -111,7 +112,7 @@ class LMDeployGuidedManager:
         if vocab is not None:
             self._build(vocab)
         else:
-            threading.Thread(target=self._build, name="tokenrails-vocab", daemon=True).start()
+            start_native_thread(self._build, name="tokenrails-vocab")
 
     def _build(self, vocab: Any = None) -> None:
         try:

@@ -8,6 +8,8 @@ from typing import Any, Callable, Iterator, List, Optional, Union
 
 import torch
 
+from ....guided.native_threads import start_native_thread
+
 from ..samplers import multinomial
 
 
@@ -100,36 +102,40 @@ class SequenceGeneratorAdapter:
         processor, kwargs = self._prepare(max_tokens, stop_at, seed, model_specific_params)
         single = isinstance(prompts, str)
         steps: queue.Queue = queue.Queue()
-        kwargs["streamer"] = _StepStreamer(steps)
+        streamer = kwargs["streamer"] = _StepStreamer(steps)
         failure: list[BaseException] = []
 
         def run() -> None:
             try:
                 self.model.generate_ids_text([prompts] if single else list(prompts), processor, **kwargs)
+            except _StreamClosed:
+                pass
             except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
                 failure.append(exc)
             finally:
                 steps.put(None)
 
-        worker = threading.Thread(target=run, name="tokenrails-outlines-stream", daemon=True)
-        worker.start()
+        worker = start_native_thread(run, name="tokenrails-outlines-stream")
         tokenizer = self.model.hf_tokenizer
         ids: list[list[int]] | None = None
         texts: list[str] = []
-        while (step := steps.get()) is not None:
-            if ids is None:
-                ids, texts = [[] for _ in step], ["" for _ in step]
-            pieces = []
-            for k, token in enumerate(step):
-                ids[k].append(token)
-                text = tokenizer.decode(ids[k], skip_special_tokens=True)
-                if text.startswith(texts[k]):  # else: an incomplete character, held until it completes
-                    pieces.append(text[len(texts[k]):])
-                    texts[k] = text
-                else:
-                    pieces.append("")
-            yield pieces[0] if single and len(pieces) == 1 else pieces
-        worker.join()
+        try:
+            while (step := steps.get()) is not None:
+                if ids is None:
+                    ids, texts = [[] for _ in step], ["" for _ in step]
+                pieces = []
+                for k, token in enumerate(step):
+                    ids[k].append(token)
+                    text = tokenizer.decode(ids[k], skip_special_tokens=True)
+                    if text.startswith(texts[k]):  # else: an incomplete character, held until it completes
+                        pieces.append(text[len(texts[k]):])
+                        texts[k] = text
+                    else:
+                        pieces.append("")
+                yield pieces[0] if single and len(pieces) == 1 else pieces
+        finally:  # a consumer that stops early (break, close) stops the generation at its next step
+            streamer.closed.set()
+            worker.join()
         if failure:
             raise failure[0]
 
@@ -149,14 +155,21 @@ def _first_accepting_state_ends() -> bool:
     return stops_at_first_accepting_state()
 
 
+class _StreamClosed(Exception):
+    """The stream's consumer went away: raised in the generation thread to end it."""
+
+
 class _StepStreamer:
     """transformers' streamer protocol: ``put`` gets the prompt ids once, then each step's new ids."""
 
     def __init__(self, steps: "queue.Queue[list[int] | None]"):
         self.steps = steps
         self.prompt_seen = False
+        self.closed = threading.Event()
 
     def put(self, value: torch.Tensor) -> None:
+        if self.closed.is_set():
+            raise _StreamClosed
         if not self.prompt_seen:
             self.prompt_seen = True
             return
