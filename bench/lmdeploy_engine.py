@@ -65,6 +65,7 @@ jsonschema accepts). Failures are counted and printed, never hidden.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import re
@@ -323,20 +324,28 @@ class StepTimer:
     and logits time."""
 
     def __init__(self, stops: frozenset[int] = frozenset()) -> None:
-        # [t, decoding, tokens emitted, forward s, logits s, process CPU s, rows]
+        # [t, decoding, tokens emitted, forward s, logits s, process CPU s, rows, cyclic GC s]
         self.starts: list[list[Any]] = []
         self.stops = stops  # stop token ids: a draft step's row emits nothing after one
         self._undo: list = []
+        self._gc_t0 = 0.0
+
+    def _gc_callback(self, phase: str, info: dict) -> None:
+        """The cyclic GC's pauses, charged to the step they fall in (any thread: the GC holds the GIL)."""
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif self.starts and self._gc_t0:
+            self.starts[-1][7] += time.perf_counter() - self._gc_t0
 
     def reset(self) -> None:
         self.starts = []
 
-    def decode_steps(self) -> tuple[float, int, int, float, float, float, int]:
-        """(seconds, tokens, steps, forward s, logits s, process CPU s, row-steps) over consecutive
+    def decode_steps(self) -> tuple[float, int, int, float, float, float, int, float]:
+        """(seconds, tokens, steps, forward s, logits s, process CPU s, row-steps, GC s) over consecutive
         decoding steps (a prefill breaks the chain); forward/logits of the steps counted. Without
         drafts a row emits one token per step (tokens == row-steps). Process CPU time (all threads:
         the overlapped fill included) is what other load on the machine moves least."""
-        secs, toks, n, fwd, lg, cpu, rows = 0.0, 0, 0, 0.0, 0.0, 0.0, 0
+        secs, toks, n, fwd, lg, cpu, rows, gcs = 0.0, 0, 0, 0.0, 0.0, 0.0, 0, 0.0
         for a, b in zip(self.starts, self.starts[1:]):
             if a[1] and b[1] and a[2]:
                 secs += b[0] - a[0]
@@ -346,7 +355,8 @@ class StepTimer:
                 lg += a[4]
                 cpu += b[5] - a[5]
                 rows += a[6]
-        return secs, toks, n, fwd, lg, cpu, rows
+                gcs += a[7]
+        return secs, toks, n, fwd, lg, cpu, rows, gcs
 
     def _wrap_async(self, owner: Any, name: str, slot: int) -> None:
         original = getattr(owner, name)
@@ -391,11 +401,12 @@ class StepTimer:
 
         async def _async_step(agent_self, inputs=None, *args, **kwargs):
             decoding = inputs is None or bool(inputs.is_decoding)  # None: a decoding step from a delta
-            self.starts.append([time.perf_counter(), decoding, 0, 0.0, 0.0, time.process_time(), 0])
+            self.starts.append([time.perf_counter(), decoding, 0, 0.0, 0.0, time.process_time(), 0, 0.0])
             return await original_step(agent_self, inputs, *args, **kwargs)
 
         agent.BaseModelAgent._async_step = _async_step
         self._undo.append((agent.BaseModelAgent, "_async_step", original_step))
+        gc.callbacks.append(self._gc_callback)
 
     def _install_spec(self) -> None:
         from lmdeploy.pytorch.spec_decode.spec_agent import SpecModelAgent
@@ -419,6 +430,8 @@ class StepTimer:
         self._undo.append((SpecModelAgent, "_rejection_sampling", original))
 
     def uninstall(self) -> None:
+        if self._gc_callback in gc.callbacks:
+            gc.callbacks.remove(self._gc_callback)
         for owner, name, original in reversed(self._undo):
             setattr(owner, name, original)
         self._undo.clear()
@@ -459,14 +472,14 @@ def run_once(pipe, timer: StepTimer, rows: list[Row], tokens: int | list[int], g
     call_cpu = time.process_time()
     outs = pipe([r.prompt for r in rows], gen_config=gens)
     call_cpu = time.process_time() - call_cpu
-    secs, decoded, steps, fwd, logits, cpu, row_steps = timer.decode_steps()
+    secs, decoded, steps, fwd, logits, cpu, row_steps, gcs = timer.decode_steps()
     if tally is not None:
         for r, o in zip(rows, outs):
             tally.outputs += 1
             tally.texts.append(o.text)
             if guided:
                 tally.add(r, validator.check(r, o))
-    return {"secs": secs, "rows": decoded, "steps": steps, "forward": fwd, "logits": logits, "cpu": cpu,
+    return {"secs": secs, "rows": decoded, "steps": steps, "forward": fwd, "logits": logits, "cpu": cpu, "gc": gcs,
             "call_cpu": call_cpu, "requests": len(rows), "row_steps": row_steps,
             # decode steps each row took: its tokens, plus the step that sampled its stop token
             "lengths": [max(1, len(o.token_ids) + (o.finish_reason == "stop")) for o in outs]}
@@ -482,7 +495,7 @@ def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, gu
     if warm:
         for chunk, cap in zip(chunks, caps):
             run_once(pipe, timer, chunk, cap, guided, validator, None)  # compiles, tables, allocator
-    agg = {"secs": 0.0, "rows": 0, "steps": 0, "forward": 0.0, "logits": 0.0, "cpu": 0.0, "call_cpu": 0.0,
+    agg = {"secs": 0.0, "rows": 0, "steps": 0, "forward": 0.0, "logits": 0.0, "cpu": 0.0, "gc": 0.0, "call_cpu": 0.0,
            "requests": 0, "row_steps": 0}
     emitted = []
     wall = time.perf_counter()
@@ -504,6 +517,7 @@ def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, gu
             "occupancy": agg["row_steps"] / steps, "fwd_per_token": agg["row_steps"] / max(agg["rows"], 1),
             "wall_s": wall, "forward_ms": 1e3 * agg["forward"] / steps,
             "logits_ms": 1e3 * agg["logits"] / steps, "cpu_ms": 1e3 * agg["cpu"] / steps,
+            "gc_ms": 1e3 * agg["gc"] / steps,
             "cpu_tok_s": agg["rows"] / max(agg["cpu"], 1e-9),
             "req_cpu_s": agg["requests"] / max(agg["call_cpu"], 1e-9), "lengths": emitted}
 
@@ -648,15 +662,17 @@ def main() -> None:
     print_table(["batch", "unguided@upgraded tok/s", "upgraded tok/s", "upgraded/unguided@upgraded",
                  "cpu ms/step unguided@upgraded", "cpu ms/step upgraded", "rows/cpu-s upgraded/unguided@upgraded",
                  "rows/step unguided@upgraded", "rows/step upgraded"], out_rows)
-    print("\nper decode step (ms): whole step, model forward, logits processor call + accept\n")
+    print("\nper decode step (ms): whole step, model forward, logits processor call + accept, cyclic GC pauses\n")
     out_rows = []
     for workload in ("public", "pathological"):
         for batch in batches:
             u, s, g = res[("unguided", None, batch)], res[("stock", workload, batch)], res[("upgraded", workload, batch)]
             out_rows.append([workload, batch, u["step_ms"], s["step_ms"], g["step_ms"], u["forward_ms"], s["forward_ms"],
-                             g["forward_ms"], u["logits_ms"], s["logits_ms"], g["logits_ms"]])
+                             g["forward_ms"], u["logits_ms"], s["logits_ms"], g["logits_ms"], u["gc_ms"], s["gc_ms"],
+                             g["gc_ms"]])
     print_table(["workload", "batch", "step unguided", "step stock", "step upgraded", "fwd unguided", "fwd stock",
-                 "fwd upgraded", "logits unguided", "logits stock", "logits upgraded"], out_rows)
+                 "fwd upgraded", "logits unguided", "logits stock", "logits upgraded", "GC unguided", "GC stock",
+                 "GC upgraded"], out_rows)
     print("\nprocess CPU time per decode step (all threads; moves least with other load on the machine) and "
           "rows decoded per CPU-second\n")
     out_rows = []
