@@ -31,11 +31,12 @@ def report_settings_after_agent_import() -> dict:
     from lmdeploy.pytorch.engine.model_agent import agent  # noqa: F401  (what builds the manager)
 
     import tokenrails.engine_patch.lmdeploy as patch
-    from tokenrails.engine_patch.lmdeploy import manager
+    from tokenrails.engine_patch.lmdeploy import settings
+    from tokenrails.engine_patch.lmdeploy.inherit import limits_from_env
     from tokenrails.engine_patch.reasoning import default_setting
 
-    limits = getattr(manager, "limits_from_env", lambda: None)()  # absent before the export existed
-    return {"active": patch.is_active(), "backend": manager._backend(),
+    limits = limits_from_env()
+    return {"active": patch.is_active(), "backend": settings.backend(),
             "max_enum_values": None if limits is None else limits.max_enum_values,
             "reasoning": default_setting().kind}
 

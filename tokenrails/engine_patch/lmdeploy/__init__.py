@@ -213,7 +213,7 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
     the grammar forces, k per step (grammar_drafts.py); 0 → off; None → ``$TOKENRAILS_GRAMMAR_DRAFTS``.
     """
     global _ACTIVE
-    from .manager import configure
+    from .settings import configure
 
     with _LOCK:
         configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning)

@@ -42,7 +42,7 @@ from ...guided.compile_pool import CompilePool
 from ...guided.errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
 from . import requests as req
-from .manager import configured_limits as front_limits
+from .settings import configured_limits as front_limits
 
 FRONT_WORKERS = 2  # probe compiles at once (the server has a few cores; a hostile flood queues)
 INLINE_PARSE_NODES = 4_000  # JSON nodes + characters/64 up to which a format is parsed on the loop

@@ -17,7 +17,6 @@ round's prompt (``begin_sequence(..., prompt_token_ids=...)``).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any, Hashable
 
@@ -25,35 +24,11 @@ from ...guided.sequence import GuidedRow
 from ...guided.errors import GuideError, InvalidGuideError
 from ...guided.limits import GuideLimits
 from ...guided.native_threads import start_native_thread
-from ..reasoning import default_setting, parse_setting, prompt_for_reading, resolve
-from .inherit import fill_threads_from_env, limits_from_env
+from ..reasoning import default_setting, prompt_for_reading, resolve
+from . import settings
+from .stock_calls import StockCalls
 
 logger = logging.getLogger("tokenrails.lmdeploy")
-
-_CONFIG: dict[str, Any] = {"backend": None, "limits": None, "fill_threads": None, "reasoning": None}
-
-
-def configured_limits() -> GuideLimits:
-    """The limits the engine's manager compiles with (``activate(limits=...)`` or the parent's
-    environment): the api_server's front-end check judges requests by the same bounds."""
-    from ...guided.limits import DEFAULT_LIMITS
-
-    return _CONFIG["limits"] or limits_from_env() or DEFAULT_LIMITS
-
-
-def configure(*, backend: str | None = None, limits: GuideLimits | None = None,
-              fill_threads: int | None = None, reasoning: Any = None) -> None:
-    """Defaults for managers built after this call (``activate(...)`` forwards its options).
-
-    ``reasoning`` is parsed here so a bad value fails ``activate()`` at once.
-    """
-    _CONFIG.update(backend=backend, limits=limits, fill_threads=fill_threads,
-                   reasoning=parse_setting(reasoning))
-
-
-def _backend() -> str:
-    return _CONFIG["backend"] or os.environ.get("TOKENRAILS_LMDEPLOY_BACKEND", "auto")
-
 
 _VOCABS: dict[tuple[int, int], tuple[Any, Any]] = {}  # (id(tokenizer), width) -> (tokenizer, vocab)
 _VOCABS_LOCK = threading.Lock()
@@ -91,7 +66,7 @@ def _build_vocabulary(tokenizer: Any, vocab_size: int | None):
     return Vocabulary.from_huggingface(tokenizer, vocab_size=width)
 
 
-class LMDeployGuidedManager:
+class LMDeployGuidedManager(StockCalls):
     """Wraps ``tokenrails.GuidedDecodingManager`` behind LMDeploy's constructor and clean-up calls."""
 
     is_tokenrails = True
@@ -100,14 +75,14 @@ class LMDeployGuidedManager:
                  backend: str | None = None, limits: GuideLimits | None = None):
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
-        self._backend = backend or _backend()
-        self._limits = limits or _CONFIG["limits"] or limits_from_env()  # a child: the parent's
+        self._backend = backend or settings.backend()
+        self._limits = limits or settings.manager_limits()
         self._mgr = None
         self._error: GuideError | None = None
         self._ready = threading.Event()
         self._rounds: dict[tuple[Hashable, Hashable], Hashable] = {}
         self._begun: dict[tuple[Hashable, Hashable], str] = {}  # (session, seq_key) -> spec key
-        self._reasoning_default = default_setting(_CONFIG["reasoning"])  # fixed per manager
+        self._reasoning_default = default_setting(settings.reasoning_default())  # fixed per manager
         self._reasoning_memo: dict[Any, Any] = {}
         if vocab is not None:
             self._build(vocab)
@@ -120,7 +95,7 @@ class LMDeployGuidedManager:
 
             vocab = vocab if vocab is not None else build_vocabulary(self._tokenizer, self._vocab_size)
             kwargs: dict[str, Any] = {"backend": self._backend, "limits": self._limits}
-            fill_threads = _CONFIG["fill_threads"] or fill_threads_from_env()  # a child: the parent's
+            fill_threads = settings.manager_fill_threads()
             if fill_threads:
                 kwargs["fill_threads"] = fill_threads
             self._mgr = GuidedDecodingManager(vocab, **kwargs)

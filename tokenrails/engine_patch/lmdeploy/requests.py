@@ -185,7 +185,7 @@ def ensure_response_format_compilable(response_format: Any) -> None:
 
 
 def _limits() -> GuideLimits:
-    from .manager import configured_limits
+    from .settings import configured_limits
 
     return configured_limits()
 
