@@ -18,7 +18,10 @@ Workload (printed with its provenance at the start of every run):
   the table: it costs xgrammar ~48 ms per row per step and says nothing about ordinary requests.
 
 Measured per batch size (default 1, 8, 32), configurations interleaved round by round (load from
-elsewhere hits them alike), figures are medians over rounds:
+elsewhere hits them alike), figures are medians over rounds. Each engine configuration has
+``--instances`` engines (default 2) built in ABBA order, and round r runs on instance r mod 2: an
+engine built later in the process runs slower (two identical stock engines: 0.935), so a single
+build order charged that to whichever configuration was built second:
 
 * ``unguided``: the same prompts without a format (``ignore_eos``);
 * ``stock``: LMDeploy's own xgrammar path (upgrade inactive, its own engine);
@@ -27,6 +30,9 @@ elsewhere hits them alike), figures are medians over rounds:
   in the batch's first round, so both run the same rows per step: the ratio is guided decoding's own
   cost (plain ``unguided`` rows ignore EOS and never end early, so a grammar that ends a row sooner
   lowers tokens per step though no step got dearer);
+* ``unguided@upgraded, upgraded engine``: the same unguided rows on the upgraded engine (the upgrade
+  active, no row guided). Each engine is its own instance (weights, KV cache, threads), so this
+  separates what the instance costs from what guided decoding costs;
 * ``upgraded+drafts`` (``--drafts``, on by default; public workload): the upgrade with grammar
   drafts, ``SpeculativeConfig(method="tokenrails_grammar", num_speculative_tokens=--draft-tokens)``
   (its own engine; docs/lmdeploy.md "Grammar drafts"). A decode step there emits several tokens
@@ -537,6 +543,11 @@ def settle(timer: StepTimer, quiet_s: float = 1.0, limit_s: float = 10.0) -> Non
             return
 
 
+def paired_ratios(a: list[dict], b: list[dict], key: str = "tok_s") -> list[float]:
+    """Round by round ``a / b`` (both measured in the same round)."""
+    return [x[key] / y[key] for x, y in zip(a, b) if y[key] == y[key] and y[key] > 0]
+
+
 def _median_finite(values: list[float]) -> float:
     """The median of the rounds that measured something (nan: none did)."""
     finite = [v for v in values if v == v]
@@ -559,6 +570,24 @@ def _pipeline(batches: list[int], tokens: int, dtype: str = "auto", draft_tokens
     return pipeline(str(path), backend_config=cfg, speculative_config=spec)
 
 
+def build_engines(batches: list[int], args: Any, patch: Any) -> dict[str, list[Any]]:
+    """``--instances`` engines per configuration, built in ABBA order (stock, upgraded, drafts, then
+    drafts, upgraded, stock, ...). Engines built later in a process run slower: two identical stock
+    engines in one process measured 0.935 (median of 8 interleaved rounds) for the second one, as
+    large as the batch-8 gap this bench reported when it built stock first and upgraded second.
+    Round ``r`` uses instance ``r % instances``, so an even number of rounds sees every build position
+    equally."""
+    names = ["stock", "upgraded"] + (["drafts"] if args.drafts else [])
+    engines: dict[str, list[Any]] = {name: [] for name in names}
+    for k in range(args.instances):
+        for name in names if k % 2 == 0 else reversed(names):
+            (patch.activate if name != "stock" else patch.deactivate)()
+            draft_tokens = args.draft_tokens if name == "drafts" else 0
+            engines[name].append(_pipeline(batches, args.tokens, args.dtype, draft_tokens=draft_tokens))
+    patch.deactivate()
+    return engines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,8,32")
@@ -570,6 +599,8 @@ def main() -> None:
     ap.add_argument("--drafts", action=argparse.BooleanOptionalAction, default=True,
                     help="also run upgraded+drafts (grammar drafts) on the public workload, interleaved")
     ap.add_argument("--draft-tokens", type=int, default=4, help="num_speculative_tokens of upgraded+drafts")
+    ap.add_argument("--instances", type=int, default=2,
+                    help="engines per configuration, built in ABBA order; round r runs on instance r %% instances")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(1)
@@ -589,22 +620,18 @@ def main() -> None:
     for pattern, where, _ in DOC_REGEXES:
         print(f"  regex {pattern!r}: {where}")
     print(f"  pathological (separate row): {PATHOLOGICAL!r}")
-    print(f"  public rows in order: {', '.join(r.kind for r in public)}\n", flush=True)
+    print(f"  public rows in order: {', '.join(r.kind for r in public)}", flush=True)
+    print(f"  engines: {args.instances} per configuration, built in ABBA order; round r runs on instance r mod "
+          f"{args.instances}\n", flush=True)
 
     validator = Validator(tok, vocab.vocab_size)
-    patch.deactivate()
-    engines = {"stock": _pipeline(batches, args.tokens, args.dtype)}
-    patch.activate()
-    engines["upgraded"] = _pipeline(batches, args.tokens, args.dtype)
-    if args.drafts:
-        engines["drafts"] = _pipeline(batches, args.tokens, args.dtype, draft_tokens=args.draft_tokens)
-    patch.deactivate()
+    engines = build_engines(batches, args, patch)
     timer = StepTimer(frozenset(vocab.eos_ids))
     # "unguided@upgraded": the public prompts unguided, each row exactly as long as the upgraded row
     # was in this batch's first round: the same rows per step, so the ratio is guided decoding's own cost
     # (plain "unguided" rows never end early, and rows a grammar ends sooner lower tokens per step)
     configs = [("unguided", "stock", None), ("stock", "stock", "public"), ("upgraded", "upgraded", "public"),
-               ("unguided@upgraded", "stock", None),
+               ("unguided@upgraded", "stock", None), ("unguided@upgraded, upgraded engine", "upgraded", None),
                ("stock", "stock", "pathological"), ("upgraded", "upgraded", "pathological")]
     if args.drafts:
         configs.insert(3, ("upgraded+drafts", "drafts", "public"))
@@ -621,10 +648,11 @@ def main() -> None:
                     key = (name, workload, batch)
                     tally = tallies.setdefault(key, Tally()) if workload and rnd == 0 else None
                     timer.install(spec=engine == "drafts")
-                    matched = upgraded_lengths.get(batch) if name == "unguided@upgraded" else None
+                    matched = upgraded_lengths.get(batch) if name.startswith("unguided@upgraded") else None
                     try:
-                        r = measure(engines[engine], timer, rows, batch, args.tokens, workload is not None, validator,
-                                    tally, warm=rnd == 0, lengths=matched)
+                        instances = engines[engine]
+                        r = measure(instances[rnd % len(instances)], timer, rows, batch, args.tokens, workload is not None,
+                                    validator, tally, warm=rnd < len(instances), lengths=matched)
                         if engine in ("upgraded", "drafts"):
                             settle(timer)
                     finally:
@@ -638,8 +666,9 @@ def main() -> None:
                           f"(occupancy {r['occupancy']:.1f}, fwd/token {r['fwd_per_token']:.2f}, "
                           f"{r['wall_s']:.1f} s)", file=sys.stderr, flush=True)
     finally:
-        for pipe in engines.values():
-            pipe.close()
+        for instances in engines.values():
+            for pipe in instances:
+                pipe.close()
     res = {key: {k: _median_finite([r[k] for r in rs]) for k in rs[0]} for key, rs in samples.items()}
 
     print(f"\nLMDeploy 0.18 PyTorch engine on CPU (1 thread), SmolLM2-135M, dtype {args.dtype}, greedy, up to {args.tokens} new "
@@ -648,20 +677,32 @@ def main() -> None:
     for workload in ("public", "pathological"):
         for batch in batches:
             u, s, g = res[("unguided", None, batch)], res[("stock", workload, batch)], res[("upgraded", workload, batch)]
+            paired = paired_ratios(samples[("upgraded", workload, batch)], samples[("stock", workload, batch)])
             out_rows.append([workload, batch, u["tok_s"], s["tok_s"], g["tok_s"], g["tok_s"] / s["tok_s"],
+                             _median_finite(paired), " ".join(f"{x:.2f}" for x in paired),
                              g["tok_s"] / u["tok_s"], s["tok_s"] / u["tok_s"], s["occupancy"], g["occupancy"]])
-    print_table(["workload", "batch", "unguided", "stock", "upgraded", "upgraded/stock", "upgraded/unguided",
-                 "stock/unguided", "rows/step stock", "rows/step upgraded"], out_rows)
+    print_table(["workload", "batch", "unguided", "stock", "upgraded", "upgraded/stock", "paired upgraded/stock",
+                 "per round", "upgraded/unguided", "stock/unguided", "rows/step stock", "rows/step upgraded"], out_rows)
+    print("(paired: upgraded / stock tokens/s within each round, measured seconds apart, then the median over rounds: "
+          "load from elsewhere drifts over minutes and cancels in a pair)")
     print("\nguided decoding's own cost: the public prompts unguided, each row exactly as long as its upgraded "
-          "row (same rows per step; plain unguided rows never end early)\n")
+          "row (same rows per step; plain unguided rows never end early), on the stock engine and on the upgraded "
+          "engine (the upgrade active, no row guided). The two engines are separate instances (own weights, own KV "
+          "cache): 'engine instance' compares them on the same unguided rows, so a difference there is not guided "
+          "work\n")
     out_rows = []
     for batch in batches:
         m, g = res[("unguided@upgraded", None, batch)], res[("upgraded", "public", batch)]
-        out_rows.append([batch, m["tok_s"], g["tok_s"], g["tok_s"] / m["tok_s"], m["cpu_ms"], g["cpu_ms"],
-                         g["cpu_tok_s"] / m["cpu_tok_s"], m["occupancy"], g["occupancy"]])
-    print_table(["batch", "unguided@upgraded tok/s", "upgraded tok/s", "upgraded/unguided@upgraded",
-                 "cpu ms/step unguided@upgraded", "cpu ms/step upgraded", "rows/cpu-s upgraded/unguided@upgraded",
-                 "rows/step unguided@upgraded", "rows/step upgraded"], out_rows)
+        e = res[("unguided@upgraded, upgraded engine", None, batch)]
+        out_rows.append([batch, m["tok_s"], e["tok_s"], g["tok_s"], g["tok_s"] / m["tok_s"], g["tok_s"] / e["tok_s"],
+                         e["tok_s"] / m["tok_s"], m["cpu_ms"], e["cpu_ms"], g["cpu_ms"], m["forward_ms"], e["forward_ms"],
+                         g["forward_ms"], m["occupancy"], g["occupancy"]])
+    print_table(["batch", "unguided@upgraded tok/s (stock engine)", "same, upgraded engine", "upgraded tok/s",
+                 "upgraded / unguided@upgraded", "upgraded / same, upgraded engine",
+                 "engine instance: upgraded / stock engine, unguided", "cpu ms/step unguided (stock engine)",
+                 "cpu ms/step unguided (upgraded engine)", "cpu ms/step upgraded", "fwd ms unguided (stock engine)",
+                 "fwd ms unguided (upgraded engine)", "fwd ms upgraded", "rows/step unguided@upgraded",
+                 "rows/step upgraded"], out_rows)
     print("\nper decode step (ms): whole step, model forward, logits processor call + accept, cyclic GC pauses\n")
     out_rows = []
     for workload in ("public", "pathological"):
@@ -701,10 +742,13 @@ def main() -> None:
         for batch in batches:
             u, s, g = res[("unguided", None, batch)], res[("stock", "public", batch)], res[("upgraded", "public", batch)]
             d = res[("upgraded+drafts", "public", batch)]
-            out_rows.append([batch, d["tok_s"], d["tok_s"] / s["tok_s"], d["tok_s"] / u["tok_s"], d["tok_s"] / g["tok_s"],
+            paired = paired_ratios(samples[("upgraded+drafts", "public", batch)], samples[("stock", "public", batch)])
+            out_rows.append([batch, d["tok_s"], d["tok_s"] / s["tok_s"], _median_finite(paired),
+                             d["tok_s"] / u["tok_s"], d["tok_s"] / g["tok_s"],
                              d["fwd_per_token"], d["occupancy"], d["step_ms"], d["forward_ms"], d["logits_ms"],
                              d["cpu_tok_s"] / s["cpu_tok_s"], d["req_cpu_s"] / s["req_cpu_s"]])
-        print_table(["batch", "drafts tok/s", "drafts/stock", "drafts/unguided", "drafts/upgraded", "fwd/token",
+        print_table(["batch", "drafts tok/s", "drafts/stock", "paired drafts/stock", "drafts/unguided", "drafts/upgraded",
+                     "fwd/token",
                      "rows/step", "step ms", "fwd ms", "verify ms", "rows/cpu-s drafts/stock",
                      "req/cpu-s drafts/stock"], out_rows)
     walls: dict[str, float] = {}
