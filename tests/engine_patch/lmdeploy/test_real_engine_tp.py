@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -44,8 +45,9 @@ def _run(tp: int, mode: str, meter: str | None = None) -> dict:
             return json.loads(lines[-1][len("TP_RESULT "):])
         failure = f"tp={tp} mode={mode} attempt {attempt}: exit {proc.returncode}\n{_traceback(proc.stderr)}"
         # A TP child failed 2 of ~12 runs in one session and 0 of 9 standalone, cause not found yet:
-        # printed in full (CI log), then run once more; the same failure twice fails the test.
-        print(failure, file=sys.stderr, flush=True)
+        # reported in the warnings summary (which pytest prints even when the test passes), then run
+        # once more; the same failure twice fails the test.
+        warnings.warn(failure, RuntimeWarning, stacklevel=1)
     raise AssertionError(failure)
 
 
