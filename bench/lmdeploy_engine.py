@@ -340,8 +340,10 @@ class StepTimer:
         """The cyclic GC's pauses, charged to the step they fall in (any thread: the GC holds the GIL)."""
         if phase == "start":
             self._gc_t0 = time.perf_counter()
-        elif self.starts and self._gc_t0:
-            self.starts[-1][7] += time.perf_counter() - self._gc_t0
+        elif self._gc_t0:
+            if self.starts:
+                self.starts[-1][7] += time.perf_counter() - self._gc_t0
+            self._gc_t0 = 0.0  # a stop without its start (installed mid-collection) adds nothing
 
     def reset(self) -> None:
         self.starts = []

@@ -49,3 +49,33 @@ def test_a_request_running_across_deactivate_continues_from_its_state(pipe):
         activate()
     assert deactivated
     assert re.fullmatch(PATTERN, text), text
+
+
+@pytest.mark.parametrize("fmt", [
+    {"type": "regex_schema", "regex_schema": "([a-z]"},  # does not parse
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}},
+])
+def test_a_bad_format_through_the_stock_calls_fails_its_row_closed(smollm2_tokenizer, vocab, fmt):
+    """The stock calls never leave a row unconstrained: a format that does not parse or compile
+    gets EOS only, and the other rows of the batch keep their own masks."""
+    import torch
+
+    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+
+    def allowed(row):
+        bits = (row.unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1
+        return set(bits.reshape(-1)[:vocab.vocab_size].nonzero().flatten().tolist())
+
+    mgr = LMDeployGuidedManager(smollm2_tokenizer, vocab.vocab_size, vocab=vocab)
+    good = {"type": "regex_schema", "regex_schema": "[0-9]{3}"}
+    ctx = [{"session_id": 1, "seq_id": 0}, {"session_id": 2, "seq_id": 0}]
+    handles = mgr.get_processors(ctx, (fmt, good))
+    bitmask = mgr.allocate_batched_bitmap(2)
+    for i, handle in handles.items():
+        mgr.fill_bitmap(handle, bitmask, i)
+    assert allowed(bitmask[0]) == set(vocab.eos_ids)
+    digits = allowed(bitmask[1])
+    assert digits and all(smollm2_tokenizer.decode([t]).isdigit() for t in digits)
+    logits = torch.zeros(2, vocab.vocab_size)
+    mgr.apply_batched_bitmap(logits, bitmask)
+    assert int(logits[0].argmax()) in vocab.eos_ids

@@ -27,11 +27,12 @@ def configure(*, backend: str | None = None, limits: GuideLimits | None = None,
 def configured_limits() -> GuideLimits:
     """The limits the engine's manager compiles with (``activate(limits=...)`` or the parent's
     environment): the api_server's front-end check judges requests by the same bounds."""
-    return CONFIG["limits"] or limits_from_env() or DEFAULT_LIMITS
+    return manager_limits() or DEFAULT_LIMITS
 
 
 def manager_limits() -> GuideLimits | None:
-    return CONFIG["limits"] or limits_from_env()  # a child process: the parent's
+    """``activate(limits=...)``, else (a child process) the parent's; None: the manager's defaults."""
+    return CONFIG["limits"] or limits_from_env()
 
 
 def manager_fill_threads() -> int | None:

@@ -25,6 +25,7 @@ from typing import Any, Hashable
 
 import torch
 
+from ...guided.bitmask import eos_only_row
 from ...guided.errors import GuideError, UnsupportedGuideError
 from ...guided.sequence import GuidedRow
 from ...kernels import allocate_token_bitmask, apply_token_bitmask_inplace
@@ -86,16 +87,10 @@ class StockCalls:
 
     def _fill_row(self, processor: StockHandle, guided_bitmask: torch.Tensor, index: int) -> None:
         if processor.error is not None:
-            guided_bitmask[index].zero_()
-            self._allow_eos(guided_bitmask, index)
+            eos_only_row(guided_bitmask[index], self.core().vocab.eos_ids)
             return
-        filled = self.core().fill_rows([processor.row])
-        status = filled.statuses[0]
-        if status is not None and status.error is not None:
-            guided_bitmask[index].zero_()
-            self._allow_eos(guided_bitmask, index)
-        elif filled.index:
-            guided_bitmask[index].copy_(filled.bitmask[0].to(guided_bitmask.device))
+        filled = self.core().fill_rows([processor.row])  # a failed state's row comes back EOS-only
+        guided_bitmask[index].copy_(filled.bitmask[0].to(guided_bitmask.device))
 
     def accept_token(self, processor: StockHandle, token: int) -> None:
         if processor.row is not None:
@@ -104,8 +99,3 @@ class StockCalls:
     @staticmethod
     def apply_batched_bitmap(logits: torch.Tensor, guided_bitmask: torch.Tensor) -> None:
         apply_token_bitmask_inplace(logits, guided_bitmask.to(logits.device))
-
-    def _allow_eos(self, bitmask: torch.Tensor, index: int) -> None:
-        for eos in self.core().vocab.eos_ids:
-            bit = 1 << (eos % 32)
-            bitmask[index, eos // 32] |= bit - (1 << 32) if bit >= 1 << 31 else bit  # int32 words
