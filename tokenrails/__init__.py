@@ -15,6 +15,9 @@ from .guided.registry import compile_guide
 from .guided.spec import GuideSpec
 from .guided.vocabulary import Vocabulary
 from .kernels import allocate_token_bitmask, apply_token_bitmask_inplace
+from ._deprecated import install as _install_deprecated
+
+_install_deprecated()
 
 
 # The manager pulls in thread pools and the decoding-semantics modules: import on first use.
