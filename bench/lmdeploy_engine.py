@@ -56,7 +56,7 @@ one short value: stock's xgrammar leaves some such schemas unenforced and writes
 
 Validation: every guided output is checked: finished ones against the schema (jsonschema, format
 keywords not asserted, JSON without NaN or repeated member names) or ``re.fullmatch``; length-capped
-JSON by bench/json_prefix_oracle.py, independent of xgrammar and of tokenrails' backends (valid iff
+JSON by harness/json_prefix_oracle.py, independent of xgrammar and of tokenrails' backends (valid iff
 some completion validates with jsonschema: refuted from the partial value, or proved by a witness
 completion; otherwise *undecided*, counted and printed, never counted valid); length-capped regex
 outputs by a partial match of Python's ``regex`` module. Cross-checks, printed per configuration
@@ -213,7 +213,7 @@ def pathological_row() -> Row:
 
 # ---- validation --------------------------------------------------------------------------------
 CHECK_FINISHED_JSON = "jsonschema (finished JSON)"
-CHECK_ORACLE = "prefix oracle (capped JSON; bench/json_prefix_oracle.py)"
+CHECK_ORACLE = "prefix oracle (capped JSON; harness/json_prefix_oracle.py)"
 CHECK_XGRAMMAR = "xgrammar prefix (capped JSON; stock's own grammar, cross-check)"
 CHECK_ORACLE_FINISHED = "prefix oracle on finished JSON (consistency with jsonschema)"
 CHECK_REGEX = "re.fullmatch (finished regex)"
@@ -253,7 +253,7 @@ class Validator:
         return self._compiled[key]
 
     def _oracle(self, row: Row):
-        from bench.json_prefix_oracle import PrefixOracle
+        from harness.json_prefix_oracle import PrefixOracle
 
         key = self._key(row)
         if key not in self._oracles:
@@ -261,7 +261,7 @@ class Validator:
         return self._oracles[key]
 
     def _judge_prefix(self, row: Row, text: str):
-        from bench.json_prefix_oracle import UNDECIDED, Verdict
+        from harness.json_prefix_oracle import UNDECIDED, Verdict
 
         try:
             return self._oracle(row).judge(text)
@@ -276,7 +276,7 @@ class Validator:
                                  [(CHECK_REGEX, "valid" if ok else "invalid")])
             import jsonschema
 
-            from bench.json_prefix_oracle import INVALID, loads_strict
+            from harness.json_prefix_oracle import INVALID, loads_strict
             why = None
             try:
                 jsonschema.validate(loads_strict(out.text), row.schema)

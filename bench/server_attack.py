@@ -26,7 +26,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tokenrails import testing_server_attack as atk  # noqa: E402
+from harness import server_attack as atk  # noqa: E402
 
 
 def _fmt(x: float) -> str:

@@ -1,6 +1,6 @@
 """Decode-tick stalls while hostile requests compile (issue 16). Prints the longest stall of a
 50 ms tick and its p99 gap, quiet and with issue 16's hostile compiles in flight (``--each``: one
-hostile spec per phase, to find the staller). See tokenrails/testing_stall.py.
+hostile spec per phase, to find the staller). See harness/stall.py.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/stall.py [--seconds 8] [--backend auto] [--each]
 """
@@ -23,7 +23,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from tokenrails import GuidedDecodingManager, Vocabulary
-    from tokenrails.testing_stall import hostile_specs, measure_stalls
+    from harness.stall import hostile_specs, measure_stalls
 
     tok = AutoTokenizer.from_pretrained(str(Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "smollm2"))
     mgr = GuidedDecodingManager(Vocabulary.from_huggingface(tok), backend=args.backend)

@@ -1,4 +1,4 @@
-"""bench/json_prefix_oracle.py: the engine bench's judge of length-capped JSON outputs.
+"""harness/json_prefix_oracle.py: the engine bench's judge of length-capped JSON outputs.
 
 Soundness (a valid prefix is never called invalid) under hypothesis: documents drawn for a set of
 embedded schemas, kept only when jsonschema accepts them, serialised with varied whitespace, key
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from bench.json_prefix_oracle import INVALID, UNDECIDED, VALID, PrefixOracle, loads_strict, parse_prefix, \
+from harness.json_prefix_oracle import INVALID, UNDECIDED, VALID, PrefixOracle, loads_strict, parse_prefix, \
     PrefixError
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],

@@ -15,7 +15,7 @@ tests/guided/test_gc_pause.py.
 from __future__ import annotations
 
 from tokenrails import GuidedDecodingManager
-from tokenrails.testing_stall import PERIOD, hostile_specs, measure_stalls
+from harness.stall import PERIOD, hostile_specs, measure_stalls
 
 
 def test_decode_tick_keeps_its_rhythm_while_hostile_specs_compile(vocab):

@@ -26,8 +26,8 @@ pytest.importorskip("openai")  # LMDeploy's server modules import it
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
-from tokenrails import testing_server_attack as atk  # noqa: E402
-from tokenrails.testing_server_attack import free_port as _free_port, stop_server as _stop  # noqa: E402,F401
+from harness import server_attack as atk  # noqa: E402
+from harness.server_attack import free_port as _free_port, stop_server as _stop  # noqa: E402,F401
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,7 @@ def _wait_ready(proc, base, log):
 
 def start_ready(model, log, *extra_args, tool_call_parser="qwen", **start_kw):
     """A ready server (proc, base URL, model id); the start is retried for LMDeploy's manager race only.
-    ``start_kw`` go to ``testing_server_attack.start_server`` (``limits=``, ``stock=``)."""
+    ``start_kw`` go to ``harness.server_attack.start_server`` (``limits=``, ``stock=``)."""
     for attempt in range(START_ATTEMPTS):
         proc, base = _start(model, log, *extra_args, tool_call_parser=tool_call_parser, **start_kw)
         try:

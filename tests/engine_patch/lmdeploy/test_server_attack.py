@@ -3,7 +3,7 @@
 ``python -m tokenrails.engine_patch.lmdeploy.cpu.serve`` in a subprocess (the engine in its spawned
 process), compile deadline 10 s. While one client sends benign JSON-schema requests and another
 pings ``/v1/models`` every 0.25 s, an attacker sends each hostile shape of issue 27 with a fresh
-nonce (``tokenrails/testing_server_attack.py``). Bounds (a shared 2-core machine: see the slack
+nonce (``harness/server_attack.py``). Bounds (a shared 2-core machine: see the slack
 noted at each):
 
 * no ping fails; the p99 of the pings sent while a hostile request was in flight < 250 ms (or 2x
@@ -29,7 +29,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("openai")
 pytest.importorskip("httpx")
 
-from tokenrails import testing_server_attack as atk  # noqa: E402
+from harness import server_attack as atk  # noqa: E402
 
 from .test_real_server import start_ready  # noqa: E402
 

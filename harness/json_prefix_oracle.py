@@ -36,7 +36,7 @@ import referencing
 import referencing.exceptions
 import referencing.jsonschema
 
-from bench.json_prefix_parse import (LITERALS, NUMBER, Complete, PArray, PEmpty, PLiteral, PNumber, PObject,
+from harness.json_prefix_parse import (LITERALS, NUMBER, Complete, PArray, PEmpty, PLiteral, PNumber, PObject,
                                      PrefixError, PString, loads_strict, parse_prefix)
 
 __all__ = ["INVALID", "UNDECIDED", "VALID", "PrefixError", "PrefixOracle", "Verdict", "loads_strict", "parse_prefix"]

@@ -4,7 +4,7 @@
 leaves it undefined and Python's json keeps the last) and returns ``Complete`` for a whole document,
 else the open value: ``PEmpty`` (nothing yet), ``PString``, ``PNumber``, ``PLiteral``, ``PArray``,
 ``PObject`` with their finished parts as Python values. ``PrefixError``: no completion of the text
-is JSON. Used by bench/json_prefix_oracle.py.
+is JSON. Used by harness/json_prefix_oracle.py.
 """
 from __future__ import annotations
 

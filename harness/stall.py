@@ -17,8 +17,8 @@ from typing import Iterator
 
 import torch
 
-from .guided.sequence import GuidedRow, StepStatus
-from .guided.spec import GuideSpec
+from tokenrails.guided.sequence import GuidedRow, StepStatus
+from tokenrails.guided.spec import GuideSpec
 
 PERIOD = 0.05
 
