@@ -99,10 +99,21 @@ def test_harmony_with_tools_refuses_a_format_it_would_drop(upgraded, fmt):
         _harmony_parser(fmt)
 
 
-def test_harmony_with_tools_keeps_stocks_behaviour_for_stocks_kinds(upgraded):
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}
+@pytest.mark.parametrize("fmt", [{"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}},
+                                 {"type": "regex_schema", "regex_schema": "[0-9]+"}, {"type": "json_object"}],
+                         ids=["json_schema", "regex_schema", "json_object"])
+def test_harmony_with_tools_refuses_stocks_kinds_too(upgraded, fmt):
+    """Stock replaces them by the tool grammar with a log line only; the upgrade says so with a 400."""
+    with pytest.raises(ValueError, match="cannot be enforced together with tools"):
+        _harmony_parser(fmt)
+
+
+def test_stock_harmony_with_tools_drops_the_format():
+    """The reference: stock's request then carries the tool grammar and nothing of the format."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^zq9$"}}}
     parser = _harmony_parser(fmt)
-    assert parser.request.response_format["type"] == "structural_tag"  # the tool grammar, as on stock
+    assert parser.request.response_format["type"] == "structural_tag"
+    assert "zq9" not in json.dumps(parser.request.response_format)
 
 
 @pytest.fixture

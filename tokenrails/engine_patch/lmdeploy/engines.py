@@ -9,11 +9,13 @@ channel. So:
 * a request for a TurboMind engine gets exactly stock LMDeploy's check (stock's kinds pass,
   everything else is refused with HTTP 400 and the reason), found from the engine running
   ``AsyncEngine.preprocess`` (a context variable set around it);
-* harmony: ``choice`` and ``grammar`` are wrapped in the final channel like stock wraps JSON and
-  regexes; any other non-text format it cannot wrap is refused, never cleared. With tools, harmony
-  replaces the client's ``response_format`` by the tool grammar: a kind only the upgrade accepts
-  (``choice``, ``grammar``, ``structural_tag``, the reasoning key) is then refused with the reason
-  instead of dropped; stock's own kinds keep stock's behaviour (replaced, with a log line).
+* a chat request for TurboMind skips the upgrade's request-level refusals (front_check.py) and its
+  tool-call formats (tool_calls.py): stock's request path, unchanged;
+* harmony (PyTorch engine): ``choice`` and ``grammar`` are wrapped in the final channel like stock
+  wraps JSON and regexes; any other non-text format it cannot wrap is refused, never cleared. With
+  tools, harmony replaces the client's ``response_format`` by the tool grammar (stock only logs
+  it): the request is refused with the reason instead. Harmony on TurboMind: stock's wrapper, and
+  the kinds stock's request model refuses are refused.
 """
 from __future__ import annotations
 
@@ -97,11 +99,20 @@ def stock_check_for_turbomind(response_format: Any) -> None:
 
 
 def patched_build_response_format_grammar(original: Callable) -> Callable:
-    """Harmony's final-channel wrapper, extended to ``choice`` and ``grammar``; refuses (ValueError:
-    the request fails with 400) instead of returning None, which would clear the constraint."""
+    """Harmony's final-channel wrapper, extended to ``choice``, ``grammar`` and the vLLM fields the
+    server folded in (request_fields.py); refuses (ValueError: the request fails with 400) instead
+    of returning None, which would clear the constraint. TurboMind: stock's wrapper unchanged for
+    stock's kinds, every other kind refused (stock's request model refuses them too)."""
 
     def build(fmt: dict) -> dict:
         kind = fmt.get("type", "text")
+        if serving_turbomind():
+            if kind not in _STOCK_CLIENT_KINDS:
+                raise ValueError(_turbomind_refusal(kind))
+            return original(fmt)
+        if kind == _packed_kind():
+            fmt = _plain_format(fmt)
+            kind = fmt.get("type")
         if kind in ("choice", "grammar"):
             from ...guided.backends.xgrammar_backend import choice_ebnf
 
@@ -124,30 +135,67 @@ def patched_build_response_format_grammar(original: Callable) -> Callable:
 _STOCK_CLIENT_KINDS = frozenset({"text", "json_schema", "json_object", "regex_schema"})
 
 
+def _turbomind_refusal(kind: Any) -> str:
+    return (f"response_format type {kind!r} is enforced by tokenrails only in the PyTorch engine; "
+            "TurboMind would run this request unconstrained")
+
+
+def _packed_kind() -> str:
+    from .requests import PACKED
+
+    return PACKED
+
+
+def _plain_format(fmt: dict) -> dict:
+    """The response_format kind a folded vLLM request amounts to, when it carries no option the
+    harmony wrapper cannot express (a whitespace rule, a backend hint): else ValueError."""
+    from ...guided.errors import GuideError
+    from .requests import spec_of
+
+    try:
+        spec = spec_of(fmt)
+    except GuideError as exc:
+        raise ValueError(f"invalid response_format: {exc}") from None
+    plain = None
+    if spec is not None and spec.options in ((), (("any_whitespace", True),)):
+        plain = {"json_schema": lambda: {"type": "json_schema", "json_schema": {"name": "guided_json",
+                                                                                  "schema": spec.schema}},
+                 "json_object": lambda: {"type": "json_object"},
+                 "regex": lambda: {"type": "regex_schema", "regex_schema": spec.pattern},
+                 "choice": lambda: {"type": "choice", "choice": spec.choices},
+                 "grammar": lambda: {"type": "grammar", "grammar": spec.ebnf}}.get(spec.kind, lambda: None)()
+    if plain is None:
+        raise ValueError("these guided decoding fields cannot be enforced in this model's harmony format "
+                         "(an option or kind its final-channel wrapper cannot express); refused rather than dropped")
+    return plain
+
+
 def patched_maybe_inject_tool_grammar(original: Callable) -> Callable:
     """Harmony's ``_maybe_inject_tool_grammar``, which builds every harmony structural tag (the format
-    then owns the thinking: see ``_harmony_owns_thinking``). With tools, a client ``response_format``
-    is replaced by the tool grammar. Stock's request model only let its own kinds through; the widened one lets
-    ``choice``/``grammar``/``structural_tag`` (and ``tokenrails_reasoning``) in, and they must not
-    be dropped silently: ValueError (the server answers 400 with the reason)."""
+    then owns the thinking: see ``_harmony_owns_thinking``). With tools, stock replaces a client's
+    ``response_format`` by the tool grammar and only logs it: the upgrade refuses the request with
+    the reason (ValueError: HTTP 400) instead of dropping the format. TurboMind: stock's behaviour."""
 
     @functools.wraps(original)
     def inject(self) -> None:
         request = getattr(self, "request", None)
         fmt = getattr(request, "response_format", None)
+        kind = fmt.get("type", "text") if isinstance(fmt, dict) else None
+        if serving_turbomind():
+            if kind is not None and kind not in _STOCK_CLIENT_KINDS:
+                raise ValueError(_turbomind_refusal(kind))
+            original(self)
+            return
         tools = getattr(request, "tools", None)
         if tools and getattr(request, "tool_choice", "auto") != "none" and isinstance(fmt, dict):
             from ..reasoning import REQUEST_KEY
 
-            kind = fmt.get("type", "text")
-            if kind not in _STOCK_CLIENT_KINDS or REQUEST_KEY in fmt:
-                what = REQUEST_KEY if kind in _STOCK_CLIENT_KINDS else f"type {kind!r}"
+            if kind != "text" or REQUEST_KEY in fmt:
+                what = f"type {kind!r}" if kind != "text" else REQUEST_KEY
                 raise ValueError(
                     f"response_format {what} cannot be enforced together with tools for this model's harmony "
-                    "format (the tool grammar replaces it); refused rather than dropped")
-            if kind != "text":
-                logger.info("tokenrails: harmony replaces the client's %s response_format by the tool grammar "
-                            "(as stock LMDeploy does)", kind)
+                    "format (its tool grammar would replace the format); refused rather than dropped: send the "
+                    "format without tools, or the tools without a response_format")
         original(self)
         _harmony_owns_thinking(self)
 
