@@ -179,22 +179,28 @@ def test_vllm_fields_on_turbomind_are_refused_not_dropped(field):
         patch.deactivate()
 
 
-@pytest.mark.parametrize("fmt", [{"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
-                                 {"type": "regex_schema", "regex_schema": "[0-9]+"}, {"type": "json_object"}],
-                         ids=["json_schema", "regex_schema", "json_object"])
-def test_harmony_tools_with_a_format_is_400_on_the_pytorch_engine(harmony_offline, fmt):
-    """gpt-oss with tools: stock sends the tool grammar and drops the format (a log line); the
-    upgraded PyTorch engine's server answers 400 with the reason instead."""
+def test_harmony_tools_with_a_format_on_the_pytorch_engine(harmony_offline):
+    """gpt-oss with tools and a response_format, over LMDeploy's router: stock sends the tool grammar
+    and drops the format (a log line); the upgraded PyTorch engine's server sends the tool grammar
+    with the format in its final-channel answer (``auto``), and answers 400 with the reason where
+    the answer must be a call (a named function)."""
     import tokenrails.engine_patch.lmdeploy as patch
 
-    fields = {"tools": [TOOL], "response_format": fmt}
+    fmt = {"type": "regex_schema", "regex_schema": "zq[0-9]{3}"}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    auto = {"tools": [tool], "response_format": fmt}
+    named = {**auto, "tool_choice": NAMED}
     patch.deactivate()
-    served, compiled = outcome("gpt-oss", fields, backend="pytorch")
-    assert served and compiled[0] == "structural_tag" and "integer" not in compiled[1]  # stock: format gone
+    for fields in (auto, named):
+        served, compiled = outcome("gpt-oss", fields, backend="pytorch")
+        assert served and compiled[0] == "structural_tag" and "zq[0-9]{3}" not in compiled[1]  # stock: format gone
     patch.activate()
     try:
+        served, compiled = outcome("gpt-oss", auto, backend="pytorch")
+        assert served and compiled[0] == "structural_tag" and "zq[0-9]{3}" in compiled[1]
         text: list = []
-        assert outcome("gpt-oss", fields, backend="pytorch", message=text)[0] is False
-        assert "cannot be enforced together with tools" in text[0]
+        assert outcome("gpt-oss", named, backend="pytorch", message=text)[0] is False
+        assert "must be a tool call" in text[0]
     finally:
         patch.deactivate()

@@ -13,8 +13,9 @@ channel. So:
   tool-call formats (tool_calls.py): stock's request path, unchanged;
 * harmony (PyTorch engine): ``choice`` and ``grammar`` are wrapped in the final channel like stock
   wraps JSON and regexes; any other non-text format it cannot wrap is refused, never cleared. With
-  tools, harmony replaces the client's ``response_format`` by the tool grammar (stock only logs
-  it): the request is refused with the reason instead. Harmony on TurboMind: stock's wrapper, and
+  tools, stock replaces the client's ``response_format`` by the tool grammar (only a log line): the
+  upgrade puts the format in that grammar's final-channel answer (``auto``: a call, or an answer in
+  the format) and refuses with the reason what has no place for it (a named or required call). Harmony on TurboMind: stock's wrapper, and
   the kinds stock's request model refuses are refused.
 """
 from __future__ import annotations
@@ -22,10 +23,8 @@ from __future__ import annotations
 import contextvars
 import functools
 import json
-import logging
 from typing import Any, Callable
 
-logger = logging.getLogger("tokenrails.lmdeploy")
 
 ENGINE_BACKEND: contextvars.ContextVar[str | None] = contextvars.ContextVar("tokenrails_engine_backend", default=None)
 _STOCK: dict[str, Callable] = {}
@@ -173,8 +172,11 @@ def _plain_format(fmt: dict) -> dict:
 def patched_maybe_inject_tool_grammar(original: Callable) -> Callable:
     """Harmony's ``_maybe_inject_tool_grammar``, which builds every harmony structural tag (the format
     then owns the thinking: see ``_harmony_owns_thinking``). With tools, stock replaces a client's
-    ``response_format`` by the tool grammar and only logs it: the upgrade refuses the request with
-    the reason (ValueError: HTTP 400) instead of dropping the format. TurboMind: stock's behaviour."""
+    ``response_format`` by the tool grammar and only logs it. The upgrade keeps both where harmony
+    can: with ``tool_choice="auto"`` the tool grammar's final-channel answer (free text in stock's
+    tag) must be in the client's format, a call stays a call. Where the answer must be a call (a
+    named function, ``required``), or the format cannot be wrapped, the request is refused with
+    the reason (ValueError: HTTP 400), never dropped. TurboMind: stock's behaviour."""
 
     @functools.wraps(original)
     def inject(self) -> None:
@@ -187,19 +189,52 @@ def patched_maybe_inject_tool_grammar(original: Callable) -> Callable:
             original(self)
             return
         tools = getattr(request, "tools", None)
-        if tools and getattr(request, "tool_choice", "auto") != "none" and isinstance(fmt, dict):
-            from ..reasoning import REQUEST_KEY
-
-            if kind != "text" or REQUEST_KEY in fmt:
-                what = f"type {kind!r}" if kind != "text" else REQUEST_KEY
-                raise ValueError(
-                    f"response_format {what} cannot be enforced together with tools for this model's harmony "
-                    "format (its tool grammar would replace the format); refused rather than dropped: send the "
-                    "format without tools, or the tools without a response_format")
+        choice = getattr(request, "tool_choice", "auto")
+        answer = None
+        if tools and choice != "none" and isinstance(fmt, dict):
+            answer = _final_answer_content(self, fmt, kind, choice)
         original(self)
+        if answer is not None:
+            _constrain_final_answer(self, answer, kind)
         _harmony_owns_thinking(self)
 
     return inject
+
+
+_FINAL_BEGIN = "<|channel|>final<|message|>"
+
+
+def _final_answer_content(parser: Any, fmt: dict, kind: str | None, choice: Any) -> dict | None:
+    """The client's format as the content of harmony's final-channel answer (None: no format);
+    ValueError when tools and this format cannot both be enforced."""
+    from ..reasoning import REQUEST_KEY
+
+    if kind == "text" and REQUEST_KEY not in fmt:
+        return None
+    what = f"type {kind!r}" if kind != "text" else REQUEST_KEY
+    why = None
+    if REQUEST_KEY in fmt or kind == "structural_tag":
+        why = "harmony's tool grammar is a structural tag of its own, with its own thinking part"
+    elif choice != "auto":
+        why = "the answer must be a tool call, which has no place for the format"
+    if why is not None:
+        raise ValueError(f"response_format {what} cannot be enforced together with tools for this model's harmony "
+                         f"format ({why}); refused rather than dropped: send the format without tools, or the "
+                         "tools without a response_format")
+    return _final_tag(parser._build_response_format_grammar(fmt))["content"]
+
+
+def _constrain_final_answer(parser: Any, content: dict, kind: str | None) -> None:
+    """Put ``content`` in the final-channel tag of the tool grammar harmony just built."""
+    grammar = getattr(getattr(parser, "request", None), "response_format", None)
+    tags = None
+    if isinstance(grammar, dict) and grammar.get("type") == "structural_tag":
+        tags = (grammar.get("format") or {}).get("tags")
+    finals = [t for t in tags or () if isinstance(t, dict) and t.get("begin") == _FINAL_BEGIN]
+    if len(finals) != 1:
+        raise ValueError(f"response_format type {kind!r} cannot be enforced together with tools for this model: "
+                         "harmony's tool grammar has no final-channel answer to put it in; refused rather than dropped")
+    finals[0]["content"] = content
 
 
 def _harmony_owns_thinking(parser: Any) -> None:
