@@ -174,7 +174,9 @@ def test_vllm_fields_on_turbomind_are_refused_not_dropped(field):
     assert outcome("qwen", field) == (True, None)  # stock: the field is dropped, the request unconstrained
     patch.activate()
     try:
-        assert outcome("qwen", field)[0] is False
+        text: list = []
+        assert outcome("qwen", field, message=text)[0] is False
+        assert "guided_*" in text[0] and "PyTorch engine" in text[0]
     finally:
         patch.deactivate()
 

@@ -90,10 +90,7 @@ def stock_check_for_turbomind(response_format: Any) -> None:
         raise ValueError(f"Unsupported response format: {REQUEST_KEY} needs the PyTorch engine (this is TurboMind)")
     kind = fmt.get("type", "text") if isinstance(fmt, dict) else None
     if kind not in ("text", "json_schema", "json_object", "regex_schema", "structural_tag"):
-        raise ValueError(
-            f"Unsupported response format: type {kind!r} is enforced by tokenrails only in the PyTorch engine; "
-            "TurboMind would run this request unconstrained"
-        )
+        raise ValueError(f"Unsupported response format: {_turbomind_refusal(kind)}")
     _STOCK["ensure"](fmt)
 
 
@@ -135,8 +132,9 @@ _STOCK_CLIENT_KINDS = frozenset({"text", "json_schema", "json_object", "regex_sc
 
 
 def _turbomind_refusal(kind: Any) -> str:
-    return (f"response_format type {kind!r} is enforced by tokenrails only in the PyTorch engine; "
-            "TurboMind would run this request unconstrained")
+    what = (f"response_format type {kind!r}" if kind != _packed_kind() else
+            "vLLM's guided_* / structured_outputs fields (send response_format json_schema or regex_schema)")
+    return f"{what} is enforced by tokenrails only in the PyTorch engine; TurboMind would run this request unconstrained"
 
 
 def _packed_kind() -> str:
