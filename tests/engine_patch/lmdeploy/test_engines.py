@@ -98,3 +98,33 @@ def test_cli_runs_the_pytorch_engine_unless_told_otherwise(capsys, argv, engine)
     out = cli.with_engine_choice(list(argv))
     assert (out.count("pytorch") == 1) == (engine == "pytorch")
     assert f"LMDeploy engine: {engine}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fields,good,bad", [
+    ({"guided_regex": "[0-9]{3}"}, "123", "12a"),
+    ({"guided_choice": ["yes", "no"]}, "no", "maybe"),
+    ({"guided_json": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+                      "additionalProperties": False}}, '{"n": 5}', '{"n": "5"}'),
+])
+def test_harmony_wraps_vllm_fields_in_the_final_channel(upgraded, vocab, smollm2_tokenizer, fields, good, bad):
+    """vLLM fields folded by the server (request_fields.py) are wrapped like the kind they amount to."""
+    from tokenrails.engine_patch.lmdeploy.requests import PACKED
+
+    tag = _harmony()._build_response_format_grammar({"type": PACKED, PACKED: fields})
+    guide = tr.compile_guide(tr.spec_from_request({"type": "structural_tag", **tag}), vocab, "xgrammar")
+
+    def accepts(text: str) -> bool:
+        m = guide.matcher()
+        return all(m.accept_token(t) for t in smollm2_tokenizer.encode(text, add_special_tokens=False)) and \
+            m.accept_token(vocab.eos_ids[0])
+
+    assert accepts(f"<|channel|>final<|message|>{good}<|end|>")
+    assert not accepts(f"<|channel|>final<|message|>{bad}<|end|>")
+
+
+def test_harmony_refuses_vllm_options_it_cannot_wrap(upgraded):
+    from tokenrails.engine_patch.lmdeploy.requests import PACKED
+
+    with pytest.raises(ValueError, match="refused rather than dropped"):
+        _harmony()._build_response_format_grammar(
+            {"type": PACKED, PACKED: {"guided_json": {"type": "object"}, "guided_whitespace_pattern": " "}})

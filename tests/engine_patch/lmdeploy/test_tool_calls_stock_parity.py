@@ -75,7 +75,7 @@ def _harmony():
     return pytest.importorskip("lmdeploy.serve.parsers._openai_harmony").GptOssResponseParser
 
 
-def _harmony_parser(response_format):
+def _harmony_parser(response_format, tool_choice="auto"):
     """Harmony's request handling as its ``__init__`` runs it, without the harmony encoding (its
     vocabulary file is a download): the normalized request, then ``_maybe_inject_tool_grammar``."""
     from lmdeploy.serve.openai.protocol import ChatCompletionRequest
@@ -83,26 +83,67 @@ def _harmony_parser(response_format):
 
     cls = _harmony()
     req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=tm.TOOLS,
-                                tool_choice="auto", response_format=response_format)
+                                tool_choice=tool_choice, response_format=response_format)
     parser = cls.__new__(cls)
     parser.request = normalize_chat_request(req.model_copy(update={"tools": [t.model_dump() for t in req.tools]}))
     parser._maybe_inject_tool_grammar()
     return parser
 
 
-@pytest.mark.parametrize("fmt", [{"type": "choice", "choice": ["yes", "no"]},
-                                 {"type": "grammar", "grammar": 'root ::= "a"'},
-                                 {"type": "json_object", "tokenrails_reasoning": "off"}],
-                         ids=["choice", "grammar", "reasoning-key"])
+@pytest.mark.parametrize("fmt", [{"type": "json_object", "tokenrails_reasoning": "off"},
+                                 {"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}],
+                         ids=["reasoning-key", "structural_tag"])
 def test_harmony_with_tools_refuses_a_format_it_would_drop(upgraded, fmt):
     with pytest.raises(ValueError, match="refused rather than dropped"):
         _harmony_parser(fmt)
 
 
-def test_harmony_with_tools_keeps_stocks_behaviour_for_stocks_kinds(upgraded):
+@pytest.mark.parametrize("tool_choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"],
+                         ids=["named", "required"])
+def test_harmony_with_a_forced_call_refuses_a_format(upgraded, tool_choice):
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}
+    with pytest.raises(ValueError, match="must be a tool call"):
+        _harmony_parser(fmt, tool_choice)
+
+
+ANSWER = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+          "additionalProperties": False}
+CALL = '<|channel|>commentary to=functions.get_weather<|constrain|>json<|message|>' + json.dumps(tm.ARGS) + "<|call|>"
+
+
+@pytest.mark.parametrize("fmt,good,bad", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": ANSWER}}, '{"answer": 42}', '{"answer": "42"}'),
+    ({"type": "regex_schema", "regex_schema": "[0-9]{3}"}, "123", "12a"),
+    ({"type": "json_object"}, '{"k": [1]}', "plain words"),
+    ({"type": "choice", "choice": ["sunny", "rainy"]}, "rainy", "cloudy"),
+], ids=["json_schema", "regex_schema", "json_object", "choice"])
+def test_harmony_with_tools_enforces_the_format_in_the_final_answer(upgraded, vocab, smollm2_tokenizer, fmt, good, bad):
+    """``auto``: a tool call, or a final-channel answer in the client's format (stock: any text)."""
+    import tokenrails as tr
+
     parser = _harmony_parser(fmt)
-    assert parser.request.response_format["type"] == "structural_tag"  # the tool grammar, as on stock
+    tag = parser.request.response_format
+    guide = tr.compile_guide(tr.spec_from_request(tag), vocab, "xgrammar")
+
+    def accepts(text: str) -> bool:
+        m = guide.matcher()
+        return all(m.accept_token(t) for t in smollm2_tokenizer.encode(text, add_special_tokens=False)) and \
+            m.accept_token(vocab.eos_ids[0])
+
+    final = "<|channel|>final<|message|>{}<|end|>"
+    thinking = "<|channel|>analysis<|message|>Let me see.<|end|><|start|>assistant"
+    assert accepts(final.format(good)) and accepts(thinking + final.format(good))
+    assert not accepts(final.format(bad)) and not accepts(thinking + final.format(bad))
+    assert accepts(CALL) and accepts(thinking + CALL)  # a call stays a call
+    assert not accepts(CALL.replace('"days": 3', '"days": 42'))
+
+
+def test_stock_harmony_with_tools_drops_the_format():
+    """The reference: stock's request then carries the tool grammar and nothing of the format."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^zq9$"}}}
+    parser = _harmony_parser(fmt)
+    assert parser.request.response_format["type"] == "structural_tag"
+    assert "zq9" not in json.dumps(parser.request.response_format)
 
 
 @pytest.fixture

@@ -47,14 +47,15 @@ def _apply(p: Patcher) -> None:
     # -- request parsing / early validation (every name that bound the stock check) ----------
     gd = _mod("lmdeploy._guided_decoding")
     require_attrs(gd, ["ensure_response_format_compilable"], "lmdeploy._guided_decoding")
+    from . import front_check  # the early check off the event loop, request-level refusals
+
     engines.remember_stock_check(gd.ensure_response_format_compilable)
-    p.set(gd, "ensure_response_format_compilable", req_patch.ensure_response_format_compilable)
+    p.set(gd, "ensure_response_format_compilable", front_check.ensure_response_format_compilable)
     ae = _mod("lmdeploy.serve.core.async_engine")
     if hasattr(ae, "ensure_response_format_compilable"):
-        p.set(ae, "ensure_response_format_compilable", req_patch.ensure_response_format_compilable)
+        p.set(ae, "ensure_response_format_compilable", front_check.ensure_response_format_compilable)
     # which engine runs the request decides what may be promised (TurboMind: stock's kinds only)
     require_attrs(ae.AsyncEngine, ["preprocess"], "AsyncEngine")
-    from . import front_check  # the early check off the event loop, request-level refusals
 
     p.set(ae.AsyncEngine, "preprocess",
           engines.patched_preprocess(front_check.checked_preprocess(ae.AsyncEngine.preprocess)))
@@ -188,6 +189,7 @@ def _widen_server_format(p: Patcher) -> None:
         proto = importlib.import_module("lmdeploy.serve.openai.protocol")
     except ImportError:  # server extras (fastapi) not installed: nothing to widen
         return
+    from . import request_fields
     from .requests import WideResponseFormat
 
     req = proto.ChatCompletionRequest
@@ -197,6 +199,13 @@ def _widen_server_format(p: Patcher) -> None:
     p.set(field, "annotation", WideResponseFormat | None)
     p.set(proto, "ResponseFormat", WideResponseFormat)
     req.model_rebuild(force=True)
+    # vLLM's guided_* / structured_outputs fields, read and folded into response_format (request_fields.py)
+    request_fields.widen(p, req)
+    completions = importlib.import_module("lmdeploy.serve.openai.endpoints.completions")
+    require_attrs(completions, ["build_serving_generation_config"], "endpoints.completions")
+    request_fields.widen(p, proto.CompletionRequest, {"response_format": WideResponseFormat | None})
+    p.set(completions, "build_serving_generation_config",
+          request_fields.folding_generation_config(completions.build_serving_generation_config))
 
 
 def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
@@ -253,3 +262,4 @@ def _rebuild_server_models() -> None:
     proto = sys.modules.get("lmdeploy.serve.openai.protocol")
     if proto is not None:
         proto.ChatCompletionRequest.model_rebuild(force=True)
+        proto.CompletionRequest.model_rebuild(force=True)

@@ -9,21 +9,22 @@ channel. So:
 * a request for a TurboMind engine gets exactly stock LMDeploy's check (stock's kinds pass,
   everything else is refused with HTTP 400 and the reason), found from the engine running
   ``AsyncEngine.preprocess`` (a context variable set around it);
-* harmony: ``choice`` and ``grammar`` are wrapped in the final channel like stock wraps JSON and
-  regexes; any other non-text format it cannot wrap is refused, never cleared. With tools, harmony
-  replaces the client's ``response_format`` by the tool grammar: a kind only the upgrade accepts
-  (``choice``, ``grammar``, ``structural_tag``, the reasoning key) is then refused with the reason
-  instead of dropped; stock's own kinds keep stock's behaviour (replaced, with a log line).
+* a chat request for TurboMind skips the upgrade's request-level refusals (front_check.py) and its
+  tool-call formats (tool_calls.py): stock's request path, unchanged;
+* harmony (PyTorch engine): ``choice`` and ``grammar`` are wrapped in the final channel like stock
+  wraps JSON and regexes; any other non-text format it cannot wrap is refused, never cleared. With
+  tools, stock replaces the client's ``response_format`` by the tool grammar (only a log line): the
+  upgrade puts the format in that grammar's final-channel answer (``auto``: a call, or an answer in
+  the format) and refuses with the reason what has no place for it (a named or required call). Harmony on TurboMind: stock's wrapper, and
+  the kinds stock's request model refuses are refused.
 """
 from __future__ import annotations
 
 import contextvars
 import functools
 import json
-import logging
 from typing import Any, Callable
 
-logger = logging.getLogger("tokenrails.lmdeploy")
 
 ENGINE_BACKEND: contextvars.ContextVar[str | None] = contextvars.ContextVar("tokenrails_engine_backend", default=None)
 _STOCK: dict[str, Callable] = {}
@@ -89,19 +90,25 @@ def stock_check_for_turbomind(response_format: Any) -> None:
         raise ValueError(f"Unsupported response format: {REQUEST_KEY} needs the PyTorch engine (this is TurboMind)")
     kind = fmt.get("type", "text") if isinstance(fmt, dict) else None
     if kind not in ("text", "json_schema", "json_object", "regex_schema", "structural_tag"):
-        raise ValueError(
-            f"Unsupported response format: type {kind!r} is enforced by tokenrails only in the PyTorch engine; "
-            "TurboMind would run this request unconstrained"
-        )
+        raise ValueError(f"Unsupported response format: {_turbomind_refusal(kind)}")
     _STOCK["ensure"](fmt)
 
 
 def patched_build_response_format_grammar(original: Callable) -> Callable:
-    """Harmony's final-channel wrapper, extended to ``choice`` and ``grammar``; refuses (ValueError:
-    the request fails with 400) instead of returning None, which would clear the constraint."""
+    """Harmony's final-channel wrapper, extended to ``choice``, ``grammar`` and the vLLM fields the
+    server folded in (request_fields.py); refuses (ValueError: the request fails with 400) instead
+    of returning None, which would clear the constraint. TurboMind: stock's wrapper unchanged for
+    stock's kinds, every other kind refused (stock's request model refuses them too)."""
 
     def build(fmt: dict) -> dict:
         kind = fmt.get("type", "text")
+        if serving_turbomind():
+            if kind not in _STOCK_CLIENT_KINDS:
+                raise ValueError(_turbomind_refusal(kind))
+            return original(fmt)
+        if kind == _packed_kind():
+            fmt = _plain_format(fmt)
+            kind = fmt.get("type")
         if kind in ("choice", "grammar"):
             from ...guided.backends.xgrammar_backend import choice_ebnf
 
@@ -124,34 +131,108 @@ def patched_build_response_format_grammar(original: Callable) -> Callable:
 _STOCK_CLIENT_KINDS = frozenset({"text", "json_schema", "json_object", "regex_schema"})
 
 
+def _turbomind_refusal(kind: Any) -> str:
+    what = (f"response_format type {kind!r}" if kind != _packed_kind() else
+            "vLLM's guided_* / structured_outputs fields (send response_format json_schema or regex_schema)")
+    return f"{what} is enforced by tokenrails only in the PyTorch engine; TurboMind would run this request unconstrained"
+
+
+def _packed_kind() -> str:
+    from .requests import PACKED
+
+    return PACKED
+
+
+def _plain_format(fmt: dict) -> dict:
+    """The response_format kind a folded vLLM request amounts to, when it carries no option the
+    harmony wrapper cannot express (a whitespace rule, a backend hint): else ValueError."""
+    from ...guided.errors import GuideError
+    from .requests import spec_of
+
+    try:
+        spec = spec_of(fmt)
+    except GuideError as exc:
+        raise ValueError(f"invalid response_format: {exc}") from None
+    plain = None
+    if spec is not None and spec.options in ((), (("any_whitespace", True),)):
+        plain = {"json_schema": lambda: {"type": "json_schema", "json_schema": {"name": "guided_json",
+                                                                                  "schema": spec.schema}},
+                 "json_object": lambda: {"type": "json_object"},
+                 "regex": lambda: {"type": "regex_schema", "regex_schema": spec.pattern},
+                 "choice": lambda: {"type": "choice", "choice": spec.choices},
+                 "grammar": lambda: {"type": "grammar", "grammar": spec.ebnf}}.get(spec.kind, lambda: None)()
+    if plain is None:
+        raise ValueError("these guided decoding fields cannot be enforced in this model's harmony format "
+                         "(an option or kind its final-channel wrapper cannot express); refused rather than dropped")
+    return plain
+
+
 def patched_maybe_inject_tool_grammar(original: Callable) -> Callable:
     """Harmony's ``_maybe_inject_tool_grammar``, which builds every harmony structural tag (the format
-    then owns the thinking: see ``_harmony_owns_thinking``). With tools, a client ``response_format``
-    is replaced by the tool grammar. Stock's request model only let its own kinds through; the widened one lets
-    ``choice``/``grammar``/``structural_tag`` (and ``tokenrails_reasoning``) in, and they must not
-    be dropped silently: ValueError (the server answers 400 with the reason)."""
+    then owns the thinking: see ``_harmony_owns_thinking``). With tools, stock replaces a client's
+    ``response_format`` by the tool grammar and only logs it. The upgrade keeps both where harmony
+    can: with ``tool_choice="auto"`` the tool grammar's final-channel answer (free text in stock's
+    tag) must be in the client's format, a call stays a call. Where the answer must be a call (a
+    named function, ``required``), or the format cannot be wrapped, the request is refused with
+    the reason (ValueError: HTTP 400), never dropped. TurboMind: stock's behaviour."""
 
     @functools.wraps(original)
     def inject(self) -> None:
         request = getattr(self, "request", None)
         fmt = getattr(request, "response_format", None)
+        kind = fmt.get("type", "text") if isinstance(fmt, dict) else None
+        if serving_turbomind():
+            if kind is not None and kind not in _STOCK_CLIENT_KINDS:
+                raise ValueError(_turbomind_refusal(kind))
+            original(self)
+            return
         tools = getattr(request, "tools", None)
-        if tools and getattr(request, "tool_choice", "auto") != "none" and isinstance(fmt, dict):
-            from ..reasoning import REQUEST_KEY
-
-            kind = fmt.get("type", "text")
-            if kind not in _STOCK_CLIENT_KINDS or REQUEST_KEY in fmt:
-                what = REQUEST_KEY if kind in _STOCK_CLIENT_KINDS else f"type {kind!r}"
-                raise ValueError(
-                    f"response_format {what} cannot be enforced together with tools for this model's harmony "
-                    "format (the tool grammar replaces it); refused rather than dropped")
-            if kind != "text":
-                logger.info("tokenrails: harmony replaces the client's %s response_format by the tool grammar "
-                            "(as stock LMDeploy does)", kind)
+        choice = getattr(request, "tool_choice", "auto")
+        answer = None
+        if tools and choice != "none" and isinstance(fmt, dict):
+            answer = _final_answer_content(self, fmt, kind, choice)
         original(self)
+        if answer is not None:
+            _constrain_final_answer(self, answer, kind)
         _harmony_owns_thinking(self)
 
     return inject
+
+
+_FINAL_BEGIN = "<|channel|>final<|message|>"
+
+
+def _final_answer_content(parser: Any, fmt: dict, kind: str | None, choice: Any) -> dict | None:
+    """The client's format as the content of harmony's final-channel answer (None: no format);
+    ValueError when tools and this format cannot both be enforced."""
+    from ..reasoning import REQUEST_KEY
+
+    if kind == "text" and REQUEST_KEY not in fmt:
+        return None
+    what = f"type {kind!r}" if kind != "text" else REQUEST_KEY
+    why = None
+    if REQUEST_KEY in fmt or kind == "structural_tag":
+        why = "harmony's tool grammar is a structural tag of its own, with its own thinking part"
+    elif choice != "auto":
+        why = "the answer must be a tool call, which has no place for the format"
+    if why is not None:
+        raise ValueError(f"response_format {what} cannot be enforced together with tools for this model's harmony "
+                         f"format ({why}); refused rather than dropped: send the format without tools, or the "
+                         "tools without a response_format")
+    return _final_tag(parser._build_response_format_grammar(fmt))["content"]
+
+
+def _constrain_final_answer(parser: Any, content: dict, kind: str | None) -> None:
+    """Put ``content`` in the final-channel tag of the tool grammar harmony just built."""
+    grammar = getattr(getattr(parser, "request", None), "response_format", None)
+    tags = None
+    if isinstance(grammar, dict) and grammar.get("type") == "structural_tag":
+        tags = (grammar.get("format") or {}).get("tags")
+    finals = [t for t in tags or () if isinstance(t, dict) and t.get("begin") == _FINAL_BEGIN]
+    if len(finals) != 1:
+        raise ValueError(f"response_format type {kind!r} cannot be enforced together with tools for this model: "
+                         "harmony's tool grammar has no final-channel answer to put it in; refused rather than dropped")
+    finals[0]["content"] = content
 
 
 def _harmony_owns_thinking(parser: Any) -> None:

@@ -25,10 +25,10 @@ The engine runs in another process (``ZMQMPEngine``): a refused spec never reach
 accepted one is compiled there once against the real vocabulary (the front end compiled it
 against a 257-token probe vocabulary, a small fraction of that cost).
 
-``checked_prepare`` adds the request-level checks of the chat endpoint (issue 27.6): a
-``tool_choice`` naming a function not in ``tools``, ``tool_choice="required"`` with a
-``response_format`` (LMDeploy would silently replace the format) and too many tools are refused
-with HTTP 400 and the reason.
+``checked_prepare`` adds the request-level checks of the chat endpoint: a ``tool_choice`` naming a
+function not in ``tools``, ``tool_choice="required"`` with a ``response_format`` (LMDeploy would
+silently replace the format) and too many tools are refused with HTTP 400 and the reason, for the
+PyTorch engine only: a TurboMind engine gets stock's request path unchanged (engines.py).
 """
 from __future__ import annotations
 
@@ -39,14 +39,43 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 from ...guided.compile_pool import CompilePool
-from ...guided.errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
+from ...guided.errors import (GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, UnsupportedGuideError,
+                              detached_copy)
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
+from . import request_fields
 from . import requests as req
+from .engines import ENGINE_BACKEND, stock_check_for_turbomind
 from .settings import configured_limits as front_limits
 
 FRONT_WORKERS = 2  # probe compiles at once (the server has a few cores; a hostile flood queues)
 INLINE_PARSE_NODES = 4_000  # JSON nodes + characters/64 up to which a format is parsed on the loop
 
+
+def to_request_error(exc: GuideError) -> Exception:
+    """LMDeploy's ``RequestError`` (HTTP 400, message kept) for a ``GuideError``."""
+    from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
+
+    code = ErrorCode.UNSUPPORTED_FEATURE if isinstance(exc, UnsupportedGuideError) else ErrorCode.INVALID_REQUEST
+    return RequestError(code, f"invalid response_format: {exc}")
+
+
+def ensure_response_format_compilable(response_format: Any) -> None:
+    """Drop-in for ``lmdeploy._guided_decoding.ensure_response_format_compilable``: tokenrails'
+    check for the PyTorch engine, stock LMDeploy's for TurboMind (see engines.py)."""
+    if ENGINE_BACKEND.get() == "turbomind":
+        stock_check_for_turbomind(response_format)
+        return
+    try:
+        verdict = req.FRONT_VERDICT.get()
+        if verdict is not None and verdict[0] == id(response_format):  # checked off the loop already
+            if verdict[1] is not None:
+                raise detached_copy(verdict[1])
+            return
+        spec = req.spec_of(response_format)  # also checks the tokenrails_reasoning value
+        if spec is not None:
+            req.validate_spec(spec, front_limits())
+    except GuideError as exc:
+        raise to_request_error(exc) from None  # the chain would pin the parsed spec
 
 
 class FrontCheck:
@@ -245,12 +274,21 @@ def checked_prepare(original: Callable) -> Callable:
 
     @functools.wraps(original)
     async def prepare(cls: Any, server_context: Any, request: Any, *args: Any, **kwargs: Any):
-        problem = request_problems(request, front_limits())
+        backend = getattr(getattr(server_context, "async_engine", None), "backend", None)
+        request = request_fields.fold(request)  # vLLM's guided_* fields: one response_format
+        # TurboMind runs stock's request path: its own compiler, none of the upgrade's refusals
+        problem = None if backend == "turbomind" else request_problems(request, front_limits())
         if problem is not None:
             from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
 
             raise RequestError(ErrorCode.INVALID_REQUEST, problem)
-        return await original(server_context, request, *args, **kwargs)
+        # the response parser is built here, before ``preprocess``: it must know the engine too
+        token = ENGINE_BACKEND.set(backend) if isinstance(backend, str) else None
+        try:
+            return await original(server_context, request, *args, **kwargs)
+        finally:
+            if token is not None:
+                ENGINE_BACKEND.reset(token)
 
     return prepare
 

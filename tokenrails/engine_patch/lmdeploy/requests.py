@@ -4,9 +4,8 @@
 * ``parse_format``: the spec plus the request's reasoning setting, the extra key
   ``response_format["tokenrails_reasoning"]`` (see tokenrails/engine_patch/reasoning.py); the key
   is removed before the format reaches ``spec_from_request``.
-* ``ensure_response_format_compilable``: drop-in for LMDeploy's early check; raises a
-  ``RequestError`` (HTTP 400 with the reason) for anything tokenrails cannot enforce, so a bad
-  constraint is refused before it reaches the shared engine loop.
+* ``validate_spec``: the verdict of compiling a spec against a probe vocabulary (memoized); LMDeploy's
+  early check (front_check.ensure_response_format_compilable) raises it as HTTP 400.
 * ``WideResponseFormat``: the server's ``response_format`` model widened to every kind.
 """
 from __future__ import annotations
@@ -19,13 +18,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_serializer
 
-from ...guided.errors import GuideError, InvalidGuideError, UnsupportedGuideError, detached_copy
+from ...guided.errors import GuideError, InvalidGuideError, detached_copy
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
 from ...guided.spec import GuideSpec
 from ...requests import spec_from_request
 from ..reasoning import REQUEST_KEY, ReasoningSetting, parse_setting, split_request_setting
 
-__all__ = ["WideResponseFormat", "ensure_response_format_compilable", "parse_format", "spec_of",
+__all__ = ["WideResponseFormat", "parse_format", "spec_of",
            "validate_spec"]
 
 
@@ -49,24 +48,52 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
         rf = rf.model_dump()
     rf, raw = split_request_setting(rf)
     setting = parse_setting(raw)
+    body = body_of(rf)  # vLLM fields the api_server folded in (request_fields.py)
+    if body is not None:
+        _refuse_non_string_choices(body.get("response_format"))
+        for where in ("structured_outputs", "guided_decoding"):
+            params = body.get(where)
+            if isinstance(params, dict):
+                _refuse_non_strings(f"{where}.choice", params.get("choice"))
+        _refuse_non_strings("guided_choice", body.get("guided_choice"))
+        return spec_from_request(body), setting
     if isinstance(rf, dict) and rf.get("type", "text") == "text":
         return None, setting
     _refuse_non_string_choices(rf)
     return spec_from_request(rf), setting
 
 
+PACKED = "request_fields"  # the response_format type the api_server folds vLLM fields into
+
+
+def body_of(fmt: Any) -> dict[str, Any] | None:
+    """The packed request body (request_fields.py) of a folded ``response_format`` (dict or model), else None."""
+    kind = fmt.get("type") if isinstance(fmt, dict) else getattr(fmt, "type", None)
+    if kind != PACKED:
+        return None
+    body = fmt.get(PACKED) if isinstance(fmt, dict) else (getattr(fmt, "model_extra", None) or {}).get(PACKED)
+    if not isinstance(body, dict) or not body:
+        raise InvalidGuideError(f"response_format type {PACKED!r} needs a non-empty {PACKED!r} object")
+    nested = body.get("response_format")
+    if isinstance(nested, dict) and nested.get("type") == PACKED:
+        raise InvalidGuideError(f"response_format type {PACKED!r} cannot nest another")
+    return body
+
+
 def _refuse_non_string_choices(rf: Any) -> None:
     """``choice`` items must be strings: ``[1, {"a": 1}, None]`` was turned into strings (and the
     answer "None" returned with 200); refused instead, never silently rewritten."""
     kind = rf.get("type") if isinstance(rf, dict) else getattr(rf, "type", None)
-    if kind != "choice":
-        return
-    choices = rf.get("choice") if isinstance(rf, dict) else getattr(rf, "choice", None)
+    if kind == "choice":
+        _refuse_non_strings("choice", rf.get("choice") if isinstance(rf, dict) else getattr(rf, "choice", None))
+
+
+def _refuse_non_strings(label: str, choices: Any) -> None:
     if isinstance(choices, list):
         for i, item in enumerate(choices):
             if not isinstance(item, str):
                 raise InvalidGuideError(
-                    f"choice[{i}] is a {type(item).__name__}, not a string: choices are the exact texts "
+                    f"{label}[{i}] is a {type(item).__name__}, not a string: choices are the exact texts "
                     "the model may answer")
 
 
@@ -153,41 +180,6 @@ def validate_spec(spec: GuideSpec, limits: GuideLimits | None = None) -> None:
         _VALIDATED.put(spec.key, wrapped)
         raise wrapped from exc
     _VALIDATED.put(spec.key, None)
-
-
-def to_request_error(exc: GuideError) -> Exception:
-    """LMDeploy's ``RequestError`` (HTTP 400, message kept) for a ``GuideError``."""
-    from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
-
-    code = ErrorCode.UNSUPPORTED_FEATURE if isinstance(exc, UnsupportedGuideError) else ErrorCode.INVALID_REQUEST
-    return RequestError(code, f"invalid response_format: {exc}")
-
-
-def ensure_response_format_compilable(response_format: Any) -> None:
-    """Drop-in for ``lmdeploy._guided_decoding.ensure_response_format_compilable``: tokenrails'
-    check for the PyTorch engine, stock LMDeploy's for TurboMind (see engines.py)."""
-    from .engines import ENGINE_BACKEND, stock_check_for_turbomind
-
-    if ENGINE_BACKEND.get() == "turbomind":
-        stock_check_for_turbomind(response_format)
-        return
-    try:
-        verdict = FRONT_VERDICT.get()
-        if verdict is not None and verdict[0] == id(response_format):  # checked off the loop already
-            if verdict[1] is not None:
-                raise detached_copy(verdict[1])
-            return
-        spec = spec_of(response_format)  # also checks the tokenrails_reasoning value
-        if spec is not None:
-            validate_spec(spec, _limits())
-    except GuideError as exc:
-        raise to_request_error(exc) from None  # the chain would pin the parsed spec
-
-
-def _limits() -> GuideLimits:
-    from .settings import configured_limits
-
-    return configured_limits()
 
 
 class WideResponseFormat(BaseModel):
