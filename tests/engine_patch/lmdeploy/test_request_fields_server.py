@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
-from tokenrails.testing_server_attack import stop_server  # noqa: E402
+from harness.server_attack import stop_server  # noqa: E402
 
 from .test_real_server import start_ready  # noqa: E402
 
