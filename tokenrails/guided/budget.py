@@ -1,0 +1,273 @@
+"""The budget rule: structured output that completes within ``max_new_tokens``.
+
+A request that asks for it (``budget="close"``) gets, at each step, the grammar's mask
+intersected with the tokens after which the output can still be completed in the steps left.
+With ``R`` steps left (the step that emits EOS counts), token ``t`` is allowed in DFA state ``s``
+iff the grammar allows it and either ``t`` is EOS in an accepting state or ``D(s·t) <= R - 1``,
+where ``D(q)`` is the fewest tokens (the final EOS included) that complete the output from
+``q``. ``D`` is exact: a breadth-first search over the graph "some grammar token leads from
+state a to state b" (the same token set the matcher allows: specials never, EOS only when
+accepting), computed once per compiled guide in the native walker and cached with it. So:
+
+* when ``R - 1 >= max_t D(s·t)`` the mask is exactly the grammar's (the fast path, one table
+  lookup): greedy output is byte-identical to plain guided decoding whenever it fits;
+* otherwise only the tokens that keep a completion within reach stay; every row keeps at least
+  one token (a shortest path's next token, or EOS), so the output always completes in time;
+* when even ``D(start)`` exceeds the budget the sequence is refused up front
+  (``GuideLimitError(limit="max_tokens")``, saying how many tokens the shortest output needs).
+
+Exact only where the constraint is a DFA (the fsm backend: regex, choice, and the JSON schemas it
+lowers). A spec that asks for the rule is routed to fsm only (``budget_spec``); what fsm cannot
+compile (recursive schemas, grammars, structural tags) is refused with ``UnsupportedGuideError``
+rather than enforced by an estimate that could leave the output unfinished.
+
+Thinking (``ReasoningConfig``): the thinking tokens count against the same budget. A free
+thinking token is allowed only while the end marker (at most ``F`` forced tokens from any marker
+position) and the shortest answer still fit after it; otherwise the end marker is forced.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .backend import CompiledGuide, Matcher
+from .errors import GuideLimitError, UnsupportedGuideError
+from .fsm.dfa import START
+from .fsm.matcher import FSMMatcher
+from .limits import GuideLimits
+from .reasoning import ReasoningTracker, ThinkingMatcher, ThinkState
+from .spec import GuideSpec
+
+__all__ = ["BUDGET_KINDS", "Budget", "BudgetTable", "budget_spec", "budget_table", "is_budget_spec"]
+
+BUDGET_OPTION = "budget"
+BUDGET_KINDS = frozenset({"regex", "choice", "json_schema"})
+INF = 2**31 - 1
+# Distinct (state, next state) token edges one table may hold (~4 bytes each, transient).
+MAX_EDGES = 1 << 26
+NEEDS_DFA = ("budget closing (budget='close') needs a constraint the fsm backend compiles to a DFA "
+             "(a regex, a choice, or a non-recursive JSON schema) so that the shortest completion is "
+             "exact")
+
+_LOCK = threading.Lock()
+
+
+def budget_spec(spec: GuideSpec) -> GuideSpec:
+    """``spec`` asking for the budget rule: marked (part of the key, so the fsm compile builds the
+    table in the compile pool) and routed to the fsm backend only."""
+    if spec.kind not in BUDGET_KINDS:
+        raise UnsupportedGuideError(f"{NEEDS_DFA}; got a {spec.kind} constraint", feature=spec.kind,
+                                    backend="fsm")
+    opts = dict(spec.options)
+    opts[BUDGET_OPTION] = "close"
+    marked = GuideSpec(spec.kind, spec.payload, tuple(sorted(opts.items())))
+    return marked.with_routing("fsm", fallback=False)
+
+
+def is_budget_spec(spec: GuideSpec) -> bool:
+    return spec.option(BUDGET_OPTION) == "close"
+
+
+@dataclass(frozen=True)
+class BudgetTable:
+    """Per DFA state: ``dist`` (fewest tokens to finish, EOS included; ``INF``: never) and
+    ``maxnext`` (the largest ``dist`` an allowed token leads to). Read-only after construction."""
+
+    dist: np.ndarray
+    maxnext: np.ndarray
+    edges: int
+
+    @property
+    def start(self) -> int:
+        return int(self.dist[START])
+
+
+def budget_table(guide: CompiledGuide, limits: GuideLimits | None = None) -> BudgetTable:
+    """The guide's table, computed on first use and cached on the guide (raises
+    ``UnsupportedGuideError`` for a non-DFA guide, ``GuideLimitError`` past the edge bound)."""
+    table = guide.__dict__.get("_budget_table")
+    if table is not None:
+        return table
+    if guide.backend != "fsm":
+        raise UnsupportedGuideError(f"{NEEDS_DFA}; this one was compiled by {guide.backend}",
+                                    feature="budget", backend=guide.backend)
+    walker = guide.index.walker  # type: ignore[attr-defined]
+    if walker is None:
+        raise UnsupportedGuideError("budget closing needs the native FSM walker (tokenrails._fsm_native)",
+                                    feature="budget", backend="fsm")
+    with _LOCK:
+        table = guide.__dict__.get("_budget_table")
+        if table is None:
+            states = guide.dfa.num_states  # type: ignore[attr-defined]
+            if limits is not None:
+                limits.check("max_dfa_states", states)
+            dist = np.empty(states, dtype=np.int32)
+            maxnext = np.empty(states, dtype=np.int32)
+            try:
+                edges = walker.budget_table(dist, maxnext, MAX_EDGES)
+            except OverflowError as exc:
+                raise GuideLimitError(f"the budget table is too large: {exc}", limit="budget_edges",
+                                      value=MAX_EDGES) from None
+            dist.setflags(write=False)
+            maxnext.setflags(write=False)
+            table = BudgetTable(dist, maxnext, int(edges))
+            guide.__dict__["_budget_table"] = table
+    return table
+
+
+def _marker_costs(tracker: ReasoningTracker) -> tuple[int, ...]:
+    """Tokens the end marker takes when forced from each partial position (``forced_token`` then
+    ``advance``, as the thinking cap forces it)."""
+    costs = []
+    for pos in range(len(tracker.marker)):
+        think, n = ThinkState(False, pos=pos), 0
+        while not think.done:
+            nxt = tracker.advance(ThinkState(False, pos=think.pos, count=0), tracker.forced_token(think))
+            if nxt is None or n > len(tracker.marker):
+                raise UnsupportedGuideError("the end-of-thinking marker cannot be forced token by token",
+                                            feature="budget")
+            think, n = nxt, n + 1
+        costs.append(n)
+    return tuple(costs)
+
+
+class Budget:
+    """One sequence's budget: ``max_tokens`` and the guide's table. The count emitted so far is
+    the sequence's (its accepted tokens, thinking included); ``closed`` records whether the rule
+    ever removed a token the grammar allowed."""
+
+    def __init__(self, max_tokens: int, guide: CompiledGuide, table: BudgetTable,
+                 tracker: ReasoningTracker | None = None):
+        self.max_tokens = int(max_tokens)
+        self.guide = guide
+        self.table = table
+        self._dist = table.dist
+        self._maxnext = table.maxnext
+        self._walker = guide.index.walker  # type: ignore[attr-defined]
+        self._words = guide.index.words  # type: ignore[attr-defined]
+        self.tracker = tracker
+        self.marker = _marker_costs(tracker) if tracker is not None else ()
+        self.marker_max = max(self.marker) if self.marker else 0
+        self.start_len = len(tracker.start) if tracker is not None and tracker.start is not None else 0
+        self.closed = False
+
+    # ---- how far from done -----------------------------------------------------------------
+    def need(self, matcher: Matcher) -> int:
+        """The fewest tokens (EOS included) that complete the output from ``matcher``'s position
+        (an upper bound while thinking: the marker forced, then the shortest answer)."""
+        answer = self.table.start
+        if isinstance(matcher, ThinkingMatcher):
+            think = matcher.think
+            if think.opening:
+                return answer if think.answer_ok else (self.start_len - think.pos) + self.marker_max + answer
+            if not think.done:
+                return self.marker[think.pos] + answer
+            if think.gap is not None or matcher.inner is None:
+                return answer
+            matcher = matcher.inner
+        if matcher.is_terminated():
+            return 0
+        assert isinstance(matcher, FSMMatcher)
+        return int(self._dist[matcher.state])
+
+    def check_fits(self, matcher: Matcher) -> None:
+        """Refuse up front when even the shortest output cannot fit ``max_tokens``."""
+        need = self.need(matcher)
+        if need > self.max_tokens:
+            what = "the shortest output this constraint allows" if need < INF else "no output"
+            raise GuideLimitError(
+                f"max_tokens={self.max_tokens} is too small: {what} needs {need if need < INF else 'more'} "
+                f"tokens (the final EOS and any end-of-thinking marker included) under this vocabulary",
+                limit="max_tokens", value=need,
+            )
+
+    # ---- the mask --------------------------------------------------------------------------
+    def restrict(self, matcher: Matcher, bitmask: torch.Tensor, j: int, left: int) -> None:
+        """Row ``j`` holds the grammar's mask at ``matcher``'s position with ``left`` steps to go:
+        intersect it with the budget rule (in place; untouched on the fast path)."""
+        if isinstance(matcher, ThinkingMatcher):
+            self._restrict_thinking(matcher, bitmask, j, left)
+            return
+        if matcher.is_terminated():
+            return
+        state = matcher.state  # type: ignore[attr-defined]
+        if self._maxnext[state] <= left - 1:
+            return
+        self._fill_within(state, bitmask, j, left - 1)
+
+    def _restrict_thinking(self, m: ThinkingMatcher, bitmask: torch.Tensor, j: int, left: int) -> None:
+        think, answer = m.think, self.table.start
+        if think.done:
+            inner = m.inner
+            if inner is None or inner.is_terminated():
+                return
+            state = inner.state  # type: ignore[attr-defined]
+            if self._maxnext[state] <= left - 1 and (think.gap is None or answer <= left - 1):
+                return  # (gap whitespace keeps the grammar at its start state)
+            self._fill_within(state, bitmask, j, left - 1)
+            return
+        if not think.opening:  # thinking: a free token only while the marker and answer fit after it
+            if left - 1 >= self.marker_max + answer or self.tracker.forcing(think):
+                return
+            row = bitmask[j]
+            row.zero_()
+            tok = self.tracker.forced_token(think)
+            row[tok >> 5] = _bit(tok & 31)
+            self.closed = True
+            return
+        # undecided optional thinking: the grammar's row (after the fed prefix) or the start marker
+        start_ok = left - 1 >= (self.start_len - think.pos - 1) + self.marker_max + answer
+        inner = m.inner if think.answer_ok else None
+        tight = inner is not None and self._maxnext[inner.state] > left - 1  # type: ignore[attr-defined]
+        if start_ok and not tight:
+            return
+        if inner is not None:
+            if tight:
+                self._fill_within(inner.state, bitmask, j, left - 1)  # type: ignore[attr-defined]
+            else:
+                inner.fill_next_token_bitmask(bitmask, j)
+        else:
+            bitmask[j].zero_()
+        if start_ok:
+            self.tracker.fill_start(think, bitmask, j, union=True)
+        self.closed = True
+
+    def _fill_within(self, state: int, bitmask: torch.Tensor, j: int, bound: int) -> None:
+        self.closed = True
+        if bitmask.is_cpu and bitmask.dtype is torch.int32 and bitmask.is_contiguous() and bitmask.dim() == 2:
+            width = bitmask.shape[1]
+            self._walker.fill_within(state, self._dist, bound, bitmask.data_ptr() + j * width * 4, width)
+            return
+        row = torch.zeros(max(self._words, bitmask.shape[1]), dtype=torch.int32)
+        self._walker.fill_within(state, self._dist, bound, row.data_ptr(), row.shape[0])
+        bitmask[j].copy_(row[: bitmask.shape[1]].to(bitmask.device))
+
+    # ---- jumps -----------------------------------------------------------------------------
+    def jump_fits(self, matcher: Matcher, history: Sequence[int], rollback: int, append: Sequence[int],
+                  left: int) -> bool:
+        """Whether rolling back ``rollback`` tokens and appending ``append`` leaves the output
+        completable in the steps left then (the matcher is restored)."""
+        if rollback:
+            matcher.rollback(rollback)
+        fed, ok = 0, True
+        for t in append:
+            if not matcher.accept_token(int(t)):
+                ok = False
+                break
+            fed += 1
+        need = self.need(matcher) if ok else INF
+        if fed:
+            matcher.rollback(fed)
+        for t in history[len(history) - rollback:] if rollback else ():
+            assert matcher.accept_token(int(t)), "re-accepting the sequence's own tokens failed"
+        return ok and need <= left + rollback - len(append)
+
+
+def _bit(k: int) -> int:
+    """Bit ``k`` of an int32 word, as the signed value torch stores."""
+    v = 1 << k
+    return v - (1 << 32) if v >= 1 << 31 else v
