@@ -277,3 +277,14 @@ def test_thinking_ends_in_time_and_the_answer_fits(think_vocab):
         assert isinstance(st.error, GuideLimitError) and st.error.value == answer + 1
     finally:
         mgr.close()
+
+
+def test_table_size_is_bounded_by_a_limit(vocab):
+    from tokenrails.guided.limits import GuideLimits
+
+    small = GuidedDecodingManager(vocab, compile_workers=1, limits=GuideLimits(max_budget_states=5))
+    try:
+        st = small.begin_sequence("big", 1, budget_spec(GuideSpec.regex(r"[a-z]{1,20}@x\.com")), max_tokens=64)
+        assert isinstance(st.error, GuideLimitError) and st.error.limit == "max_budget_states"
+    finally:
+        small.close()

@@ -28,7 +28,7 @@ position) and the shortest answer still fit after it; otherwise the end marker i
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -49,6 +49,7 @@ BUDGET_KINDS = frozenset({"regex", "choice", "json_schema"})
 INF = 2**31 - 1
 # Distinct (state, next state) token edges one table may hold (~4 bytes each, transient).
 MAX_EDGES = 1 << 26
+ROW_CACHE_BYTES = 8 << 20  # restricted rows kept per guide (~1,300 rows of a 49k vocabulary)
 NEEDS_DFA = ("budget closing (budget='close') needs a constraint the fsm backend compiles to a DFA "
              "(a regex, a choice, or a non-recursive JSON schema) so that the shortest completion is "
              "exact")
@@ -72,18 +73,55 @@ def is_budget_spec(spec: GuideSpec) -> bool:
     return spec.option(BUDGET_OPTION) == "close"
 
 
-@dataclass(frozen=True)
 class BudgetTable:
     """Per DFA state: ``dist`` (fewest tokens to finish, EOS included; ``INF``: never) and
-    ``maxnext`` (the largest ``dist`` an allowed token leads to). Read-only after construction."""
+    ``maxnext`` (the largest ``dist`` an allowed token leads to); both read-only. Plus the rows
+    the rule restricted (keyed by state and bound; a bounded LRU shared by the guide's
+    sequences, so a tight step another sequence already took is one row copy, not a trie walk)."""
 
-    dist: np.ndarray
-    maxnext: np.ndarray
-    edges: int
+    def __init__(self, dist: np.ndarray, maxnext: np.ndarray, edges: int, row_bytes: int = ROW_CACHE_BYTES):
+        self.dist = dist
+        self.maxnext = maxnext
+        self.edges = edges
+        self._rows: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
+        self._row_bytes = 0
+        self._row_budget = row_bytes
+        self._lock = threading.Lock()
 
     @property
     def start(self) -> int:
         return int(self.dist[START])
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.dist.nbytes + self.maxnext.nbytes + self._row_bytes)
+
+    def cached_row(self, state: int, bound: int) -> torch.Tensor | None:
+        key = (state, bound)
+        with self._lock:
+            row = self._rows.get(key)
+            if row is not None:
+                self._rows.move_to_end(key)
+            return row
+
+    def clear_rows(self) -> None:
+        """Forget the restricted rows (benchmarks measuring first visits)."""
+        with self._lock:
+            self._rows.clear()
+            self._row_bytes = 0
+
+    def store_row(self, state: int, bound: int, row: torch.Tensor) -> None:
+        size = row.numel() * 4
+        if size > self._row_budget:
+            return
+        with self._lock:
+            if (state, bound) in self._rows:
+                return
+            self._rows[(state, bound)] = row
+            self._row_bytes += size
+            while self._row_bytes > self._row_budget:
+                _, old = self._rows.popitem(last=False)
+                self._row_bytes -= old.numel() * 4
 
 
 def budget_table(guide: CompiledGuide, limits: GuideLimits | None = None) -> BudgetTable:
@@ -104,7 +142,7 @@ def budget_table(guide: CompiledGuide, limits: GuideLimits | None = None) -> Bud
         if table is None:
             states = guide.dfa.num_states  # type: ignore[attr-defined]
             if limits is not None:
-                limits.check("max_dfa_states", states)
+                limits.check("max_budget_states", states)
             dist = np.empty(states, dtype=np.int32)
             maxnext = np.empty(states, dtype=np.int32)
             try:
@@ -237,14 +275,24 @@ class Budget:
         self.closed = True
 
     def _fill_within(self, state: int, bitmask: torch.Tensor, j: int, bound: int) -> None:
+        """Row ``j``: the tokens of ``state`` whose end state finishes within ``bound`` more
+        tokens (+ EOS when it accepts): from the guide's cache, else one trie walk."""
         self.closed = True
-        if bitmask.is_cpu and bitmask.dtype is torch.int32 and bitmask.is_contiguous() and bitmask.dim() == 2:
-            width = bitmask.shape[1]
-            self._walker.fill_within(state, self._dist, bound, bitmask.data_ptr() + j * width * 4, width)
-            return
-        row = torch.zeros(max(self._words, bitmask.shape[1]), dtype=torch.int32)
-        self._walker.fill_within(state, self._dist, bound, row.data_ptr(), row.shape[0])
-        bitmask[j].copy_(row[: bitmask.shape[1]].to(bitmask.device))
+        table = self.table
+        row = table.cached_row(state, bound)
+        if row is None:
+            row = torch.zeros(self._words, dtype=torch.int32)
+            self._walker.fill_within(state, self._dist, bound, row.data_ptr(), self._words)
+            table.store_row(state, bound, row)
+        width = bitmask.shape[1]
+        target = bitmask[j]
+        if width == self._words:
+            target.copy_(row)
+        elif width > self._words:
+            target[: self._words].copy_(row)
+            target[self._words:].zero_()
+        else:
+            raise ValueError(f"bitmask row has {width} words; this vocabulary needs {self._words}")
 
     # ---- jumps -----------------------------------------------------------------------------
     def jump_fits(self, matcher: Matcher, history: Sequence[int], rollback: int, append: Sequence[int],

@@ -38,7 +38,9 @@ class FSMGuide(CompiledGuide):
 
     @property
     def memory_bytes(self) -> int:
-        return self.dfa.memory_bytes + self.index.memory_bytes + 1024
+        table = self.__dict__.get("_budget_table")  # budget specs: the distance table and its rows
+        extra = table.memory_bytes if table is not None else 0
+        return self.dfa.memory_bytes + self.index.memory_bytes + 1024 + extra
 
 
 class FSMBackend(GuideBackend):
