@@ -288,3 +288,47 @@ def test_table_size_is_bounded_by_a_limit(vocab):
         assert isinstance(st.error, GuideLimitError) and st.error.limit == "max_budget_states"
     finally:
         small.close()
+
+
+# ---- drafts -------------------------------------------------------------------------------------
+def test_speculative_blocks_count_drafts_against_the_budget(mgr, vocab):
+    """Block position j of a verification block masks as if the j drafts were emitted: equal to the
+    mask of a sequence that accepted them; a draft the budget excludes ends the valid drafts."""
+    spec = budget_spec(GuideSpec.regex(r"(ab|cd)+x[0-9]{2,6}"))
+    table = budget_table(mgr.get_compiled(spec))
+    budget = table.start + 2
+    ab = vocab.token_bytes.index(b"ab")
+    drafts = [ab, ab, ab, ab]  # each grammar-valid; the budget has room for two "ab" beyond the shortest
+    row = GuidedRow("spec", 1, spec, max_tokens=budget)
+    logits = torch.zeros((1 + len(drafts), vocab.vocab_size))
+    status = mgr.fill_and_apply_spec(logits, [row], [drafts])[0]
+    assert mgr.sequence("spec", 1).history == []  # rolled back
+    for j in range(len(drafts) + 1):
+        ref = GuidedRow("spec-ref", j, spec, max_tokens=budget)
+        for t in drafts[:j]:
+            mgr.accept_tokens([t], [ref])
+        want = allowed_ids(mgr.fill_rows([ref]).bitmask[0], vocab.vocab_size)
+        got = torch.nonzero(torch.isfinite(logits[j])).reshape(-1)
+        assert torch.equal(got, want), j
+    assert status.valid_drafts == 3
+    assert ab in torch.nonzero(torch.isfinite(logits[2])).reshape(-1).tolist()
+    assert ab not in torch.nonzero(torch.isfinite(logits[3])).reshape(-1).tolist()
+    mgr.end_session("spec"), mgr.end_session("spec-ref")
+
+
+def test_optional_thinking_opens_only_while_it_can_still_close(think_vocab):
+    start, end = 49152, 49153
+    mgr = GuidedDecodingManager(think_vocab, compile_workers=1)
+    cfg = ReasoningConfig(end_ids=(end,), start_ids=(start,), optional=True)
+    spec = budget_spec(GuideSpec.regex(r"[0-9]{3}"))
+    answer = budget_table(mgr.get_compiled(spec)).start
+    try:
+        for budget, may_open in ((answer, False), (answer + 1, False), (answer + 2, True)):
+            row = GuidedRow("opt", budget, spec, reasoning=cfg, max_tokens=budget)
+            st = mgr.begin_sequence("opt", budget, spec, reasoning=cfg, max_tokens=budget)
+            assert st.error is None and st.matcher.think.opening
+            ids = allowed_ids(mgr.fill_rows([row]).bitmask[0], think_vocab.vocab_size).tolist()
+            assert (start in ids) is may_open, budget  # <think> + </think> + the answer must fit
+            assert any(think_vocab.token_bytes[t] == b"1" for t in ids)
+    finally:
+        mgr.close()

@@ -88,11 +88,21 @@ def _fill_block(ctx: RowContext, st: SequenceState, drafts: list[int], bitmask: 
             if j == len(drafts) or st.error is not None:
                 dead = st.error is not None
                 continue
+            if st.budget is not None and not _allowed(bitmask[base + j], drafts[j]):
+                dead = True  # the grammar takes it, the budget rule does not: never past the budget
+                continue
             if not walk.advance(drafts[j]):
                 dead = True
                 continue
             valid += 1
     return valid
+
+
+def _allowed(row: torch.Tensor, tok: int) -> bool:
+    """Whether ``tok``'s bit is set in the int32 mask ``row``."""
+    if not 0 <= tok < row.shape[0] * 32:
+        return False
+    return bool((int(row[tok >> 5]) >> (tok & 31)) & 1)
 
 
 def accept_tokens_spec(
