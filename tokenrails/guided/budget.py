@@ -200,8 +200,13 @@ class Budget:
         answer = self.table.start
         if isinstance(matcher, ThinkingMatcher):
             think = matcher.think
-            if think.opening:
-                return answer if think.answer_ok else (self.start_len - think.pos) + self.marker_max + answer
+            if think.opening:  # answer now (from where the fed prefix stands), or open and think
+                opened = (self.start_len - think.pos) + self.marker_max + answer
+                inner = matcher.inner
+                if not think.answer_ok:
+                    return opened
+                now = answer if inner is None else (0 if inner.is_terminated() else int(self._dist[inner.state]))
+                return min(now, opened)
             if not think.done:
                 return self.marker[think.pos] + answer
             if think.gap is not None or matcher.inner is None:

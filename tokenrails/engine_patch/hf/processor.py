@@ -12,6 +12,9 @@ Reasoning (``reasoning=``, default ``$TOKENRAILS_REASONING`` else "auto"; see
 tokenrails/engine_patch/reasoning.py): a row with a reasoning config is started from its prompt
 on the first call (template-opened or closed thinking sections are honoured); its thinking text is
 free, the constraint starts after the end marker, and ``finalize`` validates only the answer.
+
+``budget="close"`` with ``max_new_tokens=`` (generate's value): each row's output is closed within
+that many tokens (tokenrails/guided/budget.py); ``RowReport.budget_closed`` says whether it had to.
 """
 from __future__ import annotations
 
