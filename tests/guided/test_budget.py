@@ -109,6 +109,14 @@ def test_table_is_exact_on_random_regexes(mgr, vocab, pattern):
             assert int(table.dist[state]) == (1 if guide.dfa.accepting[state] else best)
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pattern=_regex, extra=hs.integers(0, 6))
+def test_adversary_completes_random_regexes_within_any_feasible_budget(mgr, vocab, pattern, extra):
+    shortest = budget_table(_guide(mgr, GuideSpec.regex(pattern))).start
+    text, used, _ = _adversarial_run(mgr, vocab, GuideSpec.regex(pattern), shortest + extra)
+    assert re.fullmatch(pattern, text) and used <= shortest + extra
+
+
 # ---- the per-step rule --------------------------------------------------------------------------
 def test_fast_path_is_the_grammars_row(mgr, vocab):
     """With room for every allowed token, ``fill_within`` writes the grammar's row exactly."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -91,6 +92,10 @@ class BudgetTable:
     @property
     def start(self) -> int:
         return int(self.dist[START])
+
+    @cached_property
+    def maxnext_list(self) -> list[int]:
+        return self.maxnext.tolist()
 
     @property
     def memory_bytes(self) -> int:
@@ -184,7 +189,7 @@ class Budget:
         self.guide = guide
         self.table = table
         self._dist = table.dist
-        self._maxnext = table.maxnext
+        self._maxnext = table.maxnext_list  # a list: the per-step lookup is the fast path's whole cost
         self._walker = guide.index.walker  # type: ignore[attr-defined]
         self._words = guide.index.words  # type: ignore[attr-defined]
         self.tracker = tracker
