@@ -114,7 +114,14 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    vocab = Vocabulary.from_huggingface(load_tokenizer(args.tokenizer))
+    local = DATA.parent / "tokenizers" / args.tokenizer
+    if local.exists():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(local))
+    else:
+        tokenizer = load_tokenizer(args.tokenizer)
+    vocab = Vocabulary.from_huggingface(tokenizer)
     specs = [(k, GuideSpec.regex(v)) for k, v in REGEXES.items()] + _schemas(args.schemas)
     warm = GuidedDecodingManager(vocab, compile_workers=1)  # per-vocabulary tables built once, untimed
     warm.get_compiled(GuideSpec.regex("[a-z]+").with_routing("fsm", fallback=False))

@@ -340,3 +340,28 @@ def test_optional_thinking_opens_only_while_it_can_still_close(think_vocab):
             assert any(think_vocab.token_bytes[t] == b"1" for t in ids)
     finally:
         mgr.close()
+
+
+# ---- jump-forward -------------------------------------------------------------------------------
+def test_a_jump_whose_tokenization_would_not_fit_is_not_taken(mgr, vocab):
+    """The forced text spelled one character per token takes more tokens than the shortest path:
+    with a budget of exactly the shortest, the jump is refused (and taken with room to spare)."""
+    from tokenrails.guided.jump_forward import compute_jump_forward
+
+    single = {vocab.token_bytes[t]: t for t in range(vocab.vocab_size)
+              if len(vocab.token_bytes[t]) == 1 and t not in vocab.special_ids}
+
+    def per_char(text):
+        return [single[c.encode()] for c in text]
+
+    spec = budget_spec(GuideSpec.regex("abcdefgh"))
+    shortest = budget_table(mgr.get_compiled(spec)).start
+    assert shortest < 9  # "abcdefgh" is fewer than 8 tokens + EOS under this vocabulary
+    tight = mgr.begin_sequence("jump", 1, spec, max_tokens=shortest)
+    jf = compute_jump_forward(tight, vocab, per_char)
+    assert jf.text == "abcdefgh" and jf.token_ids == ()
+    loose = mgr.begin_sequence("jump", 2, spec, max_tokens=9)
+    jf = compute_jump_forward(loose, vocab, per_char)
+    assert jf.token_ids == tuple(per_char("abcdefgh"))
+    assert loose.apply_jump(jf.rollback_tokens, jf.token_ids).state is StepStatus.OK
+    mgr.end_session("jump")
