@@ -365,3 +365,17 @@ def test_a_jump_whose_tokenization_would_not_fit_is_not_taken(mgr, vocab):
     assert jf.token_ids == tuple(per_char("abcdefgh"))
     assert loose.apply_jump(jf.rollback_tokens, jf.token_ids).state is StepStatus.OK
     mgr.end_session("jump")
+
+
+def test_a_step_past_the_budget_ends_the_row_with_a_typed_error(mgr, vocab):
+    """If an engine keeps stepping past the budget it gave (a mismatched count), the row ends
+    (EOS only, GuideLimitError) instead of running unconstrained by the budget."""
+    spec = budget_spec(GuideSpec.regex("[a-z]+"))
+    row = GuidedRow("over", 1, spec, max_tokens=1)
+    a = vocab.token_bytes.index(b"a")
+    st = mgr.begin_sequence("over", 1, spec, max_tokens=1)
+    st.history.append(a)  # as if one token had been emitted outside the manager's view
+    filled = mgr.fill_rows([row])
+    assert allowed_ids(filled.bitmask[0], vocab.vocab_size).tolist() == list(vocab.eos_ids)
+    assert isinstance(filled.statuses[0].error, GuideLimitError) and filled.statuses[0].error.limit == "max_tokens"
+    mgr.end_session("over")

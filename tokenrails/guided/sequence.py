@@ -272,7 +272,12 @@ class SequenceState:
             try:
                 matcher.fill_next_token_bitmask(bitmask, j)
                 if self.budget is not None:
-                    self.budget.restrict(matcher, bitmask, j, self.budget_left(ahead))
+                    left = self.budget_left(ahead)
+                    if left < 1:  # the engine counts past the budget it gave: end, never run over
+                        raise GuideLimitError(
+                            f"max_tokens={self.budget.max_tokens} exhausted before the output completed",
+                            limit="max_tokens", value=self.budget.max_tokens)
+                    self.budget.restrict(matcher, bitmask, j, left)
             except GuideError as exc:
                 self.error = exc
             else:
