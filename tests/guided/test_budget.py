@@ -379,3 +379,23 @@ def test_a_step_past_the_budget_ends_the_row_with_a_typed_error(mgr, vocab):
     assert allowed_ids(filled.bitmask[0], vocab.vocab_size).tolist() == list(vocab.eos_ids)
     assert isinstance(filled.statuses[0].error, GuideLimitError) and filled.statuses[0].error.limit == "max_tokens"
     mgr.end_session("over")
+
+
+def test_native_table_calls_check_their_arguments(mgr):
+    walker = mgr.get_compiled(budget_spec(GuideSpec.regex("[a-z]+"))).index.walker
+    n = mgr.get_compiled(budget_spec(GuideSpec.regex("[a-z]+"))).dfa.num_states
+    with pytest.raises(ValueError):
+        walker.budget_table(np.empty(n + 1, np.int32), np.empty(n, np.int32), 100)
+    with pytest.raises((ValueError, BufferError, TypeError)):
+        walker.budget_table(np.empty(n, np.int32)[::-1], np.empty(n, np.int32), 100)
+    with pytest.raises(OverflowError):
+        walker.budget_table(np.empty(n, np.int32), np.empty(n, np.int32), 0)
+    out = torch.zeros(walker.words, dtype=torch.int32)
+    with pytest.raises(ValueError):
+        walker.fill_within(1, np.zeros(n - 1, np.int32), 3, out.data_ptr(), walker.words)
+    with pytest.raises(ValueError):
+        walker.fill_within(n, np.zeros(n, np.int32), 3, out.data_ptr(), walker.words)
+    with pytest.raises(ValueError):
+        walker.fill_within(1, np.zeros(n, np.int32), 3, out.data_ptr(), walker.words - 1)
+    assert walker.fill_within(1, np.full(n, 5, np.int32), 4, out.data_ptr(), walker.words) == 0
+    assert not out.any()  # nothing finishes within 4: an empty row, EOS included (state 1 rejects "")

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from .backend import CompiledGuide, Matcher
+from .bitmask import set_only
 from .errors import GuideLimitError, UnsupportedGuideError
 from .fsm.dfa import START
 from .fsm.matcher import FSMMatcher
@@ -261,10 +262,7 @@ class Budget:
         if not think.opening:  # thinking: a free token only while the marker and answer fit after it
             if left - 1 >= self.marker_max + answer or self.tracker.forcing(think):
                 return
-            row = bitmask[j]
-            row.zero_()
-            tok = self.tracker.forced_token(think)
-            row[tok >> 5] = _bit(tok & 31)
+            set_only(bitmask[j], self.tracker.forced_token(think))
             self.closed = True
             return
         # undecided optional thinking: the grammar's row (after the fed prefix) or the start marker
@@ -323,9 +321,3 @@ class Budget:
         for t in history[len(history) - rollback:] if rollback else ():
             assert matcher.accept_token(int(t)), "re-accepting the sequence's own tokens failed"
         return ok and need <= left + rollback - len(append)
-
-
-def _bit(k: int) -> int:
-    """Bit ``k`` of an int32 word, as the signed value torch stores."""
-    v = 1 << k
-    return v - (1 << 32) if v >= 1 << 31 else v
