@@ -399,3 +399,23 @@ def test_native_table_calls_check_their_arguments(mgr):
         walker.fill_within(1, np.zeros(n, np.int32), 3, out.data_ptr(), walker.words - 1)
     assert walker.fill_within(1, np.full(n, 5, np.int32), 4, out.data_ptr(), walker.words) == 0
     assert not out.any()  # nothing finishes within 4: an empty row, EOS included (state 1 rejects "")
+
+
+@pytest.mark.parametrize("pattern", [r"(ab|cd)+x[0-9]{2,6}", r"[a-z]{1,8}@x\.(com|org)"])
+def test_numpy_path_equals_the_native_walker(mgr, vocab, pattern):
+    """Without the C module (``TOKENRAILS_NATIVE=0``) the table and the restricted rows are the same."""
+    from tokenrails.guided.backends.fsm_backend import FSMGuide
+    from tokenrails.guided.budget import Budget
+    from tokenrails.guided.fsm.token_index import TokenIndex
+
+    native = mgr.get_compiled(budget_spec(GuideSpec.regex(pattern)))
+    index = TokenIndex(native.dfa, vocab, use_native=False)
+    plain = FSMGuide(native.spec, vocab, native.dfa, index, native.regex)
+    a, b = budget_table(native), budget_table(plain)
+    assert np.array_equal(a.dist, b.dist) and np.array_equal(a.maxnext, b.maxnext) and a.edges == b.edges
+    slow = Budget(64, plain, b)
+    out = torch.zeros((1, native.index.words), dtype=torch.int32)
+    for state in range(1, min(native.dfa.num_states, 8)):
+        for bound in (-1, 0, 1, 3, int(a.maxnext[state])):
+            native.index.walker.fill_within(state, a.dist, bound, out.data_ptr(), out.shape[1])
+            assert torch.equal(slow._numpy_row(state, bound), out[0]), (state, bound)

@@ -7,7 +7,7 @@ iff the grammar allows it and either ``t`` is EOS in an accepting state or ``D(s
 where ``D(q)`` is the fewest tokens (the final EOS included) that complete the output from
 ``q``. ``D`` is exact: a breadth-first search over the graph "some grammar token leads from
 state a to state b" (the same token set the matcher allows: specials never, EOS only when
-accepting), computed once per compiled guide in the native walker and cached with it. So:
+accepting), computed once per compiled guide (in the C walker; numpy without it) and cached with it. So:
 
 * when ``R - 1 >= max_t D(s·t)`` the mask is exactly the grammar's (the fast path, one table
   lookup): greedy output is byte-identical to plain guided decoding whenever it fits;
@@ -38,7 +38,7 @@ import torch
 from .backend import CompiledGuide, Matcher
 from .bitmask import set_only
 from .errors import GuideLimitError, UnsupportedGuideError
-from .fsm.dfa import START
+from .fsm.dfa import DEAD, START
 from .fsm.matcher import FSMMatcher
 from .limits import GuideLimits
 from .reasoning import ReasoningTracker, ThinkingMatcher, ThinkState
@@ -139,10 +139,8 @@ def budget_table(guide: CompiledGuide, limits: GuideLimits | None = None) -> Bud
     if guide.backend != "fsm":
         raise UnsupportedGuideError(f"{NEEDS_DFA}; this one was compiled by {guide.backend}",
                                     feature="budget", backend=guide.backend)
-    walker = guide.index.walker  # type: ignore[attr-defined]
-    if walker is None:
-        raise UnsupportedGuideError("budget closing needs the native FSM walker (tokenrails._fsm_native)",
-                                    feature="budget", backend="fsm")
+    index = guide.index  # type: ignore[attr-defined]
+    walker = index.walker
     with _LOCK:
         table = guide.__dict__.get("_budget_table")
         if table is None:
@@ -152,7 +150,10 @@ def budget_table(guide: CompiledGuide, limits: GuideLimits | None = None) -> Bud
             dist = np.empty(states, dtype=np.int32)
             maxnext = np.empty(states, dtype=np.int32)
             try:
-                edges = walker.budget_table(dist, maxnext, MAX_EDGES)
+                if walker is not None:
+                    edges = walker.budget_table(dist, maxnext, MAX_EDGES)
+                else:
+                    edges = _numpy_table(index, guide.dfa.accepting, dist, maxnext)  # type: ignore[attr-defined]
             except OverflowError as exc:
                 raise GuideLimitError(f"the budget table is too large: {exc}", limit="budget_edges",
                                       value=MAX_EDGES) from None
@@ -161,6 +162,36 @@ def budget_table(guide: CompiledGuide, limits: GuideLimits | None = None) -> Bud
             table = BudgetTable(dist, maxnext, int(edges))
             guide.__dict__["_budget_table"] = table
     return table
+
+
+def _numpy_table(index, accepting: np.ndarray, dist: np.ndarray, maxnext: np.ndarray) -> int:
+    """The native ``budget_table`` in numpy (``TOKENRAILS_NATIVE=0``, or no C compiler): the same
+    graph from ``TokenIndex.end_states``, the same backward breadth-first search."""
+    states = dist.shape[0]
+    succ = [np.zeros(0, dtype=np.int64)] * states
+    edges = 0
+    for s in range(1, states):
+        ends = index.end_states(s)
+        succ[s] = np.unique(ends[ends != DEAD])
+        edges += succ[s].size
+        if edges > MAX_EDGES:
+            raise OverflowError(f"more than {MAX_EDGES} token edges between DFA states")
+    preds: list[list[int]] = [[] for _ in range(states)]
+    for s in range(1, states):
+        for t in succ[s].tolist():
+            preds[t].append(s)
+    dist[:] = INF
+    queue = [s for s in range(1, states) if accepting[s]]
+    dist[queue] = 1
+    for u in queue:  # grows while it is read: breadth-first
+        for p in preds[u]:
+            if dist[p] == INF:
+                dist[p] = dist[u] + 1
+                queue.append(p)
+    maxnext[0] = 0
+    for s in range(1, states):
+        maxnext[s] = int(dist[succ[s]].max()) if succ[s].size else 0
+    return edges
 
 
 def _marker_costs(tracker: ReasoningTracker) -> tuple[int, ...]:
@@ -290,7 +321,10 @@ class Budget:
         row = table.cached_row(state, bound)
         if row is None:
             row = torch.zeros(self._words, dtype=torch.int32)
-            self._walker.fill_within(state, self._dist, bound, row.data_ptr(), self._words)
+            if self._walker is not None:
+                self._walker.fill_within(state, self._dist, bound, row.data_ptr(), self._words)
+            else:
+                row.copy_(self._numpy_row(state, bound))
             table.store_row(state, bound, row)
         width = bitmask.shape[1]
         target = bitmask[j]
@@ -301,6 +335,16 @@ class Budget:
             target[self._words:].zero_()
         else:
             raise ValueError(f"bitmask row has {width} words; this vocabulary needs {self._words}")
+
+    def _numpy_row(self, state: int, bound: int) -> torch.Tensor:
+        """``fill_within`` in numpy: the tokens whose end state finishes within ``bound``."""
+        index = self.guide.index  # type: ignore[attr-defined]
+        ends = index.end_states(state)
+        keep = (ends != DEAD) & (self._dist[ends] <= bound)
+        if bound >= 0 and self.guide.dfa.accepting[state]:  # type: ignore[attr-defined]
+            keep[list(self.guide.vocab.eos_ids)] = True
+        packed = np.packbits(keep, bitorder="little").view("<i4")[: self._words]
+        return torch.from_numpy(packed.astype(np.int32))
 
     # ---- jumps -----------------------------------------------------------------------------
     def jump_fits(self, matcher: Matcher, history: Sequence[int], rollback: int, append: Sequence[int],
