@@ -3,7 +3,9 @@
 * ``spec_of(response_format)``: the engine-side conversion (memoized per format object).
 * ``parse_format``: the spec plus the request's reasoning setting, the extra key
   ``response_format["tokenrails_reasoning"]`` (see tokenrails/engine_patch/reasoning.py); the key
-  is removed before the format reaches ``spec_from_request``.
+  is removed before the format reaches ``spec_from_request``. ``response_format["tokenrails_budget"]
+  = "close"`` makes the spec a budget spec (tokenrails/guided/budget.py: closed within the
+  request's ``max_new_tokens``; DFA constraints only, else ``UnsupportedGuideError``).
 * ``ensure_response_format_compilable``: drop-in for LMDeploy's early check; raises a
   ``RequestError`` (HTTP 400 with the reason) for anything tokenrails cannot enforce, so a bad
   constraint is refused before it reaches the shared engine loop.
@@ -19,10 +21,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_serializer
 
+from ...guided.budget import budget_spec
 from ...guided.errors import GuideError, InvalidGuideError, UnsupportedGuideError, detached_copy
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
 from ...guided.spec import GuideSpec
 from ...requests import spec_from_request
+from ...requests.response_format import BUDGET_KEY
 from ..reasoning import REQUEST_KEY, ReasoningSetting, parse_setting, split_request_setting
 
 __all__ = ["WideResponseFormat", "ensure_response_format_compilable", "parse_format", "spec_of",
@@ -49,10 +53,17 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
         rf = rf.model_dump()
     rf, raw = split_request_setting(rf)
     setting = parse_setting(raw)
+    budget = None
+    if isinstance(rf, dict) and BUDGET_KEY in rf:
+        budget = rf[BUDGET_KEY]
+        rf = {k: v for k, v in rf.items() if k != BUDGET_KEY}
+        if budget is not None and budget != "close":
+            raise InvalidGuideError(f"{BUDGET_KEY} must be \"close\" (or absent), got {budget!r}")
     if isinstance(rf, dict) and rf.get("type", "text") == "text":
         return None, setting
     _refuse_non_string_choices(rf)
-    return spec_from_request(rf), setting
+    spec = spec_from_request(rf)
+    return (budget_spec(spec) if budget == "close" else spec), setting
 
 
 def _refuse_non_string_choices(rf: Any) -> None:
