@@ -53,8 +53,8 @@ INF = 2**31 - 1
 MAX_EDGES = 1 << 26
 ROW_CACHE_BYTES = 8 << 20  # restricted rows kept per guide (~1,300 rows of a 49k vocabulary)
 NEEDS_DFA = ("budget closing (budget='close') needs a constraint the fsm backend compiles to a DFA "
-             "(a regex, a choice, or a non-recursive JSON schema) so that the shortest completion is "
-             "exact")
+             "(a regex, a choice, or a JSON schema its lowering enforces) so that the shortest completion "
+             "is exact")
 
 _LOCK = threading.Lock()
 
@@ -201,7 +201,8 @@ def _marker_costs(tracker: ReasoningTracker) -> tuple[int, ...]:
     for pos in range(len(tracker.marker)):
         think, n = ThinkState(False, pos=pos), 0
         while not think.done:
-            nxt = tracker.advance(ThinkState(False, pos=think.pos, count=0), tracker.forced_token(think))
+            tok = tracker.forced_token(think)
+            nxt = tracker.advance(ThinkState(False, pos=think.pos, count=0), tok) if tok is not None else None
             if nxt is None or n > len(tracker.marker):
                 raise UnsupportedGuideError("the end-of-thinking marker cannot be forced token by token",
                                             feature="budget")

@@ -56,7 +56,7 @@ class FSMBackend(GuideBackend):
         if spec.option("budget") == "close" and spec.kind not in self.kinds:
             raise UnsupportedGuideError(
                 f"budget closing (budget='close') needs a constraint the fsm backend compiles to a DFA "
-                f"(regex, choice or a non-recursive JSON schema); a {spec.kind} constraint is not one",
+                f"(regex, choice or a JSON schema its lowering enforces); a {spec.kind} constraint is not one",
                 feature="budget", backend=self.name,
             )
         if spec.kind in ("json_object", "grammar", "structural_tag"):
