@@ -21,6 +21,9 @@
  * Walker.advance(state, token) -> state (0 = not allowed), row_index / is_cached / allows_everything /
  * precompute(states): stepping over a token's bytes, cache queries, and a GIL-free batch fill of the
  * cache (the background warm-up).
+ * Walker.budget_table(dist, maxnext, max_edges) / fill_within(state, dist, bound, address, words)
+ *     The token-level distance to completion per state, and a row restricted by it (the budget
+ *     rule, tokenrails/guided/budget.py).
  * The cache is only mutated with the GIL held; walks of packed rows release it.
  */
 #define PY_SSIZE_T_CLEAN
@@ -909,6 +912,223 @@ static PyObject *Walker_precompute(WalkerObject *self, PyObject *const *args, Py
     return PyLong_FromSsize_t(added);
 }
 
+/* ---- the token-level distance table (the budget rule) ---------------------------------------- */
+
+#define DIST_INF INT32_MAX
+
+/* For every token-ending node under state s (scaled), visit(end state) -- the same pruned pre-order
+ * walk as `walk`, reporting where each token ends instead of its id (ids ending at one node share
+ * their end state). */
+#define WALK_ENDS(w, state, stk, VISIT)                                                           \
+    do {                                                                                          \
+        const Node *nodes_ = (w)->trie->nodes;                                                    \
+        const int32_t *table_ = (w)->table, *cmap_ = (w)->cmap;                                   \
+        (stk)[0] = (state) * (w)->width;                                                          \
+        for (int b_ = 0; b_ < 256; b_++) {                                                        \
+            int32_t end_, i_ = live_subtree((w), (stk)[0], b_, &end_);                            \
+            while (i_ < end_) {                                                                   \
+                const Node *nd_ = &nodes_[i_];                                                    \
+                int32_t ns_ = table_[(stk)[nd_->depth - 1] + cmap_[nd_->byte]];                   \
+                if (!ns_) {                                                                       \
+                    i_ = nd_->end;                                                                \
+                    continue;                                                                     \
+                }                                                                                 \
+                (stk)[nd_->depth] = ns_;                                                          \
+                i_++;                                                                             \
+                if (nd_->flags & HAS_TOK) {                                                       \
+                    int32_t END_STATE = ns_ / (w)->width;                                         \
+                    VISIT;                                                                        \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+    } while (0)
+
+/* budget_table(dist, maxnext, max_edges) -> edges. dist[s]: the fewest tokens that complete the
+ * output from state s, the final EOS included (1 when s accepts; INT32_MAX when no token sequence
+ * completes it; dist[0] = INT32_MAX). maxnext[s]: the largest dist over the states the allowed
+ * tokens of s lead to (0 when none). A breadth-first search backwards from the accepting states
+ * over the graph "some grammar token leads from a to b": exact. Raises OverflowError past
+ * max_edges distinct (state, next state) pairs. */
+static PyObject *Walker_budget_table(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_nargs(nargs, 3, "budget_table(dist, maxnext, max_edges)")) {
+        return NULL;
+    }
+    Py_ssize_t max_edges = PyLong_AsSsize_t(args[2]);
+    if (max_edges == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer vd, vm;
+    if (get_buffer(args[0], &vd, 4, 1, "dist") < 0) return NULL;
+    if (get_buffer(args[1], &vm, 4, 1, "maxnext") < 0) { PyBuffer_Release(&vd); return NULL; }
+    Py_ssize_t S = self->num_states;
+    if (vd.len != S * 4 || vm.len != S * 4) {
+        PyErr_Format(PyExc_ValueError, "dist and maxnext need %zd int32 entries", S);
+        PyBuffer_Release(&vd); PyBuffer_Release(&vm);
+        return NULL;
+    }
+    int32_t *dist = vd.buf, *maxnext = vm.buf;
+    int32_t local[LOCAL_STACK];
+    int32_t *stk = stack_for(self, local);
+    int32_t *stamp = PyMem_RawMalloc(sizeof(int32_t) * S);
+    Py_ssize_t *start = PyMem_RawMalloc(sizeof(Py_ssize_t) * (S + 1));
+    Py_ssize_t cap = 1024, n = 0;
+    int32_t *succ = PyMem_RawMalloc(sizeof(int32_t) * cap);
+    Py_ssize_t *rstart = NULL;
+    int32_t *pred = NULL, *queue = NULL;
+    int status = 0; /* 0 ok, -1 memory, -2 too many edges */
+    if (!stk || !stamp || !start || !succ) {
+        status = -1;
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    memset(stamp, 0xff, sizeof(int32_t) * S);
+    start[0] = start[1] = 0;
+    for (int32_t s = 1; s < S && !status; s++) {
+        start[s] = n;
+        WALK_ENDS(self, s, stk, {
+            if (stamp[END_STATE] != s && !status) {
+                stamp[END_STATE] = s;
+                if (n == max_edges) {
+                    status = -2;
+                } else {
+                    if (n == cap) {
+                        int32_t *grown = PyMem_RawRealloc(succ, sizeof(int32_t) * cap * 2);
+                        if (!grown) {
+                            status = -1;
+                        } else {
+                            succ = grown;
+                            cap *= 2;
+                        }
+                    }
+                    if (!status) {
+                        succ[n++] = END_STATE;
+                    }
+                }
+            }
+        });
+    }
+    start[S] = n;
+    if (!status) {
+        /* predecessors in CSR form, then BFS from the accepting states */
+        rstart = PyMem_RawCalloc(S + 1, sizeof(Py_ssize_t));
+        pred = PyMem_RawMalloc(sizeof(int32_t) * (n ? n : 1));
+        queue = PyMem_RawMalloc(sizeof(int32_t) * S);
+        if (!rstart || !pred || !queue) {
+            status = -1;
+        } else {
+            for (Py_ssize_t e = 0; e < n; e++) rstart[succ[e] + 1]++;
+            for (Py_ssize_t s = 0; s < S; s++) rstart[s + 1] += rstart[s];
+            for (int32_t s = 1; s < S; s++) {
+                for (Py_ssize_t e = start[s]; e < start[s + 1]; e++) pred[rstart[succ[e]]++] = s;
+            }
+            for (Py_ssize_t s = S; s > 0; s--) rstart[s] = rstart[s - 1];
+            rstart[0] = 0;
+            Py_ssize_t head = 0, tail = 0;
+            for (int32_t s = 0; s < S; s++) {
+                dist[s] = (s && self->accepting[s]) ? 1 : DIST_INF;
+                if (dist[s] == 1) queue[tail++] = s;
+            }
+            while (head < tail) {
+                int32_t u = queue[head++];
+                for (Py_ssize_t e = rstart[u]; e < rstart[u + 1]; e++) {
+                    int32_t p = pred[e];
+                    if (dist[p] == DIST_INF) {
+                        dist[p] = dist[u] + 1;
+                        queue[tail++] = p;
+                    }
+                }
+            }
+            maxnext[0] = 0;
+            for (int32_t s = 1; s < S; s++) {
+                int32_t m = 0;
+                for (Py_ssize_t e = start[s]; e < start[s + 1]; e++) {
+                    if (dist[succ[e]] > m) m = dist[succ[e]];
+                }
+                maxnext[s] = m;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+done:
+    if (stk && stk != local) PyMem_RawFree(stk);
+    PyMem_RawFree(stamp); PyMem_RawFree(start); PyMem_RawFree(succ);
+    PyMem_RawFree(rstart); PyMem_RawFree(pred); PyMem_RawFree(queue);
+    PyBuffer_Release(&vd); PyBuffer_Release(&vm);
+    if (status == -1) {
+        return PyErr_NoMemory();
+    }
+    if (status == -2) {
+        PyErr_Format(PyExc_OverflowError, "more than %zd token edges between DFA states", max_edges);
+        return NULL;
+    }
+    return PyLong_FromSsize_t(n);
+}
+
+/* fill_within(state, dist, bound, address, words) -> allowed ids: write the row of the tokens
+ * allowed in `state` whose end state t has dist[t] <= bound, plus EOS when the state accepts
+ * (bound >= 0), at `address` (the caller vouches for it, as for fill_into). */
+static PyObject *Walker_fill_within(WalkerObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t state;
+    if (state_args(self, args, nargs, 5, "fill_within(state, dist, bound, address, words)", &state, 0) < 0) {
+        return NULL;
+    }
+    Py_ssize_t bound = PyLong_AsSsize_t(args[2]);
+    if (bound == -1 && PyErr_Occurred()) return NULL;
+    uintptr_t addr = (uintptr_t)PyLong_AsVoidPtr(args[3]);
+    if (!addr) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "fill_within: null address");
+        return NULL;
+    }
+    Py_ssize_t dst_words = PyLong_AsSsize_t(args[4]), words = self->trie->num_bits / 32;
+    if (dst_words == -1 && PyErr_Occurred()) return NULL;
+    if (dst_words < words || addr % 4) {
+        PyErr_Format(PyExc_ValueError, "bitmask row has %zd words; this vocabulary needs %zd (and 4-byte alignment)",
+                     dst_words, words);
+        return NULL;
+    }
+    Py_buffer vd;
+    if (get_buffer(args[1], &vd, 4, 0, "dist") < 0) return NULL;
+    if (vd.len != self->num_states * 4) {
+        PyErr_Format(PyExc_ValueError, "dist needs %zd int32 entries", self->num_states);
+        PyBuffer_Release(&vd);
+        return NULL;
+    }
+    int32_t local[LOCAL_STACK];
+    int32_t *stk = stack_for(self, local);
+    if (!stk) {
+        PyBuffer_Release(&vd);
+        return NULL;
+    }
+    const int32_t *dist = vd.buf, *next = self->trie->tok_next;
+    uint32_t *dst = (uint32_t *)addr;
+    Py_ssize_t count = 0;
+    memset(dst, 0, dst_words * 4);
+    if (bound >= 0 && state) {
+        WALK_ENDS(self, (int32_t)state, stk, {
+            if (dist[END_STATE] <= bound) {
+                int32_t t = nd_->tok;
+                dst[t >> 5] |= 1u << (t & 31);
+                count++;
+                if (nd_->flags & DUP) {
+                    for (t = next[t]; t >= 0; t = next[t]) {
+                        dst[t >> 5] |= 1u << (t & 31);
+                        count++;
+                    }
+                }
+            }
+        });
+        if (self->accepting[state]) {
+            for (Py_ssize_t k = 0; k < self->num_eos; k++) {
+                dst[self->eos[k] >> 5] |= 1u << (self->eos[k] & 31);
+                count++;
+            }
+        }
+    }
+    if (stk != local) PyMem_RawFree(stk);
+    PyBuffer_Release(&vd);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyObject *Walker_get_nbytes(WalkerObject *self, void *closure) {
     Py_ssize_t tables = self->num_states * (Py_ssize_t)self->width * 4 + self->num_states + self->num_eos * 4;
     Py_ssize_t cache = self->num_states * (Py_ssize_t)(4 + sizeof(Row)) + self->num_slots * 4 + self->row_bytes;
@@ -936,6 +1156,10 @@ static PyMethodDef Walker_methods[] = {
      "allows_everything(state) -> whether its row allows every id below vocab_size"},
     {"precompute", (PyCFunction)(void (*)(void))Walker_precompute, METH_FASTCALL,
      "precompute(states int32[, budget_s[, sparse_only]]) -> rows added: cache the missing rows"},
+    {"budget_table", (PyCFunction)(void (*)(void))Walker_budget_table, METH_FASTCALL,
+     "budget_table(dist int32[S], maxnext int32[S], max_edges) -> edges: fewest tokens to finish, per state"},
+    {"fill_within", (PyCFunction)(void (*)(void))Walker_fill_within, METH_FASTCALL,
+     "fill_within(state, dist, bound, address, words) -> ids: the row of tokens whose end state has dist <= bound"},
     {NULL},
 };
 

@@ -132,6 +132,8 @@ def compute_jump_forward(
         if sum(len(vocab.token_bytes[t]) for t in append) <= dropped:
             continue  # no net progress (e.g. the joined text is one token): never shrink output
         if _accepts_after_rollback(matcher, hist, rollback, append):
+            if st.budget is not None and not st.budget.jump_fits(matcher, hist, rollback, append, st.budget_left()):
+                return JumpForward(text, (), 0)  # the jump's tokenization would not leave room to finish
             return JumpForward(text, append, rollback)
     return JumpForward(text, () if tokenized else None, 0)
 

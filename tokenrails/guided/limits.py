@@ -44,6 +44,9 @@ class GuideLimits:
                                            # are refused while this many are (see compile_pool.py)
     cache_max_entries: int = 512           # compiled-guide LRU entries
     cache_max_bytes: int = 2 << 30         # compiled-guide LRU bytes
+    max_budget_states: int = 20_000        # fsm: DFA states of a budget="close" guide (its distance
+                                           # table walks the token trie once per state: 768 states of
+                                           # a permissive regex ~0.1 s on a 49k vocabulary)
 
     def replace(self, **changes: object) -> "GuideLimits":
         return dataclasses.replace(self, **changes)

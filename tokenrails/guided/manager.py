@@ -251,7 +251,8 @@ class GuidedDecodingManager:
                 continue
             st = seqs.get((r.session_id, r.seq_id))
             if st is None or st.spec_key != r.spec.key:
-                st = self.begin_sequence(r.session_id, r.seq_id, r.spec, reasoning=r.reasoning)
+                st = self.begin_sequence(r.session_id, r.seq_id, r.spec, reasoning=r.reasoning,
+                                         max_tokens=r.max_tokens)
             out.append(st)
         return out
 
@@ -265,6 +266,7 @@ class GuidedDecodingManager:
         reasoning: ReasoningConfig | None = None,
         prompt_token_ids: Sequence[int] | None = None,
         thinking_done: bool | None = None,
+        max_tokens: int | None = None,
     ) -> SequenceState:
         """Create (or re-create) the sequence's state before its first decoding step.
 
@@ -272,6 +274,8 @@ class GuidedDecodingManager:
         ``thinking_done`` flag) say whether the chat template already closed the thinking section.
         Without this call a reasoning sequence starts inside the thinking section (with
         ``reasoning.optional``: undecided, the model may open it or answer directly).
+        ``max_tokens``: close the output within that many tokens (``SequenceState.start_budget``:
+        waits for the compile; a budget that cannot fit the shortest output fails the row now).
         """
         start = time.perf_counter()
         state = SequenceState(spec.key, None, None, spec=spec, grammar=self._grammar(spec), ctx=self._row_ctx)
@@ -282,6 +286,8 @@ class GuidedDecodingManager:
                 state.resolve()  # the grammar's first row is needed now
             else:
                 self.prefetch(spec)  # the compile overlaps thinking; the matcher resolves it when needed
+        if max_tokens is not None:
+            state.start_budget(max_tokens, self.limits)
         state.grammar_init_s = time.perf_counter() - start
         self._seqs[(session_id, seq_id)] = state
         self._sessions.setdefault(session_id, set()).add(seq_id)
@@ -447,7 +453,10 @@ class GuidedDecodingManager:
         if state is None:
             return {}
         per_token = state.guided_time_s / state.tokens if state.tokens else 0.0
-        return {"grammar_init_s": state.grammar_init_s, "grammar_per_token_s": per_token, "tokens": state.tokens}
+        out = {"grammar_init_s": state.grammar_init_s, "grammar_per_token_s": per_token, "tokens": state.tokens}
+        if state.budget is not None:
+            out["budget_closed"] = state.budget.closed
+        return out
 
     def close(self) -> None:
         """Stop the compile pool (queued compiles are cancelled; running ones end on daemon threads)."""

@@ -26,7 +26,9 @@ import torch
 
 from .backend import CompiledGuide, Matcher
 from .bitmask import eos_only_row
-from .errors import GuideError, GuideTimeoutError, TokenRejectedError, detached_copy
+from .budget import Budget, budget_table
+from .errors import GuideError, GuideLimitError, GuideTimeoutError, TokenRejectedError, detached_copy
+from .limits import GuideLimits
 from .reasoning import ReasoningConfig, ThinkingMatcher, tracker_for
 from .vocabulary import Vocabulary
 from .spec import GuideSpec
@@ -42,13 +44,16 @@ class GuidedRow:
     """Identity and constraint of one logits row.
 
     ``reasoning``: the model thinks first; the constraint starts after the end marker
-    (see reasoning.py). Read when the sequence's state is created.
+    (see reasoning.py). ``max_tokens``: close the output within this many generated tokens
+    (thinking and the final EOS included; the budget rule, budget.py), None: no budget. Both are
+    read when the sequence's state is created.
     """
 
     session_id: Hashable
     seq_id: Hashable
     spec: GuideSpec
     reasoning: ReasoningConfig | None = None
+    max_tokens: int | None = None
 
 
 class StepStatus(enum.Enum):
@@ -87,6 +92,7 @@ class Finalization:
     complete: bool
     error: GuideError | None = None
     thinking: bool = False  # still inside the thinking section when it ended
+    budget_closed: bool = False  # the budget rule removed a token the grammar allowed
 
 
 class RowContext:
@@ -145,6 +151,7 @@ class SequenceState:
     history: list[int] = field(default_factory=list)
     grammar: GrammarFuture | None = None
     ctx: RowContext | None = None
+    budget: Budget | None = None
 
     # ---- reasoning --------------------------------------------------------------------------
     def start_reasoning(self, vocab: Vocabulary, config: ReasoningConfig,
@@ -159,6 +166,38 @@ class SequenceState:
             self.error = exc
             return
         self.matcher = ThinkingMatcher(tracker, think, self._new_grammar_matcher, self._grammar_failure)
+
+    # ---- the token budget ------------------------------------------------------------------
+    def start_budget(self, max_tokens: int, limits: GuideLimits | None = None) -> None:
+        """Close the output within ``max_tokens`` tokens (budget.py): waits for the compile,
+        builds (or reads) the guide's distance table, and fails the row up front
+        (``GuideLimitError``, limit "max_tokens") when even the shortest output cannot fit."""
+        if self.error is not None:
+            return
+        try:
+            if max_tokens < 1:
+                raise GuideLimitError(f"max_tokens must be >= 1, got {max_tokens}", limit="max_tokens",
+                                      value=max_tokens)
+            start = time.perf_counter()
+            try:
+                guide = self.grammar.wait() if self.grammar is not None else None
+            finally:
+                self.grammar_init_s += time.perf_counter() - start
+            matcher = self.matcher or self.resolve()
+            if matcher is None or guide is None:
+                return
+            tracker = getattr(matcher, "tracker", None)
+            budget = Budget(max_tokens, guide, budget_table(guide, limits), tracker)  # type: ignore[arg-type]
+            budget.check_fits(matcher)
+        except GuideError as exc:
+            self.error = exc
+            return
+        self.budget = budget
+
+    def budget_left(self, ahead: int = 0) -> int:
+        """Steps left in the budget (``ahead``: draft tokens walked but not accepted yet)."""
+        assert self.budget is not None
+        return self.budget.max_tokens - len(self.history) - ahead
 
     # ---- the grammar future --------------------------------------------------------------
     def _new_grammar_matcher(self) -> Matcher:
@@ -209,7 +248,7 @@ class SequenceState:
     def batch_matcher(self) -> Matcher | None:
         """The matcher a batched fill may fill for this row, else None (failed rows, and rows a
         matcher wants filled alone: ``Matcher.grammar_matcher``)."""
-        if self.error is not None:
+        if self.error is not None or self.budget is not None:  # a budget row is filled alone
             return None
         matcher = self.matcher or self.resolve()
         if matcher is None:
@@ -221,9 +260,10 @@ class SequenceState:
             return None
 
     # ---- fill ------------------------------------------------------------------------------
-    def fill(self, bitmask: torch.Tensor, j: int) -> None:
+    def fill(self, bitmask: torch.Tensor, j: int, ahead: int = 0) -> None:
         """Row ``j`` of ``bitmask`` for this state, from its matcher's current position (a
-        look-ahead advances the matcher itself). Failed rows get EOS only."""
+        look-ahead advances the matcher itself by ``ahead`` drafts). Failed rows get EOS only.
+        With a budget, the grammar's row intersected with the budget rule."""
         ctx = self.ctx
         assert ctx is not None
         matcher = self.resolve() if self.error is None else None
@@ -231,6 +271,13 @@ class SequenceState:
             t0 = time.perf_counter()
             try:
                 matcher.fill_next_token_bitmask(bitmask, j)
+                if self.budget is not None:
+                    left = self.budget_left(ahead)
+                    if left < 1:  # the engine counts past the budget it gave: end, never run over
+                        raise GuideLimitError(
+                            f"max_tokens={self.budget.max_tokens} exhausted before the output completed",
+                            limit="max_tokens", value=self.budget.max_tokens)
+                    self.budget.restrict(matcher, bitmask, j, left)
             except GuideError as exc:
                 self.error = exc
             else:
@@ -343,14 +390,15 @@ class SequenceState:
         matcher = self.matcher
         if matcher is None:  # never compiled, never used
             return Finalization(f"{reason}_incomplete", False)
+        closed = self.budget is not None and self.budget.closed
         try:
             if matcher.is_terminated():
-                return Finalization("stop", True)
+                return Finalization("stop", True, budget_closed=closed)
             if matcher.is_accepting():
-                return Finalization(reason, True)
+                return Finalization(reason, True, budget_closed=closed)
         except GuideError:  # the grammar was never needed and cannot be had now
             pass
-        return Finalization(f"{reason}_incomplete", False, thinking=matcher.preamble)
+        return Finalization(f"{reason}_incomplete", False, thinking=matcher.preamble, budget_closed=closed)
 
     def may_end(self) -> bool:
         """Whether the output is complete now (EOS would be a valid end)."""
@@ -394,8 +442,8 @@ class Lookahead:
         return True
 
     def fill(self, bitmask: torch.Tensor, j: int) -> None:
-        """Row ``j``: the sequence's mask after the drafts walked so far."""
-        self.st.fill(bitmask, j)
+        """Row ``j``: the sequence's mask after the drafts walked so far (a budget counts them)."""
+        self.st.fill(bitmask, j, self.advanced)
 
     def terminated(self) -> bool:
         """Only EOS may follow the walked tokens (never while thinking or undecided)."""

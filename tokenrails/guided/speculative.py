@@ -20,7 +20,7 @@ from typing import Any, ContextManager, Sequence
 
 import torch
 
-from .bitmask import MaskBuffer, eos_only_row
+from .bitmask import MaskBuffer, allowed, eos_only_row
 from .errors import GuideError, InvalidGuideError
 from .forced import NOTHING, ForcedRun, forced_tokens
 from .sequence import Lookahead, RowContext, RowStatus, SequenceState, StepStatus
@@ -87,6 +87,10 @@ def _fill_block(ctx: RowContext, st: SequenceState, drafts: list[int], bitmask: 
                 continue
             if j == len(drafts) or st.error is not None:
                 dead = st.error is not None
+                continue
+            if st.budget is not None and not (0 <= drafts[j] < bitmask.shape[1] * 32
+                                              and allowed(bitmask[base + j], drafts[j])):
+                dead = True  # the grammar takes it, the budget rule does not: never past the budget
                 continue
             if not walk.advance(drafts[j]):
                 dead = True

@@ -28,6 +28,9 @@ RESPONSE_FORMAT_TYPES = frozenset(_ALLOWED_KEYS)
 # Not part of the constraint: the engine adapters' per-request reasoning setting
 # (tokenrails/engine_patch/reasoning.py reads and validates it); accepted and set aside here.
 REASONING_KEY = "tokenrails_reasoning"
+# Likewise the request's budget setting ("close": complete the output within max_tokens;
+# tokenrails/guided/budget.py): read by the engine adapters, set aside here.
+BUDGET_KEY = "tokenrails_budget"
 _JSON_SCHEMA_BODY_KEYS = frozenset({"name", "description", "schema", "json_schema", "strict"})
 
 
@@ -54,8 +57,8 @@ def parse_response_format(rf: Any) -> RawConstraint | None:
     rf = load_json_like(rf, "response_format")
     if not isinstance(rf, Mapping):
         raise InvalidGuideError(f"response_format must be an object, got {type(rf).__name__}")
-    if REASONING_KEY in rf:
-        rf = {k: v for k, v in rf.items() if k != REASONING_KEY}
+    if REASONING_KEY in rf or BUDGET_KEY in rf:
+        rf = {k: v for k, v in rf.items() if k not in (REASONING_KEY, BUDGET_KEY)}
     kind = rf.get("type")
     if kind is None:
         raise InvalidGuideError("response_format needs a 'type'")

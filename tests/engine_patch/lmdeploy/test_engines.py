@@ -22,7 +22,8 @@ from lmdeploy.serve.core.exceptions import ErrorCode, RequestError  # noqa: E402
 STOCK_KINDS = [{"type": "json_object"}, {"type": "regex_schema", "regex_schema": "[ab]+"},
                {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}]
 WIDE_KINDS = [{"type": "choice", "choice": ["yes", "no"]}, {"type": "grammar", "grammar": 'root ::= "a"'},
-              {"type": "json_object", "tokenrails_reasoning": "off"}]
+              {"type": "json_object", "tokenrails_reasoning": "off"},
+              {"type": "regex_schema", "regex_schema": "[ab]+", "tokenrails_budget": "close"}]
 
 
 def preprocess_error(backend: str, response_format: dict) -> ErrorCode | None:
@@ -39,7 +40,7 @@ def preprocess_error(backend: str, response_format: dict) -> ErrorCode | None:
     return None
 
 
-@pytest.mark.parametrize("fmt", WIDE_KINDS, ids=lambda f: f["type"] + ("+reasoning" if len(f) > 2 or "tokenrails_reasoning" in f else ""))
+@pytest.mark.parametrize("fmt", WIDE_KINDS, ids=lambda f: f["type"] + ("+reasoning" if "tokenrails_reasoning" in f else "+budget" if "tokenrails_budget" in f else ""))
 def test_turbomind_refuses_what_only_the_pytorch_engine_enforces(upgraded, fmt):
     assert preprocess_error("turbomind", fmt) is ErrorCode.INVALID_REQUEST
     assert preprocess_error("pytorch", fmt) is not ErrorCode.INVALID_REQUEST  # upgraded engine takes it

@@ -225,3 +225,40 @@ def test_tool_choice_over_http(server, tool_choice):
         if isinstance(tool_choice, dict):
             assert fn["name"] == tool_choice["function"]["name"], call
         jsonschema.validate(json.loads(fn["arguments"]), WEATHER)
+
+
+def test_budget_closes_json_over_http_streamed_and_not(server, model_dir):
+    """``tokenrails_budget: "close"``: at a max_tokens below what the JSON takes, plain guided
+    answers "length" with a broken prefix; with the key the answer is "stop" and validates."""
+    from transformers import AutoTokenizer
+
+    from tokenrails import GuideSpec, Vocabulary
+    from tokenrails.guided.budget import budget_spec, budget_table
+    from tokenrails.guided.manager import GuidedDecodingManager
+
+    base, model_id, _, _ = server
+    plain_fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    fmt = {**plain_fmt, "tokenrails_budget": "close"}
+    mgr = GuidedDecodingManager(Vocabulary.from_huggingface(AutoTokenizer.from_pretrained(model_dir)))
+    try:
+        shortest = budget_table(mgr.get_compiled(budget_spec(GuideSpec.json_schema(PERSON)))).start
+    finally:
+        mgr.close()
+    prompt = "Give me a person as JSON."
+    full = _post(server, _body(model_id, prompt, response_format=fmt, max_tokens=80))
+    text, finish = _content(full)
+    assert finish == "stop"
+    tight = max(shortest, full.json()["usage"]["completion_tokens"] - 2)
+    _, finish = _content(_post(server, _body(model_id, prompt, response_format=plain_fmt, max_tokens=tight)))
+    assert finish == "length"
+    resp = _post(server, _body(model_id, prompt, response_format=fmt, max_tokens=tight))
+    text, finish = _content(resp)
+    assert finish == "stop" and resp.json()["usage"]["completion_tokens"] <= tight
+    jsonschema.validate(json.loads(text), PERSON)
+    pieces, finishes = stream_chat(base, _body(model_id, prompt, response_format=fmt, max_tokens=shortest,
+                                               stream=True))
+    assert finishes == ["stop"]
+    jsonschema.validate(json.loads("".join(pieces)), PERSON)
+    bad = _post(server, _body(model_id, prompt, max_tokens=8, response_format={
+        "type": "grammar", "grammar": 'root ::= "a"', "tokenrails_budget": "close"}))
+    assert bad.status_code == 400 and "budget" in bad.json()["message"], bad.text

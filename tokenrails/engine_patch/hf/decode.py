@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ...guided.budget import budget_spec
 from ...guided.sequence import GuidedRow, StepStatus
 from ...guided.errors import GuideError
 from ...guided.jump_forward import JumpForward, text_encoder
@@ -54,6 +55,7 @@ class GuidedResult:
     answer_text: str = ""         # the constrained answer (== text without reasoning)
     reasoning_text: str = ""      # the thinking section before it (markers included), "" if none
     answer_start: int | None = 0  # index in token_ids where the answer begins (None: never began)
+    budget_closed: bool | None = None  # budget="close": the rule removed a token the grammar allowed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,17 +152,24 @@ def generate_guided(
     limits: GuideLimits | None = None,
     manager: Any = None,
     reasoning: Any = None,
+    budget: str | None = None,
 ) -> GenerationReport:
     """Generate for a batch in which each row has its own spec (or None = unconstrained).
 
     A row whose spec fails, or whose token is rejected, ends with finish_reason "error" and the
     typed error's message; it is never continued unconstrained. ``reasoning``: one setting for
     every row or a list (None: ``$TOKENRAILS_REASONING``, else "auto").
+    ``budget="close"``: every guided row's output is closed within ``max_new_tokens`` (thinking
+    and EOS included; tokenrails/guided/budget.py): exact on DFA constraints, which it needs
+    (``UnsupportedGuideError`` here for grammars and structural tags; a schema the fsm backend
+    cannot lower fails its row). A row whose shortest output cannot fit fails before its first
+    token with ``GuideLimitError`` (limit "max_tokens").
     """
     if len(prompts) != len(specs):
         raise ValueError(f"{len(prompts)} prompts but {len(specs)} specs")
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
+    specs, row_budget = budget_rows(specs, budget, max_new_tokens)
     t_start = time.perf_counter()
     vocab = vocabulary_for(tokenizer, logits_width(model))
     mgr = manager or manager_for(vocab, backend, limits)
@@ -172,7 +181,7 @@ def generate_guided(
     session = f"hf-decode-{next(_sessions)}"
     n = len(prompts)
     configs = configs_for_rows(reasoning, n, vocab)
-    rows = [GuidedRow(session, i, s, reasoning=c) if s is not None else None
+    rows = [GuidedRow(session, i, s, reasoning=c, max_tokens=row_budget) if s is not None else None
             for i, (s, c) in enumerate(zip(specs, configs))]
     answers = AnswerTracker(n)
     eos = set(vocab.eos_ids)
@@ -193,7 +202,7 @@ def generate_guided(
             if row is not None and row.reasoning is not None:
                 answers.watch(i, mgr.begin_sequence(
                     session, i, row.spec, reasoning=row.reasoning,
-                    prompt_token_ids=prompt_for_reading(prompt_ids[i], row.reasoning)))
+                    prompt_token_ids=prompt_for_reading(prompt_ids[i], row.reasoning), max_tokens=row.max_tokens))
         logits = batch.feed(prompt_ids)
         prefill_s = time.perf_counter() - t_start
         while True:
@@ -250,6 +259,18 @@ def generate_guided(
     )
 
 
+def budget_rows(specs: Sequence[GuideSpec | None], budget: str | None,
+                max_new_tokens: int | None) -> tuple[list[GuideSpec | None], int | None]:
+    """The specs and per-row ``max_tokens`` for a ``budget`` setting (None or "close")."""
+    if budget is None:
+        return list(specs), None
+    if budget != "close":
+        raise ValueError(f"budget must be None or 'close', got {budget!r}")
+    if max_new_tokens is None or max_new_tokens < 1:
+        raise ValueError("budget='close' needs max_new_tokens >= 1")
+    return [budget_spec(s) if s is not None else None for s in specs], int(max_new_tokens)
+
+
 def _jump(mgr: Any, session: Any, seq: int, spec: GuideSpec, encode: Any, sampled: int, budget: int) -> list[int] | None:
     """Tokens to feed instead of ``sampled`` (already accepted, not yet seen by the model), or None.
 
@@ -293,6 +314,8 @@ def _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, for
             metrics = mgr.request_metrics(session, i)
             res.grammar_init_s = float(metrics.get("grammar_init_s", 0.0))
             res.grammar_per_token_s = float(metrics.get("grammar_per_token_s", 0.0))
+            if "budget_closed" in metrics:
+                res.budget_closed = bool(metrics["budget_closed"])
             if errors[i] is None:
                 try:
                     res.compile_s = float(mgr.get_compiled(row.spec).compile_s)

@@ -12,6 +12,9 @@ Reasoning (``reasoning=``, default ``$TOKENRAILS_REASONING`` else "auto"; see
 tokenrails/engine_patch/reasoning.py): a row with a reasoning config is started from its prompt
 on the first call (template-opened or closed thinking sections are honoured); its thinking text is
 free, the constraint starts after the end marker, and ``finalize`` validates only the answer.
+
+``budget="close"`` with ``max_new_tokens=`` (generate's value): each row's output is closed within
+that many tokens (tokenrails/guided/budget.py); ``RowReport.budget_closed`` says whether it had to.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from ...guided.spec import GuideSpec
 from ...guided.vocabulary import Vocabulary
 from ..reasoning import configs_for_rows, prompt_for_reading
 from .answer import AnswerTracker
+from .decode import budget_rows
 from .validate import error_category, validate_output
 from .vocab import manager_for, vocabulary_for
 
@@ -57,6 +61,7 @@ class RowReport:
     grammar_init_s: float = 0.0
     grammar_per_token_s: float = 0.0
     tokens: int = 0
+    budget_closed: bool | None = None  # budget="close": the rule removed a token the grammar allowed
 
 
 class GuidedLogitsProcessor(_Base):
@@ -74,6 +79,8 @@ class GuidedLogitsProcessor(_Base):
         limits: GuideLimits | None = None,
         num_return_sequences: int = 1,
         reasoning: Any = None,
+        budget: str | None = None,
+        max_new_tokens: int | None = None,
     ):
         if vocab is None:
             if manager is not None:
@@ -87,6 +94,8 @@ class GuidedLogitsProcessor(_Base):
         self.manager = manager or manager_for(vocab, backend, limits)
         if num_return_sequences < 1:
             raise ValueError("num_return_sequences must be >= 1")
+        # budget="close": outputs closed within max_new_tokens (pass generate's own value)
+        specs, row_budget = budget_rows(specs, budget, max_new_tokens)
         # generate() repeats each prompt num_return_sequences times, consecutively.
         self.specs = [s for s in specs for _ in range(num_return_sequences)]
         self.session = f"hf-processor-{next(_sessions)}"
@@ -95,7 +104,7 @@ class GuidedLogitsProcessor(_Base):
             raise ValueError(f"{len(per_prompt)} reasoning settings for {len(specs)} specs")
         configs = configs_for_rows([r for r in per_prompt for _ in range(num_return_sequences)],
                                    len(self.specs), vocab)
-        self.rows = [GuidedRow(self.session, i, s, reasoning=c) if s is not None else None
+        self.rows = [GuidedRow(self.session, i, s, reasoning=c, max_tokens=row_budget) if s is not None else None
                      for i, (s, c) in enumerate(zip(self.specs, configs))]
         self.answers = AnswerTracker(len(self.rows))
         self._done: list[str | None] = [None] * len(self.rows)  # "complete" | "rejected" | "error"
@@ -150,7 +159,7 @@ class GuidedLogitsProcessor(_Base):
             if row is not None and row.reasoning is not None:
                 ids = prompt_for_reading(input_ids[i].tolist(), row.reasoning)
                 st = self.manager.begin_sequence(self.session, i, row.spec, reasoning=row.reasoning,
-                                                 prompt_token_ids=ids)
+                                                 prompt_token_ids=ids, max_tokens=row.max_tokens)
                 self.answers.watch(i, st)
 
     def _check_history(self, input_ids: torch.Tensor) -> None:
@@ -214,6 +223,7 @@ class GuidedLogitsProcessor(_Base):
             grammar_per_token_s=float(m.get("grammar_per_token_s", 0.0)),
             tokens=int(m.get("tokens", 0)),
             answer_start=self.answers.start(i),
+            budget_closed=m["budget_closed"] if "budget_closed" in m else None,
         )
         if self._errors[i] is not None:
             rep.error = f"{type(self._errors[i]).__name__}: {self._errors[i]}"

@@ -79,15 +79,17 @@ def stock_check_for_turbomind(response_format: Any) -> None:
     """Stock LMDeploy's early check, unchanged: what TurboMind would compile, and nothing else.
 
     Raises ``ValueError`` (LMDeploy's preprocess answers HTTP 400) for every other kind, and for
-    the per-request reasoning key, which only the PyTorch engine reads.
+    the per-request reasoning and budget keys, which only the PyTorch engine reads.
     """
+    from ...requests.response_format import BUDGET_KEY
     from ..reasoning import REQUEST_KEY
 
     fmt = response_format.model_dump() if hasattr(response_format, "model_dump") else response_format
     if isinstance(fmt, str):
         fmt = json.loads(fmt)
-    if isinstance(fmt, dict) and REQUEST_KEY in fmt:
-        raise ValueError(f"Unsupported response format: {REQUEST_KEY} needs the PyTorch engine (this is TurboMind)")
+    for key in (REQUEST_KEY, BUDGET_KEY):
+        if isinstance(fmt, dict) and key in fmt:
+            raise ValueError(f"Unsupported response format: {key} needs the PyTorch engine (this is TurboMind)")
     kind = fmt.get("type", "text") if isinstance(fmt, dict) else None
     if kind not in ("text", "json_schema", "json_object", "regex_schema", "structural_tag"):
         raise ValueError(f"Unsupported response format: {_turbomind_refusal(kind)}")

@@ -178,9 +178,10 @@ class LMDeployGuidedManager(StockCalls):
         if cfg is not None and self._begun.get(key) != row.spec.key:
             prompt = getattr(row, "prompt", None)
             ids = prompt_for_reading(prompt, cfg) if prompt is not None else None
-            mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids)
+            mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids,
+                               max_tokens=row.max_tokens)
             self._begun[key] = row.spec.key
-        return GuidedRow(row.session_id, row.seq_id, row.spec, reasoning=cfg)
+        return GuidedRow(row.session_id, row.seq_id, row.spec, reasoning=cfg, max_tokens=row.max_tokens)
 
     def prepare_rows(self, rows: list[Any]) -> list[Any]:
         return [self.prepare_row(r) for r in rows]

@@ -3,7 +3,9 @@
 * ``spec_of(response_format)``: the engine-side conversion (memoized per format object).
 * ``parse_format``: the spec plus the request's reasoning setting, the extra key
   ``response_format["tokenrails_reasoning"]`` (see tokenrails/engine_patch/reasoning.py); the key
-  is removed before the format reaches ``spec_from_request``.
+  is removed before the format reaches ``spec_from_request``. ``response_format["tokenrails_budget"]
+  = "close"`` makes the spec a budget spec (tokenrails/guided/budget.py: closed within the
+  request's ``max_new_tokens``; DFA constraints only, else ``UnsupportedGuideError``).
 * ``validate_spec``: the verdict of compiling a spec against a probe vocabulary (memoized); LMDeploy's
   early check (front_check.ensure_response_format_compilable) raises it as HTTP 400.
 * ``WideResponseFormat``: the server's ``response_format`` model widened to every kind.
@@ -18,10 +20,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_serializer
 
+from ...guided.budget import budget_spec
 from ...guided.errors import GuideError, InvalidGuideError, detached_copy
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
 from ...guided.spec import GuideSpec
 from ...requests import spec_from_request
+from ...requests.response_format import BUDGET_KEY
 from ..reasoning import REQUEST_KEY, ReasoningSetting, parse_setting, split_request_setting
 
 __all__ = ["WideResponseFormat", "parse_format", "spec_of",
@@ -48,6 +52,12 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
         rf = rf.model_dump()
     rf, raw = split_request_setting(rf)
     setting = parse_setting(raw)
+    budget = None
+    if isinstance(rf, dict) and BUDGET_KEY in rf:
+        budget = rf[BUDGET_KEY]
+        rf = {k: v for k, v in rf.items() if k != BUDGET_KEY}
+        if budget is not None and budget != "close":
+            raise InvalidGuideError(f"{BUDGET_KEY} must be \"close\" (or absent), got {budget!r}")
     body = body_of(rf)  # vLLM fields the api_server folded in (request_fields.py)
     if body is not None:
         _refuse_non_string_choices(body.get("response_format"))
@@ -56,11 +66,15 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
             if isinstance(params, dict):
                 _refuse_non_strings(f"{where}.choice", params.get("choice"))
         _refuse_non_strings("guided_choice", body.get("guided_choice"))
-        return spec_from_request(body), setting
-    if isinstance(rf, dict) and rf.get("type", "text") == "text":
+        spec = spec_from_request(body)
+    elif isinstance(rf, dict) and rf.get("type", "text") == "text":
         return None, setting
-    _refuse_non_string_choices(rf)
-    return spec_from_request(rf), setting
+    else:
+        _refuse_non_string_choices(rf)
+        spec = spec_from_request(rf)
+    if budget == "close" and spec is not None:
+        spec = budget_spec(spec)
+    return spec, setting
 
 
 PACKED = "request_fields"  # the response_format type the api_server folds vLLM fields into

@@ -9,6 +9,8 @@ Reasoning: the row is an ``LMDeployRow`` carrying the request's own reasoning se
 (``response_format["tokenrails_reasoning"]``, None = the engine default) and, on the round's
 steps before its first generated token, the prompt's token ids (read once by the agent-side
 manager to know whether the chat template opened or closed the thinking section).
+A budget spec (``response_format["tokenrails_budget"]``) carries the request's ``max_new_tokens``
+as the row's ``max_tokens``.
 
 dLLM: the stock strategy repeats ``response_formats`` per block position but not
 ``session_ctx`` (IndexError, or rows silently bound to the wrong sequence). Parallel block
@@ -20,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ...guided.budget import is_budget_spec
 from ...guided.sequence import GuidedRow
-from ...guided.errors import GuideError, UnsupportedGuideError
+from ...guided.errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..reasoning import ReasoningSetting
 from .requests import parse_format
 from .step_context import put, row_of
@@ -77,8 +80,11 @@ def row_for_seq(seq: Any) -> Any:
         return value
     round_start = getattr(seq, "output_start_pos", 0)
     prompt = None if setting is not None and setting.kind == "off" else prompt_ids(seq)
+    budget = getattr(seq.sampling_param, "max_new_tokens", None) if is_budget_spec(value) else None
+    if is_budget_spec(value) and not budget:
+        return InvalidGuideError("tokenrails_budget=\"close\" needs the request's max_new_tokens")
     return LMDeployRow(seq.session.session_id, (seq.seq_id, int(round_start)), value,
-                       setting=setting, prompt=prompt)
+                       setting=setting, prompt=prompt, max_tokens=int(budget) if budget else None)
 
 
 def patched_ar_make_sampling_inputs(original: Callable) -> Callable:

@@ -7,6 +7,7 @@ backend contract, beside the other backends. Per-step cost is a row copy: every 
 from __future__ import annotations
 
 from ..backend import CompiledGuide, GuideBackend
+from ..budget import budget_table
 from ..errors import UnsupportedGuideError
 from ..fsm.compiler import compile_choices, compile_regex
 from ..fsm.dfa import DFA, START
@@ -37,7 +38,9 @@ class FSMGuide(CompiledGuide):
 
     @property
     def memory_bytes(self) -> int:
-        return self.dfa.memory_bytes + self.index.memory_bytes + 1024
+        table = self.__dict__.get("_budget_table")  # budget specs: the distance table and its rows
+        extra = table.memory_bytes if table is not None else 0
+        return self.dfa.memory_bytes + self.index.memory_bytes + 1024 + extra
 
 
 class FSMBackend(GuideBackend):
@@ -50,6 +53,12 @@ class FSMBackend(GuideBackend):
         super().__init__(vocab, limits)
 
     def check(self, spec: GuideSpec) -> None:
+        if spec.option("budget") == "close" and spec.kind not in self.kinds:
+            raise UnsupportedGuideError(
+                f"budget closing (budget='close') needs a constraint the fsm backend compiles to a DFA "
+                f"(regex, choice or a JSON schema its lowering enforces); a {spec.kind} constraint is not one",
+                feature="budget", backend=self.name,
+            )
         if spec.kind in ("json_object", "grammar", "structural_tag"):
             raise UnsupportedGuideError(
                 f"the fsm backend only enforces regular languages (regex, choice, json_schema); "
@@ -65,6 +74,24 @@ class FSMBackend(GuideBackend):
             check_schema_limits(spec.schema, self.limits)
 
     def compile(self, spec: GuideSpec) -> FSMGuide:
+        if spec.option("budget") == "close":
+            return self._compile_budget(spec)
+        return self._compile(spec)
+
+    def _compile_budget(self, spec: GuideSpec) -> FSMGuide:
+        """A budget spec: the guide with its distance table built now, in the compile pool
+        (tokenrails/guided/budget.py), so no decoding step waits for it."""
+        try:
+            guide = self._compile(spec)
+        except UnsupportedGuideError as exc:
+            raise UnsupportedGuideError(
+                f"budget closing (budget='close') needs a constraint the fsm backend compiles to a DFA: {exc}",
+                feature="budget", backend=self.name,
+            ) from None
+        budget_table(guide, self.limits)
+        return guide
+
+    def _compile(self, spec: GuideSpec) -> FSMGuide:
         self.check(spec)
         regex: str | None = None
         if spec.kind == "regex":

@@ -392,6 +392,22 @@ class TokenIndex:
                 out[trie.node_tok_ids[_ragged_arange(ptr[nodes_all], cnt, total)]] = True
         return out
 
+    def end_states(self, state: int) -> np.ndarray:
+        """Int32 ``[padded_vocab]``: the state each grammar token leads to from ``state`` (DEAD =
+        0 when it is not allowed; EOS and specials are never grammar tokens). One dense pass per
+        trie level (the numpy path of the budget rule's table; the C walker does it natively)."""
+        trie = self.trie
+        trans, cls, token_node = self._numpy_tables()
+        ends = np.zeros(trie.num_nodes + 1, dtype=np.int32)  # scaled states; the sentinel stays DEAD
+        if trie.depth and state != DEAD:
+            st = trans[state * self._k + cls[0]]
+            for d in range(trie.depth):
+                if d:
+                    st = trans[st[trie.level_parent[d]] + cls[d]]
+                off = int(trie.level_offset[d])
+                ends[off : off + st.size] = st
+        return ends[token_node] // self._k
+
     def _numpy_tables(self) -> tuple[np.ndarray, _LevelClasses, np.ndarray]:
         """(scaled flat transitions, per-level node classes, token id -> node) for the numpy walker."""
         tables = self._np_tables
