@@ -4,12 +4,16 @@ Two CPU api_servers (``tokenrails.engine_patch.lmdeploy.cpu.serve``, SmolLM2, LM
 tool-call parser), one with the upgrade, one ``--stock``. Each round sends the same chat request
 (``tool_choice`` required by default, temperature 0, ``max_tokens``) to both, in alternating order
 (ABBA), one request at a time; a warm-up request per server first (compiles, first-call set-ups).
+Each side has ``--instances`` servers (default 2), started in ABBA order, round r on instance
+r mod n: two engine processes of the same code differ by up to ~10% in CPU per token on this
+machine (measured: upgraded +12% in one run, -3% in the next, same code), which a single
+instance per side charges to the code.
 Per request: wall time, completion tokens (the server's ``usage``), and the CPU time of the
 server's whole process group (api_server + engine process, all threads) read from /proc before
 and after. Prints per-server medians and the paired ratio upgraded/stock of tokens/s (wall) and
 of tokens per CPU-second (goal >= 1.0); every call's arguments are checked with jsonschema.
 
-    python bench/tool_calls_http.py [--rounds 6] [--max-tokens 141] [--tool-choice required|auto|named]
+    python bench/tool_calls_http.py [--rounds 8] [--instances 2] [--max-tokens 141] [--tool-choice required|auto|named]
 """
 from __future__ import annotations
 
@@ -104,7 +108,8 @@ def one(client, base: str, body: dict, pgid: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--instances", type=int, default=2, help="servers per side (round r on instance r mod n)")
     ap.add_argument("--max-tokens", type=int, default=141)
     ap.add_argument("--tool-choice", default="required", choices=["required", "auto", "named"])
     ap.add_argument("--ready-timeout", type=float, default=600)
@@ -126,36 +131,40 @@ def main() -> None:
         from tokenrails.engine_patch.lmdeploy.guided_meter import ENV_METER
 
         os.environ[ENV_METER] = str(logdir / "meter")
-    servers = {}
+    servers: dict[str, list] = {"upgraded": [], "stock": []}
+    starts = [("upgraded", "stock") if i % 2 == 0 else ("stock", "upgraded") for i in range(args.instances)]
     try:
-        for name in ("upgraded", "stock"):  # one at a time: two engines starting at once crowd 2 cores
+        for name in (n for pair in starts for n in pair):  # one at a time: engines starting at once crowd 2 cores
+            log = logdir / f"{name}{len(servers[name])}.log"
             for attempt in range(3):  # LMDeploy's engine-start manager race (EOFError) is retried
-                proc, base = start_server(model, logdir / f"{name}.log", stock=name == "stock")
+                proc, base = start_server(model, log, stock=name == "stock")
                 served = wait_ready(proc, base, args.ready_timeout)
                 if served is not None:
                     break
                 stop_server(proc)
             else:
-                raise SystemExit(f"{name} server did not come up; log: {logdir / (name + '.log')}")
-            servers[name] = (proc, base, served)
+                raise SystemExit(f"{name} server did not come up; log: {log}")
+            servers[name].append((proc, base, served))
         results: dict[str, list[dict]] = {"upgraded": [], "stock": []}
         with httpx.Client() as client:
-            for name, (proc, base, served) in servers.items():
-                one(client, base, request_body(served, args.tool_choice, args.max_tokens), proc.pid)
+            for name, instances in servers.items():
+                for proc, base, served in instances:
+                    one(client, base, request_body(served, args.tool_choice, args.max_tokens), proc.pid)
             for r in range(args.rounds):
                 order = ("upgraded", "stock") if r % 2 == 0 else ("stock", "upgraded")
                 for name in order:
-                    proc, base, served = servers[name]
+                    proc, base, served = servers[name][r % args.instances]
                     res = one(client, base, request_body(served, args.tool_choice, args.max_tokens), proc.pid)
                     results[name].append(res)
-                    print(f"round {r} {name:8s} {res['tokens']:4d} tokens {res['wall']:6.2f} s wall "
+                    print(f"round {r} {name:8s}#{r % args.instances} {res['tokens']:4d} tokens {res['wall']:6.2f} s wall "
                           f"{res['cpu']:6.2f} s CPU  {res['calls']} call(s)", flush=True)
                     if args.threads:
                         for key, sec in sorted(res["threads"].items(), key=lambda kv: -kv[1])[:4]:
                             print(f"      {sec:6.2f} s  {key}")
     finally:
-        for proc, _, _ in servers.values():
-            stop_server(proc)
+        for instances in servers.values():
+            for proc, _, _ in instances:
+                stop_server(proc)
 
     print(f"\ntool_choice={args.tool_choice!r}, max_tokens={args.max_tokens}, {args.rounds} rounds (ABBA), "
           "medians:")
@@ -166,7 +175,7 @@ def main() -> None:
               f"tok/s {statistics.median(r['tok_s'] for r in rows):6.2f}  "
               f"tok/CPU-s {statistics.median(r['tok_cpu_s'] for r in rows):6.2f}")
     if args.meter:
-        requests = args.rounds + 1
+        requests = args.rounds // args.instances + 1  # per upgraded instance (one meter file each)
         for path in sorted(logdir.glob("meter.*.json")):
             by = json.loads(path.read_text())["by"]
             if by:
