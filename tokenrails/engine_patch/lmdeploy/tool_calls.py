@@ -11,10 +11,10 @@ wrong type reaches the client. The upgrade gives those requests the same kind of
 * a named function: exactly one call of that function (xgrammar's forced tool choice; a parser
   without an xgrammar model: its own required format over that tool (InternLM), or the JSON
   envelope it parses (llama3: ``<|python_tag|>{"name": ..., "parameters": ...}``); no format at
-  all: served as stock serves it, never refused).
-
-* ``required``: at least one call, the first one right away (after any thinking), never prose
-  first — the same calls stock's ``required`` format allows, without its thinking part.
+  all: served as stock serves it, never refused);
+* ``required`` with a reasoning parser: at least one call, the first one right away (after any
+  thinking), never prose first — stock's calls without its thinking part (rebuilt whatever the
+  switch below; without a reasoning parser stock's format already starts with the call).
 
 Thinking: with a reasoning parser the formats are built *without* a thinking part, and the
 request's thinking section goes to the reasoning gate with the parser's markers, optional
@@ -27,9 +27,10 @@ TurboMind requests get exactly what stock sends (its own compiler, no reasoning 
 
 It runs where LMDeploy builds its own required format (``ResponseParser.__init__``), so streaming
 tool-call deltas and the parser's output are LMDeploy's own. Not applied when the client sent a
-``response_format`` of its own (``{"type": "text"}`` is the per-request opt-out), when the parser
-has no structural-tag model for ``auto`` (InternLM's parser), or when the engine switch is off
-(``activate(tool_calls=False)`` / ``TOKENRAILS_TOOL_CALLS=0``).
+``response_format`` of its own (``{"type": "text"}`` is the per-request opt-out; ``required``
+replaces it, as stock does), when the parser has no structural-tag model for ``auto`` (InternLM's
+parser), or, for ``auto``/named, when the engine switch is off (``activate(tool_calls=False)`` /
+``TOKENRAILS_TOOL_CALLS=0``).
 """
 from __future__ import annotations
 
