@@ -149,3 +149,117 @@ def test_format_without_thinking_part_leaves_the_gate_in_charge(cpu_lmdeploy, up
 
     harness.offer(strat, mgr, seq, ids + [eos], vocab.vocab_size)
     assert seq.generated == ids + [eos]
+
+
+# ---- a model that opens <think> itself (Qwen3-hybrid templates: the prompt does not pre-fill it) ----
+
+BAD_CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": 5, "days": "many", "extra": true}}'
+            "\n</tool_call>")
+CLOSING = '"}}\n</tool_call>'  # how a hostile model that gives up tries to end a call
+CHOICES = {"auto": "auto", "named": {"type": "function", "function": {"name": "get_weather"}},
+           "required": "required"}
+
+
+def _open_prompt(tok):
+    """A hybrid template's prompt with thinking left to the model: no <think> pre-filled."""
+    return tok.encode("<|im_start|>user\nweather in Paris?<|im_end|>\n<|im_start|>assistant\n",
+                      add_special_tokens=False)
+
+
+def _hostile_decode(tok, vocab, fmt, script_text, *, seed=0, window=12, max_steps=400):
+    """A hostile model on the real strategy → FusedLogitsProcessor path: it wants the tokens of
+    ``script_text`` in order (an invalid call in it), the first of its next ``window`` tokens the
+    mask allows on top; when none is allowed, a random allowed token (whitespace less liked);
+    scripts used up with the call still open, it writes ``CLOSING`` again and again. EOS only once
+    a call's end was written (then it wants EOS above all). Returns the generated ids."""
+    import asyncio
+
+    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+
+    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab)
+    seq = harness.FakeSeq(next(_SESSIONS), harness.gen_config(fmt, max_new_tokens=max_steps),
+                          prompt_ids=_open_prompt(tok))
+    strat = harness.strategy()
+    gen = torch.Generator().manual_seed(seed)
+    eos = list(vocab.eos_ids)
+    blank = tm._whitespace_tokens(vocab)
+    script = tok.encode(script_text, add_special_tokens=False)
+    closing = tok.encode(CLOSING, add_special_tokens=False)
+
+    wanted = len(script)
+
+    async def run():
+        pos = 0
+        for _ in range(max_steps):
+            done = pos >= wanted and "</tool_call>" in tok.decode(seq.generated)
+            logits = -torch.rand(vocab.vocab_size, generator=gen)
+            logits[blank] -= 0.99
+            logits[eos] = 1000.0 if done else -1000.0
+            while pos + window > len(script):
+                script.extend(closing)
+            for k in range(pos, pos + window):
+                logits[script[k]] = max(float(logits[script[k]]), 200.0 - k + pos)
+            (t,), _ = await harness.step(strat, mgr, [seq], logits[None])
+            seq.generated.append(int(t))
+            if int(t) in eos:
+                return
+            for k in range(pos, pos + window):
+                if script[k] == int(t):
+                    pos = k + 1
+                    break
+
+    asyncio.run(run())
+    assert seq.generated and seq.generated[-1] in eos, f"no EOS: {tok.decode(seq.generated)!r}"
+    return seq.generated
+
+
+def _checked_calls(parser_cls, req, tok, ids):
+    """LMDeploy's parser on the output: (content, calls, reasoning); every call's arguments
+    validate against its tool's schema."""
+    import json
+
+    import jsonschema
+
+    content, calls, reasoning = parser_cls(req).parse_complete(tok.decode(ids[:-1]))
+    schema = tm.TOOLS[0]["function"]["parameters"]
+    for call in calls or []:
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+    return content, calls or [], reasoning
+
+
+_SESSIONS = iter(range(7000, 8000))
+
+
+@pytest.mark.parametrize("choice", sorted(CHOICES))
+def test_model_opens_think_itself_then_calls(choice, cpu_lmdeploy, upgraded, monkeypatch):
+    """Stock leaves auto/named free, so such a model thinks; its required format and the
+    upgrade's tags assumed the prompt opened <think> and refused the model's own. Now the model's
+    first token <think> is allowed under every tool_choice, and the arguments after </think> are
+    still enforced against a model that writes an invalid call."""
+    monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
+    tok, vocab, _ = _tokenizer("qwen3")
+    parser_cls, req, parser = _parser("qwen3", tok, CHOICES[choice])
+    fmt = parser.request.response_format
+    ids = _hostile_decode(tok, vocab, fmt, "<think>" + THINKING + "</think>\n\n" + BAD_CALL)
+    think = tok.convert_tokens_to_ids("<think>")
+    assert ids[0] == think, f"the model's own <think> was refused: {tok.decode(ids[:8])!r}"
+    content, calls, reasoning = _checked_calls(parser_cls, req, tok, ids)
+    assert reasoning is not None and THINKING in reasoning, reasoning
+    assert calls, f"no call: {tok.decode(ids)!r}"
+
+
+@pytest.mark.parametrize("choice", ["named", "required"])
+def test_required_means_calls_not_prose_first(choice, cpu_lmdeploy, upgraded, monkeypatch):
+    """The same model without thinking, wanting prose before its (invalid) call: required and a
+    named function answer with the call first (stock's required format reads that prose as
+    thinking, lets the call's text through unconstrained inside it, and waits for a </think>)."""
+    monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
+    tok, vocab, _ = _tokenizer("qwen3")
+    parser_cls, req, parser = _parser("qwen3", tok, CHOICES[choice])
+    ids = _hostile_decode(tok, vocab, parser.request.response_format,
+                          "Sure, let me look that up for you. " + BAD_CALL, max_steps=300)
+    content, calls, reasoning = _checked_calls(parser_cls, req, tok, ids)
+    assert calls, f"no call: {tok.decode(ids)!r}"
+    assert not tok.decode(ids[:-1]).startswith("Sure"), tok.decode(ids)
+    assert not (content or "").strip(), content
