@@ -123,7 +123,7 @@ def main() -> None:
     import httpx
 
     from tokenrails.demo_model import resolve_model_dir
-    from tokenrails.testing_server_attack import start_server, stop_server, wait_ready
+    from harness.server_attack import start_server, stop_server, wait_ready
 
     model, _, _ = resolve_model_dir(quiet=True)
     logdir = Path(tempfile.mkdtemp(prefix="tool_calls_http_"))
