@@ -14,7 +14,7 @@ from typing import Any
 
 from ...guided.limits import GuideLimits
 from . import inherit
-from ._patching import Patcher, UnsupportedLMDeployError, require_attrs, require_params
+from ._patching import Patcher, UnsupportedLMDeployError, is_patched, require_attrs, require_params
 
 __all__ = ["UnsupportedLMDeployError", "activate", "deactivate", "is_active", "ENV_FLAG"]
 
@@ -22,10 +22,18 @@ ENV_FLAG = inherit.ENV_FLAG  # owned by the start-up hook (startup.py)
 _PATCHER = Patcher()
 _LOCK = threading.RLock()
 _ACTIVE = False
+_APPLYING = False  # the patches are going in on this thread (under _LOCK): a nested call returns
 
 
 def is_active() -> bool:
     return _ACTIVE
+
+
+def _patched_elsewhere() -> bool:
+    """LMDeploy in this process already carries the upgrade, put there by another copy of this
+    package (the first patch point's process-wide mark, _patching.py)."""
+    gd = _mod("lmdeploy._guided_decoding")
+    return is_patched(gd, "ensure_response_format_compilable")
 
 
 def _mod(name: str):
@@ -202,7 +210,12 @@ def _widen_server_format(p: Patcher) -> None:
 def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
              fill_threads: int | None = None, reasoning: Any = None,
              tool_calls: bool | None = None, grammar_drafts: int | None = None) -> None:
-    """Patch LMDeploy in this process (idempotent). Options apply to managers built afterwards.
+    """Patch LMDeploy in this process, once. Options apply to managers built afterwards.
+
+    Idempotent in every process: a second call only updates the options; a call made while the
+    patches are going in (the start-up hook fires when ``_apply`` imports LMDeploy's engine, as in
+    a spawned TP rank that re-imports a script calling ``activate()`` at module level) returns at
+    once; LMDeploy objects patched by another copy of this package are left as they are.
 
     ``reasoning``: the engine-wide reasoning default ("auto", "off", "START,END[,optional]
     [,max=N]", a ``ReasoningConfig``); None → ``$TOKENRAILS_REASONING`` → "auto". See
@@ -212,10 +225,12 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
     ``grammar_drafts``: k > 0 → engines built without a ``speculative_config`` draft the tokens
     the grammar forces, k per step (grammar_drafts.py); 0 → off; None → ``$TOKENRAILS_GRAMMAR_DRAFTS``.
     """
-    global _ACTIVE
+    global _ACTIVE, _APPLYING
     from .settings import configure
 
     with _LOCK:
+        if _APPLYING:  # re-entered from the import hook while our own _apply imports LMDeploy
+            return
         configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning)
         from . import grammar_drafts as _drafts
 
@@ -224,12 +239,16 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
                        tool_calls=tool_calls, fill_threads=fill_threads)  # every child process too
         if _ACTIVE:
             return
+        _APPLYING = True
         try:
-            _apply(_PATCHER)
+            if not _patched_elsewhere():
+                _apply(_PATCHER)
         except BaseException:
             _PATCHER.undo()
             _rebuild_server_models()
             raise
+        finally:
+            _APPLYING = False
         _ACTIVE = True
 
 
