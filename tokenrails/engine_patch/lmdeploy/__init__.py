@@ -9,6 +9,7 @@ See docs/lmdeploy.md.
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 from typing import Any
 
@@ -67,6 +68,7 @@ def _apply(p: Patcher) -> None:
     p.set(ae.AsyncEngine, "preprocess",
           engines.patched_preprocess(front_check.checked_preprocess(ae.AsyncEngine.preprocess)))
     front_check.patch_chat_runner(p)
+    _patch_session_budget(p, ae)
     from . import error_relay  # engine-side typed errors reach the HTTP response with their message
 
     error_relay.patch(p)
@@ -157,6 +159,18 @@ def _apply(p: Patcher) -> None:
 
     grammar_eagle.install(p)
     draft_usage.install(p)  # the counters in the api_server's usage ("speculative")
+
+
+def _patch_session_budget(p: Patcher, ae: Any) -> None:
+    """A ``max_tokens`` cut to fit the session is said in the response (session_budget.py)."""
+    from . import session_budget
+
+    p.set(ae.AsyncEngine, "preprocess", session_budget.patched_preprocess(ae.AsyncEngine.preprocess))
+    # only a server already imported (the CLI and cpu.serve import it first; the start-up hook fires
+    # after it): importing it here would cost every pipeline user ~1 s of fastapi/uvicorn imports
+    server = sys.modules.get("lmdeploy.serve.openai.api_server")
+    if server is not None and hasattr(server, "mount_metrics"):
+        p.set(server, "mount_metrics", session_budget.patched_mount_metrics(server.mount_metrics))
 
 
 def _patch_tool_calls(p: Patcher) -> None:
@@ -267,8 +281,6 @@ def deactivate() -> None:
 
 
 def _rebuild_server_models() -> None:
-    import sys
-
     proto = sys.modules.get("lmdeploy.serve.openai.protocol")
     if proto is not None:
         proto.ChatCompletionRequest.model_rebuild(force=True)
