@@ -44,6 +44,8 @@ def patched_preprocess(original: Callable) -> Callable:
     @functools.wraps(original)
     async def preprocess(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = await original(self, *args, **kwargs)
+        if getattr(self, "backend", None) != "pytorch":  # the cut described is the PyTorch engine's
+            return result
         gen_config = getattr(result, "gen_config", None)
         cut = cut_of(getattr(gen_config, "max_new_tokens", None), int(getattr(result, "input_token_len", 0) or 0),
                       getattr(self, "session_len", None))
