@@ -58,7 +58,8 @@ def test_the_session_fits_the_model_and_the_cache_fits_the_session(model_dir):
     share = serve.parse_args([str(model_dir), "--cache-max-entry-count", "0.01"])
     serve.size_kv_cache(share)
     size = serve.block_bytes(str(model_dir), share.cache_block_seq_len, share.dtype)
-    assert abs(share.num_gpu_blocks * size - 0.01 * serve.available_bytes()) < 0.01 * serve.available_bytes() * 0.2 + size
+    expected = max(serve.MIN_BLOCKS, int(0.01 * serve.available_bytes() // size))  # (memory moves a little)
+    assert abs(share.num_gpu_blocks - expected) <= max(2, expected // 5)
 
 
 def test_cut_of():

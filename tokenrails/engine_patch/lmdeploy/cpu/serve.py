@@ -14,7 +14,7 @@ Defaults that differ from LMDeploy's, for a CPU box: ``--device cpu``, ``--backe
 ``--eager-mode`` on, metrics off, ``--max-batch-size 4``. ``--session-len`` stays LMDeploy's
 default (the model's context length: 8,192 for SmolLM2), and the KV cache is sized for it: unless
 ``--num-gpu-blocks`` is given, two full-length sessions' worth of blocks (one request can always
-use the whole context), or, with an explicit ``--cache-max-entry-count``, that fraction of the
+use the whole context; at least 64), or, with an explicit ``--cache-max-entry-count``, that fraction of the
 memory available now (LMDeploy's meaning, with host memory for device memory). ``--host``/``--port``
 are accepted for ``--server-name``/``--server-port``, ``--num-blocks`` for ``--num-gpu-blocks``.
 """
@@ -31,6 +31,7 @@ from typing import Any
 DEFAULTS = dict(device="cpu", backend="pytorch", eager_mode=True, disable_metrics=True, max_batch_size=4,
                 server_name="127.0.0.1")
 FULL_SESSIONS = 2  # KV blocks for this many full-length sessions by default
+MIN_BLOCKS = 64  # and never fewer than cpu_engine_config's default (LMDeploy's checker wants >= 16)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,7 +122,7 @@ def size_kv_cache(args: argparse.Namespace) -> None:
         size, free = block_bytes(args.model_path, args.cache_block_seq_len, args.dtype), available_bytes()
         if size and free:
             blocks = int(args.cache_max_entry_count * free // size)
-    args.num_gpu_blocks = max(16, blocks)  # LMDeploy's engine checker wants at least 16
+    args.num_gpu_blocks = max(MIN_BLOCKS, blocks)
 
 
 def _serve(args: argparse.Namespace) -> None:
