@@ -151,3 +151,15 @@ def test_a_second_copy_of_the_package_does_not_patch_again():
         "assert refused, 'a second apply went through'\n" + REPORT)
     rep = _run(code)
     _assert_once(rep)
+
+
+@pytest.mark.slow
+def test_the_hook_firing_inside_activate_keeps_its_options():
+    """The nested (hook) call used to re-run ``configure()`` with no options, dropping the caller's
+    (a ``ReasoningConfig`` object, which is not exported to the environment, was lost)."""
+    pytest.importorskip("lmdeploy")
+    code = ("from tokenrails.engine_patch.lmdeploy import activate, settings\n"
+            "activate(backend='fsm', reasoning='off', fill_threads=3)\n"
+            "import json; print('REPORT ' + json.dumps({k: settings.CONFIG[k] is not None for k in\n"
+            "    ('backend', 'reasoning', 'fill_threads')}))\n")
+    assert _run(code, TOKENRAILS_LMDEPLOY="1") == {"backend": True, "reasoning": True, "fill_threads": True}
