@@ -18,11 +18,10 @@ httpx = pytest.importorskip("httpx")
 
 from tokenrails.testing_server_attack import free_port, stop_server, wait_ready  # noqa: E402
 
-from . import user_script  # noqa: E402
-
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
-SCRIPT = Path(user_script.__file__)
+SCRIPT = Path(__file__).with_name("user_script.py")  # run, never imported (it activates at import)
+REGEX = "[0-9]{3}-[a-z]{2}"
 
 
 def _env(report: Path) -> dict:
@@ -47,7 +46,7 @@ def _assert_patched_once(reports: list[dict], processes: int) -> None:
 
 def test_tp_pipeline_with_module_level_activate_finishes(tmp_path):
     report = tmp_path / "layers.jsonl"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "pipeline", "3"], cwd=tmp_path, env=_env(report),
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "pipeline", "3", REGEX], cwd=tmp_path, env=_env(report),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=420)
@@ -60,7 +59,7 @@ def test_tp_pipeline_with_module_level_activate_finishes(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, err[-3000:]
-    assert re.fullmatch(user_script.REGEX, lines[-1][len("RESULT "):])
+    assert re.fullmatch(REGEX, lines[-1][len("RESULT "):])
     _assert_patched_once(_reports(report), processes=4)  # the script's process and three ranks
 
 
@@ -77,9 +76,9 @@ def test_api_server_engine_process_is_patched_once(tmp_path):
         assert model_id, log.read_text()[-3000:]
         resp = httpx.post(f"{base}/v1/chat/completions", timeout=180, json={
             "model": model_id, "messages": [{"role": "user", "content": "Write a code."}], "max_tokens": 8,
-            "temperature": 0, "response_format": {"type": "regex_schema", "regex_schema": user_script.REGEX}})
+            "temperature": 0, "response_format": {"type": "regex_schema", "regex_schema": REGEX}})
         assert resp.status_code == 200, resp.text
-        assert re.fullmatch(user_script.REGEX, resp.json()["choices"][0]["message"]["content"])
+        assert re.fullmatch(REGEX, resp.json()["choices"][0]["message"]["content"])
     finally:
         stop_server(proc)
     _assert_patched_once(_reports(report), processes=2)  # the server's process and its engine process

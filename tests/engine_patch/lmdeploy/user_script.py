@@ -2,8 +2,10 @@
 engine built under ``if __name__ == "__main__":``. Every spawned process (TP ranks, the
 api_server's engine process) re-imports this file, so the module level runs there too.
 
-    python tests/engine_patch/lmdeploy/user_script.py pipeline TP
+    python tests/engine_patch/lmdeploy/user_script.py pipeline TP REGEX
     python tests/engine_patch/lmdeploy/user_script.py serve PORT
+
+(Never imported by the tests: importing it activates the upgrade.)
 
 With ``$PATCH_REPORT`` set, every process that runs the module level appends its patch layers
 (patch_layers.py) to that file.
@@ -21,8 +23,6 @@ if os.environ.get("PATCH_REPORT"):
 
     patch_layers.report(os.environ["PATCH_REPORT"])
 
-REGEX = "[0-9]{3}-[a-z]{2}"
-
 if __name__ == "__main__":
     import torch
 
@@ -39,7 +39,7 @@ if __name__ == "__main__":
         pipe = pipeline(str(model_dir), backend_config=cfg)
         try:
             out = pipe(["Write a code."], gen_config=[GenerationConfig(
-                top_k=1, max_new_tokens=8, response_format={"type": "regex_schema", "regex_schema": REGEX})])
+                top_k=1, max_new_tokens=8, response_format={"type": "regex_schema", "regex_schema": sys.argv[3]})])
             print("RESULT " + out[0].text, flush=True)
         finally:
             pipe.close()
