@@ -9,12 +9,13 @@ See docs/lmdeploy.md.
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 from typing import Any
 
 from ...guided.limits import GuideLimits
 from . import inherit
-from ._patching import Patcher, UnsupportedLMDeployError, require_attrs, require_params
+from ._patching import Patcher, UnsupportedLMDeployError, is_patched, require_attrs, require_params
 
 __all__ = ["UnsupportedLMDeployError", "activate", "deactivate", "is_active", "ENV_FLAG"]
 
@@ -22,10 +23,18 @@ ENV_FLAG = inherit.ENV_FLAG  # owned by the start-up hook (startup.py)
 _PATCHER = Patcher()
 _LOCK = threading.RLock()
 _ACTIVE = False
+_APPLYING = False  # the patches are going in on this thread (under _LOCK): a nested call returns
 
 
 def is_active() -> bool:
     return _ACTIVE
+
+
+def _patched_elsewhere() -> bool:
+    """LMDeploy in this process already carries the upgrade, put there by another copy of this
+    package (the first patch point's process-wide mark, _patching.py)."""
+    gd = _mod("lmdeploy._guided_decoding")
+    return is_patched(gd, "ensure_response_format_compilable")
 
 
 def _mod(name: str):
@@ -60,6 +69,7 @@ def _apply(p: Patcher) -> None:
     p.set(ae.AsyncEngine, "preprocess",
           engines.patched_preprocess(front_check.checked_preprocess(ae.AsyncEngine.preprocess)))
     front_check.patch_chat_runner(p)
+    _patch_session_budget(p, ae)
     from . import error_relay  # engine-side typed errors reach the HTTP response with their message
 
     error_relay.patch(p)
@@ -152,6 +162,18 @@ def _apply(p: Patcher) -> None:
     draft_usage.install(p)  # the counters in the api_server's usage ("speculative")
 
 
+def _patch_session_budget(p: Patcher, ae: Any) -> None:
+    """A ``max_tokens`` cut to fit the session is said in the response (session_budget.py)."""
+    from . import session_budget
+
+    p.set(ae.AsyncEngine, "preprocess", session_budget.patched_preprocess(ae.AsyncEngine.preprocess))
+    # only a server already imported (the CLI and cpu.serve import it first; the start-up hook fires
+    # after it): importing it here would cost every pipeline user ~1 s of fastapi/uvicorn imports
+    server = sys.modules.get("lmdeploy.serve.openai.api_server")
+    if server is not None and hasattr(server, "mount_metrics"):
+        p.set(server, "mount_metrics", session_budget.patched_mount_metrics(server.mount_metrics))
+
+
 def _patch_tool_calls(p: Patcher) -> None:
     """Tool-call arguments enforced for ``auto`` and named ``tool_choice`` (tool_calls.py)."""
     try:
@@ -211,7 +233,12 @@ def _widen_server_format(p: Patcher) -> None:
 def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
              fill_threads: int | None = None, reasoning: Any = None,
              tool_calls: bool | None = None, grammar_drafts: int | None = None) -> None:
-    """Patch LMDeploy in this process (idempotent). Options apply to managers built afterwards.
+    """Patch LMDeploy in this process, once. Options apply to managers built afterwards.
+
+    Idempotent in every process: a second call only updates the options; a call made while the
+    patches are going in (the start-up hook fires when ``_apply`` imports LMDeploy's engine, as in
+    a spawned TP rank that re-imports a script calling ``activate()`` at module level) returns at
+    once; LMDeploy objects patched by another copy of this package are left as they are.
 
     ``reasoning``: the engine-wide reasoning default ("auto", "off", "START,END[,optional]
     [,max=N]", a ``ReasoningConfig``); None → ``$TOKENRAILS_REASONING`` → "auto". See
@@ -221,10 +248,12 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
     ``grammar_drafts``: k > 0 → engines built without a ``speculative_config`` draft the tokens
     the grammar forces, k per step (grammar_drafts.py); 0 → off; None → ``$TOKENRAILS_GRAMMAR_DRAFTS``.
     """
-    global _ACTIVE
+    global _ACTIVE, _APPLYING
     from .settings import configure
 
     with _LOCK:
+        if _APPLYING:  # re-entered from the import hook while our own _apply imports LMDeploy
+            return
         configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning)
         from . import grammar_drafts as _drafts
 
@@ -233,12 +262,16 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
                        tool_calls=tool_calls, fill_threads=fill_threads)  # every child process too
         if _ACTIVE:
             return
+        _APPLYING = True
         try:
-            _apply(_PATCHER)
+            if not _patched_elsewhere():
+                _apply(_PATCHER)
         except BaseException:
             _PATCHER.undo()
             _rebuild_server_models()
             raise
+        finally:
+            _APPLYING = False
         _ACTIVE = True
 
 
@@ -257,8 +290,6 @@ def deactivate() -> None:
 
 
 def _rebuild_server_models() -> None:
-    import sys
-
     proto = sys.modules.get("lmdeploy.serve.openai.protocol")
     if proto is not None:
         proto.ChatCompletionRequest.model_rebuild(force=True)

@@ -182,8 +182,11 @@ def install(p: Patcher) -> None:
     in LMDeploy's proposer registry (``SPEC_PROPOSERS``), and the per-request draft counters."""
     from lmdeploy.pytorch.spec_decode.proposers.base import SPEC_PROPOSERS, ProposalMethod
 
-    table = dict(SPEC_PROPOSERS.module_dict)
-    p.set(SPEC_PROPOSERS, "_module_dict", table)  # a copy: deactivate() puts the stock classes back
+    from ._patching import is_patched
+
+    if not is_patched(SPEC_PROPOSERS, "_module_dict"):  # grammar_drafts.install made the copy already
+        p.set(SPEC_PROPOSERS, "_module_dict", dict(SPEC_PROPOSERS.module_dict))
+    table = SPEC_PROPOSERS._module_dict  # a copy: deactivate() puts the stock classes back
     for name, cls in list(table.items()):
         if isinstance(cls, type) and _forcing_class(cls, ProposalMethod):
             table[name] = grammar_aware(cls)

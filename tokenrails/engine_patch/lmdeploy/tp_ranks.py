@@ -21,6 +21,7 @@ import threading
 from typing import Any, Callable
 
 from . import guided_meter
+from ._patching import DoublePatchError
 
 
 class FollowerGuidedManager:
@@ -67,6 +68,8 @@ def patched_build_model_agent(original: Callable, agent_module: Any) -> Callable
     (and no speculative decoding) the agent's ``guided_decoding_manager`` is a
     :class:`FollowerGuidedManager`. (Not a wrapper of ``BaseModelAgent.__init__``: the CPU device
     path wraps that one, and ``deactivate()`` must not take its wrapper away.)"""
+    if getattr(original, "_tokenrails_tp_ranks", False):  # its lock is not reentrant: wrap once
+        raise DoublePatchError("tokenrails: base_worker.build_model_agent is already wrapped by tp_ranks")
     sig = inspect.signature(original)
 
     def build_model_agent(*args: Any, **kwargs: Any) -> Any:
@@ -83,6 +86,7 @@ def patched_build_model_agent(original: Callable, agent_module: Any) -> Callable
                 agent_module.GuidedDecodingManager = saved
 
     build_model_agent.__wrapped__ = original  # type: ignore[attr-defined]
+    build_model_agent._tokenrails_tp_ranks = True  # type: ignore[attr-defined]
     return build_model_agent
 
 

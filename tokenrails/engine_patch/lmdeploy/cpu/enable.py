@@ -1,17 +1,37 @@
 """Register ``device_type='cpu'`` with LMDeploy 0.18's PyTorch engine (idempotent, by inspection)."""
 from __future__ import annotations
 
+import threading
 from typing import Any
 
+_LOCK = threading.RLock()  # another thread waits for the device; this thread's nested call returns
 _ENABLED = False
+_ENABLING = False  # enable() is running: the start-up hook it triggers (LMDeploy imports) returns
+CPU_MARK = "_tokenrails_cpu"  # on LMDeploy's patched backend selector: the device is registered
 
 
 def enable() -> None:
     """Install the CPU backend selector and CUDA no-op shims in the LMDeploy modules that need them."""
-    global _ENABLED
+    global _ENABLED, _ENABLING
     if _ENABLED:
         return
+    with _LOCK:
+        if _ENABLED or _ENABLING:
+            return
+        _ENABLING = True
+        try:
+            _enable()
+        finally:
+            _ENABLING = False
+
+
+def _enable() -> None:
+    global _ENABLED
     from lmdeploy.pytorch.backends import selector
+
+    if getattr(selector._get_backend, CPU_MARK, False):  # registered in this process already
+        _ENABLED = True  # (by another copy of this module): once per process
+        return
     from lmdeploy.pytorch.engine import logits_process
     from lmdeploy.pytorch.engine.cache_engine import engine as cache_engine
     from lmdeploy.pytorch.engine.cache_engine import layout as cache_layout
@@ -31,6 +51,7 @@ def enable() -> None:
             return CpuOpsBackend
         return original()
 
+    setattr(_get_backend, CPU_MARK, True)
     selector._get_backend = _get_backend
 
     _patch_engine_checker()

@@ -1,43 +1,167 @@
 """LMDeploy's OpenAI api_server on the CPU path, with the tokenrails upgrade active (or not).
 
-    python -m tokenrails.engine_patch.lmdeploy.cpu.serve MODEL_DIR [--port 23333] [--host 127.0.0.1]
-        [--max-batch-size 4] [--session-len 1024] [--num-blocks 64] [--tool-call-parser NAME] [--stock]
-        [--grammar-drafts K]
+    python -m tokenrails.engine_patch.lmdeploy.cpu.serve MODEL [the arguments of `lmdeploy serve api_server`]
+        [--host H] [--port P] [--num-blocks N] [--stock] [--grammar-drafts K]
 
-LMDeploy's own ``lmdeploy.serve.openai.api_server.serve`` with ``cpu_engine_config(...)``: the
-server runs its engine in a spawned process (``enable_mp_engine``); the config's pickle enables the
-CPU path there, and ``activate()`` exports the upgrade to it (skipped with ``--stock``). The CLI's
-``--device`` only offers GPU types, hence this entry point instead of ``lmdeploy serve api_server``.
+The arguments are LMDeploy's own (``lmdeploy serve api_server``'s parser, built by LMDeploy's
+``SubCliServe.add_parser_api_server``: ``--model-name``, ``--session-len``, ``--tp``, ``--dtype``,
+``--reasoning-parser``, ``--tool-call-parser``, ``--chat-template``, ``--api-keys``...), and so is
+what runs them (``SubCliServe.api_server``), with the engine config built as the CPU path's config
+class (``device_type='cpu'``, whose pickle enables the CPU path in the spawned engine process). The
+CLI's ``--device`` only offers GPU types, hence this entry point.
+
+Defaults that differ from LMDeploy's, for a CPU box: ``--device cpu``, ``--backend pytorch``,
+``--eager-mode`` on, metrics off, ``--max-batch-size 4``. ``--session-len`` stays LMDeploy's
+default (the model's context length: 8,192 for SmolLM2), and the KV cache is sized for it: unless
+``--num-gpu-blocks`` is given, two full-length sessions' worth of blocks (one request can always
+use the whole context; at least 64), or, with an explicit ``--cache-max-entry-count``, that fraction of the
+memory available now (LMDeploy's meaning, with host memory for device memory). ``--host``/``--port``
+are accepted for ``--server-name``/``--server-port``, ``--num-blocks`` for ``--num-gpu-blocks``.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULTS = dict(device="cpu", backend="pytorch", eager_mode=True, disable_metrics=True, max_batch_size=4,
+                server_name="127.0.0.1")
+FULL_SESSIONS = 2  # KV blocks for this many full-length sessions by default
+MIN_BLOCKS = 64  # and never fewer than cpu_engine_config's default (LMDeploy's checker wants >= 16)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """LMDeploy's ``serve api_server`` parser with the CPU defaults and this entry point's options."""
+    from lmdeploy.cli.serve import SubCliServe
+
+    if "api_server" not in SubCliServe.subparsers.choices:
+        SubCliServe.add_parser_api_server()
+    stock = SubCliServe.subparsers.choices["api_server"]
+    ap = argparse.ArgumentParser(prog="python -m tokenrails.engine_patch.lmdeploy.cpu.serve",
+                                 description=__doc__.splitlines()[0], parents=[stock], add_help=False,
+                                 formatter_class=stock.formatter_class)  # (the parent's -h/--help)
+    for action in ap._actions:
+        if action.dest == "device" and action.choices is not None and "cpu" not in action.choices:
+            action.choices = [*action.choices, "cpu"]
+        if action.dest == "backend":
+            action.choices = ["pytorch"]  # TurboMind has no CPU build
+    ap.set_defaults(**DEFAULTS)
+    ours = ap.add_argument_group("tokenrails")
+    ours.add_argument("--host", dest="server_name", default=argparse.SUPPRESS, help="= --server-name")
+    ours.add_argument("--port", dest="server_port", type=int, default=argparse.SUPPRESS, help="= --server-port")
+    ours.add_argument("--num-blocks", dest="num_gpu_blocks", type=int, default=argparse.SUPPRESS,
+                      help="= --num-gpu-blocks (KV cache blocks on the host)")
+    ours.add_argument("--stock", action="store_true", help="stock LMDeploy: do not activate the upgrade")
+    ours.add_argument("--grammar-drafts", type=int, default=None,
+                      help="draft the tokens the grammar forces, K per step (grammar_drafts.py)")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    given = set(argv if argv is not None else sys.argv[1:])
+    args.cache_max_entry_given = "--cache-max-entry-count" in given or any(
+        a.startswith("--cache-max-entry-count=") for a in given)
+    return args
+
+
+def model_context(model_path: str) -> int | None:
+    """The model's context length (``max_position_embeddings``), as LMDeploy reads it."""
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    value = text.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
+
+
+def block_bytes(model_path: str, block_size: int, dtype: str) -> int | None:
+    """Bytes of one KV block of the model (keys and values, every layer); None when unknown."""
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    width = 4 if dtype == "float32" else 2
+    return 2 * layers * kv_heads * head_dim * block_size * width
+
+
+def available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def size_kv_cache(args: argparse.Namespace) -> None:
+    """Fill in ``session_len`` (the model's context) and ``num_gpu_blocks`` when not given."""
+    if args.session_len is None:
+        args.session_len = model_context(args.model_path)  # LMDeploy's own default, made explicit
+    if args.num_gpu_blocks:
+        return
+    per_session = math.ceil((args.session_len or 2048) / args.cache_block_seq_len)
+    blocks = FULL_SESSIONS * per_session
+    if args.cache_max_entry_given:
+        size, free = block_bytes(args.model_path, args.cache_block_seq_len, args.dtype), available_bytes()
+        if size and free:
+            blocks = int(args.cache_max_entry_count * free // size)
+    args.num_gpu_blocks = max(MIN_BLOCKS, blocks)
+
+
+def _serve(args: argparse.Namespace) -> None:
+    """``SubCliServe.api_server(args)`` with the engine config built as the CPU config class."""
+    import lmdeploy.messages as messages
+    from lmdeploy.cli.serve import SubCliServe
+
+    from .enable import _config_class, enable
+
+    enable()
+    stock_class = messages.PytorchEngineConfig
+    messages.PytorchEngineConfig = _config_class()  # what api_server(args) builds its config with
+    server = importlib.import_module("lmdeploy.serve.openai.api_server")  # (lmdeploy.serve: a function too)
+
+    run = server.serve
+
+    def serve(*a: Any, **kw: Any) -> Any:
+        messages.PytorchEngineConfig = stock_class  # the config is built: stock class back
+        return run(*a, **kw)
+
+    server.serve = serve
+    try:
+        SubCliServe.api_server(args)
+    finally:
+        server.serve = run
+        messages.PytorchEngineConfig = stock_class
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=23333)
-    ap.add_argument("--max-batch-size", type=int, default=4)
-    ap.add_argument("--session-len", type=int, default=1024)
-    ap.add_argument("--num-blocks", type=int, default=64)
-    ap.add_argument("--log-level", default="WARNING")
-    ap.add_argument("--tool-call-parser", default=None, help="LMDeploy's tool-call parser name (e.g. qwen)")
-    ap.add_argument("--stock", action="store_true", help="stock LMDeploy: do not activate the upgrade")
-    ap.add_argument("--grammar-drafts", type=int, default=None,
-                    help="draft the tokens the grammar forces, K per step (grammar_drafts.py)")
-    args = ap.parse_args(argv)
+    args = parse_args(argv)
+    size_kv_cache(args)
     if not args.stock:
+        import lmdeploy.serve.openai.api_server  # noqa: F401  (imported first: activate() patches it too)
+
         from .. import activate
         activate(grammar_drafts=args.grammar_drafts)
-    from lmdeploy.serve.openai.api_server import serve
-
-    from .enable import cpu_engine_config
-    cfg = cpu_engine_config(max_batch_size=args.max_batch_size, session_len=args.session_len,
-                            num_gpu_blocks=args.num_blocks)
-    serve(args.model, backend="pytorch", backend_config=cfg, server_name=args.host, server_port=args.port,
-          log_level=args.log_level, tool_call_parser=args.tool_call_parser)
+    print(f"tokenrails cpu.serve: session_len={args.session_len} num_gpu_blocks={args.num_gpu_blocks} "
+          f"block_size={args.cache_block_seq_len}", flush=True)
+    _serve(args)
 
 
 if __name__ == "__main__":
