@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("lmdeploy")
 httpx = pytest.importorskip("httpx")
 
-from tokenrails.testing_server_attack import free_port, stop_server, wait_ready  # noqa: E402
+from harness.server_attack import free_port, stop_server, wait_ready  # noqa: E402
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]

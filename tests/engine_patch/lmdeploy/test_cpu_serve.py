@@ -23,7 +23,7 @@ httpx = pytest.importorskip("httpx")
 
 from tokenrails.engine_patch.lmdeploy import session_budget  # noqa: E402
 from tokenrails.engine_patch.lmdeploy.cpu import serve  # noqa: E402
-from tokenrails.testing_server_attack import free_port, stop_server, wait_ready  # noqa: E402
+from harness.server_attack import free_port, stop_server, wait_ready  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 NAME = "smollm2-test"

@@ -25,7 +25,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("aiohttp")
 httpx = pytest.importorskip("httpx")
 
-from tokenrails.testing_server_attack import free_port, stop_server  # noqa: E402
+from harness.server_attack import free_port, stop_server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 MODEL = "stand-in"
