@@ -140,3 +140,24 @@ def test_http_stock_rejects_choice_at_schema():
     patch.deactivate()
     r = _post(_client(), {"type": "choice", "choice": ["a"]})
     assert r.status_code in (400, 422) and "REACHED" not in r.text
+
+
+def test_budget_key_survives_folding_of_vllm_fields(upgraded):
+    """``tokenrails_budget`` sent beside vLLM's ``guided_*`` fields stays a top-level key of the
+    folded format, so the engine closes the vLLM constraint within max_tokens instead of reading
+    the key as part of the client's format."""
+    from lmdeploy.serve.openai.protocol import ChatCompletionRequest
+
+    from tokenrails.engine_patch.lmdeploy.request_fields import fold
+    from tokenrails.engine_patch.lmdeploy.requests import parse_format
+    from tokenrails.guided.budget import is_budget_spec
+
+    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                guided_regex="[0-9]{3}",
+                                response_format={"type": "text", "tokenrails_budget": "close"})
+    folded = fold(req).response_format.model_dump()
+    assert folded["tokenrails_budget"] == "close"
+    assert "tokenrails_budget" not in (folded["request_fields"].get("response_format") or {})
+    spec, _ = parse_format(folded)
+    assert spec.kind == "regex" and spec.pattern == "[0-9]{3}"
+    assert is_budget_spec(spec)

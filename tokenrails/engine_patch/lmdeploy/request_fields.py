@@ -20,8 +20,11 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from ...requests.response_format import BUDGET_KEY
 from ..reasoning import REQUEST_KEY
 from .requests import PACKED, WideResponseFormat
+
+TOP_LEVEL_KEYS = (REQUEST_KEY, BUDGET_KEY)  # tokenrails' own format keys stay beside the packed fields
 
 # vLLM's legacy top-level fields, its ``structured_outputs``, and ``guided_decoding``
 # (a ``GuidedDecodingParams`` dict): what ``tokenrails.requests.parse_request`` reads from a body.
@@ -40,17 +43,15 @@ def fold(request: Any) -> Any:
     if not fields or not hasattr(request, "model_copy"):
         return request
     packed: dict[str, Any] = dict(fields)
-    reasoning = None
+    lifted: dict[str, Any] = {}
     own = getattr(request, "response_format", None)
     if own is not None:
         own = own.model_dump() if hasattr(own, "model_dump") else own
-        if isinstance(own, dict) and REQUEST_KEY in own:  # the engine reads it at the top level
-            reasoning = own[REQUEST_KEY]
-            own = {k: v for k, v in own.items() if k != REQUEST_KEY}
+        if isinstance(own, dict):  # the engine reads its own keys at the top level
+            lifted = {k: own[k] for k in TOP_LEVEL_KEYS if k in own}
+            own = {k: v for k, v in own.items() if k not in TOP_LEVEL_KEYS}
         packed["response_format"] = own
-    fmt: dict[str, Any] = {"type": PACKED, PACKED: packed}
-    if reasoning is not None:
-        fmt[REQUEST_KEY] = reasoning
+    fmt: dict[str, Any] = {"type": PACKED, PACKED: packed, **lifted}
     cleared = {name: None for name in fields}
     return request.model_copy(update={"response_format": WideResponseFormat(**fmt), **cleared})
 
