@@ -440,7 +440,7 @@ def tally(rows: list[dict], side: str, speed: str = "") -> Tally:
             t.valid += a.valid
         t.cut += a.cut and bool(a.problems)
         if a.problems and not a.cut and a.served:
-            t.problems.append(f"{row['label']} [{row['mode']}]: {a.problems[0]}")
+            t.problems.append(f"{row['source']} {row['label']} [{row['mode']}]: {a.problems[0]}")
         both = row["upgraded"].served and row["stock"].served
         if both and (speed == "served" or (speed == "same" and row["upgraded"].tokens == row["stock"].tokens)):
             t.tokens += a.tokens
@@ -458,11 +458,12 @@ def _ratio(a: float, b: float) -> str:
 
 def report(rows: list[dict]) -> None:
     groups: dict[tuple[str, str], list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["source"].split(":")[0], row["mode"]), []).append(row)
-        groups.setdefault(("all", row["mode"]), []).append(row)
-    groups.update({("all", "all"): rows})
-    header = ("source", "mode", "n", "served up/stock", "ratio", "valid up", "valid stock", "cut up/stock",
+    for source in [*dict.fromkeys(r["source"].split(":")[0] for r in rows), "all"]:
+        for mode in [*dict.fromkeys(r["mode"] for r in rows), "all"]:
+            rs = [r for r in rows if source in ("all", r["source"].split(":")[0]) and mode in ("all", r["mode"])]
+            if rs and (mode != "all" or source == "all"):
+                groups[(source, mode)] = rs
+    header = ("source", "mode", "n", "served up/stock", "ratio", "valid up", "valid stock", "cut, no call up/stock",
               "tok/s up", "tok/s stock", "ratio", "same-length ratio (n)")
     table = []
     for (source, mode), rs in groups.items():
@@ -479,7 +480,7 @@ def report(rows: list[dict]) -> None:
         print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
         if n == 0:
             print("  ".join("-" * w for w in widths))
-    refused = [(r["label"], r["mode"], r["upgraded"].status, r["upgraded"].message) for r in rows
+    refused = [(f"{r['source']} {r['label']}", r["mode"], r["upgraded"].status, r["upgraded"].message) for r in rows
                if r["stock"].served and not r["upgraded"].served]
     if refused:
         print(f"\nserved by stock, not by the upgrade ({len(refused)}):")
@@ -503,7 +504,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-pydantic", action="store_true")
     ap.add_argument("--servers", type=Path, help="JSON file naming running servers instead of starting both")
     ap.add_argument("--json", type=Path, help="write every answer here")
+    ap.add_argument("--report", type=Path, help="print the tables of a --json file written before, and stop")
     args = ap.parse_args(argv)
+    if args.report:
+        report([{**r, "upgraded": Answer(**r["upgraded"]), "stock": Answer(**r["stock"])}
+                for r in json.loads(args.report.read_text())])
+        return
 
     sets = load_bfcl(bfcl_data_dir(), args.categories.split(","), args.limit)
     if not args.no_pydantic:
