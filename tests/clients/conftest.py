@@ -5,6 +5,8 @@ litellm) and assert the object the client itself parsed. Every call also goes to
 parallel: stock's outcome is recorded (the terminal summary prints the table), not asserted, since
 the point is that the upgrade serves at least what stock serves. Both servers start once for the
 package and run with a 2,048-token session, so schema-heavy client prompts fit.
+``TOKENRAILS_TEST_CLIENT_SERVERS=FILE`` points the tests at servers already running instead
+(``{"upgraded": {"base": URL, "model": ID}, "stock": {...}}``): a branch's server, or quick reruns.
 """
 from __future__ import annotations
 
