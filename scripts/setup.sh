@@ -24,4 +24,14 @@ if [ "${1:-}" = "--dev" ]; then
   "${PIP[@]}" "ray==2.60.0"
 fi
 "${PIP[@]}" -e ".[${extras}]"
+if [ "${1:-}" = "--dev" ]; then
+  # Client libraries the client tests call the api_server with (tests/clients), pinned. LangChain's
+  # dependencies replace nothing installed; instructor's would (jiter<0.15 pulls openai back to 3.3)
+  # and litellm's bring boto3, so those two go in without dependencies, with the light ones they import.
+  "${PIP[@]}" "langchain-openai==1.7.4" "langchain-core==1.8.1"
+  "${PIP[@]}" --no-deps "instructor==1.17.0" "docstring-parser==0.18.0" \
+    "litellm==1.110.2" "fastuuid==0.14.0" "python-dotenv==1.2.4" "importlib_metadata==8.9.0" "zipp==4.1.2" \
+    "pydantic-settings==2.16.3" "h2==4.4.1" "hpack==4.2.0" "hyperframe==6.1.0"
+  "${PIP[@]}" "tenacity>=8.2.3" "rich>=13.7" "typer>=0.9" "tiktoken>=0.8"
+fi
 .venv/bin/python -c "import torch, tokenrails; print('tokenrails', tokenrails.__version__, 'torch', torch.__version__)"
