@@ -383,7 +383,7 @@ def send(server: dict, ts: ToolSet, mode: str, max_tokens: int) -> Answer:
 def start_servers(session_len: int, attempts: int = 3) -> tuple[dict, list]:
     """Both servers, started together; one that dies of LMDeploy's engine-start manager race
     (``EOFError`` in its log, see tests/engine_patch/lmdeploy/test_real_server.py) is started again."""
-    from tokenrails import testing_server_attack as atk
+    from harness import server_attack as atk
     from tokenrails.demo_model import resolve_model_dir
 
     model = str(resolve_model_dir(quiet=True)[0])
@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> None:
                           f"{'valid' if st.valid else (st.problems or ['-'])[0]} {st.seconds:.1f}s", flush=True)
     finally:
         if procs:
-            from tokenrails import testing_server_attack as atk
+            from harness import server_attack as atk
             for p in procs:
                 atk.stop_server(p)
     print()

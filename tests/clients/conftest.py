@@ -124,7 +124,7 @@ def _start_both(model: str, logdir) -> tuple[Servers, list]:
     """Both servers starting at once (their loads overlap); a start that fails is retried through
     ``start_ready``, which retries LMDeploy's engine-start manager race only."""
     from tests.engine_patch.lmdeploy.test_real_server import start_ready
-    from tokenrails import testing_server_attack as atk
+    from harness import server_attack as atk
 
     extra = ("--session-len", str(SESSION_LEN))
     started = {name: atk.start_server(model, logdir / f"{name}.log", stock=name == "stock", extra_args=extra)
@@ -160,7 +160,7 @@ def servers(tmp_path_factory):
         spec = json.loads(Path(running).read_text())
         yield Servers(*(Server(name, spec[name]["base"], spec[name]["model"]) for name in ("upgraded", "stock")))
         return
-    from tokenrails import testing_server_attack as atk
+    from harness import server_attack as atk
     from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir
     try:
         model = str(resolve_model_dir(quiet=True)[0])

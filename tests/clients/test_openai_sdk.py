@@ -22,7 +22,6 @@ from .shapes import (CITY_PROMPT, PERSON_PROMPT, TOOL_MESSAGES, Address, City, C
 pytestmark = pytest.mark.slow
 
 ITEM_1 = "issue 33 item 1: a tool schema with string maxLength is refused (400) where stock serves it"
-ITEM_4 = "issue 33 item 4, fixed on branch front"
 
 
 def _user(text: str) -> list[dict]:
@@ -163,7 +162,6 @@ GUIDED = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM_4)
 @pytest.mark.parametrize("field", list(GUIDED))
 def test_extra_body_guided_fields(servers, field):
     value, check, prompt, max_tokens = GUIDED[field]
