@@ -60,3 +60,21 @@ def test_xgrammar_never_admits_raw_controls_from_a_pattern(vocab, smollm2_tokeni
     guide = compile_guide(GuideSpec.json_schema(schema), vocab, backend="auto")
     for text in ['"\t"', '"""', '"\\"', '"a\nb"']:
         assert not _accepts(guide, vocab, smollm2_tokenizer, text), repr(text)
+
+
+def _tag(pattern: str) -> dict:
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}, "required": ["s"]}
+    return {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "end": "</f>",
+                                                 "content": {"type": "json_schema", "json_schema": schema}}}
+
+
+def test_structural_tag_patterns_use_xgrammars_own_safe_classes(vocab, smollm2_tokenizer):
+    """Inside a structural tag (xgrammar's alone) a pattern is read by xgrammar itself, whose
+    ``\\s`` / ``[\\s\\S]`` never admit a raw control character: served; a pattern naming one
+    explicitly (``\\t``) would be emitted raw: refused with the reason."""
+    guide = compile_guide(GuideSpec.structural_tag(_tag(r"^[\s\S]{1,6}$")), vocab, backend="auto")
+    assert _accepts(guide, vocab, smollm2_tokenizer, '<f>{"s": "a b"}</f>')
+    for raw in ("a\tb", "a\nb", "\x01"):
+        assert not _accepts(guide, vocab, smollm2_tokenizer, '<f>{"s": "' + raw + '"}</f>'), repr(raw)
+    with pytest.raises(UnsupportedGuideError):
+        compile_guide(GuideSpec.structural_tag(_tag(r"^a\tb$")), vocab, backend="auto")

@@ -476,15 +476,17 @@ def _counted_string(sub: dict) -> bool:
 
 
 def _positive_parts(pattern: str) -> str:
-    """``pattern`` with every negated class and ``.`` replaced by a plain letter: xgrammar keeps
-    those clear of JSON's control characters, quote and backslash (measured: ``^[^a]+$`` and
-    ``^.+$`` refused a raw newline), only what a literal or positive class names reaches it raw."""
+    """``pattern`` with every negated class, ``.`` and xgrammar's own shorthand classes replaced by
+    a plain letter: xgrammar keeps those clear of JSON's control characters, quote and backslash
+    (measured: ``^[^a]+$``, ``^.+$``, a raw ``^\\s$`` and ``^[\\s\\S]$`` refused a raw tab and
+    newline); only what a literal or a positive class names explicitly reaches the string raw."""
     out: list[str] = []
     i, n = 0, len(pattern)
     while i < n:
         c = pattern[i]
         if c == "\\":
-            out.append(pattern[i: i + 2])
+            pair = pattern[i: i + 2]
+            out.append("a" if pair[1:] in ("s", "S", "d", "D", "w", "W") else pair)
             i += 2
         elif c == "[" and pattern[i + 1: i + 2] == "^":
             j = i + 2
@@ -496,11 +498,19 @@ def _positive_parts(pattern: str) -> str:
             i = j + 1
         elif c == "[":
             j = i + 1
+            body = ["["]
             if pattern[j: j + 1] == "]":
+                body.append("\\]")
                 j += 1
             while j < n and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            out.append(pattern[i: j + 1])
+                if pattern[j] == "\\":
+                    pair = pattern[j: j + 2]
+                    body.append("a" if pair[1:] in ("s", "S", "d", "D", "w", "W") else pair)
+                    j += 2
+                else:
+                    body.append(pattern[j])
+                    j += 1
+            out.append("".join(body) + "]")
             i = j + 1
         else:
             out.append("a" if c == "." else c)
