@@ -188,9 +188,31 @@ def test_matcher_accepts_exactly_the_valid_calls(vocab, smollm2_tokenizer):
 @pytest.mark.parametrize("schema", [
     {"type": "object", "properties": {"a": {"maxLength": 3}}},  # no type: xgrammar admits any value
     {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3, "pattern": "^a+$"}}},
+    {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3, "pattern": "^a|bcde$"}}},
 ])
 def test_lengths_xgrammar_would_drop_stay_refused(vocab, schema):
     tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
     tag = xgr.get_model_structural_tag("llama", tools, tool_choice="required").model_dump(mode="json")
     with pytest.raises(UnsupportedGuideError):
         compile_guide(GuideSpec.structural_tag(tag), vocab, backend="auto")
+
+
+class Zip(BaseModel):
+    zip_code: constr(pattern=r"^\d{5}$", min_length=5, max_length=5)
+    plate: constr(pattern=r"^[A-Z]{2}-[0-9]{3,4}$", max_length=8)
+
+
+def test_a_pattern_that_implies_the_lengths_is_served(vocab, smollm2_tokenizer):
+    """pydantic's ``constr(pattern=..., min_length=.., max_length=..)`` where every match of the
+    anchored pattern is within the bounds: xgrammar dropping the length drops nothing, served;
+    calls validate under the hostile sampler."""
+    schema = Zip.model_json_schema()
+    tools = [{"type": "function", "function": {"name": "register", "parameters": schema}}]
+    tag = xgr.get_model_structural_tag("llama", tools, tool_choice="required").model_dump(mode="json")
+    guide = compile_guide(GuideSpec.structural_tag(tag), vocab, backend="auto")
+    calls = []
+    for seed in range(2):
+        calls += _calls(*_drive(guide.matcher(), vocab, seed, []), _begins(tag))
+    assert calls
+    for args in calls:
+        jsonschema.validate(args, schema)

@@ -416,7 +416,7 @@ def xgrammar_unenforced(schema: Any, strict: bool = True, exact_lengths: bool = 
             if key in sub and not constrains_nothing(key, sub[key]):
                 findings.append(f"{path}: {reason}")
         has_len = "minLength" in sub or "maxLength" in sub
-        if "pattern" in sub and has_len:
+        if "pattern" in sub and has_len and not _pattern_implies_lengths(sub):
             findings.append(f"{path}: a string with both pattern and min/maxLength (length bound dropped)")
         if "pattern" in sub and "format" in sub:
             findings.append(f"{path}: a string with both pattern and format")
@@ -465,6 +465,67 @@ def xgrammar_unenforced(schema: Any, strict: bool = True, exact_lengths: bool = 
                             "character, which xgrammar admits raw (invalid JSON)")
     findings.extend(schema_pattern_hazards(schema, XGRAMMAR_REGEX_HAZARDS))
     return sorted(set(findings))
+
+
+def _pattern_implies_lengths(sub: dict) -> bool:
+    """Whether every string the anchored ``pattern`` matches already has a length within
+    ``minLength``..``maxLength`` (``constr(pattern=r"^\\d{5}$", min_length=5, max_length=5)``), so
+    xgrammar dropping the length drops nothing. Only ``^M$`` with no top-level ``|`` in M (search
+    semantics then equal a full match of M); anything else answers False."""
+    from .fsm.regex_ast import Alt, CharSet, Concat, Empty, Repeat
+    from .fsm.regex_parser import parse_regex
+
+    pattern, lo, hi = sub.get("pattern"), sub.get("minLength", 0), sub.get("maxLength")
+    if not (isinstance(pattern, str) and _is_int(lo) and (hi is None or _is_int(hi))):
+        return False
+    if not (pattern.startswith("^") and pattern.endswith("$") and not pattern.endswith("\\$")):
+        return False
+    middle = pattern[1:-1]
+    if _top_level_alternation(middle):
+        return False
+    try:
+        node = parse_regex(middle, 100_000)
+    except GuideError:
+        return False
+
+    def bounds(n) -> tuple[int, float]:
+        if isinstance(n, CharSet):
+            return 1, 1
+        if isinstance(n, Empty):
+            return 0, 0
+        if isinstance(n, Concat):
+            parts = [bounds(i) for i in n.items]
+            return sum(p[0] for p in parts), sum(p[1] for p in parts)
+        if isinstance(n, Alt):
+            parts = [bounds(i) for i in n.items]
+            return min(p[0] for p in parts), max(p[1] for p in parts)
+        if isinstance(n, Repeat):
+            a, b = bounds(n.item)
+            return a * n.min, (float("inf") if n.max is None and b > 0 else b * (n.max or 0))
+        return 0, float("inf")  # unknown node: assume nothing
+
+    shortest, longest = bounds(node)
+    return shortest >= lo and (hi is None or longest <= hi)
+
+
+def _top_level_alternation(pattern: str) -> bool:
+    depth, i, n = 0, 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i = _skip_class(pattern, i)
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            return True
+        i += 1
+    return False
 
 
 def _counted_string(sub: dict) -> bool:
