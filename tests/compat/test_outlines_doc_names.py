@@ -230,3 +230,20 @@ def test_vllm_logits_processor(installed, smollm2_tokenizer):
     for i, token in enumerate(text):
         assert not torch.isinf(json_proc(text[:i], scores)[token]), i
     assert torch.isinf(json_proc(text, scores)).sum() == width - 1  # only EOS after the object
+
+
+def test_logits_generator_annotates_and_checks_models(installed, smollm2_tokenizer):
+    """outlines 0.0.x/0.1.x's ``models.LogitsGenerator``: a Union of the model classes, used in
+    annotations (``typing.get_type_hints`` resolves it) and in ``isinstance``."""
+    import typing
+
+    from outlines.models import LogitsGenerator, Transformers
+
+    def run(model: LogitsGenerator, prompt: str) -> str:
+        return prompt
+
+    assert typing.get_type_hints(run, localns={"LogitsGenerator": LogitsGenerator})["model"] == LogitsGenerator
+    model = Transformers(torch.nn.Linear(1, 1), smollm2_tokenizer)
+    assert isinstance(model, LogitsGenerator)
+    assert not isinstance(smollm2_tokenizer, LogitsGenerator)
+    assert Transformers in typing.get_args(LogitsGenerator)

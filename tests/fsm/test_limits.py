@@ -30,7 +30,8 @@ def test_exponential_dfa_hits_the_state_limit():
 
 def test_repeat_bounds():
     assert _fails_fast(r"a{1,100000}").limit == "max_repeat"
-    assert _fails_fast(r"x{1001}").limit == "max_repeat"
+    assert _fails_fast(r"x{10001}").limit == "max_repeat"  # the default: 10,000 (measured, limits.py)
+    assert _fails_fast(r"x{1001}", LIMITS.replace(max_repeat=1000)).limit == "max_repeat"  # configurable
 
 
 def test_nested_repeats_hit_the_automaton_size_limit():

@@ -12,6 +12,7 @@ import re
 from typing import Any, Iterator
 
 from .errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
+from .fsm.json_string_safety import unsafe_in_json_string
 from .limits import GuideLimits
 
 # Keywords that constrain instances but that xgrammar 0.2.8 does not enforce (it accepts and drops
@@ -347,13 +348,13 @@ def scan_repeat_bounds(text: str, limits: GuideLimits, *, grammar: bool = False)
                     limit="max_repeat", value=eff,
                 )
             group_max[-1] = max(group_max[-1], eff)
-            if not grammar:
+            if not grammar:  # beyond the largest repeat (max_repeat bounds that one alone)
                 total += eff
-                if total > limits.max_repeat_total:
+                if total - worst > limits.max_repeat_total:
                     raise GuideLimitError(
                         f"limit max_repeat_total={limits.max_repeat_total} exceeded: the pattern's bounded "
-                        f"repeats expand to more than that together (like one repeat of {total})",
-                        limit="max_repeat_total", value=total)
+                        f"repeats besides the largest expand to {total - worst} together",
+                        limit="max_repeat_total", value=total - worst)
             last_atom_factor = 1
             i = m.end()
             continue
@@ -398,12 +399,14 @@ def _skip_regex_literal(text: str, i: int) -> int:
 
 
 # ---- backend coverage ----------------------------------------------------------------------
-def xgrammar_unenforced(schema: Any, strict: bool = True) -> list[str]:
+def xgrammar_unenforced(schema: Any, strict: bool = True, exact_lengths: bool = False) -> list[str]:
     """Human-readable findings (``"#/path: reason"``) for keywords xgrammar would drop or reject.
 
     Everything here was found empirically (bench/conformance.py on MaskBench, then minimised):
     each finding is a case where xgrammar 0.2.8 accepts an invalid instance or refuses a valid
     schema with a non-typed error. ``strict``: the spec's policy (xgrammar's ``strict_mode``).
+    ``exact_lengths``: the grammar's length-bounded strings are repaired before compiling
+    (backends/xgrammar_lengths.py, done for structural tags), so plain min/maxLength is enforced.
     """
     findings: list[str] = []
     for path, sub, _ in iter_subschemas(schema):
@@ -413,13 +416,14 @@ def xgrammar_unenforced(schema: Any, strict: bool = True) -> list[str]:
             if key in sub and not constrains_nothing(key, sub[key]):
                 findings.append(f"{path}: {reason}")
         has_len = "minLength" in sub or "maxLength" in sub
-        if "pattern" in sub and has_len:
+        if "pattern" in sub and has_len and not _pattern_implies_lengths(sub):
             findings.append(f"{path}: a string with both pattern and min/maxLength (length bound dropped)")
         if "pattern" in sub and "format" in sub:
             findings.append(f"{path}: a string with both pattern and format")
         if "format" in sub and has_len:
             findings.append(f"{path}: a string with both format and min/maxLength (length bound dropped)")
-        elif has_len and "pattern" not in sub and _is_string_schema(sub):
+        elif has_len and "pattern" not in sub and _is_string_schema(sub) and not (
+                exact_lengths and _counted_string(sub)):
             # xgrammar 0.2.8 lowers a length-bounded string to [^"\\\r\n]{m,n}: raw control
             # characters (invalid JSON) are allowed and escape sequences are not.
             findings.append(
@@ -456,8 +460,123 @@ def xgrammar_unenforced(schema: Any, strict: bool = True) -> list[str]:
         pattern = sub.get("pattern")
         if isinstance(pattern, str) and ("\\p{" in pattern or "\\P{" in pattern):
             findings.append(f"{path}: Unicode property classes in patterns are not supported")
+        if isinstance(pattern, str) and unsafe_in_json_string(_positive_parts(pattern)):
+            findings.append(f"{path}: pattern {pattern[:40]!r} can match a quote, backslash or control "
+                            "character, which xgrammar admits raw (invalid JSON)")
     findings.extend(schema_pattern_hazards(schema, XGRAMMAR_REGEX_HAZARDS))
     return sorted(set(findings))
+
+
+def _pattern_implies_lengths(sub: dict) -> bool:
+    """Whether every string the anchored ``pattern`` matches already has a length within
+    ``minLength``..``maxLength`` (``constr(pattern=r"^\\d{5}$", min_length=5, max_length=5)``), so
+    xgrammar dropping the length drops nothing. Only ``^M$`` with no top-level ``|`` in M (search
+    semantics then equal a full match of M); anything else answers False."""
+    from .fsm.regex_ast import Alt, CharSet, Concat, Empty, Repeat
+    from .fsm.regex_parser import parse_regex
+
+    pattern, lo, hi = sub.get("pattern"), sub.get("minLength", 0), sub.get("maxLength")
+    if not (isinstance(pattern, str) and _is_int(lo) and (hi is None or _is_int(hi))):
+        return False
+    if not (pattern.startswith("^") and pattern.endswith("$") and not pattern.endswith("\\$")):
+        return False
+    middle = pattern[1:-1]
+    if _top_level_alternation(middle):
+        return False
+    try:
+        node = parse_regex(middle, 100_000)
+    except GuideError:
+        return False
+
+    def bounds(n) -> tuple[int, float]:
+        if isinstance(n, CharSet):
+            return 1, 1
+        if isinstance(n, Empty):
+            return 0, 0
+        if isinstance(n, Concat):
+            parts = [bounds(i) for i in n.items]
+            return sum(p[0] for p in parts), sum(p[1] for p in parts)
+        if isinstance(n, Alt):
+            parts = [bounds(i) for i in n.items]
+            return min(p[0] for p in parts), max(p[1] for p in parts)
+        if isinstance(n, Repeat):
+            a, b = bounds(n.item)
+            return a * n.min, (float("inf") if n.max is None and b > 0 else b * (n.max or 0))
+        return 0, float("inf")  # unknown node: assume nothing
+
+    shortest, longest = bounds(node)
+    return shortest >= lo and (hi is None or longest <= hi)
+
+
+def _top_level_alternation(pattern: str) -> bool:
+    depth, i, n = 0, 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i = _skip_class(pattern, i)
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            return True
+        i += 1
+    return False
+
+
+def _counted_string(sub: dict) -> bool:
+    """Whether xgrammar 0.2.8 lowers this length-bounded schema to a counted repeat of one string
+    character (what xgrammar_lengths repairs): an explicit string type, no enum/const (kept as
+    literals, lengths unchecked) and no type-less schema (lowered to any JSON value)."""
+    t = sub.get("type")
+    return (t == "string" or (isinstance(t, list) and "string" in t)) and "enum" not in sub and "const" not in sub
+
+
+def _positive_parts(pattern: str) -> str:
+    """``pattern`` with every negated class, ``.`` and xgrammar's own shorthand classes replaced by
+    a plain letter: xgrammar keeps those clear of JSON's control characters, quote and backslash
+    (measured: ``^[^a]+$``, ``^.+$``, a raw ``^\\s$`` and ``^[\\s\\S]$`` refused a raw tab and
+    newline); only what a literal or a positive class names explicitly reaches the string raw."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            pair = pattern[i: i + 2]
+            out.append("a" if pair[1:] in ("s", "S", "d", "D", "w", "W") else pair)
+            i += 2
+        elif c == "[" and pattern[i + 1: i + 2] == "^":
+            j = i + 2
+            if pattern[j: j + 1] == "]":  # a leading ']' is a literal
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            out.append("a")
+            i = j + 1
+        elif c == "[":
+            j = i + 1
+            body = ["["]
+            if pattern[j: j + 1] == "]":
+                body.append("\\]")
+                j += 1
+            while j < n and pattern[j] != "]":
+                if pattern[j] == "\\":
+                    pair = pattern[j: j + 2]
+                    body.append("a" if pair[1:] in ("s", "S", "d", "D", "w", "W") else pair)
+                    j += 2
+                else:
+                    body.append(pattern[j])
+                    j += 1
+            out.append("".join(body) + "]")
+            i = j + 1
+        else:
+            out.append("a" if c == "." else c)
+            i += 1
+    return "".join(out)
 
 
 def _strict_mode_refusals(path: str, sub: dict) -> list[str]:
@@ -699,7 +818,9 @@ def check_structural_tag(tag: Any, limits: GuideLimits) -> None:
                 if key in ("schema", "json_schema") and isinstance(value, (dict, bool)):
                     schema = value if isinstance(value, dict) else ({} if value else {"not": {}})
                     check_schema_limits(schema, limits)
-                    dropped = xgrammar_unenforced(schema)
+                    # JSON-style strings get exact lengths (backends/xgrammar_lengths.py); an XML-style
+                    # value is raw text the parser trims, so its length stays unenforced there
+                    dropped = xgrammar_unenforced(schema, exact_lengths=node.get("style") in (None, "json"))
                     if dropped:
                         raise UnsupportedGuideError(
                             "structural tag schema uses keywords xgrammar cannot enforce: "

@@ -11,7 +11,7 @@ enforces what the stock engine enforces.
 """
 from __future__ import annotations
 
-from .ecma_patterns import spell_shorthands
+from .ecma_patterns import class_body, spell_shorthands
 from .fsm.charset import negate, normalize, without_surrogates
 
 _RANGES = {
@@ -21,22 +21,8 @@ _RANGES = {
 }
 
 
-def _escape(cp: int) -> str:
-    """A code point as every backend's regex reader takes it (Python, Rust, xgrammar): letters and
-    digits as themselves, the rest as fixed-width ``\\uHHHH`` / ``\\UHHHHHHHH``."""
-    if chr(cp).isascii() and chr(cp).isalnum():
-        return chr(cp)
-    if cp <= 0xFFFF:  # never \\xHH: xgrammar reads \\x greedily ("\\x5fa" is U+05FA)
-        return f"\\u{cp:04x}"
-    return f"\\U{cp:08x}"
-
-
-def _body(ranges) -> str:
-    return "".join(_escape(a) if a == b else f"{_escape(a)}-{_escape(b)}" for a, b in ranges)
-
-
-CLASSES = {k: _body(r) for k, r in _RANGES.items()}
-NEGATED = {k: _body(without_surrogates(negate(r))) for k, r in _RANGES.items()}
+CLASSES = {k: class_body(r) for k, r in _RANGES.items()}
+NEGATED = {k: class_body(without_surrogates(negate(r))) for k, r in _RANGES.items()}
 
 
 def xgrammar_classes(pattern: str) -> str:

@@ -262,3 +262,27 @@ def test_budget_closes_json_over_http_streamed_and_not(server, model_dir):
     bad = _post(server, _body(model_id, prompt, max_tokens=8, response_format={
         "type": "grammar", "grammar": 'root ::= "a"', "tokenrails_budget": "close"}))
     assert bad.status_code == 400 and "budget" in bad.json()["message"], bad.text
+
+
+BOOKING = {"type": "object", "properties": {
+    "city": {"type": "string", "minLength": 2, "maxLength": 12, "title": "City"},
+    "note": {"anyOf": [{"type": "string", "maxLength": 6}, {"type": "null"}], "default": None}},
+    "required": ["city"]}  # what pydantic writes for Field(min_length=2, max_length=12) / constr(max_length=6)
+BOOKING_TOOLS = [{"type": "function", "function": {"name": "book_hotel", "description": "Book a hotel.",
+                                                   "parameters": BOOKING}}]
+
+
+@pytest.mark.parametrize("tool_choice", [{"type": "function", "function": {"name": "book_hotel"}}, None],
+                         ids=["named", "auto-unsent"])
+def test_length_bounded_tool_schema_is_served_and_enforced(server, tool_choice):
+    """A tool schema with string minLength/maxLength (stock serves it, unenforced): 200, and every
+    call's arguments validate; ``tool_choice`` not sent is auto."""
+    extra = {} if tool_choice is None else {"tool_choice": tool_choice}
+    resp = _post(server, _body(server[1], "Book a hotel in Paris.", tools=BOOKING_TOOLS, max_tokens=60, **extra))
+    assert resp.status_code == 200, resp.text
+    calls = resp.json()["choices"][0]["message"].get("tool_calls") or []
+    if tool_choice is not None:
+        assert calls, resp.json()
+    for call in calls:
+        assert call["function"]["name"] == "book_hotel", call
+        jsonschema.validate(json.loads(call["function"]["arguments"]), BOOKING)

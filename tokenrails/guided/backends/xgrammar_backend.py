@@ -11,7 +11,7 @@ import xgrammar as xgr
 
 from ..bitmask import eos_only_row
 from ..backend import CompiledGuide, GuideBackend, Matcher
-from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
+from ..errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
 from ..schema_features import (
     XGRAMMAR_REGEX_HAZARDS,
@@ -28,6 +28,7 @@ from ..schema_policy import is_strict, policy_payload, policy_schema
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
 from . import xgrammar_markers as markers_mod
+from .xgrammar_lengths import exact_string_lengths, has_length_bounds
 from .xgrammar_markers import ebnf_string_literal
 
 
@@ -189,9 +190,27 @@ class XGrammarBackend(GuideBackend):
         )
 
     def check(self, spec: GuideSpec) -> None:
+        """The shared checks, with xgrammar's own (tighter) repeat bounds: its compile cannot be
+        interrupted, and a bound other backends compile in milliseconds takes it seconds."""
+        tight = self.limits.replace(max_repeat=min(self.limits.max_repeat, self.limits.xgrammar_max_repeat))
+        configured = self.limits
+        try:
+            self._check(spec, tight)
+        except GuideLimitError as exc:
+            if exc.limit == "max_repeat" and isinstance(exc.value, int) and exc.value > configured.max_repeat:
+                raise GuideLimitError(f"limit max_repeat={configured.max_repeat} exceeded: got {exc.value}",
+                                      limit="max_repeat", value=exc.value) from exc
+            if exc.limit == "max_repeat" and tight.max_repeat < configured.max_repeat:
+                raise GuideLimitError(
+                    f"limit xgrammar_max_repeat={tight.max_repeat} exceeded: got {exc.value} (xgrammar compiles "
+                    "large bounded repeats in seconds and cannot be interrupted; llguidance and fsm serve them)",
+                    limit="xgrammar_max_repeat", value=exc.value) from exc
+            raise
+
+    def _check(self, spec: GuideSpec, limits: GuideLimits) -> None:
         super().check(spec)
         if spec.kind == "json_schema":
-            check_schema_limits(spec.schema, self.limits)
+            check_schema_limits(spec.schema, limits)
             findings = xgrammar_unenforced(policy_schema(spec), is_strict(spec))  # what _compile compiles
             if findings:
                 raise UnsupportedGuideError(
@@ -204,21 +223,21 @@ class XGrammarBackend(GuideBackend):
                     feature="whitespace_pattern", backend=self.name,
                 )
         elif spec.kind == "regex":
-            self.limits.check("max_regex_length", len(spec.pattern))
-            scan_repeat_bounds(spec.pattern, self.limits)  # C++ compile cannot be interrupted
+            limits.check("max_regex_length", len(spec.pattern))
+            scan_repeat_bounds(spec.pattern, limits)  # C++ compile cannot be interrupted
             refuse_regex_hazards(spec.pattern, XGRAMMAR_REGEX_KIND_HAZARDS, self.name)
         elif spec.kind == "choice":
-            self.limits.check("max_enum_values", len(spec.choices))
-            check_literals(spec.choices, self.limits)
+            limits.check("max_enum_values", len(spec.choices))
+            check_literals(spec.choices, limits)
         elif spec.kind == "grammar":
             if spec.option("dialect") == "lark":
                 raise UnsupportedGuideError("xgrammar takes EBNF; Lark grammars compile on llguidance",
                                             feature="lark", backend=self.name)
-            self.limits.check("max_grammar_bytes", len(spec.ebnf.encode()))
-            scan_repeat_bounds(spec.ebnf, self.limits, grammar=True)
-            check_grammar_literals(spec.ebnf, self.limits)
+            limits.check("max_grammar_bytes", len(spec.ebnf.encode()))
+            scan_repeat_bounds(spec.ebnf, limits, grammar=True)
+            check_grammar_literals(spec.ebnf, limits)
         elif spec.kind == "structural_tag":
-            check_structural_tag(spec.tag, self.limits)
+            check_structural_tag(spec.tag, limits)
 
     def compile(self, spec: GuideSpec) -> XGrammarGuide:
         try:
@@ -282,6 +301,8 @@ class XGrammarBackend(GuideBackend):
         if spec.kind == "grammar":
             return c.compile_grammar(spec.ebnf)
         tag = spec.tag
+        if has_length_bounds(tag):  # xgrammar's own grammar, its length-bounded strings made exact
+            return c.compile_grammar(exact_string_lengths(str(markers_mod.tag_grammar(tag))))
         if "structures" in tag:  # legacy OpenAI/LMDeploy shape: structures + triggers
             items = [
                 xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])

@@ -35,6 +35,7 @@ import torch
 import xgrammar as xgr
 
 from ..vocabulary import Vocabulary
+from .xgrammar_lengths import exact_string_lengths
 
 SENTINEL_PREFIX = b"\x1f\x1e"  # dispatch view: control characters, excluded from every dispatch
 BYTE_SENTINEL_PREFIX = b"\xff\xfe"  # plain view: invalid UTF-8, which no character class matches
@@ -219,15 +220,19 @@ def structural_tag_grammar(tag: dict, markers: MarkerSet) -> tuple[str, dict[int
     if _escaped_marker_in_patterns(tag, markers):
         return None
     subst, ph = substitute_tag(tag, markers)
-    if "structures" in subst:
+    return rewrite_literals(exact_string_lengths(str(tag_grammar(subst))), ph)
+
+
+def tag_grammar(tag: dict) -> xgr.Grammar:
+    """xgrammar's grammar for a structural tag in either shape: the legacy OpenAI/LMDeploy
+    ``structures`` + ``triggers``, or a format tree."""
+    if "structures" in tag:
         items = [
             xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
-            for s in subst["structures"]
+            for s in tag["structures"]
         ]
-        grammar = xgr.Grammar.from_structural_tag(items, list(subst.get("triggers", [])))
-    else:
-        grammar = xgr.Grammar.from_structural_tag(json.dumps(subst))
-    return rewrite_literals(str(grammar), ph)
+        return xgr.Grammar.from_structural_tag(items, list(tag.get("triggers", [])))
+    return xgr.Grammar.from_structural_tag(json.dumps(tag))
 
 
 def _excludes_state(piece: str, in_excludes: bool) -> bool:

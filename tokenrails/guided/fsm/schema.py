@@ -27,13 +27,8 @@ from ..schema_features import (
 )
 from ..schema_policy import already_closed, is_strict, policy_payload
 from ..spec import GuideSpec
-from .charset import Ranges
 from .lowering import IN_PROCESS_ESTIMATE, lower_in_worker, lowered_size_estimate
-from .regex_ast import Alt, CharSet, Concat, Node, Repeat
-from .regex_parser import parse_regex
-
-# characters that must never appear raw inside a JSON string literal
-_JSON_UNSAFE: Ranges = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C))
+from .json_string_safety import unsafe_in_json_string
 
 # keyword -> reason; each is silently ignored by outlines-core 0.2.14's regex builder.
 OUTLINES_IGNORED: dict[str, str] = {
@@ -86,7 +81,7 @@ def outlines_unenforced(schema: Any) -> list[str]:
                 findings.append(f"{path}: pattern together with min/maxLength (outlines drops the pattern)")
             if "format" in sub:
                 findings.append(f"{path}: pattern together with format (outlines drops the format)")
-            if _unsafe_in_json_string(pattern):
+            if unsafe_in_json_string(pattern):
                 findings.append(
                     f"{path}: pattern {pattern[:40]!r} can emit a raw quote, backslash or control "
                     "character inside a JSON string (outlines inserts patterns unescaped)"
@@ -121,24 +116,6 @@ def _lowered_differently(path: str, sub: dict) -> list[str]:
     ):
         out.append(f"{path}: a type list with object keywords keeps only the object branch")
     return out
-
-
-def _unsafe_in_json_string(pattern: str) -> bool:
-    try:
-        node = parse_regex(pattern)
-    except GuideError:
-        return False  # reported when the lowered regex is parsed
-    stack: list[Node] = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, CharSet):
-            if any(lo <= uhi and ulo <= hi for lo, hi in n.ranges for ulo, uhi in _JSON_UNSAFE):
-                return True
-        elif isinstance(n, (Concat, Alt)):
-            stack.extend(n.items)
-        elif isinstance(n, Repeat):
-            stack.append(n.item)
-    return False
 
 
 def whitespace_pattern(spec: GuideSpec) -> str | None:

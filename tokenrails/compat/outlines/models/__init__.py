@@ -12,8 +12,14 @@ from .providers import (  # noqa: F401  (outlines names; they refuse when called
 from . import exllamav2, llamacpp, mlxlm, openai, transformers_vision, vllm  # noqa: F811
 from .openai import OpenAI, azure_openai
 
+from typing import Union
+
+# outlines 0.0.x/0.1.x's alias for "a model a generator can drive" (annotations, ``isinstance``);
+# 0.1.x's members (0.0.x had Mamba for OpenAI; ``mamba`` builds a Transformers here)
+LogitsGenerator = Union[Transformers, LlamaCpp, OpenAI, ExLlamaV2Model, MLXLM, VLLM]
+
 __all__ = [
-    "ExLlamaV2Model", "LlamaCpp", "MLXLM", "OpenAI", "TransformerTokenizer", "Transformers", "TransformersVision",
+    "ExLlamaV2Model", "LlamaCpp", "LogitsGenerator", "MLXLM", "OpenAI", "TransformerTokenizer", "Transformers", "TransformersVision",
     "UnsupportedProviderError", "VLLM", "azure_openai", "exl2", "exllamav2", "from_anthropic", "from_dottxt", "from_gemini",
     "from_llamacpp", "from_lmstudio", "from_mistral", "from_mlxlm", "from_ollama", "from_openai", "from_sglang",
     "from_tgi", "from_transformers", "from_vllm", "from_vllm_offline", "llamacpp", "mamba", "mlxlm", "openai",
