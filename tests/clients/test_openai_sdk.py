@@ -21,7 +21,6 @@ from .shapes import (CITY_PROMPT, PERSON_PROMPT, TOOL_MESSAGES, Address, City, C
 
 pytestmark = pytest.mark.slow
 
-ITEM_1 = "issue 33 item 1: a tool schema with string maxLength is refused (400) where stock serves it"
 
 
 def _user(text: str) -> list[dict]:
@@ -99,7 +98,6 @@ def test_pydantic_function_tools(servers, choice):
         assert [c.function.name for c in calls] == ["GetTime"]
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM_1)
 @pytest.mark.parametrize("choice", ["required", "auto", "named"])
 def test_pydantic_function_tool_with_max_length(servers, choice):
     tools = [openai.pydantic_function_tool(GetWeather), openai.pydantic_function_tool(SearchWeb)]
