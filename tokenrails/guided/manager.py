@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
@@ -26,7 +26,7 @@ from .batch_step import BatchedGuidedStep, FilledMask
 from .bitmask import MaskBuffer
 from .compile_cache import CompileCache
 from .compile_pool import CompilePool
-from .errors import GuideError, GuideTimeoutError, InvalidGuideError, detached_copy
+from .errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .forced import NOTHING, ForcedRun, forced_tokens
 from .gc_pause import gc_paused
 from .jump_forward import JumpForward, compute_jump_forward, text_encoder
@@ -81,6 +81,13 @@ def _unpinned(err: GuideError) -> GuideError:
     return err
 
 
+def _closed_error() -> GuideLimitError:
+    """What a request gets once ``close()`` stopped the compile pool (the engine is shutting
+    down): its own typed error, never the pool's ``RuntimeError``."""
+    return GuideLimitError("the guided decoding manager is closed: no constraint can be compiled any more",
+                           limit="closed")
+
+
 class GuidedDecodingManager:
     """Per-engine (per-rank) owner of compiled guides and per-sequence matchers."""
 
@@ -124,19 +131,34 @@ class GuidedDecodingManager:
     # ---- compilation ---------------------------------------------------------------------
     def prefetch(self, spec: GuideSpec | None) -> None:
         """Start compiling ``spec`` in the background (no-op when cached or already running)."""
-        if spec is None:
-            return
+        if spec is not None:
+            self._lookup(spec)
+
+    def _lookup(self, spec: GuideSpec) -> CompiledGuide | GuideError | _InFlight:
+        """The cached result, the running compile, or a compile started now, in one look under
+        the lock. ``_finish`` leaves the in-flight table and publishes to the cache under the same
+        lock, so a finished compile is never missed between two looks.
+
+        A refusal to start (too many abandoned compiles, or a closed pool) is returned as this
+        request's error and remembered nowhere: it says nothing about the spec, and a refused
+        future left in the in-flight table would refuse the spec for good."""
         with self._lock:
-            if spec.key in self._inflight or self._cache.get(spec.key) is not None:
-                return
+            hit = self._cache.get(spec.key)
+            if hit is not None:
+                return hit
+            entry = self._inflight.get(spec.key)
+            if entry is not None:
+                return entry
             self.counters["cache_misses"] += 1
             deadline = time.monotonic() + self.limits.compile_timeout_s
             try:
                 future = self._pool.submit(self._compile, spec)
             except GuideError as exc:  # the pool refuses while too many compiles are abandoned
-                future = Future()
-                future.set_exception(exc)
-            self._inflight[spec.key] = _InFlight(future, deadline)
+                return _unpinned(exc)
+            except RuntimeError:  # closed: the engine is shutting down
+                return _closed_error()
+            entry = self._inflight[spec.key] = _InFlight(future, deadline)
+            return entry
 
     def _compile(self, spec: GuideSpec) -> CompiledGuide:
         try:
@@ -155,6 +177,12 @@ class GuidedDecodingManager:
         self._finish(spec.key, "compile_failures", lambda: self._cache.put_error(spec.key, err))
         raise err
 
+    def _count(self, counter: str) -> None:
+        """Counters are bumped from compile threads, the engine's loop and its workers at once:
+        under the lock, an increment is never lost."""
+        with self._lock:
+            self.counters[counter] += 1
+
     def _finish(self, key: str, counter: str, publish: Any) -> None:
         """Count, leave the in-flight table, then publish to the cache — atomically for
         ``prefetch`` and in that order for lock-free cache readers (stats never lag a hit)."""
@@ -165,22 +193,17 @@ class GuidedDecodingManager:
 
     def get_compiled(self, spec: GuideSpec, timeout: float | None = None) -> CompiledGuide:
         """The compiled guide for ``spec``, waiting for its compile up to its deadline."""
-        hit = self._cache.get(spec.key)
-        if isinstance(hit, CompiledGuide):
-            self.counters["cache_hits"] += 1
-            return hit
-        if isinstance(hit, GuideError):
-            raise detached_copy(hit)
-        self.prefetch(spec)
-        with self._lock:
-            entry = self._inflight.get(spec.key)
-        if entry is None:  # finished between the two looks
-            return self.get_compiled(spec, timeout)
+        entry = self._lookup(spec)
+        if isinstance(entry, CompiledGuide):
+            self._count("cache_hits")
+            return entry
+        if isinstance(entry, GuideError):
+            raise detached_copy(entry)
         wait = entry.deadline - time.monotonic() if timeout is None else timeout
         try:
             return entry.future.result(timeout=max(0.0, wait))
         except FutureTimeoutError:
-            self.counters["timeouts"] += 1
+            self._count("timeouts")
             self._abandon(spec.key, entry)
             raise GuideTimeoutError(
                 f"limit compile_timeout_s={self.limits.compile_timeout_s} exceeded: "
@@ -189,6 +212,11 @@ class GuidedDecodingManager:
             ) from None
         except GuideError as exc:
             raise detached_copy(exc) from None
+        except CancelledError:  # queued when the manager closed
+            with self._lock:
+                if self._inflight.get(spec.key) is entry:
+                    del self._inflight[spec.key]
+            raise _closed_error() from None
 
     def _abandon(self, key: str, entry: _InFlight) -> None:
         """Past its deadline: the compile keeps running on its own thread but takes no slot, and
