@@ -11,6 +11,7 @@ knows which backend it talks to.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 import time
@@ -59,6 +60,8 @@ def _serialized(method):
     @functools.wraps(method)
     def locked(self, *args, **kwargs):
         with self._step_lock:
+            if self._ending:
+                self._end_queued()
             return method(self, *args, **kwargs)
 
     return locked
@@ -118,6 +121,9 @@ class GuidedDecodingManager:
         self._pool = CompilePool(compile_workers, self.limits.max_abandoned_compiles)
         self._seqs: dict[tuple[Hashable, Hashable], SequenceState] = {}
         self._sessions: dict[Hashable, set[Hashable]] = {}
+        # sessions ended from a finalizer (``end_session_soon``), ended at the next locked call:
+        # a finalizer runs wherever the GC does, possibly inside this manager, and must not wait
+        self._ending: collections.deque = collections.deque()
         self.counters = dict.fromkeys(
             ("cache_hits", "cache_misses", "compiles", "compile_failures", "timeouts", "rejections"), 0
         )
@@ -336,6 +342,17 @@ class GuidedDecodingManager:
         for seq_id in self._sessions.pop(session_id, ()):
             self._seqs.pop((session_id, seq_id), None)
 
+    def end_session_soon(self, session_id: Hashable) -> None:
+        """``end_session`` at this manager's next step (or ``stats()``), without taking a lock
+        now: safe from a ``weakref.finalize`` callback or ``__del__``."""
+        self._ending.append(session_id)
+
+    def _end_queued(self) -> None:
+        while self._ending:
+            session_id = self._ending.popleft()
+            for seq_id in self._sessions.pop(session_id, ()):
+                self._seqs.pop((session_id, seq_id), None)
+
     def compiled(self, rows: Sequence[GuidedRow | None]) -> bool:
         """Whether every row's constraint has finished compiling (cached, or cached as failed):
         a fill or accept of these rows then never waits for a compile, so an engine may run it
@@ -467,6 +484,9 @@ class GuidedDecodingManager:
 
     # ---- observability ---------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
+        if self._ending:
+            with self._step_lock:
+                self._end_queued()
         return {
             "active_matchers": len(self._seqs),
             "active_sessions": len(self._sessions),
