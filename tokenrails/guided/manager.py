@@ -140,7 +140,7 @@ class GuidedDecodingManager:
         if spec is not None:
             self._lookup(spec)
 
-    def _lookup(self, spec: GuideSpec) -> CompiledGuide | GuideError | _InFlight:
+    def _lookup(self, spec: GuideSpec, *, count_hit: bool = False) -> CompiledGuide | GuideError | _InFlight:
         """The cached result, the running compile, or a compile started now, in one look under
         the lock. ``_finish`` leaves the in-flight table and publishes to the cache under the same
         lock, so a finished compile is never missed between two looks.
@@ -151,6 +151,8 @@ class GuidedDecodingManager:
         with self._lock:
             hit = self._cache.get(spec.key)
             if hit is not None:
+                if count_hit and isinstance(hit, CompiledGuide):
+                    self.counters["cache_hits"] += 1
                 return hit
             entry = self._inflight.get(spec.key)
             if entry is not None:
@@ -199,9 +201,8 @@ class GuidedDecodingManager:
 
     def get_compiled(self, spec: GuideSpec, timeout: float | None = None) -> CompiledGuide:
         """The compiled guide for ``spec``, waiting for its compile up to its deadline."""
-        entry = self._lookup(spec)
+        entry = self._lookup(spec, count_hit=True)
         if isinstance(entry, CompiledGuide):
-            self._count("cache_hits")
             return entry
         if isinstance(entry, GuideError):
             raise detached_copy(entry)
