@@ -22,3 +22,31 @@ def env_lookup(name: str):
         return None if key not in data else os.environ.get(name)
 
     return lookup
+
+
+#: Every environment variable tokenrails reads, in one place: a process that starts another where
+#: the environment is not inherited (LMDeploy's Ray workers) hands all of them on
+#: (``engine_patch/lmdeploy/inherit.child_env``). ``tests/test_env_settings.py`` scans the source so
+#: that a new setting cannot be left out.
+SETTINGS: tuple[str, ...] = (
+    "TOKENRAILS_CACHE",                  # demo_model: where the embedded model's cache lives
+    "TOKENRAILS_EXIT_WAIT_S",            # guided/native_threads: exit's bound on running compiles
+    "TOKENRAILS_FSM_PRECOMPUTE",         # guided/fsm/token_index: warm-up of the token index
+    "TOKENRAILS_GRAMMAR_DRAFTS",         # lmdeploy/grammar_drafts: k forced drafts per step
+    "TOKENRAILS_GRAMMAR_DRAFTS_FIXED",   # lmdeploy/grammar_drafts: k drafts every step
+    "TOKENRAILS_GRAMMAR_EAGLE",          # lmdeploy/grammar_eagle: grammar-aware draft models
+    "TOKENRAILS_GUIDED_CPU_METER",       # lmdeploy/guided_meter: per-process CPU time of guided calls
+    "TOKENRAILS_KERNEL",                 # kernels/dispatch: the mask kernel forced
+    "TOKENRAILS_LMDEPLOY",               # lmdeploy/startup: children come up upgraded
+    "TOKENRAILS_LMDEPLOY_BACKEND",       # lmdeploy/inherit: activate(backend=)
+    "TOKENRAILS_LMDEPLOY_CPU",           # lmdeploy/startup: the CPU device path
+    "TOKENRAILS_LMDEPLOY_FILL_THREADS",  # lmdeploy/inherit: activate(fill_threads=)
+    "TOKENRAILS_LMDEPLOY_LIMITS",        # lmdeploy/inherit: activate(limits=)
+    "TOKENRAILS_NATIVE",                 # native: 0 forces the numpy paths
+    "TOKENRAILS_OUTLINES_API",           # compat/outlines: the outlines API version served
+    "TOKENRAILS_OUTLINES_REGEX_BACKEND", # compat/outlines: the regex backend
+    "TOKENRAILS_OVERLAP",                # lmdeploy/overlap: mask fill during the forward
+    "TOKENRAILS_REASONING",              # engine_patch/reasoning: the engine-wide default
+    "TOKENRAILS_TOOL_CALLS",             # lmdeploy/tool_calls: constrained tool calls
+    "TOKENRAILS_TP_GUIDED_ALL_RANKS",    # lmdeploy/tp_ranks: a manager on every TP rank
+)

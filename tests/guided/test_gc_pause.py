@@ -91,3 +91,50 @@ def test_a_pause_is_bounded_even_if_a_compile_never_ends(monkeypatch):
         with gc_paused():  # a compile starting late in an expired pause does not turn it off again
             assert gc.isenabled()
     assert gc.isenabled()
+
+
+def test_a_child_forked_mid_compile_pauses_the_gc_again():
+    """Forked while another thread's compile held the pause (and while the forking thread held
+    one of its own): in the child that thread is gone, so its pause must not count; the forking
+    thread's own does, until it closes. Run in a fresh interpreter: this test process imported
+    libraries that must not be forked."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent("""
+        import gc, os, threading
+        from tokenrails.guided.gc_pause import gc_paused
+
+        inside, release = threading.Event(), threading.Event()
+
+        def compiling():
+            with gc_paused():
+                inside.set()
+                release.wait(30)
+
+        t = threading.Thread(target=compiling)
+        t.start()
+        inside.wait(30)
+        with gc_paused():  # the forking thread's own pause
+            pid = os.fork()
+            if pid == 0:
+                ok = gc.isenabled()  # the other thread's pause is not the child's
+            else:
+                release.set()
+        if pid == 0:
+            ok = ok and gc.isenabled()  # closing its own pause leaves the GC on
+            with gc_paused():
+                ok = ok and not gc.isenabled()  # a compile in the child pauses the GC
+            ok = ok and gc.isenabled() and gc_paused().depth() == 0
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        t.join(30)
+        print("child", os.waitstatus_to_exitcode(status))
+    """)
+    repo = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=repo, env={**__import__("os").environ, "PYTHONPATH": repo})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "child 0" in done.stdout, done.stdout + done.stderr[-2000:]

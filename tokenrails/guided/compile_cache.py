@@ -37,7 +37,10 @@ class CompileCache:
                 return
             self._ok[key] = guide
             self._bytes += size
-            while self._ok and (len(self._ok) > self.max_entries or self._bytes > self.max_bytes):
+            # the guide just put is never evicted by its own put: one larger than the whole budget
+            # stays as the only entry until the next put, instead of being compiled again for
+            # every sequence that uses it
+            while len(self._ok) > 1 and (len(self._ok) > self.max_entries or self._bytes > self.max_bytes):
                 _, old = self._ok.popitem(last=False)
                 self._bytes -= old.memory_bytes
 

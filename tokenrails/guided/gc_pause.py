@@ -36,11 +36,12 @@ MAX_PAUSE_S = 5.0
 class _Pause:
     """Process-wide pause state; ``gc_paused()`` hands out the one instance as a context manager."""
 
-    __slots__ = ("_cond", "_depth", "_we_disabled", "_started", "_watchdog", "_idle")
+    __slots__ = ("_cond", "_depth", "_mine", "_we_disabled", "_started", "_watchdog", "_idle")
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._depth = 0
+        self._mine = threading.local()  # pauses open on each thread: what a forked child keeps
         self._we_disabled = False
         self._started = 0.0
         self._watchdog: threading.Thread | None = None
@@ -58,10 +59,12 @@ class _Pause:
                 self._watchdog = threading.Thread(target=self._watch, name="tokenrails-gc-pause", daemon=True)
                 self._watchdog.start()
             self._depth += 1
+            self._mine.n = getattr(self._mine, "n", 0) + 1
 
     def __exit__(self, *exc: object) -> None:
         with self._cond:
             self._depth -= 1
+            self._mine.n -= 1
             if self._depth == 0 and self._we_disabled:
                 self._we_disabled = False
                 gc.enable()
@@ -89,9 +92,14 @@ class _Pause:
 
     def _after_fork(self) -> None:
         """A forked child has neither the watchdog nor the threads whose compiles held the pause
-        (only the forking thread survives): give the GC back rather than leave it off for good."""
+        (only the forking thread survives): give the GC back rather than leave it off for good,
+        and count only the forking thread's own pauses, which it will close. The other threads'
+        pauses would never close in the child, and the next compile there would find the count
+        above zero and leave the GC on for good."""
         self._cond = threading.Condition(threading.Lock())
         self._watchdog = None
+        self._idle = False
+        self._depth = getattr(self._mine, "n", 0)
         if self._we_disabled:
             self._we_disabled = False
             gc.enable()

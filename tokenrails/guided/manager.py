@@ -11,10 +11,11 @@ knows which backend it talks to.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
@@ -26,7 +27,7 @@ from .batch_step import BatchedGuidedStep, FilledMask
 from .bitmask import MaskBuffer
 from .compile_cache import CompileCache
 from .compile_pool import CompilePool
-from .errors import GuideError, GuideTimeoutError, InvalidGuideError, detached_copy
+from .errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .forced import NOTHING, ForcedRun, forced_tokens
 from .gc_pause import gc_paused
 from .jump_forward import JumpForward, compute_jump_forward, text_encoder
@@ -59,6 +60,8 @@ def _serialized(method):
     @functools.wraps(method)
     def locked(self, *args, **kwargs):
         with self._step_lock:
+            if self._ending:
+                self._end_queued()
             return method(self, *args, **kwargs)
 
     return locked
@@ -79,6 +82,13 @@ def _unpinned(err: GuideError) -> GuideError:
     err.__cause__ = None
     err.__suppress_context__ = True
     return err
+
+
+def _closed_error() -> GuideLimitError:
+    """What a request gets once ``close()`` stopped the compile pool (the engine is shutting
+    down): its own typed error, never the pool's ``RuntimeError``."""
+    return GuideLimitError("the guided decoding manager is closed: no constraint can be compiled any more",
+                           limit="closed")
 
 
 class GuidedDecodingManager:
@@ -111,6 +121,9 @@ class GuidedDecodingManager:
         self._pool = CompilePool(compile_workers, self.limits.max_abandoned_compiles)
         self._seqs: dict[tuple[Hashable, Hashable], SequenceState] = {}
         self._sessions: dict[Hashable, set[Hashable]] = {}
+        # sessions ended from a finalizer (``end_session_soon``), ended at the next locked call:
+        # a finalizer runs wherever the GC does, possibly inside this manager, and must not wait
+        self._ending: collections.deque = collections.deque()
         self.counters = dict.fromkeys(
             ("cache_hits", "cache_misses", "compiles", "compile_failures", "timeouts", "rejections"), 0
         )
@@ -124,19 +137,36 @@ class GuidedDecodingManager:
     # ---- compilation ---------------------------------------------------------------------
     def prefetch(self, spec: GuideSpec | None) -> None:
         """Start compiling ``spec`` in the background (no-op when cached or already running)."""
-        if spec is None:
-            return
+        if spec is not None:
+            self._lookup(spec)
+
+    def _lookup(self, spec: GuideSpec, *, count_hit: bool = False) -> CompiledGuide | GuideError | _InFlight:
+        """The cached result, the running compile, or a compile started now, in one look under
+        the lock. ``_finish`` leaves the in-flight table and publishes to the cache under the same
+        lock, so a finished compile is never missed between two looks.
+
+        A refusal to start (too many abandoned compiles, or a closed pool) is returned as this
+        request's error and remembered nowhere: it says nothing about the spec, and a refused
+        future left in the in-flight table would refuse the spec for good."""
         with self._lock:
-            if spec.key in self._inflight or self._cache.get(spec.key) is not None:
-                return
+            hit = self._cache.get(spec.key)
+            if hit is not None:
+                if count_hit and isinstance(hit, CompiledGuide):
+                    self.counters["cache_hits"] += 1
+                return hit
+            entry = self._inflight.get(spec.key)
+            if entry is not None:
+                return entry
             self.counters["cache_misses"] += 1
             deadline = time.monotonic() + self.limits.compile_timeout_s
             try:
                 future = self._pool.submit(self._compile, spec)
             except GuideError as exc:  # the pool refuses while too many compiles are abandoned
-                future = Future()
-                future.set_exception(exc)
-            self._inflight[spec.key] = _InFlight(future, deadline)
+                return _unpinned(exc)
+            except RuntimeError:  # closed: the engine is shutting down
+                return _closed_error()
+            entry = self._inflight[spec.key] = _InFlight(future, deadline)
+            return entry
 
     def _compile(self, spec: GuideSpec) -> CompiledGuide:
         try:
@@ -155,6 +185,12 @@ class GuidedDecodingManager:
         self._finish(spec.key, "compile_failures", lambda: self._cache.put_error(spec.key, err))
         raise err
 
+    def _count(self, counter: str) -> None:
+        """Counters are bumped from compile threads, the engine's loop and its workers at once:
+        under the lock, an increment is never lost."""
+        with self._lock:
+            self.counters[counter] += 1
+
     def _finish(self, key: str, counter: str, publish: Any) -> None:
         """Count, leave the in-flight table, then publish to the cache — atomically for
         ``prefetch`` and in that order for lock-free cache readers (stats never lag a hit)."""
@@ -165,22 +201,16 @@ class GuidedDecodingManager:
 
     def get_compiled(self, spec: GuideSpec, timeout: float | None = None) -> CompiledGuide:
         """The compiled guide for ``spec``, waiting for its compile up to its deadline."""
-        hit = self._cache.get(spec.key)
-        if isinstance(hit, CompiledGuide):
-            self.counters["cache_hits"] += 1
-            return hit
-        if isinstance(hit, GuideError):
-            raise detached_copy(hit)
-        self.prefetch(spec)
-        with self._lock:
-            entry = self._inflight.get(spec.key)
-        if entry is None:  # finished between the two looks
-            return self.get_compiled(spec, timeout)
+        entry = self._lookup(spec, count_hit=True)
+        if isinstance(entry, CompiledGuide):
+            return entry
+        if isinstance(entry, GuideError):
+            raise detached_copy(entry)
         wait = entry.deadline - time.monotonic() if timeout is None else timeout
         try:
             return entry.future.result(timeout=max(0.0, wait))
         except FutureTimeoutError:
-            self.counters["timeouts"] += 1
+            self._count("timeouts")
             self._abandon(spec.key, entry)
             raise GuideTimeoutError(
                 f"limit compile_timeout_s={self.limits.compile_timeout_s} exceeded: "
@@ -189,6 +219,11 @@ class GuidedDecodingManager:
             ) from None
         except GuideError as exc:
             raise detached_copy(exc) from None
+        except CancelledError:  # queued when the manager closed
+            with self._lock:
+                if self._inflight.get(spec.key) is entry:
+                    del self._inflight[spec.key]
+            raise _closed_error() from None
 
     def _abandon(self, key: str, entry: _InFlight) -> None:
         """Past its deadline: the compile keeps running on its own thread but takes no slot, and
@@ -307,6 +342,17 @@ class GuidedDecodingManager:
         """Release every matcher of the session (call when the engine ends it)."""
         for seq_id in self._sessions.pop(session_id, ()):
             self._seqs.pop((session_id, seq_id), None)
+
+    def end_session_soon(self, session_id: Hashable) -> None:
+        """``end_session`` at this manager's next step (or ``stats()``), without taking a lock
+        now: safe from a ``weakref.finalize`` callback or ``__del__``."""
+        self._ending.append(session_id)
+
+    def _end_queued(self) -> None:
+        while self._ending:
+            session_id = self._ending.popleft()
+            for seq_id in self._sessions.pop(session_id, ()):
+                self._seqs.pop((session_id, seq_id), None)
 
     def compiled(self, rows: Sequence[GuidedRow | None]) -> bool:
         """Whether every row's constraint has finished compiling (cached, or cached as failed):
@@ -439,6 +485,9 @@ class GuidedDecodingManager:
 
     # ---- observability ---------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
+        if self._ending:
+            with self._step_lock:
+                self._end_queued()
         return {
             "active_matchers": len(self._seqs),
             "active_sessions": len(self._sessions),

@@ -13,6 +13,9 @@ tokenrails/engine_patch/reasoning.py): a row with a reasoning config is started 
 on the first call (template-opened or closed thinking sections are honoured); its thinking text is
 free, the constraint starts after the end marker, and ``finalize`` validates only the answer.
 
+The processor's matchers live in its manager until ``finalize`` (or ``close()``, or the end of a
+``with`` block) ends its session; a processor dropped without either ends it when collected.
+
 ``budget="close"`` with ``max_new_tokens=`` (generate's value): each row's output is closed within
 that many tokens (tokenrails/guided/budget.py); ``RowReport.budget_closed`` says whether it had to.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -116,6 +120,10 @@ class GuidedLogitsProcessor(_Base):
         self._prompt_len = 0
         self.time_s = 0.0  # wall time spent inside __call__ (accept + fill + kernel), for overhead reports
         self.calls = 0
+        # generate() may raise, or finalize() never be called: the session (its matchers) ends
+        # when the processor is collected, queued so the collector never waits on the manager
+        end_soon = getattr(self.manager, "end_session_soon", None) or self.manager.end_session
+        self._closer = weakref.finalize(self, end_soon, self.session)
         for s in specs:
             self.manager.prefetch(s)  # compile while generate() runs the prefill
 
@@ -200,8 +208,20 @@ class GuidedLogitsProcessor(_Base):
                 break
             self._accept(sequences[:, pos].tolist())
         reports = [self._report(i, sequences[i]) for i in range(len(self.rows))]
-        self.manager.end_session(self.session)
+        self.close()
         return reports
+
+    def close(self) -> None:
+        """End the processor's session now (``finalize`` does; ``with`` does on exit, also when
+        generate raised). Without it the session ends when the processor is collected."""
+        if self._closer.detach() is not None:
+            self.manager.end_session(self.session)
+
+    def __enter__(self) -> "GuidedLogitsProcessor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def generated_ids(self, sequence: torch.Tensor) -> list[int]:
         """This row's new tokens up to (not including) its first EOS."""

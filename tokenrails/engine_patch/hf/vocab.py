@@ -1,19 +1,33 @@
 """One ``Vocabulary`` and one ``GuidedDecodingManager`` per (tokenizer, logits width), reused.
 
 Building a vocabulary walks the whole tokenizer (~0.5 s) and a manager owns the compile cache,
-so both are memoized: repeated ``generate`` calls then hit the compiled-guide cache.
+so both are memoized: repeated ``generate`` calls then hit the compiled-guide cache. The memos
+are small LRUs: a process that loads tokenizer after tokenizer (or varies the limits per call)
+keeps the last few, not every vocabulary (tens of MB each) and the tokenizer it pins.
 """
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any
 
 from ...guided.limits import GuideLimits
 from ...guided.vocabulary import Vocabulary
 
+MAX_MEMOIZED = 8  # vocabularies, and managers, kept for reuse (least recently used dropped)
+
 _lock = threading.Lock()
-_VOCABS: dict[tuple[int, int], tuple[Any, Vocabulary]] = {}
-_MANAGERS: dict[tuple[str, str, int], Any] = {}
+_VOCABS: "OrderedDict[tuple[int, int], tuple[Any, Vocabulary]]" = OrderedDict()
+_MANAGERS: "OrderedDict[tuple[str, str, int], Any]" = OrderedDict()
+
+
+def _remember(memo: OrderedDict, key: Any, value: Any) -> None:
+    """Store as most recently used; drop the least recently used past ``MAX_MEMOIZED`` (under ``_lock``).
+    A dropped manager is not closed: a processor may still use it, and it holds no idle thread."""
+    memo[key] = value
+    memo.move_to_end(key)
+    while len(memo) > MAX_MEMOIZED:
+        memo.popitem(last=False)
 
 
 def logits_width(model: Any) -> int:
@@ -31,6 +45,7 @@ def vocabulary_for(tokenizer: Any, vocab_size: int | None = None) -> Vocabulary:
     with _lock:
         hit = _VOCABS.get(key)
         if hit is not None and hit[0] is tokenizer:
+            _VOCABS.move_to_end(key)
             return hit[1]
     vocab = Vocabulary.from_huggingface(tokenizer, vocab_size=max(width, len(tokenizer)))
     if vocab.vocab_size != width:
@@ -39,7 +54,7 @@ def vocabulary_for(tokenizer: Any, vocab_size: int | None = None) -> Vocabulary:
             "pass the model's logits width"
         )
     with _lock:
-        _VOCABS[key] = (tokenizer, vocab)  # keeps the tokenizer alive so the id stays unique
+        _remember(_VOCABS, key, (tokenizer, vocab))  # keeps the tokenizer alive so the id stays unique
     return vocab
 
 
@@ -52,5 +67,5 @@ def manager_for(vocab: Vocabulary, backend: str = "auto", limits: GuideLimits | 
         mgr = _MANAGERS.get(key)
         if mgr is None or mgr.vocab is not vocab:
             mgr = GuidedDecodingManager(vocab, backend=backend, limits=limits, fill_threads=1)
-            _MANAGERS[key] = mgr
+        _remember(_MANAGERS, key, mgr)
         return mgr

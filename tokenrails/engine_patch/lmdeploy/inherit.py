@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..._env import SETTINGS
 from ...guided.limits import GuideLimits
 from ._hook_file import startup_hook
 
@@ -78,7 +79,7 @@ def child_env() -> dict[str, str]:
     workers, whose environment is the cluster's (a cluster started before ``activate`` — or on
     another node — never saw ours), passed in their ``runtime_env``."""
     names = (ENV_FLAG, ENV_BACKEND, ENV_LIMITS, ENV_REASONING, ENV_TOOL_CALLS, ENV_CPU, ENV_FILL_THREADS,
-             "PYTHONPATH")
+             *SETTINGS, "PYTHONPATH")  # SETTINGS: every other switch the code reads (grammar drafts, overlap...)
     return {n: os.environ[n] for n in names if n in os.environ}
 
 

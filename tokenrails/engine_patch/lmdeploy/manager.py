@@ -80,6 +80,10 @@ class LMDeployGuidedManager(StockCalls):
         self._mgr = None
         self._error: GuideError | None = None
         self._ready = threading.Event()
+        # The round books below are written by the event loop (clean-up calls) and by the worker
+        # threads that prepare rows: each read-modify-write and each walk is under ``_books``.
+        # It is never held across a call into the core manager (its step lock, a compile wait).
+        self._books = threading.Lock()
         self._rounds: dict[tuple[Hashable, Hashable], Hashable] = {}
         self._begun: dict[tuple[Hashable, Hashable], str] = {}  # (session, seq_key) -> spec key
         self._reasoning_default = default_setting(settings.reasoning_default())  # fixed per manager
@@ -141,24 +145,28 @@ class LMDeployGuidedManager(StockCalls):
     def note_round(self, session_id: Hashable, seq_key: tuple) -> None:
         """Release the previous round's matcher when a sequence starts a new round."""
         ident = (session_id, seq_key[0])
-        prev = self._rounds.get(ident)
-        if prev != seq_key:
+        with self._books:
+            prev = self._rounds.get(ident)
+            if prev == seq_key:
+                return
             self._rounds[ident] = seq_key
             if prev is not None:
                 self._begun.pop((session_id, prev), None)
-                if self._mgr is not None:
-                    self._mgr.release(session_id, prev)
+        if prev is not None and self._mgr is not None:
+            self._mgr.release(session_id, prev)
 
     # ---- reasoning -------------------------------------------------------------------------
     def reasoning_config(self, setting: Any = None):
         """The ``ReasoningConfig`` (or None) for a request's setting (None: the engine default)."""
         setting = setting or self._reasoning_default
-        hit = self._reasoning_memo.get(setting, self)
+        with self._books:
+            hit = self._reasoning_memo.get(setting, self)
         if hit is self:
             hit = resolve(setting, self.core().vocab)  # raises for markers the vocabulary lacks
-            if len(self._reasoning_memo) >= 256:
-                self._reasoning_memo.clear()
-            self._reasoning_memo[setting] = hit
+            with self._books:
+                if len(self._reasoning_memo) >= 256:
+                    self._reasoning_memo.clear()
+                self._reasoning_memo[setting] = hit
         return hit
 
     def prepare_row(self, row: Any) -> Any:
@@ -175,12 +183,16 @@ class LMDeployGuidedManager(StockCalls):
         except GuideError as exc:
             return exc
         key = (row.session_id, row.seq_id)
-        if cfg is not None and self._begun.get(key) != row.spec.key:
-            prompt = getattr(row, "prompt", None)
-            ids = prompt_for_reading(prompt, cfg) if prompt is not None else None
-            mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids,
-                               max_tokens=row.max_tokens)
-            self._begun[key] = row.spec.key
+        if cfg is not None:
+            with self._books:
+                begun = self._begun.get(key) == row.spec.key
+            if not begun:
+                prompt = getattr(row, "prompt", None)
+                ids = prompt_for_reading(prompt, cfg) if prompt is not None else None
+                mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids,
+                                   max_tokens=row.max_tokens)
+                with self._books:
+                    self._begun[key] = row.spec.key
         return GuidedRow(row.session_id, row.seq_id, row.spec, reasoning=cfg, max_tokens=row.max_tokens)
 
     def prepare_rows(self, rows: list[Any]) -> list[Any]:
@@ -188,10 +200,11 @@ class LMDeployGuidedManager(StockCalls):
 
     # ---- LMDeploy's clean-up calls ---------------------------------------------------------
     def end_session(self, session_id: Hashable) -> None:
-        for ident in [k for k in self._rounds if k[0] == session_id]:
-            del self._rounds[ident]
-        for ident in [k for k in self._begun if k[0] == session_id]:
-            del self._begun[ident]
+        with self._books:
+            for ident in [k for k in self._rounds if k[0] == session_id]:
+                del self._rounds[ident]
+            for ident in [k for k in self._begun if k[0] == session_id]:
+                del self._begun[ident]
         if self._mgr is not None:
             self._mgr.end_session(session_id)
 
@@ -204,11 +217,13 @@ class LMDeployGuidedManager(StockCalls):
 
     def clear(self) -> None:
         """Drop every matcher (LMDeploy calls this on sleep/reset)."""
+        with self._books:
+            sessions = {k[0] for k in self._rounds}
+            self._rounds.clear()
+            self._begun.clear()
         if self._mgr is not None:
-            for session_id in {k[0] for k in self._rounds}:
+            for session_id in sessions:
                 self._mgr.end_session(session_id)
-        self._rounds.clear()
-        self._begun.clear()
 
     def stats(self) -> dict[str, int]:
         mgr = self.core(wait=False) if self._error is None else None

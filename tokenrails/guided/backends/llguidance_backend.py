@@ -20,6 +20,7 @@ from ..backend import CompiledGuide, GuideBackend, Matcher
 from ..ecma_patterns import ASCII_CLASSES, spell_shorthands
 from ..errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
+from ..native_pools import NativePools
 from ..policy import find_token_reference
 from ..schema_policy import close_schema, is_strict, policy_schema
 from ..schema_features import (
@@ -212,19 +213,7 @@ def _any(row: np.ndarray) -> bool:
     return bool(row.any())
 
 
-_EXEC = threading.local()
-
-
-def _executor(threads: int = 1) -> "llg.LLExecutor":
-    """One per (calling thread, thread count): engines fill from worker threads."""
-    threads = max(1, int(threads))
-    cache = getattr(_EXEC, "by_threads", None)
-    if cache is None:
-        cache = _EXEC.by_threads = {}
-    ex = cache.get(threads)
-    if ex is None:
-        ex = cache[threads] = llg.LLExecutor(num_threads=threads)
-    return ex
+_EXEC = NativePools(lambda threads: llg.LLExecutor(num_threads=threads))  # one per thread count (native_pools.py)
 
 
 class LLGuidanceMatcher(Matcher):
@@ -293,7 +282,8 @@ class LLGuidanceMatcher(Matcher):
                 m.fill_next_token_bitmask(bitmask, r)
             return
         assert special is not None
-        _executor(threads).unsafe_compute_mask_ptr(live, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
+        with _EXEC.lock:
+            _EXEC.get(threads).unsafe_compute_mask_ptr(live, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
         nonempty = special.apply_rows(bitmask.numpy(), np.asarray(live_rows, dtype=np.intp))
         for m, r, ok in zip(live_ms, live_rows, nonempty):
             # fail closed exactly like the per-row path: errored parser or nothing but specials
