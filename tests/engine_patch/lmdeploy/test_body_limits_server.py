@@ -3,7 +3,8 @@
 While a client pings ``/v1/models`` every 0.1 s, hostile bodies (100,000 stop words, an 8 MB
 message, 100,000 turns, 256 tools x 1,000 properties, a 40 MB body) each get a typed 400/413
 with the limit's name at once, pings stay fast, a normal request is still served, and stop words
-LMDeploy cannot use are logged once per request, not once per word.
+LMDeploy cannot use are logged once per request, not once per word. On the same server:
+``choice: [""]`` answers the string "" (LMDeploy's parser made every empty answer null).
 """
 from __future__ import annotations
 
@@ -118,3 +119,13 @@ def test_normal_request_still_served_and_stop_warnings_collapse(server):
     noted = [line for line in grown.splitlines() if "stop words" in line]
     assert 1 <= len(noted) <= 2, noted[:5] + [f"... {len(noted)} lines"]
     assert "199 more" in grown, grown[-2000:]
+
+
+def test_choice_of_the_empty_string_answers_a_string(server):
+    base, model_id, _ = server
+    options = [""]
+    resp = httpx.post(f"{base}/v1/chat/completions", timeout=120, json=_chat(
+        model_id, response_format={"type": "choice", "choice": options}))
+    assert resp.status_code == 200, resp.text
+    content = resp.json()["choices"][0]["message"]["content"]
+    assert content in options, content

@@ -83,6 +83,9 @@ def _apply(p: Patcher) -> None:
     _widen_server_format(p)
     _patch_harmony(p)
     _patch_tool_calls(p)
+    from . import empty_answer  # "" (not null) when the client's constraint allows the empty answer
+
+    empty_answer.install(p)
 
     # -- sampling strategies ---------------------------------------------------------------------
     ar = _mod("lmdeploy.pytorch.strategies.ar.sampling").ARSamplingStrategy
