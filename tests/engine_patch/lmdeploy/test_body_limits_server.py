@@ -9,7 +9,6 @@ LMDeploy cannot use are logged once per request, not once per word. On the same 
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -41,67 +40,22 @@ def _chat(model_id: str, **extra) -> dict:
             "temperature": 0, **extra}
 
 
-def _hostile(model_id: str) -> list[tuple[str, dict, int, str]]:
-    many_props = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}
-    return [
-        ("100k stop words", _chat(model_id, stop=[f"w{i} x" for i in range(100_000)]), 400, "stop"),
-        ("8 MB message", {**_chat(model_id), "messages": [{"role": "user", "content": "a " * 4_000_000}]},
-         400, "messages"),
-        ("100k turns", {**_chat(model_id), "messages": [{"role": ("user", "assistant")[i % 2], "content": "hi"}
-                                                       for i in range(100_000)]}, 400, "messages"),
-        ("256 tools x 1000 properties", _chat(model_id, tools=[
-            {"type": "function", "function": {"name": f"f{i}", "parameters": many_props}} for i in range(256)]),
-         400, "tools"),
-        ("40 MB body", {**_chat(model_id), "padding": "x" * (40 * 1024 * 1024)}, 413, "TOKENRAILS_MAX_BODY_BYTES"),
-    ]
-
-
 def test_large_bodies_are_refused_at_once_and_pings_stay_fast(server):
-    base, model_id, _ = server
-    pings: list[float] = []
-    failures: list[str] = []
-    stop = threading.Event()
-
-    def pinger() -> None:
-        with httpx.Client(timeout=10) as c:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                try:
-                    c.get(f"{base}/v1/models").raise_for_status()
-                    pings.append(time.perf_counter() - t0)
-                except httpx.HTTPError as exc:
-                    failures.append(repr(exc))
-                time.sleep(0.1)
-
-    # encoded before the pings start: the client's own encoding would hold this process's GIL
-    hostile = [(name, json.dumps(body).encode(), status, needle) for name, body, status, needle in _hostile(model_id)]
-    thread = threading.Thread(target=pinger, daemon=True)
-    thread.start()
-    try:
-        time.sleep(1.0)
-        quiet = list(pings)
-        results = []
-        with httpx.Client(timeout=60) as client:
-            for name, body, status, needle in hostile:
-                t0 = time.perf_counter()
-                resp = client.post(f"{base}/v1/chat/completions", content=body,
-                                   headers={"content-type": "application/json"})
-                results.append((name, resp.status_code, time.perf_counter() - t0, resp.text[:200]))
-                assert resp.status_code == status, results
-                payload = resp.json()
-                assert payload["code"] == status and payload["type"] == "invalid_request_error", payload
-                assert needle in payload["message"] or payload.get("param") == needle, payload
-        time.sleep(0.5)
-    finally:
-        stop.set()
-        thread.join(timeout=15)
-    attack = pings[len(quiet):]
-    print(*results, f"pings quiet p99 {atk.percentile(quiet, 0.99):.3f} s, under attack "
-          f"p99 {atk.percentile(attack, 0.99):.3f} s max {max(attack):.3f} s")
+    base, model_id, log = server
+    results, quiet, during, failures = atk.run_bodies(base, model_id, log)
+    expected = {name: (status, needle) for name, _, status, needle in atk.large_bodies(model_id)}
+    print(*results, f"pings quiet p99 {atk.percentile(quiet, 0.99):.3f} s, during the bodies "
+          f"p99 {atk.percentile(during, 0.99):.3f} s max {max(during):.3f} s", sep="\n")
     assert not failures, failures
-    assert atk.percentile(attack, 0.99) < max(0.25, 2 * atk.percentile(quiet, 0.99)), (attack, results)
-    for name, _, seconds, _ in results:
-        assert seconds < 5.0, results
+    for r in results:
+        status, needle = expected[r.name]
+        assert r.status == status, r
+        payload = json.loads(r.message)
+        assert payload["code"] == status and payload["type"] == "invalid_request_error", payload
+        assert needle in payload["message"] or payload.get("param") == needle, payload
+        assert r.seconds < 5.0, r
+        assert r.log_bytes < 2000, r  # one line per refusal, never one per item
+    assert atk.percentile(during, 0.99) < max(0.25, 2 * atk.percentile(quiet, 0.99)), results
 
 
 def test_normal_request_still_served_and_stop_warnings_collapse(server):
