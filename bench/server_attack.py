@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--bodies", action="store_true", help="only the large request bodies (size/count limits)")
     args = ap.parse_args()
-    from tokenrails.models import resolve_model_dir
+    from tokenrails.demo_model import resolve_model_dir
 
     model, _, _ = resolve_model_dir(quiet=True)
     if args.bodies:

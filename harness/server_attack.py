@@ -380,7 +380,7 @@ def large_bodies(model_id: str) -> list[tuple[str, bytes, int, str]]:
         ("256 tools x 1000 properties", chat(tools=[
             {"type": "function", "function": {"name": f"f{i}", "parameters": many_props}} for i in range(256)]),
          400, "tools"),
-        ("40 MB body", chat(padding="x" * (40 * 1024 * 1024)), 413, "TOKENRAILS_MAX_BODY_BYTES"),
+        ("72 MB body", chat(padding="x" * (72 * 1024 * 1024)), 413, "TOKENRAILS_MAX_BODY_BYTES"),
     ]
     return [(name, json.dumps(body).encode(), status, needle) for name, body, status, needle in shapes]
 

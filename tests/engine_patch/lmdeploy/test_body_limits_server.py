@@ -1,7 +1,7 @@
 """Large request bodies against the real api_server (CPU path): refused before LMDeploy parses them.
 
 While a client pings ``/v1/models`` every 0.1 s, hostile bodies (100,000 stop words, an 8 MB
-message, 100,000 turns, 256 tools x 1,000 properties, a 40 MB body) each get a typed 400/413
+message, 100,000 turns, 256 tools x 1,000 properties, a 72 MB body) each get a typed 400/413
 with the limit's name at once, pings stay fast, a normal request is still served, and stop words
 LMDeploy cannot use are logged once per request, not once per word. On the same server:
 ``choice: [""]`` answers the string "" (LMDeploy's parser made every empty answer null).

@@ -38,7 +38,7 @@ Send = Callable[[Message], Awaitable[None]]
 class BodyLimits:
     """Each limit 0 = off. Environment: ``TOKENRAILS_MAX_<NAME upper-cased>`` (e.g. ``TOKENRAILS_MAX_BODY_BYTES``)."""
 
-    body_bytes: int = 32 * 1024 * 1024
+    body_bytes: int = 64 * 1024 * 1024
     stop_words: int = 256
     stop_bytes: int = 64 * 1024
     messages: int = 8192
