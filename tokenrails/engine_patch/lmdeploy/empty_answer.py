@@ -4,8 +4,8 @@ LMDeploy's response parser turns an empty completion into ``content: null`` (its
 "the model said nothing, maybe it only called tools"). For ``choice: [""]`` or a regex that admits
 the empty string, "" *is* the constrained answer, and a client that checks ``content in choices``
 or ``re.fullmatch`` gets ``None`` instead. :func:`patched_parse_complete` keeps "" for the
-constraint kinds that can admit it, when no tool call was made; JSON kinds never admit "" and
-tool formats keep stock's null.
+constraint kinds that can admit it, when no tool call was made, on the PyTorch engine; JSON kinds
+never admit "" and tool formats keep stock's null; TurboMind answers exactly as stock.
 """
 from __future__ import annotations
 
@@ -31,7 +31,10 @@ def patched_parse_complete(original: Callable) -> Callable:
     def parse_complete(self: Any, text: str, *args: Any, **kwargs: Any) -> Any:
         content, tool_calls, reasoning = original(self, text, *args, **kwargs)
         if content is None and not tool_calls and _format_kind(getattr(self, "request", None)) in _MAY_BE_EMPTY:
-            content = ""
+            from .engines import serving_turbomind
+
+            if not serving_turbomind():  # TurboMind answers exactly as stock
+                content = ""
         return content, tool_calls, reasoning
 
     return parse_complete
