@@ -8,6 +8,7 @@ ping while it was in flight), then ping and benign p50/p99 vs the no-attack base
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/server_attack.py [--servers upgraded,stock]
         [--refused 500] [--deadline 30] [--hostile-timeout 90] [--json out.json]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/server_attack.py --bodies   # large request bodies only
 
 Stock LMDeploy has no limits: a shape may hold its engine for minutes; each hostile request is cut
 by the client at ``--hostile-timeout`` (reported as ``timeout``), and a stock server still stuck
@@ -87,6 +88,33 @@ def print_table(results: list[dict]) -> None:
             print(f"{'':>11}RSS growth after {r['refused']} refused ~1 MB specs: {r['rss_growth_mb']:+.1f} MB")
 
 
+def measure_bodies(name: str, model, args) -> dict:
+    """The large-body shapes alone (``--bodies``): status, time, longest ping and log growth each."""
+    log = Path(tempfile.mkdtemp(prefix=f"bodies-{name}-")) / "server.log"
+    proc, base = atk.start_server(model, log, stock=name == "stock")
+    try:
+        model_id = atk.wait_ready(proc, base, 300)
+        if model_id is None:
+            raise SystemExit(f"{name} server did not start; log: {log}")
+        results, quiet, during, failures = atk.run_bodies(base, model_id, log, timeout=args.stock_hostile_timeout
+                                                          if name == "stock" else args.hostile_timeout)
+        return {"server": name, "bodies": [vars(r) for r in results], "pings_quiet": quiet, "pings": during,
+                "ping_failures": failures}
+    finally:
+        atk.stop_server(proc)
+
+
+def print_bodies(results: list[dict]) -> None:
+    print(f"{'server':9} {'body':28} {'status':>6} {'time s':>8} {'stall s':>8} {'log bytes':>10}")
+    for res in results:
+        for r in res["bodies"]:
+            print(f"{res['server']:9} {r['name']:28} {str(r['status']):>6} {r['seconds']:8.2f} {r['stall_s']:8.2f} "
+                  f"{r['log_bytes']:10d}")
+        print(f"{res['server']:9} pings p99 {_fmt(atk.percentile(res['pings_quiet'], 0.99))} quiet -> "
+              f"{_fmt(atk.percentile(res['pings'], 0.99))} during the bodies, max {_fmt(max(res['pings'] or [0]))}, "
+              f"{len(res['ping_failures'])} failed")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--servers", default="upgraded,stock")
@@ -99,12 +127,17 @@ def main() -> None:
     ap.add_argument("--baseline", type=int, default=6)
     ap.add_argument("--budget", type=float, default=900.0, help="seconds per server for the attack run")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--bodies", action="store_true", help="only the large request bodies (size/count limits)")
     args = ap.parse_args()
-    from tokenrails.models import resolve_model_dir
+    from tokenrails.demo_model import resolve_model_dir
 
     model, _, _ = resolve_model_dir(quiet=True)
-    results = [measure(name, model, args) for name in args.servers.split(",")]
-    print_table(results)
+    if args.bodies:
+        results = [measure_bodies(name, model, args) for name in args.servers.split(",")]
+        print_bodies(results)
+    else:
+        results = [measure(name, model, args) for name in args.servers.split(",")]
+        print_table(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -361,3 +361,84 @@ def _enum_body(model_id: str, nonce: str, values: int) -> dict:
     enum = [f"{nonce}-{i:08d}-" + "v" * 30 for i in range(values)]
     return {"model": model_id, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
             "response_format": _json_format({"enum": enum})}
+
+
+# ---- large request bodies (parsed and tokenized on the event loop by LMDeploy) ---------------
+def large_bodies(model_id: str) -> list[tuple[str, bytes, int, str]]:
+    """``(name, encoded body, status the upgrade answers, the limit's param or env name)`` for each
+    large-body shape; encoded once, so the client's own encoding is not measured."""
+    def chat(**extra: Any) -> dict:
+        return {"model": model_id, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
+                "temperature": 0, **extra}
+
+    many_props = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}
+    shapes = [
+        ("100k stop words", chat(stop=[f"w{i} x" for i in range(100_000)]), 400, "stop"),
+        ("8 MB message", chat(messages=[{"role": "user", "content": "a " * 4_000_000}]), 400, "messages"),
+        ("100k turns", chat(messages=[{"role": ("user", "assistant")[i % 2], "content": "hi"}
+                                      for i in range(100_000)]), 400, "messages"),
+        ("256 tools x 1000 properties", chat(tools=[
+            {"type": "function", "function": {"name": f"f{i}", "parameters": many_props}} for i in range(256)]),
+         400, "tools"),
+        ("72 MB body", chat(padding="x" * (72 * 1024 * 1024)), 413, "TOKENRAILS_MAX_BODY_BYTES"),
+    ]
+    return [(name, json.dumps(body).encode(), status, needle) for name, body, status, needle in shapes]
+
+
+@dataclass
+class BodyResult:
+    name: str
+    status: int | None
+    seconds: float
+    stall_s: float  # the longest ping while it was in flight
+    log_bytes: int  # server log growth while it was in flight
+    message: str = ""
+
+
+def run_bodies(base: str, model_id: str, log: Path, *, timeout: float = 120.0,
+               ping_period: float = 0.1) -> tuple[list[BodyResult], list[float], list[float], list[str]]:
+    """Each large body in turn while a client pings ``/v1/models``: the results, the pings before the
+    first body (quiet), the pings during the bodies, and the ping failures."""
+    bodies = large_bodies(model_id)
+    pings: list[tuple[float, float]] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def pinger() -> None:
+        with httpx.Client(timeout=10) as c:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    c.get(f"{base}/v1/models").raise_for_status()
+                    pings.append((t0, time.perf_counter() - t0))
+                except httpx.HTTPError as exc:
+                    failures.append(repr(exc)[:200])
+                time.sleep(ping_period)
+
+    thread = threading.Thread(target=pinger, daemon=True)
+    thread.start()
+    results: list[BodyResult] = []
+    try:
+        time.sleep(1.0)
+        first = time.perf_counter()
+        with httpx.Client(timeout=timeout) as client:
+            for name, body, _, _ in bodies:
+                size = log.stat().st_size
+                t0 = time.perf_counter()
+                try:
+                    resp = client.post(f"{base}/v1/chat/completions", content=body,
+                                       headers={"content-type": "application/json"})
+                    status, text = resp.status_code, resp.text[:300]
+                except httpx.HTTPError as exc:
+                    status, text = None, f"client: {exc!r}"[:300]
+                t1 = time.perf_counter()
+                time.sleep(2 * ping_period)  # a ping sent just before the answer returns
+                stall = max((lat for s, lat in pings if t0 - lat <= s <= t1), default=0.0)
+                results.append(BodyResult(name, status, t1 - t0, stall, log.stat().st_size - size, text))
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(timeout=15)
+    quiet = [lat for s, lat in pings if s < first]
+    during = [lat for s, lat in pings if s >= first]
+    return results, quiet, during, failures

@@ -177,7 +177,9 @@ class GuideSpec:
             opts["whitespace_pattern"] = str(whitespace_pattern)
         if strict is not None and not strict:  # None: unspecified, the default
             opts["strict"] = False
-        return cls("json_schema", _canonical_json(_schema_to_dict(schema)), _sorted(opts))
+        from .schema_annotations import drop_container_annotations
+
+        return cls("json_schema", _canonical_json(drop_container_annotations(_schema_to_dict(schema))), _sorted(opts))
 
     @classmethod
     def json_object(cls, *, any_whitespace: bool = True) -> "GuideSpec":
@@ -230,7 +232,9 @@ class GuideSpec:
         if not isinstance(tag, Mapping):
             raise InvalidGuideError("structural tag must be a dict or JSON text")
         _check_legacy_tag(tag)
-        return cls("structural_tag", _canonical_json(dict(tag)))
+        from .schema_annotations import drop_tag_annotations
+
+        return cls("structural_tag", _canonical_json(drop_tag_annotations(dict(tag))))
 
     def with_routing(self, backend: str | None, *, fallback: bool = True) -> "GuideSpec":
         """This spec, compiled by ``backend`` first (a registry name; None: auto's choice) and,

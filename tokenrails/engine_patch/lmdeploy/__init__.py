@@ -70,6 +70,9 @@ def _apply(p: Patcher) -> None:
           engines.patched_preprocess(front_check.checked_preprocess(ae.AsyncEngine.preprocess)))
     front_check.patch_chat_runner(p)
     _patch_session_budget(p, ae)
+    from . import body_limits  # request bodies bounded before LMDeploy parses them (body_limits.py)
+
+    body_limits.install(p)
     from . import error_relay  # engine-side typed errors reach the HTTP response with their message
 
     error_relay.patch(p)
@@ -80,6 +83,9 @@ def _apply(p: Patcher) -> None:
     _widen_server_format(p)
     _patch_harmony(p)
     _patch_tool_calls(p)
+    from . import empty_answer  # "" (not null) when the client's constraint allows the empty answer
+
+    empty_answer.install(p)
 
     # -- sampling strategies ---------------------------------------------------------------------
     ar = _mod("lmdeploy.pytorch.strategies.ar.sampling").ARSamplingStrategy
