@@ -42,6 +42,13 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_LMDEPLOY_CPU",           # lmdeploy/startup: the CPU device path
     "TOKENRAILS_LMDEPLOY_FILL_THREADS",  # lmdeploy/inherit: activate(fill_threads=)
     "TOKENRAILS_LMDEPLOY_LIMITS",        # lmdeploy/inherit: activate(limits=)
+    "TOKENRAILS_MAX_BODY_BYTES",         # lmdeploy/body_limits: the api_server's request bounds
+    "TOKENRAILS_MAX_MESSAGES",
+    "TOKENRAILS_MAX_MESSAGE_BYTES",
+    "TOKENRAILS_MAX_STOP_BYTES",
+    "TOKENRAILS_MAX_STOP_WORDS",
+    "TOKENRAILS_MAX_TOOLS",
+    "TOKENRAILS_MAX_TOOL_BYTES",
     "TOKENRAILS_NATIVE",                 # native: 0 forces the numpy paths
     "TOKENRAILS_OUTLINES_API",           # compat/outlines: the outlines API version served
     "TOKENRAILS_OUTLINES_REGEX_BACKEND", # compat/outlines: the regex backend

@@ -27,6 +27,17 @@ from dataclasses import dataclass, fields
 from typing import Any, Awaitable, Callable
 
 ENV_PREFIX = "TOKENRAILS_MAX_"
+# Spelled out, not built from the prefix: the settings list (tokenrails._env.SETTINGS) is checked
+# against the names the source reads.
+ENV_NAMES = {
+    "body_bytes": "TOKENRAILS_MAX_BODY_BYTES",
+    "stop_words": "TOKENRAILS_MAX_STOP_WORDS",
+    "stop_bytes": "TOKENRAILS_MAX_STOP_BYTES",
+    "messages": "TOKENRAILS_MAX_MESSAGES",
+    "message_bytes": "TOKENRAILS_MAX_MESSAGE_BYTES",
+    "tools": "TOKENRAILS_MAX_TOOLS",
+    "tool_bytes": "TOKENRAILS_MAX_TOOL_BYTES",
+}
 
 Scope = dict
 Message = dict
@@ -51,13 +62,14 @@ class BodyLimits:
         env = os.environ if environ is None else environ
         values: dict[str, int] = {}
         for f in fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
+            name = ENV_NAMES[f.name]
+            raw = env.get(name)
             if raw is None or raw.strip() == "":
                 continue
             try:
                 values[f.name] = max(0, int(raw))
             except ValueError as exc:
-                raise ValueError(f"{ENV_PREFIX + f.name.upper()}={raw!r} is not an integer") from exc
+                raise ValueError(f"{name}={raw!r} is not an integer") from exc
         return cls(**values)
 
 
