@@ -73,6 +73,7 @@ def _apply(p: Patcher) -> None:
     from . import body_limits  # request bodies bounded before LMDeploy parses them (body_limits.py)
 
     body_limits.install(p)
+    _patch_server_module(p)
     from . import error_relay  # engine-side typed errors reach the HTTP response with their message
 
     error_relay.patch(p)
@@ -173,11 +174,19 @@ def _patch_session_budget(p: Patcher, ae: Any) -> None:
     from . import session_budget
 
     p.set(ae.AsyncEngine, "preprocess", session_budget.patched_preprocess(ae.AsyncEngine.preprocess))
-    # only a server already imported (the CLI and cpu.serve import it first; the start-up hook fires
-    # after it): importing it here would cost every pipeline user ~1 s of fastapi/uvicorn imports
-    server = sys.modules.get("lmdeploy.serve.openai.api_server")
-    if server is not None and hasattr(server, "mount_metrics"):
+
+
+def _patch_server_module(p: Patcher) -> None:
+    """The api_server module's own patches, now or when it is imported (server_module.py)."""
+    from . import body_limits, session_budget
+    from .server_module import when_server_loaded
+
+    def apply(server: Any) -> None:
+        require_attrs(server, ["mount_metrics"], "lmdeploy.serve.openai.api_server")
         p.set(server, "mount_metrics", session_budget.patched_mount_metrics(server.mount_metrics))
+        body_limits.patch_server(p, server)
+
+    when_server_loaded(p, apply)
 
 
 def _patch_tool_calls(p: Patcher) -> None:

@@ -100,6 +100,12 @@ class Patcher:
 
     def __init__(self) -> None:
         self._records: list[_Record] = []
+        self._on_undo: list[Callable[[], None]] = []
+
+    def on_undo(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` at the next ``undo`` (before the patches are reverted): for what a patch
+        set up besides attributes, such as a pending import hook."""
+        self._on_undo.append(callback)
 
     def set(self, owner: Any, name: str, value: Any) -> Any:
         """Replace ``owner.name`` by ``value``; return the original (raw, from ``__dict__`` when a class).
@@ -127,6 +133,8 @@ class Patcher:
         return original
 
     def undo(self) -> None:
+        while self._on_undo:
+            self._on_undo.pop()()
         while self._records:
             rec = self._records.pop()
             marks = _own_marks(rec.owner)

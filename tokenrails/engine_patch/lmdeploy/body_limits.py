@@ -352,7 +352,7 @@ def patched_mount_metrics(original: Callable) -> Callable:
 
 
 def install(p: Any) -> None:
-    """Body limits on an already imported api_server; stop-word warnings collapsed per request."""
+    """Stop-word warnings collapsed per request (the limits themselves: ``patch_server``)."""
     messages = sys.modules.get("lmdeploy.messages")
     if messages is not None and hasattr(messages.GenerationConfig, "convert_stop_bad_words_to_ids"):
         gc = messages.GenerationConfig
@@ -360,6 +360,8 @@ def install(p: Any) -> None:
         lmdeploy_logger = logging.getLogger("lmdeploy")
         if _FILTER not in lmdeploy_logger.filters:
             lmdeploy_logger.addFilter(_FILTER)
-    server = sys.modules.get("lmdeploy.serve.openai.api_server")
-    if server is not None and hasattr(server, "mount_metrics"):
-        p.set(server, "mount_metrics", patched_mount_metrics(server.mount_metrics))
+
+
+def patch_server(p: Any, server: Any) -> None:
+    """The limits on the api_server's app (``server`` is its module; called when it is loaded)."""
+    p.set(server, "mount_metrics", patched_mount_metrics(server.mount_metrics))
