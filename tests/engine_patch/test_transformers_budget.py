@@ -18,19 +18,11 @@ from tokenrails.engine_patch.transformers import GuidedLogitsProcessor, encode_p
 from tokenrails.guided.budget import budget_spec, budget_table
 from tokenrails.guided.manager import GuidedDecodingManager
 
+from .budget_cases import PROMPT as PROMPT_TEXT, SCHEMA
+
 pytestmark = pytest.mark.slow
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "customer_name": {"type": "string"},
-        "account_status": {"enum": ["active", "inactive"]},
-        "age": {"type": "integer"},
-        "notes": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["customer_name", "account_status", "age", "notes"],
-}
-PROMPT = ["Extract the customer record as JSON: Maria Lopez, 34 years old, her account is active."]
+PROMPT = [PROMPT_TEXT]
 DATE_PROMPT = ["What is the date of the first Moon landing? Answer in ISO format."]
 DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"  # (\\d would admit other scripts' digits: multi-token paths)
 

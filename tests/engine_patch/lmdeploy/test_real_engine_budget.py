@@ -16,19 +16,9 @@ pytest.importorskip("lmdeploy")
 torch = pytest.importorskip("torch")
 jsonschema = pytest.importorskip("jsonschema")
 
-pytestmark = pytest.mark.slow
+from ..budget_cases import PROMPT, SCHEMA  # noqa: E402
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "customer_name": {"type": "string"},
-        "account_status": {"enum": ["active", "inactive"]},
-        "age": {"type": "integer"},
-        "notes": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["customer_name", "account_status", "age", "notes"],
-}
-PROMPT = "Extract the customer record as JSON: Maria Lopez, 34 years old, her account is active."
+pytestmark = pytest.mark.slow
 
 
 def _fmt(budget: bool) -> dict:
