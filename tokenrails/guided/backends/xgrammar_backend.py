@@ -28,6 +28,7 @@ from ..schema_policy import is_strict, policy_payload, policy_schema
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
 from . import xgrammar_markers as markers_mod
+from ..pattern_lengths import fold_tag_lengths
 from .xgrammar_lengths import exact_string_lengths, has_length_bounds
 from .xgrammar_markers import ebnf_string_literal
 
@@ -226,7 +227,7 @@ class XGrammarBackend(GuideBackend):
             scan_repeat_bounds(spec.ebnf, limits, grammar=True)
             check_grammar_literals(spec.ebnf, limits)
         elif spec.kind == "structural_tag":
-            check_structural_tag(spec.tag, limits)
+            check_structural_tag(fold_tag_lengths(spec.tag), limits)  # what compile() compiles
 
     def compile(self, spec: GuideSpec) -> XGrammarGuide:
         try:
@@ -252,7 +253,7 @@ class XGrammarBackend(GuideBackend):
         if spec.kind == "grammar":
             found = markers_mod.ebnf_grammar(spec.ebnf, markers)
         else:
-            found = markers_mod.structural_tag_grammar(spec.tag, markers)
+            found = markers_mod.structural_tag_grammar(fold_tag_lengths(spec.tag), markers)
         if found is None:
             return None
         ebnf, triggers = found
@@ -289,7 +290,7 @@ class XGrammarBackend(GuideBackend):
             return c.compile_grammar(choice_ebnf(spec.choices))
         if spec.kind == "grammar":
             return c.compile_grammar(spec.ebnf)
-        tag = spec.tag
+        tag = fold_tag_lengths(spec.tag)  # pattern + lengths as one pattern xgrammar enforces
         if has_length_bounds(tag):  # xgrammar's own grammar, its length-bounded strings made exact
             return c.compile_grammar(exact_string_lengths(str(markers_mod.tag_grammar(tag))))
         if "structures" in tag:  # legacy OpenAI/LMDeploy shape: structures + triggers
