@@ -16,49 +16,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ecma_patterns import ecma_shorthands
+from .ecma_patterns import class_body, ecma_shorthands
 from .errors import GuideError
+from .fsm.charset import MAX_CODE_POINT, negate, normalize, union
 from .fsm.regex_ast import Alt, CharSet, Concat, Empty, Node, Repeat
 from .fsm.regex_parser import parse_regex
 
-_BMP_TOP = 0xFFFF
-_SURROGATES = (0xD800, 0xDFFF)
-# raw JSON string characters only; U+2028/U+2029 too (ECMA's "." excludes them, Python's does not)
-_EXCLUDED = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x2028, 0x2029), _SURROGATES)
+# Raw JSON string characters of the Basic Multilingual Plane only: no control characters, quote or
+# backslash; U+2028/U+2029 out too (ECMA's "." excludes them, Python's does not); no surrogates.
+_EXCLUDED = normalize([(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x2028, 0x2029), (0xD800, 0xDFFF),
+                       (0x10000, MAX_CODE_POINT)])
 _MAX_BOUND = 10_000
 
 
-def _json_chars(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
-    out = []
-    for lo, hi in ranges:
-        hi = min(hi, _BMP_TOP)
-        pieces = [(lo, hi)]
-        for xlo, xhi in _EXCLUDED:
-            nxt = []
-            for a, b in pieces:
-                if b < xlo or a > xhi:
-                    nxt.append((a, b))
-                    continue
-                if a < xlo:
-                    nxt.append((a, xlo - 1))
-                if b > xhi:
-                    nxt.append((xhi + 1, b))
-            pieces = nxt
-        out.extend(p for p in pieces if p[0] <= p[1])
-    return tuple(out)
-
-
-def _char(cp: int) -> str:
-    c = chr(cp)
-    return c if c.isascii() and c.isalnum() else f"\\u{cp:04x}"
-
-
 def _class(ranges: tuple[tuple[int, int], ...]) -> str | None:
-    ranges = _json_chars(ranges)
-    if not ranges:
-        return None
-    body = "".join(_char(a) if a == b else f"{_char(a)}-{_char(b)}" for a, b in ranges)
-    return f"[{body}]"
+    """``ranges`` less ``_EXCLUDED`` as a character class, or None when nothing is left."""
+    kept = negate(union(negate(ranges), _EXCLUDED))
+    return f"[{class_body(kept)}]" if kept else None
 
 
 def _fixed(node: Node) -> tuple[str, int] | None:
