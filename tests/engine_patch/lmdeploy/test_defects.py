@@ -148,8 +148,8 @@ def test_dllm_guided_rows(mode, smollm2_tokenizer, vocab):
 
     proc = FusedLogitsProcessor(si, guided_decoding_manager=mgr)
     scores, _ = asyncio.run(proc(torch.randn(4, vocab.vocab_size)))
-    assert sorted(proc.guided_errors) == [0, 1, 2, 3]
-    assert all(isinstance(e, UnsupportedGuideError) for e in proc.guided_errors.values())
+    assert sorted(proc.tokenrails_step.errors) == [0, 1, 2, 3]
+    assert all(isinstance(e, UnsupportedGuideError) for e in proc.tokenrails_step.errors.values())
     assert (proc.sampling(scores) == EOS).all()  # fail closed: nothing but EOS
 
 
@@ -227,7 +227,7 @@ def test_bad_words_cannot_break_the_grammar(mode, smollm2_tokenizer, vocab):
     if mode == "stock":
         assert toks[0] not in legal and toks[0] != EOS  # an illegal token came out
     else:
-        assert toks[0] == EOS and 0 in proc.guided_errors  # fail closed, reported
+        assert toks[0] == EOS and 0 in proc.tokenrails_step.errors  # fail closed, reported
 
 
 def test_empty_row_repair_on_inference_tensors(upgraded, cpu_lmdeploy, smollm2_tokenizer, vocab):
@@ -241,7 +241,7 @@ def test_empty_row_repair_on_inference_tensors(upgraded, cpu_lmdeploy, smollm2_t
         logits = torch.randn(1, vocab.vocab_size)
         toks, proc = asyncio.run(harness.step(harness.strategy(), mgr, [seq], logits))
     assert logits.is_inference()
-    assert toks[0] == EOS and 0 in proc.guided_errors
+    assert toks[0] == EOS and 0 in proc.tokenrails_step.errors
 
 
 def test_min_new_tokens_stop_word_vs_complete_grammar(mode, smollm2_tokenizer, vocab):

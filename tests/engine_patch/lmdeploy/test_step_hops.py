@@ -128,7 +128,7 @@ def test_a_row_still_compiling_keeps_the_hop(upgraded, cpu_lmdeploy, smollm2_tok
 def test_a_cpu_agent_overlaps_only_from_cpu_min_rows(upgraded, monkeypatch):
     """The overlapped fill thread is not started for a CPU agent's step below ``CPU_MIN_ROWS``
     guided rows (it slowed the CPU forward more than it hid); a GPU agent overlaps any step."""
-    from tokenrails.engine_patch.lmdeploy import overlap, step_context
+    from tokenrails.engine_patch.lmdeploy import overlap, step
     from tokenrails.guided.sequence import GuidedRow
     from tokenrails.guided.spec import GuideSpec
 
@@ -138,6 +138,9 @@ def test_a_cpu_agent_overlaps_only_from_cpu_min_rows(upgraded, monkeypatch):
     class Mgr:
         def fill_rows(self, rows):
             started.append(len(rows))
+
+        def compiled(self, rows):
+            return True
 
     class Owner:
         is_tokenrails = True
@@ -150,21 +153,16 @@ def test_a_cpu_agent_overlaps_only_from_cpu_min_rows(upgraded, monkeypatch):
 
     def run(device: str, n: int) -> bool:
         rows = [GuidedRow(i, (i, 0), spec) for i in range(n)]
-        si = SimpleNamespace(session_ctx=[{step_context.CTX_KEY: r} for r in rows], response_formats=None,
+        si = SimpleNamespace(session_ctx=[{step.CTX_KEY: r} for r in rows], response_formats=None,
                              batch_size=n)
-        agent = SimpleNamespace(guided_decoding_manager=Owner(), spec_agent=None, device=device)
-        token = overlap.STEP_INPUTS.set(si)
-        ctx = step_context.enter(step_context.StepContext())
-        try:
-            overlap.start(agent, SimpleNamespace(is_dummy=False, is_chunk=False))
-            pending = overlap.PREFILL.get()
-            if pending is not None:
-                pending[1].result()
-            return pending is not None
-        finally:
-            overlap.PREFILL.set(None)
-            step_context.leave(ctx)
-            overlap.STEP_INPUTS.reset(token)
+        owner = Owner()
+        owner.step = step.LMDeployStep(owner, si)
+        agent = SimpleNamespace(guided_decoding_manager=owner, spec_agent=None, device=device)
+        overlap.start(agent, SimpleNamespace(is_dummy=False, is_chunk=False))
+        pending = owner.step.prefill
+        if pending is not None:
+            pending[1].result()
+        return pending is not None
 
     monkeypatch.setenv("TOKENRAILS_OVERLAP", "1")
     assert not run("cpu", 1)

@@ -97,6 +97,13 @@ def _apply(p: Patcher) -> None:
         p.set(dllm, "make_sampling_inputs",
               strat_patch.patched_dllm_make_sampling_inputs(dllm.__dict__["make_sampling_inputs"]))
 
+    from . import waiting_rows  # a sequence whose grammar is not compiled waits outside the batch
+
+    ps = _mod("lmdeploy.pytorch.paging.prefill_scheduler")
+    require_attrs(ps, ["_PrefillScheduler"], "paging.prefill_scheduler")
+    require_params(ps._PrefillScheduler.schedule, ["waiting"], "_PrefillScheduler.schedule")
+    waiting_rows.install(p, ps)
+
     # -- logits processor ------------------------------------------------------------------------
     lp = _mod("lmdeploy.pytorch.engine.logits_process")
     flp = lp.FusedLogitsProcessor

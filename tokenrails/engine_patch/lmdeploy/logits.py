@@ -25,14 +25,10 @@ import torch
 
 from ...guided.sequence import GuidedRow, StepStatus
 from ...guided.errors import GuideError, InvalidGuideError
-from . import overlap, step_context
+from . import overlap
 
 
 INLINE_MAX_ROWS = 8  # guided rows up to which a short step skips the worker thread
-
-
-def _guided_count(rows: list[Any]) -> int:
-    return sum(isinstance(r, GuidedRow) for r in rows)
 
 
 def _is_ours(manager: Any) -> bool:
@@ -62,82 +58,65 @@ def patched_init(original: Callable) -> Callable:
         self.logprobs_mode = logprobs_mode
         self.guided_decoding_manager = guided_decoding_manager
         self.guided_processors = {}  # stock paths see no xgrammar matchers
-        self.guided_errors: dict[int, GuideError] = {}
         if sampling_inputs.session_to_cleanup:
             self.cleanup_sessions(sampling_inputs.session_to_cleanup)
-        rows = step_context.rows(sampling_inputs)  # read once per step (step_context.py)
-        self._tr_rows = rows if any(r is not None for r in rows) else []
-        for r in self._tr_rows:
-            if isinstance(r, GuidedRow):
-                guided_decoding_manager.note_round(r.session_id, r.seq_id)
+        step = guided_decoding_manager.step
+        if step is None or step.inputs is not sampling_inputs:  # outside an engine step (unit use)
+            step = guided_decoding_manager.new_step(sampling_inputs)
+        self.tokenrails_step = step
 
     __init__.__wrapped__ = original
     return __init__
 
 
-def _prepared(self) -> list[Any]:
-    """This step's rows, prepared once per step (shared with the overlapped fill)."""
-    if not any(type(r) is not GuidedRow and isinstance(r, GuidedRow) for r in self._tr_rows):
-        return self._tr_rows  # nothing left to prepare
-    return step_context.prepared(self.guided_decoding_manager, self.sampling_inputs)
-
-
 def _guided_step(self, scores: torch.Tensor, stream: Any) -> None:
     """Runs in a worker thread: fill + apply the mask, then repair rows left empty."""
-    owner = self.guided_decoding_manager
+    step = self.tokenrails_step
     try:
-        mgr = owner.core()
+        mgr = self.guided_decoding_manager.core()
     except GuideError as exc:
-        for i, r in enumerate(self._tr_rows):
-            if r is not None:
-                self.guided_errors[i] = exc
+        step.fail({i: exc for i, r in enumerate(step.rows) if r is not None})
         mgr = None
     # Inference mode is thread-local: this worker thread must re-enter it to write the engine's
     # inference tensors (an EOS repair on them outside it raised and stopped the whole engine).
     with torch.inference_mode(scores.is_inference()):
         if stream is not None:
             with torch.cuda.stream(stream):
-                _guided_step_inner(self, mgr, scores)
+                _guided_step_inner(step, mgr, scores)
         else:
-            _guided_step_inner(self, mgr, scores)
-    self._tr_filled = mgr is not None  # this step's matchers exist: its accept cannot compile
+            _guided_step_inner(step, mgr, scores)
+    step.filled = mgr is not None  # this step's matchers exist: its accept cannot compile
 
 
-def _guided_step_inner(self, mgr: Any, scores: torch.Tensor) -> None:
-    if mgr is not None:
-        self._tr_rows = _prepared(self)
-    rows = self._tr_rows
-    run_rows: list[GuidedRow | None] = [r if isinstance(r, GuidedRow) else None for r in rows]
-    if mgr is not None and any(r is not None for r in run_rows):
-        filled = overlap.take(run_rows)  # filled during the forward (overlap.py), or None
+def _guided_step_inner(step: Any, mgr: Any, scores: torch.Tensor) -> None:
+    errors = step.errors
+    run_rows: list[GuidedRow | None] = step.run_rows() if mgr is not None else []
+    if any(r is not None for r in run_rows):
+        filled = overlap.take(step, run_rows)  # filled during the forward (overlap.py), or None
         statuses = mgr.apply_filled(scores, filled) if filled is not None else mgr.fill_and_apply(scores, run_rows)
-        for i, st in enumerate(statuses):
-            if st is not None and st.error is not None:
-                self.guided_errors[i] = st.error
-    for i, r in enumerate(rows):
-        if isinstance(r, GuideError):
-            self.guided_errors[i] = r
-    eos_ids = mgr.vocab.eos_ids if mgr is not None else _fallback_eos(self)
-    if mgr is not None and _may_empty_rows(self.sampling_inputs):
-        idx = [i for i, r in enumerate(run_rows) if r is not None and i not in self.guided_errors]
+        step.fail({i: st.error for i, st in enumerate(statuses) if st is not None and st.error is not None})
+    step.fail({i: r for i, r in enumerate(step.prepared() if mgr is not None else step.rows)
+               if isinstance(r, GuideError)})
+    eos_ids = mgr.vocab.eos_ids if mgr is not None else _fallback_eos(step.inputs)
+    if run_rows and _may_empty_rows(step.inputs):
+        idx = [i for i, r in enumerate(run_rows) if r is not None and i not in errors]
         if idx:
             empty = torch.isneginf(scores[idx]).all(dim=1).tolist()
             for i, is_empty in zip(idx, empty):
                 if not is_empty:
                     continue
-                r = run_rows[i]
-                if mgr.may_end(r):
+                if mgr.may_end(run_rows[i]):
                     scores[i, eos_ids[0]] = 0.0  # the output is complete: end it
                 else:
-                    self.guided_errors[i] = InvalidGuideError(
+                    errors[i] = InvalidGuideError(
                         "no token is allowed by both the constraint and the request's bad words / "
                         "stop words / logits processors")
-    for i in self.guided_errors:
+    for i in errors:
         eos_only_(scores, i, eos_ids)
 
 
-def _fallback_eos(self) -> tuple[int, ...]:
-    sw = self.sampling_inputs.stop_words
+def _fallback_eos(si: Any) -> tuple[int, ...]:
+    sw = si.stop_words
     if sw is not None and sw.numel():
         return (int(sw.reshape(-1)[0].item()),)
     return (0,)
@@ -148,7 +127,7 @@ def _fill_is_short(self, scores: torch.Tensor) -> bool:
     vocabulary is built and every guided row's constraint compiled): the fill of at most
     ``INLINE_MAX_ROWS`` rows is then shorter than the hop to a worker thread and back, which on a
     CPU forward also hands the GIL around (the CPU path at batch 1: see docs/lmdeploy.md)."""
-    if scores.is_cuda or overlap.PREFILL.get() is not None:
+    if scores.is_cuda or self.tokenrails_step.prefill is not None:
         return False
     owner = self.guided_decoding_manager
     if not owner.ready:
@@ -157,64 +136,50 @@ def _fill_is_short(self, scores: torch.Tensor) -> bool:
         mgr = owner.core(wait=False)
     except GuideError:
         return True  # every row fails at once: nothing to wait for
-    return mgr is not None and mgr.compiled([r for r in self._tr_rows if isinstance(r, GuidedRow)])
+    return mgr is not None and mgr.compiled([r for r in self.tokenrails_step.rows if isinstance(r, GuidedRow)])
 
 
 def patched_call(original: Callable) -> Callable:
     async def __call__(self, scores: torch.Tensor):
         scores, logprobs = await original(self, scores)
-        rows = getattr(self, "_tr_rows", None)
-        if not rows:
+        step = getattr(self, "tokenrails_step", None)
+        if step is None or step.skip_guided or not any(r is not None for r in step.rows):
             return scores, logprobs
-        ctx = step_context.current()
-        if ctx is not None and ctx.skip_guided:
-            return scores, logprobs
-        run_rows = [r if isinstance(r, GuidedRow) else None for r in rows]
-        if _guided_count(rows) <= INLINE_MAX_ROWS and (overlap.ready(run_rows) or _fill_is_short(self, scores)):
+        if step.guided <= INLINE_MAX_ROWS and (
+                overlap.ready(step, [r if isinstance(r, GuidedRow) else None for r in step.rows])
+                or _fill_is_short(self, scores)):
             overlap.STATS.inline += 1
             _guided_step(self, scores, None)  # the current stream, this thread
-            step_context.report(self.guided_errors)
             return scores, logprobs
         stream = None
         if scores.is_cuda:
             await self._wait_stream_once()
             stream = torch.cuda.current_stream()
         await asyncio.to_thread(_guided_step, self, scores, stream)
-        step_context.report(self.guided_errors)
         return scores, logprobs
 
     __call__.__wrapped__ = original
     return __call__
 
 
-def _accept(self, token_ids: list[int]) -> None:
-    if not any(isinstance(r, GuidedRow) for r in self._tr_rows):
-        return
-    mgr = self.guided_decoding_manager.core()
-    self._tr_rows = _prepared(self)  # the step's prepared rows: no work after a fill
-    rows = [r if isinstance(r, GuidedRow) and i not in self.guided_errors else None
-            for i, r in enumerate(self._tr_rows)]
+def _accept(step: Any, token_ids: list[int]) -> None:
+    rows = [r if i not in step.errors else None for i, r in enumerate(step.run_rows())]
     if not any(r is not None for r in rows):
         return
-    for i, st in enumerate(mgr.accept_tokens(token_ids, rows)):
-        if st is not None and st.state in (StepStatus.REJECTED, StepStatus.ERROR):
-            self.guided_errors[i] = st.error or InvalidGuideError("guided token rejected")
+    statuses = step.owner.core().accept_tokens(token_ids, rows)
+    step.fail({i: st.error or InvalidGuideError("guided token rejected") for i, st in enumerate(statuses)
+               if st is not None and st.state in (StepStatus.REJECTED, StepStatus.ERROR)})
 
 
 def patched_accept(original: Callable) -> Callable:
     async def accept_guided_tokens(self, next_token_ids: torch.Tensor):
-        rows = getattr(self, "_tr_rows", None)
-        if rows is None:
+        step = getattr(self, "tokenrails_step", None)
+        if step is None:
             return await original(self, next_token_ids)
-        if not rows:
-            return None
-        ctx = step_context.current()
-        if ctx is not None and ctx.skip_guided:
+        if step.skip_guided or not step.guided:
             return None  # the token of a non-last chunk is thrown away: never feed it to matchers
-        if not next_token_ids.is_cuda and _guided_count(rows) <= INLINE_MAX_ROWS \
-                and getattr(self, "_tr_filled", False):
-            _accept(self, next_token_ids.reshape(-1).tolist())
-            step_context.report(self.guided_errors)
+        if not next_token_ids.is_cuda and step.guided <= INLINE_MAX_ROWS and step.filled:
+            _accept(step, next_token_ids.reshape(-1).tolist())
             return None
         ready = None
         if next_token_ids.is_cuda:
@@ -224,10 +189,9 @@ def patched_accept(original: Callable) -> Callable:
         def run() -> None:
             if ready is not None:
                 ready.synchronize()
-            _accept(self, next_token_ids.reshape(-1).tolist())
+            _accept(step, next_token_ids.reshape(-1).tolist())
 
         await asyncio.to_thread(run)
-        step_context.report(self.guided_errors)
         return None
 
     accept_guided_tokens.__wrapped__ = original

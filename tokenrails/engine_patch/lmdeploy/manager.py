@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from typing import Any, Hashable
 
 from ...guided.sequence import GuidedRow
@@ -26,10 +27,12 @@ from ...guided.limits import GuideLimits
 from ...guided.native_threads import start_native_thread
 from ..reasoning import default_setting, prompt_for_reading, resolve
 from . import settings
+from .step import LMDeployStep
 from .stock_calls import StockCalls
 
 logger = logging.getLogger("tokenrails.lmdeploy")
 
+_LIVE: "weakref.WeakSet[LMDeployGuidedManager]" = weakref.WeakSet()  # this process's sampling ranks
 _VOCABS: dict[tuple[int, int], tuple[Any, Any]] = {}  # (id(tokenizer), width) -> (tokenizer, vocab)
 _VOCABS_LOCK = threading.Lock()
 
@@ -88,6 +91,8 @@ class LMDeployGuidedManager(StockCalls):
         self._begun: dict[tuple[Hashable, Hashable], str] = {}  # (session, seq_key) -> spec key
         self._reasoning_default = default_setting(settings.reasoning_default())  # fixed per manager
         self._reasoning_memo: dict[Any, Any] = {}
+        self.step: LMDeployStep | None = None  # the engine step running now (agent.py)
+        _LIVE.add(self)
         if vocab is not None:
             self._build(vocab)
         else:
@@ -142,8 +147,34 @@ class LMDeployGuidedManager(StockCalls):
         for spec in specs:
             mgr.prefetch(spec)
 
+    def poll(self, spec: Any) -> bool:
+        """Whether a step could fill ``spec`` now without waiting (its compile is started here):
+        False while the vocabulary is still being built or the compile runs (waiting_rows.py)."""
+        if self._error is not None:
+            return True  # every row fails closed at once
+        mgr = self.core(wait=False)
+        return mgr is not None and mgr.poll(spec)
+
+    def new_step(self, sampling_inputs: Any, *, skip_guided: bool = False) -> LMDeployStep:
+        """A step over these inputs; its rows' previous rounds are released (queued: never waited for)."""
+        step = LMDeployStep(self, sampling_inputs, skip_guided=skip_guided)
+        for r in step.rows:
+            if isinstance(r, GuidedRow):
+                self.note_round(r.session_id, r.seq_id)
+        return step
+
+    def open_step(self, sampling_inputs: Any, *, skip_guided: bool = False) -> LMDeployStep:
+        """Open this rank's engine step (``self.step`` until ``close_step``)."""
+        self.step = self.new_step(sampling_inputs, skip_guided=skip_guided)
+        return self.step
+
+    def close_step(self, step: LMDeployStep) -> None:
+        if self.step is step:
+            self.step = None
+
     def note_round(self, session_id: Hashable, seq_key: tuple) -> None:
-        """Release the previous round's matcher when a sequence starts a new round."""
+        """Release the previous round's matcher when a sequence starts a new round (at the core's
+        next locked call: a step's fill may hold its lock now)."""
         ident = (session_id, seq_key[0])
         with self._books:
             prev = self._rounds.get(ident)
@@ -153,7 +184,7 @@ class LMDeployGuidedManager(StockCalls):
             if prev is not None:
                 self._begun.pop((session_id, prev), None)
         if prev is not None and self._mgr is not None:
-            self._mgr.release(session_id, prev)
+            self._mgr.end_session_soon(session_id, prev)
 
     # ---- reasoning -------------------------------------------------------------------------
     def reasoning_config(self, setting: Any = None):
@@ -206,7 +237,7 @@ class LMDeployGuidedManager(StockCalls):
             for ident in [k for k in self._begun if k[0] == session_id]:
                 del self._begun[ident]
         if self._mgr is not None:
-            self._mgr.end_session(session_id)
+            self._mgr.end_session_soon(session_id)  # the event loop never waits for a step's lock
 
     remove_processor = end_session  # LMDeploy's name
 
@@ -223,7 +254,7 @@ class LMDeployGuidedManager(StockCalls):
             self._begun.clear()
         if self._mgr is not None:
             for session_id in sessions:
-                self._mgr.end_session(session_id)
+                self._mgr.end_session_soon(session_id)
 
     def stats(self) -> dict[str, int]:
         mgr = self.core(wait=False) if self._error is None else None

@@ -1,7 +1,7 @@
 """Sampling-strategy patches: every logits row carries its guided identity in ``session_ctx``.
 
 LMDeploy builds ``SamplingInputs`` on the engine side every step. We add, per row,
-``session_ctx[i]["tokenrails"]`` (written through ``step_context.put``): a ``GuidedRow`` (constraint + round-aware identity), a
+``session_ctx[i]["tokenrails"]`` (written through ``step.put``): a ``GuidedRow`` (constraint + round-aware identity), a
 ``GuideError`` (the request's constraint is unusable: that row fails closed), or None (unguided).
 The ``GuideSpec`` is computed once per request and memoized on its ``SamplingParam``.
 
@@ -27,7 +27,7 @@ from ...guided.sequence import GuidedRow
 from ...guided.errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..reasoning import ReasoningSetting
 from .requests import parse_format
-from .step_context import put, row_of
+from .step import SEQ_KEY, put, row_of
 
 _MEMO_ATTR = "_tokenrails_spec"
 
@@ -108,7 +108,7 @@ def patched_dllm_make_sampling_inputs(original: Callable) -> Callable:
         if len(ctx) * block != out.batch_size:
             return out
         expanded = []
-        for entry in ctx:
+        for seq_index, entry in enumerate(ctx):
             row = row_of(entry)
             if isinstance(row, GuidedRow):
                 row = UnsupportedGuideError(
@@ -118,6 +118,7 @@ def patched_dllm_make_sampling_inputs(original: Callable) -> Callable:
             for _ in range(block):
                 copy = dict(entry)
                 put(copy, row)
+                copy[SEQ_KEY] = seq_index  # errors are reported per sequence (step.seq_errors)
                 expanded.append(copy)
         out.session_ctx = expanded
         return out
