@@ -153,6 +153,33 @@ def test_dllm_guided_rows(mode, smollm2_tokenizer, vocab):
     assert (proc.sampling(scores) == EOS).all()  # fail closed: nothing but EOS
 
 
+def test_dllm_errors_finish_their_own_sequence(upgraded, cpu_lmdeploy, smollm2_tokenizer, vocab):
+    """A dLLM block spans ``block`` logits rows of one sequence: the guided sequence's error stops
+    that sequence, never the next one in the batch (whose index equals a block position)."""
+    from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
+    from lmdeploy.pytorch.strategies.dllm.sampling import DLLMSamplingStrategy
+
+    from tokenrails import UnsupportedGuideError
+    from tokenrails.engine_patch.lmdeploy import agent as agent_patch
+
+    mgr = harness.make_manager(smollm2_tokenizer, vocab.vocab_size)
+    seqs = [harness.FakeSeq(40, harness.gen_config({"type": "json_object"})), harness.FakeSeq(41, harness.gen_config())]
+    si = DLLMSamplingStrategy(0, dllm_block_length=4).make_sampling_inputs(seqs)
+    batched = SimpleNamespace(stopped=torch.zeros(len(seqs), dtype=torch.bool))
+
+    async def postprocess(self, inputs, sampling_inputs):
+        proc = FusedLogitsProcessor(sampling_inputs, guided_decoding_manager=self.guided_decoding_manager)
+        await proc(torch.randn(8, vocab.vocab_size))
+        return (batched,)
+
+    agent = SimpleNamespace(guided_decoding_manager=mgr)
+    asyncio.run(agent_patch.patched_postprocess(postprocess)(agent, _inputs(False, False, True), si))
+    errors = getattr(batched, agent_patch.ERRORS_ATTR)
+    assert sorted(errors) == [0], errors  # sequence 0 (the guided one) only
+    assert errors[0][0] == UnsupportedGuideError.__name__
+    assert batched.stopped.tolist() == [True, False]
+
+
 # ---- 4. a rejected token must finish the sequence with an error ------------------------------
 def test_rejected_token_is_reported(mode, smollm2_tokenizer, vocab):
     mgr = harness.make_manager(smollm2_tokenizer, vocab.vocab_size)
