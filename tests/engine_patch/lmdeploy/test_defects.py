@@ -160,7 +160,7 @@ def test_dllm_errors_finish_their_own_sequence(upgraded, cpu_lmdeploy, smollm2_t
     from lmdeploy.pytorch.strategies.dllm.sampling import DLLMSamplingStrategy
 
     from tokenrails import UnsupportedGuideError
-    from tokenrails.engine_patch.lmdeploy import agent as agent_patch
+    from tokenrails.engine_patch.lmdeploy import agent as agent_patch, step as step_patch
 
     mgr = harness.make_manager(smollm2_tokenizer, vocab.vocab_size)
     seqs = [harness.FakeSeq(40, harness.gen_config({"type": "json_object"})), harness.FakeSeq(41, harness.gen_config())]
@@ -173,7 +173,8 @@ def test_dllm_errors_finish_their_own_sequence(upgraded, cpu_lmdeploy, smollm2_t
         return (batched,)
 
     agent = SimpleNamespace(guided_decoding_manager=mgr)
-    asyncio.run(agent_patch.patched_postprocess(postprocess)(agent, _inputs(False, False, True), si))
+    wrap = getattr(step_patch, "patched_postprocess", None) or agent_patch.patched_postprocess
+    asyncio.run(wrap(postprocess)(agent, _inputs(False, False, True), si))
     errors = getattr(batched, agent_patch.ERRORS_ATTR)
     assert sorted(errors) == [0], errors  # sequence 0 (the guided one) only
     assert errors[0][0] == UnsupportedGuideError.__name__

@@ -210,15 +210,17 @@ def test_nonlast_chunk_does_not_start_the_sequence(lm, think_tokenizer, think_vo
     mgr = _mgr(tok, think_vocab)
     seq = harness.FakeSeq(8, harness.gen_config(RF), prompt_ids=_ids(tok, "q:") + [T])
 
+    from tokenrails.engine_patch.lmdeploy import step
+
     async def chunk():
-        new_step = mgr.new_step
-        mgr.new_step = lambda si, **kw: new_step(si, skip_guided=True)  # the agent's non-last chunk
+        real = step.LMDeployStep
+        step.LMDeployStep = lambda owner, si, **kw: real(owner, si, skip_guided=True)  # a non-last chunk
         try:
             logits = torch.zeros(1, think_vocab.vocab_size)
             logits[0, EOS] = 9.0
             await harness.step(harness.strategy(), mgr, [seq], logits)  # token thrown away
         finally:
-            del mgr.new_step
+            step.LMDeployStep = real
 
     asyncio.run(chunk())
     assert mgr.stats()["active_matchers"] == 0

@@ -123,17 +123,24 @@ def test_overlap_start_never_waits_for_a_compile(upgraded, cpu_lmdeploy, think_t
     si = harness.strategy().make_sampling_inputs([seq])
     agent = type("Agent", (), {"guided_decoding_manager": mgr, "spec_agent": None, "device": "cpu"})()
     inputs = type("Inputs", (), {"is_dummy": False, "is_chunk": False})()
-    from tokenrails.engine_patch.lmdeploy import agent as agent_patch
+    from tokenrails.engine_patch.lmdeploy import agent as agent_patch, step as step_patch
 
+    wrap_step = getattr(step_patch, "patched_async_step", None) or agent_patch.patched_async_step
     entered: list[float] = []
 
     async def model_forward(self, inputs):
         entered.append(time.monotonic())
 
-    async def async_step(self, inputs, sampling_inputs=None):
-        entered.append(time.monotonic())
-        await overlap.patched_model_forward(model_forward)(self, inputs)
+    # fee4267 started the overlapped fill in a forward wrapper; the step now starts it as it opens
+    forward = getattr(overlap, "patched_model_forward", lambda f: f)(model_forward)
 
-    asyncio.run(agent_patch.patched_async_step(async_step)(agent, inputs, sampling_inputs=si))
-    took = entered[1] - entered[0]
+    async def async_step(self, inputs, sampling_inputs=None):
+        await forward(self, inputs)
+
+    async def run() -> float:
+        t0 = time.monotonic()
+        await wrap_step(async_step)(agent, inputs, sampling_inputs=si)
+        return entered[0] - t0
+
+    took = asyncio.run(run())
     assert took < 0.5, f"the event loop waited {took:.2f} s for a compile before the forward"

@@ -44,8 +44,7 @@ def one_step_entries(mgr, seqs, vocab_size: int) -> Counter:
     """Module entries of one engine step over ``seqs`` (each key: 'caller -> callee.function')."""
     from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
 
-    from tokenrails.engine_patch.lmdeploy import agent as agent_patch
-    from tokenrails.engine_patch.lmdeploy import overlap
+    from tokenrails.engine_patch.lmdeploy import step as step_patch
 
     strat = harness.strategy()
     inputs = SimpleNamespace(is_chunk=False, is_last_chunk=False, is_dummy=False, is_decoding=True)
@@ -62,8 +61,8 @@ def one_step_entries(mgr, seqs, vocab_size: int) -> Counter:
         return (toks, None)
 
     agent = SimpleNamespace(guided_decoding_manager=mgr, spec_agent=None, device="cpu")
-    agent._async_model_forward = overlap.patched_model_forward(forward).__get__(agent)
-    agent._step_postprocess_with_output = agent_patch.patched_postprocess(postprocess).__get__(agent)
+    agent._async_model_forward = forward.__get__(agent)
+    agent._step_postprocess_with_output = step_patch.patched_postprocess(postprocess).__get__(agent)
 
     async def async_step(self, inputs, sampling_inputs=None):
         await self._async_model_forward(inputs)
@@ -82,7 +81,7 @@ def one_step_entries(mgr, seqs, vocab_size: int) -> Counter:
         if caller != callee:
             seen[f"{caller or 'lmdeploy'} -> {callee}.{frame.f_code.co_name}"] += 1
 
-    step = agent_patch.patched_async_step(async_step)
+    step = step_patch.patched_async_step(async_step)
 
     async def run():
         sys.setprofile(profile)

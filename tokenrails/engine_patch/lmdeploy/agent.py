@@ -2,13 +2,9 @@
 
 * ``agent.GuidedDecodingManager`` (the name the agent constructs) → ``LMDeployGuidedManager``;
   LMDeploy passes that object on to the logits processor and the speculative helper unchanged.
-* ``_async_step``: start compiling every guided row's constraint *before* the forward, so
-  compilation overlaps prefill instead of stalling sampling.
-  The step opens the rank's ``LMDeployStep`` (step.py; a non-last prefill chunk → no guided
-  fill/accept) and closes it after the step.
-* ``_step_postprocess_with_output``: marks the sequences whose constraint failed or whose token
-  was rejected as stopped and attaches the errors to the ``BatchedOutputs`` (``to_cpu``/``to_numpy``/
-  ``to_tensor`` keep them across executors).
+* ``attach_errors`` (called by the step's post-processing, step.py): marks the sequences whose
+  constraint failed or whose token was rejected as stopped and attaches the errors to the
+  ``BatchedOutputs`` (``to_cpu``/``to_numpy``/``to_tensor`` keep them across executors).
 * ``EngineLoop._make_infer_outputs``: such a row's response becomes an error
   (``NOT_SUPPORTED`` → HTTP 400 for invalid/unsupported/limit errors, ``INTERNAL_ENGINE_ERROR``
   for a rejected token), never a normal finish.
@@ -19,65 +15,13 @@ import inspect
 import logging
 from typing import Any, Callable
 
-from ...guided.sequence import GuidedRow
 from ...guided.errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 
 logger = logging.getLogger("tokenrails.lmdeploy")
 ERRORS_ATTR = "tokenrails_errors"
 
 
-def patched_async_step(original: Callable) -> Callable:
-    sig = inspect.signature(original)
-
-    async def _async_step(self, *args, **kwargs):
-        owner = getattr(self, "guided_decoding_manager", None)
-        if not getattr(owner, "is_tokenrails", False):
-            return await original(self, *args, **kwargs)
-        bound = sig.bind_partial(self, *args, **kwargs).arguments
-        step = owner.open_step(bound.get("sampling_inputs"), skip_guided=_is_nonlast_chunk(bound.get("inputs")))
-        # the one prefetch: compiles start before the forward and overlap it
-        specs = {r.spec.key: r.spec for r in step.rows if isinstance(r, GuidedRow)}
-        if specs:
-            owner.prefetch(specs.values())
-        try:
-            return await original(self, *args, **kwargs)
-        finally:
-            owner.close_step(step)
-
-    _async_step.__wrapped__ = original
-    return _async_step
-
-
-def _is_nonlast_chunk(inputs: Any) -> bool:
-    return bool(getattr(inputs, "is_chunk", False)) and not bool(getattr(inputs, "is_last_chunk", True))
-
-
-def patched_postprocess(original: Callable) -> Callable:
-    sig = inspect.signature(original)
-
-    async def _step_postprocess_with_output(self, *args, **kwargs):
-        owner = getattr(self, "guided_decoding_manager", None)
-        if not getattr(owner, "is_tokenrails", False):
-            return await original(self, *args, **kwargs)
-        opened = None
-        if owner.step is None:  # called without the step wrapper (a subclass's own step)
-            bound = sig.bind_partial(self, *args, **kwargs).arguments
-            opened = owner.open_step(bound.get("sampling_inputs"), skip_guided=_is_nonlast_chunk(bound.get("inputs")))
-        step = owner.step
-        try:
-            result = await original(self, *args, **kwargs)
-        finally:
-            if opened is not None:
-                owner.close_step(opened)
-        if step.errors and not step.skip_guided and result[-1] is not None:
-            _attach_errors(result[-1], step.seq_errors())
-        return result
-
-    _step_postprocess_with_output.__wrapped__ = original
-    return _step_postprocess_with_output
-
-
-def _attach_errors(batched_output: Any, errors: dict[int, GuideError]) -> None:
+def attach_errors(batched_output: Any, errors: dict[int, GuideError]) -> None:
     stopped = batched_output.stopped
     if stopped is not None:
         for row in errors:

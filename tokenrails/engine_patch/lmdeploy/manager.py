@@ -12,7 +12,8 @@ new round always starts a fresh matcher, and the previous round's matcher is rel
 Reasoning: ``prepare_row`` resolves a row's reasoning setting (the request's, else the engine
 default: ``activate(reasoning=...)``, else ``$TOKENRAILS_REASONING``, else "auto") against the
 vocabulary, and at the first sight of a round with a reasoning config starts its state from the
-round's prompt (``begin_sequence(..., prompt_token_ids=...)``).
+round's prompt (``begin_sequence(..., prompt_token_ids=...)``). The prepared row is kept for the
+round (``_begun``): later steps reuse it without a call.
 """
 from __future__ import annotations
 
@@ -88,10 +89,12 @@ class LMDeployGuidedManager(StockCalls):
         # It is never held across a call into the core manager (its step lock, a compile wait).
         self._books = threading.Lock()
         self._rounds: dict[tuple[Hashable, Hashable], Hashable] = {}
-        self._begun: dict[tuple[Hashable, Hashable], str] = {}  # (session, seq_key) -> spec key
+        # (session, seq_key) -> the round's prepared row; the step reads both books with plain
+        # dict reads (atomic), so a steady step makes no call here (step.py)
+        self._begun: dict[tuple[Hashable, Hashable], GuidedRow] = {}
         self._reasoning_default = default_setting(settings.reasoning_default())  # fixed per manager
         self._reasoning_memo: dict[Any, Any] = {}
-        self.step: LMDeployStep | None = None  # the engine step running now (agent.py)
+        self.step: LMDeployStep | None = None  # the engine step running now (step.py)
         _LIVE.add(self)
         if vocab is not None:
             self._build(vocab)
@@ -155,23 +158,6 @@ class LMDeployGuidedManager(StockCalls):
         mgr = self.core(wait=False)
         return mgr is not None and mgr.poll(spec)
 
-    def new_step(self, sampling_inputs: Any, *, skip_guided: bool = False) -> LMDeployStep:
-        """A step over these inputs; its rows' previous rounds are released (queued: never waited for)."""
-        step = LMDeployStep(self, sampling_inputs, skip_guided=skip_guided)
-        for r in step.rows:
-            if isinstance(r, GuidedRow):
-                self.note_round(r.session_id, r.seq_id)
-        return step
-
-    def open_step(self, sampling_inputs: Any, *, skip_guided: bool = False) -> LMDeployStep:
-        """Open this rank's engine step (``self.step`` until ``close_step``)."""
-        self.step = self.new_step(sampling_inputs, skip_guided=skip_guided)
-        return self.step
-
-    def close_step(self, step: LMDeployStep) -> None:
-        if self.step is step:
-            self.step = None
-
     def note_round(self, session_id: Hashable, seq_key: tuple) -> None:
         """Release the previous round's matcher when a sequence starts a new round (at the core's
         next locked call: a step's fill may hold its lock now)."""
@@ -214,17 +200,19 @@ class LMDeployGuidedManager(StockCalls):
         except GuideError as exc:
             return exc
         key = (row.session_id, row.seq_id)
+        with self._books:
+            hit = self._begun.get(key)
+        if hit is not None and hit.spec.key == row.spec.key:
+            return hit
         if cfg is not None:
-            with self._books:
-                begun = self._begun.get(key) == row.spec.key
-            if not begun:
-                prompt = getattr(row, "prompt", None)
-                ids = prompt_for_reading(prompt, cfg) if prompt is not None else None
-                mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids,
-                                   max_tokens=row.max_tokens)
-                with self._books:
-                    self._begun[key] = row.spec.key
-        return GuidedRow(row.session_id, row.seq_id, row.spec, reasoning=cfg, max_tokens=row.max_tokens)
+            prompt = getattr(row, "prompt", None)
+            ids = prompt_for_reading(prompt, cfg) if prompt is not None else None
+            mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids,
+                               max_tokens=row.max_tokens)
+        prepared = GuidedRow(row.session_id, row.seq_id, row.spec, reasoning=cfg, max_tokens=row.max_tokens)
+        with self._books:
+            self._begun[key] = prepared
+        return prepared
 
     def prepare_rows(self, rows: list[Any]) -> list[Any]:
         return [self.prepare_row(r) for r in rows]

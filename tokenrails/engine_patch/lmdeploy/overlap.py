@@ -2,8 +2,8 @@
 
 A row's next mask depends only on tokens already accepted, so it can be filled while the model
 computes the logits: on a GPU the CPU is idle then; on a CPU the forward and the fill can use
-different cores. The patched ``_async_model_forward`` starts the fill of the step's guided rows
-on a worker thread just before the forward; the logits processor then joins it and applies the
+different cores. The step (step.py) starts the fill of its guided rows on a worker thread as it
+opens, before the forward; the logits processor then joins it and applies the
 mask (one kernel call) instead of filling. Fail-closed rules are the fill's own (errors, empty
 rows → EOS-only); when the rows the processor sees differ from the ones filled (they should not),
 the prefilled mask is dropped and the step fills as before.
@@ -16,16 +16,14 @@ The future lives on the step (``LMDeployStep.prefill``). Times per step (``fill_
 """
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ...guided.sequence import GuidedRow
-from .step import row_keys
 
 ENV_OVERLAP = "TOKENRAILS_OVERLAP"
 
@@ -66,21 +64,22 @@ def _executor() -> ThreadPoolExecutor:
         return _EXECUTOR
 
 
-def start(agent: Any, inputs: Any) -> None:
+def row_keys(rows: list[Any]) -> tuple:
+    return tuple((r.session_id, r.seq_id, r.spec.key) if isinstance(r, GuidedRow) else None for r in rows)
+
+
+def start(agent: Any, step: Any, inputs: Any) -> None:
     """Start the fill of this step's guided rows on the worker, if overlap applies. Rows whose
     constraint is still compiling are not overlapped: preparing them may wait for the compile,
     and this runs on the event loop (the logits processor fills them on a worker thread)."""
-    owner = getattr(agent, "guided_decoding_manager", None)
-    step = getattr(owner, "step", None)
-    if step is None or step.skip_guided or not enabled() or getattr(inputs, "is_dummy", False):
+    if step.skip_guided or not step.guided or not enabled() or getattr(inputs, "is_dummy", False):
         return
     spec_agent = getattr(agent, "spec_agent", None)
     if spec_agent is not None and spec_agent.is_enabled():
         return
-    guided = step.guided
-    if not guided or (guided < CPU_MIN_ROWS and str(getattr(agent, "device", "")) == "cpu"):
-        return  # the logits processor fills these inline (logits._fill_is_short)
-    mgr = owner.core(wait=False)
+    if step.guided < CPU_MIN_ROWS and str(getattr(agent, "device", "")) == "cpu":
+        return  # the logits processor fills these inline (step._is_short)
+    mgr = step.owner.core(wait=False)
     if mgr is None or not mgr.compiled([r for r in step.rows if isinstance(r, GuidedRow)]):
         return
     run_rows = step.run_rows()
@@ -91,13 +90,6 @@ def start(agent: Any, inputs: Any) -> None:
         return filled, time.perf_counter() - t0
 
     step.prefill = (row_keys(run_rows), _executor().submit(fill))
-
-
-def ready(step: Any, run_rows: list[Any]) -> bool:
-    """This step's mask is already filled for exactly these rows (the overlapped fill finished):
-    what is left of the guided step is the in-place apply, too short to be worth a thread hop."""
-    pending = step.prefill
-    return pending is not None and pending[1].done() and pending[0] == row_keys(run_rows)
 
 
 def take(step: Any, run_rows: list[Any]):
@@ -116,21 +108,3 @@ def take(step: Any, run_rows: list[Any]):
     STATS.fill_s += fill_s
     STATS.wait_s += waited
     return filled
-
-
-def patched_model_forward(original: Callable) -> Callable:
-    sig = inspect.signature(original)
-
-    async def _async_model_forward(self, *args, **kwargs):
-        try:
-            inputs = sig.bind_partial(self, *args, **kwargs).arguments.get("inputs")
-            start(self, inputs)
-        except Exception:  # overlap is an optimisation: the step fills as before
-            step = getattr(getattr(self, "guided_decoding_manager", None), "step", None)
-            if step is not None:
-                step.prefill = None
-        return await original(self, *args, **kwargs)
-
-    _async_model_forward.__wrapped__ = original
-    return _async_model_forward
-
