@@ -153,6 +153,15 @@ def test_dllm_guided_rows(mode, smollm2_tokenizer, vocab):
     assert (proc.sampling(scores) == EOS).all()  # fail closed: nothing but EOS
 
 
+def _step_module():
+    import importlib
+
+    try:
+        return importlib.import_module("tokenrails.engine_patch.lmdeploy.step")
+    except ImportError:  # before the step module existed
+        return None
+
+
 def test_dllm_errors_finish_their_own_sequence(upgraded, cpu_lmdeploy, smollm2_tokenizer, vocab):
     """A dLLM block spans ``block`` logits rows of one sequence: the guided sequence's error stops
     that sequence, never the next one in the batch (whose index equals a block position)."""
@@ -160,7 +169,7 @@ def test_dllm_errors_finish_their_own_sequence(upgraded, cpu_lmdeploy, smollm2_t
     from lmdeploy.pytorch.strategies.dllm.sampling import DLLMSamplingStrategy
 
     from tokenrails import UnsupportedGuideError
-    from tokenrails.engine_patch.lmdeploy import agent as agent_patch, step as step_patch
+    from tokenrails.engine_patch.lmdeploy import agent as agent_patch
 
     mgr = harness.make_manager(smollm2_tokenizer, vocab.vocab_size)
     seqs = [harness.FakeSeq(40, harness.gen_config({"type": "json_object"})), harness.FakeSeq(41, harness.gen_config())]
@@ -173,7 +182,7 @@ def test_dllm_errors_finish_their_own_sequence(upgraded, cpu_lmdeploy, smollm2_t
         return (batched,)
 
     agent = SimpleNamespace(guided_decoding_manager=mgr)
-    wrap = getattr(step_patch, "patched_postprocess", None) or agent_patch.patched_postprocess
+    wrap = getattr(_step_module(), "patched_postprocess", None) or agent_patch.patched_postprocess
     asyncio.run(wrap(postprocess)(agent, _inputs(False, False, True), si))
     errors = getattr(batched, agent_patch.ERRORS_ATTR)
     assert sorted(errors) == [0], errors  # sequence 0 (the guided one) only
