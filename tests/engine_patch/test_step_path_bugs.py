@@ -97,10 +97,9 @@ def _inputs_without_entry(fmt):
 
 
 def _rows(si):
-    from tokenrails.engine_patch.lmdeploy import logits, step_context
+    from tokenrails.engine_patch.lmdeploy.step import rows_from_inputs
 
-    fn = getattr(step_context, "rows_from_inputs", None) or getattr(logits, "rows_from_inputs")
-    return fn(si)
+    return rows_from_inputs(si)
 
 
 def test_fallback_row_never_binds_the_previous_rounds_matcher(vocab):

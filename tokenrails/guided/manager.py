@@ -238,6 +238,19 @@ class GuidedDecodingManager:
                 "constraint did not finish in time", limit="compile_timeout_s", value=self.limits.compile_timeout_s,
             ))
 
+    def poll(self, spec: GuideSpec) -> bool:
+        """Start ``spec``'s compile if needed and say whether a fill of it would run without
+        waiting (compiled, failed, refused, or past its deadline, which fails it now): an engine
+        keeps a sequence out of its batch until this is True, so no step waits for a compile."""
+        entry = self._lookup(spec)
+        if not isinstance(entry, _InFlight):
+            return True
+        if entry.future.done() or time.monotonic() < entry.deadline:
+            return entry.future.done()
+        self._count("timeouts")
+        self._abandon(spec.key, entry)
+        return True
+
     def _failure(self, key: str) -> GuideError | None:
         hit = self._cache.get(key)
         return hit if isinstance(hit, GuideError) else None
@@ -343,16 +356,21 @@ class GuidedDecodingManager:
         for seq_id in self._sessions.pop(session_id, ()):
             self._seqs.pop((session_id, seq_id), None)
 
-    def end_session_soon(self, session_id: Hashable) -> None:
-        """``end_session`` at this manager's next step (or ``stats()``), without taking a lock
-        now: safe from a ``weakref.finalize`` callback or ``__del__``."""
-        self._ending.append(session_id)
+    def end_session_soon(self, session_id: Hashable, seq_id: Hashable = None) -> None:
+        """``end_session`` (or ``release`` of one ``seq_id``) at this manager's next step (or
+        ``stats()``), without taking a lock now: safe from a ``weakref.finalize`` callback, and
+        from an event loop while a worker's step holds the lock."""
+        self._ending.append((session_id, seq_id))
 
     def _end_queued(self) -> None:
         while self._ending:
-            session_id = self._ending.popleft()
-            for seq_id in self._sessions.pop(session_id, ()):
-                self._seqs.pop((session_id, seq_id), None)
+            session_id, seq_id = self._ending.popleft()
+            seqs = self._sessions.get(session_id, set())
+            for seq in (seqs if seq_id is None else {seq_id} & seqs):
+                self._seqs.pop((session_id, seq), None)
+            seqs.difference_update(seqs if seq_id is None else {seq_id})
+            if not seqs:
+                self._sessions.pop(session_id, None)
 
     def compiled(self, rows: Sequence[GuidedRow | None]) -> bool:
         """Whether every row's constraint has finished compiling (cached, or cached as failed):

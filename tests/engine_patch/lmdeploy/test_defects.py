@@ -148,9 +148,46 @@ def test_dllm_guided_rows(mode, smollm2_tokenizer, vocab):
 
     proc = FusedLogitsProcessor(si, guided_decoding_manager=mgr)
     scores, _ = asyncio.run(proc(torch.randn(4, vocab.vocab_size)))
-    assert sorted(proc.guided_errors) == [0, 1, 2, 3]
-    assert all(isinstance(e, UnsupportedGuideError) for e in proc.guided_errors.values())
+    assert sorted(proc.tokenrails_step.errors) == [0, 1, 2, 3]
+    assert all(isinstance(e, UnsupportedGuideError) for e in proc.tokenrails_step.errors.values())
     assert (proc.sampling(scores) == EOS).all()  # fail closed: nothing but EOS
+
+
+def _step_module():
+    import importlib
+
+    try:
+        return importlib.import_module("tokenrails.engine_patch.lmdeploy.step")
+    except ImportError:  # before the step module existed
+        return None
+
+
+def test_dllm_errors_finish_their_own_sequence(upgraded, cpu_lmdeploy, smollm2_tokenizer, vocab):
+    """A dLLM block spans ``block`` logits rows of one sequence: the guided sequence's error stops
+    that sequence, never the next one in the batch (whose index equals a block position)."""
+    from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
+    from lmdeploy.pytorch.strategies.dllm.sampling import DLLMSamplingStrategy
+
+    from tokenrails import UnsupportedGuideError
+    from tokenrails.engine_patch.lmdeploy import agent as agent_patch
+
+    mgr = harness.make_manager(smollm2_tokenizer, vocab.vocab_size)
+    seqs = [harness.FakeSeq(40, harness.gen_config({"type": "json_object"})), harness.FakeSeq(41, harness.gen_config())]
+    si = DLLMSamplingStrategy(0, dllm_block_length=4).make_sampling_inputs(seqs)
+    batched = SimpleNamespace(stopped=torch.zeros(len(seqs), dtype=torch.bool))
+
+    async def postprocess(self, inputs, sampling_inputs):
+        proc = FusedLogitsProcessor(sampling_inputs, guided_decoding_manager=self.guided_decoding_manager)
+        await proc(torch.randn(8, vocab.vocab_size))
+        return (batched,)
+
+    agent = SimpleNamespace(guided_decoding_manager=mgr)
+    wrap = getattr(_step_module(), "patched_postprocess", None) or agent_patch.patched_postprocess
+    asyncio.run(wrap(postprocess)(agent, _inputs(False, False, True), si))
+    errors = getattr(batched, agent_patch.ERRORS_ATTR)
+    assert sorted(errors) == [0], errors  # sequence 0 (the guided one) only
+    assert errors[0][0] == UnsupportedGuideError.__name__
+    assert batched.stopped.tolist() == [True, False]
 
 
 # ---- 4. a rejected token must finish the sequence with an error ------------------------------
@@ -227,7 +264,7 @@ def test_bad_words_cannot_break_the_grammar(mode, smollm2_tokenizer, vocab):
     if mode == "stock":
         assert toks[0] not in legal and toks[0] != EOS  # an illegal token came out
     else:
-        assert toks[0] == EOS and 0 in proc.guided_errors  # fail closed, reported
+        assert toks[0] == EOS and 0 in proc.tokenrails_step.errors  # fail closed, reported
 
 
 def test_empty_row_repair_on_inference_tensors(upgraded, cpu_lmdeploy, smollm2_tokenizer, vocab):
@@ -241,7 +278,7 @@ def test_empty_row_repair_on_inference_tensors(upgraded, cpu_lmdeploy, smollm2_t
         logits = torch.randn(1, vocab.vocab_size)
         toks, proc = asyncio.run(harness.step(harness.strategy(), mgr, [seq], logits))
     assert logits.is_inference()
-    assert toks[0] == EOS and 0 in proc.guided_errors
+    assert toks[0] == EOS and 0 in proc.tokenrails_step.errors
 
 
 def test_min_new_tokens_stop_word_vs_complete_grammar(mode, smollm2_tokenizer, vocab):

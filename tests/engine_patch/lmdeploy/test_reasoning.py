@@ -205,21 +205,22 @@ def test_rounds_read_their_own_prompt(lm, think_tokenizer, think_vocab):
 
 def test_nonlast_chunk_does_not_start_the_sequence(lm, think_tokenizer, think_vocab):
     """Chunked prefill: the non-last chunk's step does nothing; the last chunk reads the prompt."""
-    from tokenrails.engine_patch.lmdeploy import step_context
-
     tok = think_tokenizer
     T, E = tok.convert_tokens_to_ids("<think>"), tok.convert_tokens_to_ids("</think>")
     mgr = _mgr(tok, think_vocab)
     seq = harness.FakeSeq(8, harness.gen_config(RF), prompt_ids=_ids(tok, "q:") + [T])
 
+    from tokenrails.engine_patch.lmdeploy import step
+
     async def chunk():
-        token = step_context.enter(step_context.StepContext(skip_guided=True))
+        real = step.LMDeployStep
+        step.LMDeployStep = lambda owner, si, **kw: real(owner, si, skip_guided=True)  # a non-last chunk
         try:
             logits = torch.zeros(1, think_vocab.vocab_size)
             logits[0, EOS] = 9.0
             await harness.step(harness.strategy(), mgr, [seq], logits)  # token thrown away
         finally:
-            step_context.leave(token)
+            step.LMDeployStep = real
 
     asyncio.run(chunk())
     assert mgr.stats()["active_matchers"] == 0
@@ -245,7 +246,7 @@ def test_bad_setting_refused_early_and_in_engine(lm, smollm2_tokenizer, vocab):
         return await harness.step(harness.strategy(), _mgr(smollm2_tokenizer, vocab), [seq], logits)
 
     toks, proc = asyncio.run(one())
-    assert toks == [EOS] and "reasoning" in str(proc.guided_errors[0])
+    assert toks == [EOS] and "reasoning" in str(proc.tokenrails_step.errors[0])
 
 
 def test_activate_option_and_env_syntax_checked(lm, monkeypatch, think_tokenizer, think_vocab):

@@ -47,7 +47,7 @@ def _logits(tok, vocab):
 
 def _count_hops(monkeypatch) -> list[int]:
     """Counts ``asyncio.to_thread`` calls made by the logits processor patch (fill and accept)."""
-    from tokenrails.engine_patch.lmdeploy import logits as lg
+    from tokenrails.engine_patch.lmdeploy import step as lg
 
     calls = [0]
     real = asyncio.to_thread
@@ -102,13 +102,13 @@ def test_compiled_small_cpu_batches_make_no_thread_hop(batch, upgraded, cpu_lmde
 
 def test_inline_and_threaded_steps_give_the_same_tokens(upgraded, cpu_lmdeploy, smollm2_tokenizer, vocab,
                                                         monkeypatch):
-    from tokenrails.engine_patch.lmdeploy import logits as lg
+    from tokenrails.engine_patch.lmdeploy import step as lg
 
     mgr = harness.make_manager(smollm2_tokenizer, vocab.vocab_size)
     mgr.core()
     _decode(mgr, _seqs(500, 3), _logits(smollm2_tokenizer, vocab), steps=2)
     inline = _decode(mgr, _seqs(520, 3), _logits(smollm2_tokenizer, vocab), steps=40)  # same seed: same logits
-    monkeypatch.setattr(lg, "_fill_is_short", lambda self, scores: False)
+    monkeypatch.setattr(lg, "_is_short", lambda step, scores: False)
     hops = _count_hops(monkeypatch)
     threaded = _decode(mgr, _seqs(540, 3), _logits(smollm2_tokenizer, vocab), steps=40)
     assert hops[0] > 0  # the threaded path did run
@@ -128,7 +128,7 @@ def test_a_row_still_compiling_keeps_the_hop(upgraded, cpu_lmdeploy, smollm2_tok
 def test_a_cpu_agent_overlaps_only_from_cpu_min_rows(upgraded, monkeypatch):
     """The overlapped fill thread is not started for a CPU agent's step below ``CPU_MIN_ROWS``
     guided rows (it slowed the CPU forward more than it hid); a GPU agent overlaps any step."""
-    from tokenrails.engine_patch.lmdeploy import overlap, step_context
+    from tokenrails.engine_patch.lmdeploy import overlap, step
     from tokenrails.guided.sequence import GuidedRow
     from tokenrails.guided.spec import GuideSpec
 
@@ -139,8 +139,13 @@ def test_a_cpu_agent_overlaps_only_from_cpu_min_rows(upgraded, monkeypatch):
         def fill_rows(self, rows):
             started.append(len(rows))
 
+        def compiled(self, rows):
+            return True
+
     class Owner:
         is_tokenrails = True
+        _rounds = {(i, i): (i, 0) for i in range(overlap.CPU_MIN_ROWS)}  # seen before: nothing to note
+        _begun: dict = {}
 
         def core(self, wait=True):
             return Mgr()
@@ -150,21 +155,16 @@ def test_a_cpu_agent_overlaps_only_from_cpu_min_rows(upgraded, monkeypatch):
 
     def run(device: str, n: int) -> bool:
         rows = [GuidedRow(i, (i, 0), spec) for i in range(n)]
-        si = SimpleNamespace(session_ctx=[{step_context.CTX_KEY: r} for r in rows], response_formats=None,
+        si = SimpleNamespace(session_ctx=[{step.CTX_KEY: r} for r in rows], response_formats=None,
                              batch_size=n)
-        agent = SimpleNamespace(guided_decoding_manager=Owner(), spec_agent=None, device=device)
-        token = overlap.STEP_INPUTS.set(si)
-        ctx = step_context.enter(step_context.StepContext())
-        try:
-            overlap.start(agent, SimpleNamespace(is_dummy=False, is_chunk=False))
-            pending = overlap.PREFILL.get()
-            if pending is not None:
-                pending[1].result()
-            return pending is not None
-        finally:
-            overlap.PREFILL.set(None)
-            step_context.leave(ctx)
-            overlap.STEP_INPUTS.reset(token)
+        owner = Owner()
+        opened = step.LMDeployStep(owner, si)
+        agent = SimpleNamespace(guided_decoding_manager=owner, spec_agent=None, device=device)
+        overlap.start(agent, opened, SimpleNamespace(is_dummy=False, is_chunk=False))
+        pending = opened.prefill
+        if pending is not None:
+            pending[1].result()
+        return pending is not None
 
     monkeypatch.setenv("TOKENRAILS_OVERLAP", "1")
     assert not run("cpu", 1)

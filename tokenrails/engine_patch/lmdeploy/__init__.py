@@ -47,9 +47,9 @@ def _mod(name: str):
 def _apply(p: Patcher) -> None:
     from . import agent as agent_patch
     from . import engines
-    from . import logits as logits_patch
     from . import requests as req_patch
     from . import spec as spec_patch
+    from . import step as step_patch
     from . import strategies as strat_patch
     from .manager import LMDeployGuidedManager
 
@@ -97,6 +97,13 @@ def _apply(p: Patcher) -> None:
         p.set(dllm, "make_sampling_inputs",
               strat_patch.patched_dllm_make_sampling_inputs(dllm.__dict__["make_sampling_inputs"]))
 
+    from . import waiting_rows  # a sequence whose grammar is not compiled waits outside the batch
+
+    ps = _mod("lmdeploy.pytorch.paging.prefill_scheduler")
+    require_attrs(ps, ["_PrefillScheduler"], "paging.prefill_scheduler")
+    require_params(ps._PrefillScheduler.schedule, ["waiting"], "_PrefillScheduler.schedule")
+    waiting_rows.install(p, ps)
+
     # -- logits processor ------------------------------------------------------------------------
     lp = _mod("lmdeploy.pytorch.engine.logits_process")
     flp = lp.FusedLogitsProcessor
@@ -105,10 +112,10 @@ def _apply(p: Patcher) -> None:
     require_attrs(flp, ["accept_guided_tokens", "cleanup_sessions", "sampling", "_wait_stream_once"],
                   "FusedLogitsProcessor")
     require_attrs(lp.SamplingInputs, ["session_ctx", "session_to_cleanup", "response_formats"], "SamplingInputs")
-    p.set(flp, "__init__", logits_patch.patched_init(flp.__init__))
-    p.set(flp, "__call__", logits_patch.patched_call(flp.__call__))
-    p.set(flp, "accept_guided_tokens", logits_patch.patched_accept(flp.accept_guided_tokens))
-    p.set(flp, "cleanup_sessions", logits_patch.patched_cleanup(flp.cleanup_sessions))
+    p.set(flp, "__init__", step_patch.patched_init(flp.__init__))
+    p.set(flp, "__call__", step_patch.patched_call(flp.__call__))
+    p.set(flp, "accept_guided_tokens", step_patch.patched_accept(flp.accept_guided_tokens))
+    p.set(flp, "cleanup_sessions", step_patch.patched_cleanup(flp.cleanup_sessions))
 
     # -- model agent: our manager per rank, prefetch, per-step context, errors ------------------
     am = _mod("lmdeploy.pytorch.engine.model_agent.agent")
@@ -116,13 +123,9 @@ def _apply(p: Patcher) -> None:
     p.set(am, "GuidedDecodingManager", LMDeployGuidedManager)
     base = am.BaseModelAgent
     require_params(base._step_postprocess_with_output, ["inputs"], "BaseModelAgent._step_postprocess_with_output")
-    require_params(base._async_step, ["sampling_inputs"], "BaseModelAgent._async_step")
-    p.set(base, "_async_step", agent_patch.patched_async_step(base._async_step))
-    from . import overlap
-
-    require_params(base._async_model_forward, ["inputs"], "BaseModelAgent._async_model_forward")
-    p.set(base, "_async_model_forward", overlap.patched_model_forward(base._async_model_forward))
-    p.set(base, "_step_postprocess_with_output", agent_patch.patched_postprocess(base._step_postprocess_with_output))
+    require_params(base._async_step, ["inputs", "sampling_inputs"], "BaseModelAgent._async_step")
+    p.set(base, "_async_step", step_patch.patched_async_step(base._async_step))
+    p.set(base, "_step_postprocess_with_output", step_patch.patched_postprocess(base._step_postprocess_with_output))
     from . import tp_ranks  # TP > 1: guided work only on the rank that samples (tp_ranks.py)
 
     bw = _mod("lmdeploy.pytorch.engine.executor.base_worker")

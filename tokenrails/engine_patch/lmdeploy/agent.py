@@ -2,12 +2,9 @@
 
 * ``agent.GuidedDecodingManager`` (the name the agent constructs) → ``LMDeployGuidedManager``;
   LMDeploy passes that object on to the logits processor and the speculative helper unchanged.
-* ``_async_step``: start compiling every guided row's constraint *before* the forward, so
-  compilation overlaps prefill instead of stalling sampling.
-* ``_step_postprocess_with_output``: opens the per-step context (non-last prefill chunk →
-  no guided fill/accept), then marks rows whose constraint failed or whose token was rejected as
-  stopped and attaches the errors to the ``BatchedOutputs`` (``to_cpu``/``to_numpy``/
-  ``to_tensor`` keep them across executors).
+* ``attach_errors`` (called by the step's post-processing, step.py): marks the sequences whose
+  constraint failed or whose token was rejected as stopped and attaches the errors to the
+  ``BatchedOutputs`` (``to_cpu``/``to_numpy``/``to_tensor`` keep them across executors).
 * ``EngineLoop._make_infer_outputs``: such a row's response becomes an error
   (``NOT_SUPPORTED`` → HTTP 400 for invalid/unsupported/limit errors, ``INTERNAL_ENGINE_ERROR``
   for a rejected token), never a normal finish.
@@ -18,73 +15,13 @@ import inspect
 import logging
 from typing import Any, Callable
 
-from ...guided.sequence import GuidedRow
 from ...guided.errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
-from . import overlap, step_context
 
 logger = logging.getLogger("tokenrails.lmdeploy")
 ERRORS_ATTR = "tokenrails_errors"
 
 
-def patched_async_step(original: Callable) -> Callable:
-    sig = inspect.signature(original)
-
-    async def _async_step(self, *args, **kwargs):
-        mgr = getattr(self, "guided_decoding_manager", None)
-        if getattr(mgr, "is_tokenrails", False):
-            try:
-                si = sig.bind_partial(self, *args, **kwargs).arguments.get("sampling_inputs")
-            except TypeError:
-                si = None
-            step = step_context.StepContext()
-            ctx_token = step_context.enter(step)  # the step's rows are read and prepared once
-            if si is not None:
-                # the one prefetch: compiles start before the forward and overlap it
-                specs = {r.spec.key: r.spec for r in step.rows(si) if isinstance(r, GuidedRow)}
-                if specs:
-                    mgr.prefetch(specs.values())
-            token = overlap.STEP_INPUTS.set(si)  # the forward wrapper starts the mask fill from it
-            try:
-                return await original(self, *args, **kwargs)
-            finally:
-                overlap.STEP_INPUTS.reset(token)
-                overlap.PREFILL.set(None)
-                step_context.leave(ctx_token)
-        return await original(self, *args, **kwargs)
-
-    _async_step.__wrapped__ = original
-    return _async_step
-
-
-def _is_nonlast_chunk(inputs: Any) -> bool:
-    return bool(getattr(inputs, "is_chunk", False)) and not bool(getattr(inputs, "is_last_chunk", True))
-
-
-def patched_postprocess(original: Callable) -> Callable:
-    sig = inspect.signature(original)
-
-    async def _step_postprocess_with_output(self, *args, **kwargs):
-        inputs = sig.bind_partial(self, *args, **kwargs).arguments.get("inputs")
-        outer = step_context.current()  # opened by _async_step: the step's rows are on it
-        ctx = outer if outer is not None else step_context.StepContext()
-        ctx.skip_guided = _is_nonlast_chunk(inputs)
-        ctx.errors = {}
-        token = step_context.enter(ctx)
-        try:
-            result = await original(self, *args, **kwargs)
-        finally:
-            step_context.leave(token)
-        if ctx.errors and not ctx.skip_guided:
-            batched_output = result[-1]
-            if batched_output is not None:
-                _attach_errors(batched_output, ctx.errors)
-        return result
-
-    _step_postprocess_with_output.__wrapped__ = original
-    return _step_postprocess_with_output
-
-
-def _attach_errors(batched_output: Any, errors: dict[int, GuideError]) -> None:
+def attach_errors(batched_output: Any, errors: dict[int, GuideError]) -> None:
     stopped = batched_output.stopped
     if stopped is not None:
         for row in errors:

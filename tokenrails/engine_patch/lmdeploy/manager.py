@@ -12,12 +12,14 @@ new round always starts a fresh matcher, and the previous round's matcher is rel
 Reasoning: ``prepare_row`` resolves a row's reasoning setting (the request's, else the engine
 default: ``activate(reasoning=...)``, else ``$TOKENRAILS_REASONING``, else "auto") against the
 vocabulary, and at the first sight of a round with a reasoning config starts its state from the
-round's prompt (``begin_sequence(..., prompt_token_ids=...)``).
+round's prompt (``begin_sequence(..., prompt_token_ids=...)``). The prepared row is kept for the
+round (``_begun``): later steps reuse it without a call.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from typing import Any, Hashable
 
 from ...guided.sequence import GuidedRow
@@ -26,10 +28,12 @@ from ...guided.limits import GuideLimits
 from ...guided.native_threads import start_native_thread
 from ..reasoning import default_setting, prompt_for_reading, resolve
 from . import settings
+from .step import LMDeployStep
 from .stock_calls import StockCalls
 
 logger = logging.getLogger("tokenrails.lmdeploy")
 
+_LIVE: "weakref.WeakSet[LMDeployGuidedManager]" = weakref.WeakSet()  # this process's sampling ranks
 _VOCABS: dict[tuple[int, int], tuple[Any, Any]] = {}  # (id(tokenizer), width) -> (tokenizer, vocab)
 _VOCABS_LOCK = threading.Lock()
 
@@ -85,9 +89,13 @@ class LMDeployGuidedManager(StockCalls):
         # It is never held across a call into the core manager (its step lock, a compile wait).
         self._books = threading.Lock()
         self._rounds: dict[tuple[Hashable, Hashable], Hashable] = {}
-        self._begun: dict[tuple[Hashable, Hashable], str] = {}  # (session, seq_key) -> spec key
+        # (session, seq_key) -> the round's prepared row; the step reads both books with plain
+        # dict reads (atomic), so a steady step makes no call here (step.py)
+        self._begun: dict[tuple[Hashable, Hashable], GuidedRow] = {}
         self._reasoning_default = default_setting(settings.reasoning_default())  # fixed per manager
         self._reasoning_memo: dict[Any, Any] = {}
+        self.step: LMDeployStep | None = None  # the engine step running now (step.py)
+        _LIVE.add(self)
         if vocab is not None:
             self._build(vocab)
         else:
@@ -142,8 +150,17 @@ class LMDeployGuidedManager(StockCalls):
         for spec in specs:
             mgr.prefetch(spec)
 
+    def poll(self, spec: Any) -> bool:
+        """Whether a step could fill ``spec`` now without waiting (its compile is started here):
+        False while the vocabulary is still being built or the compile runs (waiting_rows.py)."""
+        if self._error is not None:
+            return True  # every row fails closed at once
+        mgr = self.core(wait=False)
+        return mgr is not None and mgr.poll(spec)
+
     def note_round(self, session_id: Hashable, seq_key: tuple) -> None:
-        """Release the previous round's matcher when a sequence starts a new round."""
+        """Release the previous round's matcher when a sequence starts a new round (at the core's
+        next locked call: a step's fill may hold its lock now)."""
         ident = (session_id, seq_key[0])
         with self._books:
             prev = self._rounds.get(ident)
@@ -153,7 +170,7 @@ class LMDeployGuidedManager(StockCalls):
             if prev is not None:
                 self._begun.pop((session_id, prev), None)
         if prev is not None and self._mgr is not None:
-            self._mgr.release(session_id, prev)
+            self._mgr.end_session_soon(session_id, prev)
 
     # ---- reasoning -------------------------------------------------------------------------
     def reasoning_config(self, setting: Any = None):
@@ -183,17 +200,19 @@ class LMDeployGuidedManager(StockCalls):
         except GuideError as exc:
             return exc
         key = (row.session_id, row.seq_id)
+        with self._books:
+            hit = self._begun.get(key)
+        if hit is not None and hit.spec.key == row.spec.key:
+            return hit
         if cfg is not None:
-            with self._books:
-                begun = self._begun.get(key) == row.spec.key
-            if not begun:
-                prompt = getattr(row, "prompt", None)
-                ids = prompt_for_reading(prompt, cfg) if prompt is not None else None
-                mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids,
-                                   max_tokens=row.max_tokens)
-                with self._books:
-                    self._begun[key] = row.spec.key
-        return GuidedRow(row.session_id, row.seq_id, row.spec, reasoning=cfg, max_tokens=row.max_tokens)
+            prompt = getattr(row, "prompt", None)
+            ids = prompt_for_reading(prompt, cfg) if prompt is not None else None
+            mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids,
+                               max_tokens=row.max_tokens)
+        prepared = GuidedRow(row.session_id, row.seq_id, row.spec, reasoning=cfg, max_tokens=row.max_tokens)
+        with self._books:
+            self._begun[key] = prepared
+        return prepared
 
     def prepare_rows(self, rows: list[Any]) -> list[Any]:
         return [self.prepare_row(r) for r in rows]
@@ -206,7 +225,7 @@ class LMDeployGuidedManager(StockCalls):
             for ident in [k for k in self._begun if k[0] == session_id]:
                 del self._begun[ident]
         if self._mgr is not None:
-            self._mgr.end_session(session_id)
+            self._mgr.end_session_soon(session_id)  # the event loop never waits for a step's lock
 
     remove_processor = end_session  # LMDeploy's name
 
@@ -223,7 +242,7 @@ class LMDeployGuidedManager(StockCalls):
             self._begun.clear()
         if self._mgr is not None:
             for session_id in sessions:
-                self._mgr.end_session(session_id)
+                self._mgr.end_session_soon(session_id)
 
     def stats(self) -> dict[str, int]:
         mgr = self.core(wait=False) if self._error is None else None

@@ -1,9 +1,9 @@
-"""Overlap the guided mask with the model forward (issue 14 part 5).
+"""Overlap the guided mask with the model forward.
 
 A row's next mask depends only on tokens already accepted, so it can be filled while the model
 computes the logits: on a GPU the CPU is idle then; on a CPU the forward and the fill can use
-different cores. The patched ``_async_model_forward`` starts the fill of the step's guided rows
-on a worker thread just before the forward; the logits processor then joins it and applies the
+different cores. The step (step.py) starts the fill of its guided rows on a worker thread as it
+opens, before the forward; the logits processor then joins it and applies the
 mask (one kernel call) instead of filling. Fail-closed rules are the fill's own (errors, empty
 rows → EOS-only); when the rows the processor sees differ from the ones filled (they should not),
 the prefilled mask is dropped and the step fills as before.
@@ -11,29 +11,21 @@ the prefilled mask is dropped and the step fills as before.
 Not used for non-last prefill chunks (their token is discarded), dummy inputs, speculative
 decoding (its verification masks are built per draft), or a CPU agent's steps with fewer than
 ``CPU_MIN_ROWS`` guided rows (the fill thread slows the CPU forward more than it saves). ``TOKENRAILS_OVERLAP=0`` turns it off.
-Times per step (``fill_s`` on the worker, ``wait_s`` exposed to the step) are kept in
+The future lives on the step (``LMDeployStep.prefill``). Times per step (``fill_s`` on the worker, ``wait_s`` exposed to the step) are kept in
 ``OverlapStats`` for the engine benchmark.
 """
 from __future__ import annotations
 
-import contextvars
-import inspect
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ...guided.sequence import GuidedRow
-from . import step_context
 
 ENV_OVERLAP = "TOKENRAILS_OVERLAP"
-
-# set by the _async_step wrapper (the step's sampling inputs, updated in place for decode steps)
-STEP_INPUTS: contextvars.ContextVar[Any] = contextvars.ContextVar("tokenrails_step_inputs", default=None)
-# set when the fill was started: (row keys, future of FilledMask, start time)
-PREFILL: contextvars.ContextVar[Any] = contextvars.ContextVar("tokenrails_prefill", default=None)
 
 
 def enabled() -> bool:
@@ -73,58 +65,38 @@ def _executor() -> ThreadPoolExecutor:
 
 
 def row_keys(rows: list[Any]) -> tuple:
-    return tuple((r.session_id, r.seq_id, r.spec.key) if hasattr(r, "spec") else None for r in rows)
+    return tuple((r.session_id, r.seq_id, r.spec.key) if isinstance(r, GuidedRow) else None for r in rows)
 
 
-def start(agent: Any, inputs: Any) -> None:
-    """Start the fill for this step's guided rows, if overlap applies."""
-
-    PREFILL.set(None)
-    si = STEP_INPUTS.get()
-    owner = getattr(agent, "guided_decoding_manager", None)
-    if si is None or not getattr(owner, "is_tokenrails", False) or not enabled():
-        return
-    if getattr(inputs, "is_dummy", False):
-        return
-    if bool(getattr(inputs, "is_chunk", False)) and not bool(getattr(inputs, "is_last_chunk", True)):
+def start(agent: Any, step: Any, inputs: Any) -> None:
+    """Start the fill of this step's guided rows on the worker, if overlap applies. Rows whose
+    constraint is still compiling are not overlapped: preparing them may wait for the compile,
+    and this runs on the event loop (the logits processor fills them on a worker thread)."""
+    if step.skip_guided or not step.guided or not enabled() or getattr(inputs, "is_dummy", False):
         return
     spec_agent = getattr(agent, "spec_agent", None)
     if spec_agent is not None and spec_agent.is_enabled():
         return
-    mgr = owner.core(wait=False)
-    if mgr is None:
+    if step.guided < CPU_MIN_ROWS and str(getattr(agent, "device", "")) == "cpu":
+        return  # the logits processor fills these inline (step._is_short)
+    mgr = step.owner.core(wait=False)
+    if mgr is None or not mgr.compiled([r for r in step.rows if isinstance(r, GuidedRow)]):
         return
-    guided = sum(isinstance(r, GuidedRow) for r in step_context.rows(si))
-    if not guided:
-        return
-    if guided < CPU_MIN_ROWS and str(getattr(agent, "device", "")) == "cpu":
-        return  # the logits processor fills these inline (logits._fill_is_short)
-    prepared = step_context.prepared(owner, si)
-    run_rows = [r if isinstance(r, GuidedRow) else None for r in prepared]
+    run_rows = step.run_rows()
 
     def fill():
         t0 = time.perf_counter()
         filled = mgr.fill_rows(run_rows)
         return filled, time.perf_counter() - t0
 
-    PREFILL.set((row_keys(run_rows), _executor().submit(fill)))
+    step.prefill = (row_keys(run_rows), _executor().submit(fill))
 
 
-def ready(run_rows: list[Any]) -> bool:
-    """This step's mask is already filled for exactly these rows (the overlapped fill finished):
-    what is left of the guided step is the in-place apply, too short to be worth a thread hop.
-    Rows that changed since the fill started are not ready: their fill (which may still wait for
-    a compile) must not run on the event loop."""
-    pending = PREFILL.get()
-    return pending is not None and pending[1].done() and pending[0] == row_keys(run_rows)
-
-
-def take(run_rows: list[Any]):
+def take(step: Any, run_rows: list[Any]):
     """The prefilled mask for exactly these rows (joined), or None."""
-    pending = PREFILL.get()
+    pending, step.prefill = step.prefill, None
     if pending is None:
         return None
-    PREFILL.set(None)
     keys, future = pending
     t0 = time.perf_counter()
     filled, fill_s = future.result()
@@ -136,19 +108,3 @@ def take(run_rows: list[Any]):
     STATS.fill_s += fill_s
     STATS.wait_s += waited
     return filled
-
-
-def patched_model_forward(original: Callable) -> Callable:
-    sig = inspect.signature(original)
-
-    async def _async_model_forward(self, *args, **kwargs):
-        try:
-            inputs = sig.bind_partial(self, *args, **kwargs).arguments.get("inputs")
-            start(self, inputs)
-        except Exception:  # overlap is an optimisation: the step fills as before
-            PREFILL.set(None)
-        return await original(self, *args, **kwargs)
-
-    _async_model_forward.__wrapped__ = original
-    return _async_model_forward
-

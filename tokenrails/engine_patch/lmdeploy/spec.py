@@ -20,8 +20,7 @@ import torch
 from ...guided.bitmask import MaskBuffer
 from ...guided.errors import GuideError
 from ...guided.sequence import GuidedRow
-from . import step_context
-from .step_context import rows_of_ctx
+from .step import report, rows_of_ctx
 
 
 class RowHandle:
@@ -221,7 +220,8 @@ def _report(processors: dict, statuses: list) -> None:
     for i, s in enumerate(statuses):
         if s is not None and s.failed and s.error is not None:
             errors.setdefault(i, s.error)
-    step_context.report(errors)
+    if processors:
+        report(next(iter(processors.values())).helper.owner, errors)
 
 
 def patched_serial_bitmask(original: Callable) -> Callable:

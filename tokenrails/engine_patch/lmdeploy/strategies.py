@@ -1,7 +1,7 @@
 """Sampling-strategy patches: every logits row carries its guided identity in ``session_ctx``.
 
 LMDeploy builds ``SamplingInputs`` on the engine side every step. We add, per row,
-``session_ctx[i]["tokenrails"]`` (written through ``step_context.put``): a ``GuidedRow`` (constraint + round-aware identity), a
+``session_ctx[i]["tokenrails"]`` (``step.CTX_KEY``): a ``GuidedRow`` (constraint + round-aware identity), a
 ``GuideError`` (the request's constraint is unusable: that row fails closed), or None (unguided).
 The ``GuideSpec`` is computed once per request and memoized on its ``SamplingParam``.
 
@@ -27,7 +27,7 @@ from ...guided.sequence import GuidedRow
 from ...guided.errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..reasoning import ReasoningSetting
 from .requests import parse_format
-from .step_context import put, row_of
+from .step import CTX_KEY, SEQ_KEY
 
 _MEMO_ATTR = "_tokenrails_spec"
 
@@ -93,7 +93,7 @@ def patched_ar_make_sampling_inputs(original: Callable) -> Callable:
         ctx = out.session_ctx
         if ctx is not None and len(ctx) == len(seqs):
             for entry, seq in zip(ctx, seqs):
-                put(entry, row_for_seq(seq))
+                entry[CTX_KEY] = row_for_seq(seq)
         return out
 
     make_sampling_inputs.__wrapped__ = original
@@ -108,8 +108,8 @@ def patched_dllm_make_sampling_inputs(original: Callable) -> Callable:
         if len(ctx) * block != out.batch_size:
             return out
         expanded = []
-        for entry in ctx:
-            row = row_of(entry)
+        for seq_index, entry in enumerate(ctx):
+            row = entry.get(CTX_KEY)
             if isinstance(row, GuidedRow):
                 row = UnsupportedGuideError(
                     "structured output is not supported with dLLM (block diffusion) decoding: "
@@ -117,7 +117,8 @@ def patched_dllm_make_sampling_inputs(original: Callable) -> Callable:
                     feature="dllm", backend="lmdeploy")
             for _ in range(block):
                 copy = dict(entry)
-                put(copy, row)
+                copy[CTX_KEY] = row
+                copy[SEQ_KEY] = seq_index  # errors are reported per sequence (step.seq_errors)
                 expanded.append(copy)
         out.session_ctx = expanded
         return out
