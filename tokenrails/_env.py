@@ -33,7 +33,7 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_EXIT_WAIT_S",            # guided/native_threads: exit's bound on running compiles
     "TOKENRAILS_FSM_PRECOMPUTE",         # guided/fsm/token_index: warm-up of the token index
     "TOKENRAILS_GRAMMAR_DRAFTS",         # lmdeploy/grammar_drafts: k forced drafts per step
-    "TOKENRAILS_GRAMMAR_DRAFTS_FIXED",   # lmdeploy/grammar_drafts: k drafts every step
+    "TOKENRAILS_GRAMMAR_DRAFTS_FIXED",   # lmdeploy/draft_shapes: verification shapes (0/1/buckets)
     "TOKENRAILS_GRAMMAR_EAGLE",          # lmdeploy/grammar_eagle: grammar-aware draft models
     "TOKENRAILS_GUIDED_CPU_METER",       # lmdeploy/guided_meter: per-process CPU time of guided calls
     "TOKENRAILS_KERNEL",                 # kernels/dispatch: the mask kernel forced

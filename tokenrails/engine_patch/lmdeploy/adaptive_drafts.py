@@ -33,6 +33,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import draft_shapes
+
 PAD = -1  # "no draft here": the end of a row's forced run in the proposer's [batch, k] tensor
 
 __all__ = ["PAD", "row_lengths", "pack_rows", "pad_logits", "cut_after", "install"]
@@ -108,12 +110,38 @@ def _step_inputs_class():
     from lmdeploy.pytorch.strategies.ar_spec.step_inputs import ARSpecStepInputs
 
     class RaggedStepInputs(ARSpecStepInputs):
-        """Decode-loop state where row ``i`` carries ``1 + L_i`` positions, not ``1 + k``."""
+        """Decode-loop state where row ``i`` carries ``1 + L_i`` positions, not ``1 + k``, or, where
+        the attention needs one query length for all rows (``draft_shapes``), ``1 + K`` with the
+        step's bucketed width ``K``."""
+
+        shape_request = draft_shapes.AUTO  # set by the factory from the environment
+
+        def _shaped(self, ids: torch.Tensor, q: torch.Tensor, longest: int) -> tuple[torch.Tensor, torch.Tensor]:
+            mode = draft_shapes.mode_for(self.shape_request, ids.device)
+            if mode == draft_shapes.RAGGED or q.numel() == 0:
+                return ids, q
+            width = draft_shapes.bucket_width(longest, int(self._num_spec_tokens), mode)
+            return draft_shapes.pad_rows(ids, q, width)
+
+        def _uniform(self, inputs):
+            """Merged decode inputs (a finished prefill joining the batch) at one common width."""
+            q = inputs.seq_length
+            mode = draft_shapes.mode_for(self.shape_request, inputs.input_ids.device)
+            if q.numel() == 0 or mode == draft_shapes.RAGGED:
+                return inputs
+            ids, padded = self._shaped(inputs.input_ids, q, int(q.max()) - 1)
+            padded = padded.to(q.device)
+            if torch.equal(padded, q):
+                return inputs
+            return inputs.clone(input_ids=ids, seq_length=padded, max_q_seqlen=int(padded.max()),
+                                max_kv_seqlen=int(inputs.max_kv_seqlen) + int(padded.max()) - int(q.max()),
+                                sum_kv_seqlen=int(inputs.sum_kv_seqlen) + int(padded.sum()) - int(q.sum()))
 
         def merge_prefill(self, inputs, extra_inputs, stopping_criteria, sampling_delta, next_token_ids,
                           model_metas, extra_outputs):
             _no_mrope(inputs)
             ids, q = pack_rows(next_token_ids, extra_inputs.output_draft_token_ids)
+            ids, q = self._shaped(ids, q, int(q.max()) - 1 if q.numel() else 0)
             max_q = int(q.max()) if q.numel() else 1
             new = get_model_inputs_next_decoding(inputs, ids, max_q_seqlen=max_q, model_metas=model_metas)
             new.seq_length = q.to(inputs.seq_length.device)
@@ -125,7 +153,7 @@ def _step_inputs_class():
                 self.model_inputs, self.extra_inputs = new, extra_inputs
                 self.stopping_criteria, self.sampling_delta = stopping_criteria, sampling_delta
             else:
-                self.model_inputs = merge_model_inputs(self.model_inputs, new)
+                self.model_inputs = self._uniform(merge_model_inputs(self.model_inputs, new))
                 self.extra_inputs = self.extra_inputs.merge(extra_inputs)
                 self.stopping_criteria = self.stopping_criteria.merge(stopping_criteria)
                 self.sampling_delta = merge_sampling_delta(self.sampling_delta, sampling_delta, self._pad_token_id)
@@ -168,6 +196,7 @@ def _step_inputs_class():
             width = extra_inputs.output_token_ids.size(1)
             emitted = width - extra_inputs.num_rejected_tokens  # positions whose KV stays: the tokens kept
             ids, q = pack_rows(next_token_ids, extra_inputs.output_draft_token_ids)
+            ids, q = self._shaped(ids, q, int(q.max()) - 1 if q.numel() else 0)
             q = q.to(model_inputs.seq_length.device)
             max_q = int(q.max()) if q.numel() else 1
             self.model_inputs = model_inputs.clone(
@@ -303,7 +332,9 @@ def install(p: Any, method: str, applies: Callable[[Any], bool]) -> None:
         base = orig_step(self)
         if not _ours(self):
             return base
-        return step_cls(_pad_token_id=base._pad_token_id, _num_spec_tokens=base._num_spec_tokens)
+        step = step_cls(_pad_token_id=base._pad_token_id, _num_spec_tokens=base._num_spec_tokens)
+        step.shape_request = draft_shapes.requested_mode()
+        return step
 
     def build_model_agent_strategy(self):
         if not _ours(self):

@@ -12,9 +12,9 @@ is 1 where the mask leaves one token). The matcher advances by accepted tokens o
 
 A row's forced run may be shorter than ``k`` (often empty: unguided rows, choices); the proposer
 ends it with ``adaptive_drafts.PAD`` and the engine verifies only ``1 + (the run)`` positions for
-that row (``adaptive_drafts.py``: ragged decode inputs, LMDeploy's sampler cut per row), so a step
-where nothing is forced is a plain one-position decode. ``TOKENRAILS_GRAMMAR_DRAFTS_FIXED=1``
-keeps the old fixed-k proposal (fillers, verified) for comparisons (see docs/lmdeploy.md).
+that row (``adaptive_drafts.py``: LMDeploy's sampler cut per row). How the rows reach the target
+forward is ``draft_shapes.py``'s choice: ragged (``1 + L_i`` positions, the CPU path) or padded to
+one bucketed width for every row (what LMDeploy's CUDA attention kernels and graphs accept).
 
 No draft model: the proposer declares ``needs_draft_model = False``; the agent's draft-model
 steps (graph runner, warm-up, draft KV cache) are skipped for it, nothing else of LMDeploy's
@@ -33,7 +33,7 @@ from typing import Any, Callable, Hashable
 import torch
 
 from ...guided.sequence import GuidedRow
-from . import adaptive_drafts
+from . import adaptive_drafts, draft_shapes
 from ._patching import Patcher, require_attrs
 from .adaptive_drafts import PAD
 
@@ -41,9 +41,8 @@ logger = logging.getLogger(__name__)
 
 METHOD = "tokenrails_grammar"
 ENV_DRAFTS = "TOKENRAILS_GRAMMAR_DRAFTS"
-# "1": every row verifies k positions per step (fillers past its forced run), as before adaptive
-# verification; for comparisons (bench/grammar_drafts.py), read when an engine's proposer is built
-ENV_FIXED = "TOKENRAILS_GRAMMAR_DRAFTS_FIXED"
+# verification shapes (draft_shapes.py): "0" ragged, "1" every row padded to k, "buckets", unset: per device
+ENV_FIXED = draft_shapes.ENV_SHAPE
 MAX_TRACKED_REQUESTS = 4096  # per-request counters kept after a request ends (oldest dropped)
 
 __all__ = ["METHOD", "ENV_DRAFTS", "ENV_FIXED", "DraftStats", "configure", "configured_drafts", "install",
@@ -270,7 +269,6 @@ def _proposer_class():
         def __init__(self, specdecode_config: Any, device: Any = None):
             super().__init__(specdecode_config, device=device)
             self._last: list[_RowPlan | None] = []  # the previous step's plan, by batch row
-            self.adaptive = os.environ.get(ENV_FIXED, "") != "1"
             logger.warning("tokenrails: grammar drafts on: up to %d forced tokens drafted per guided row and "
                            "step, no draft model", self.num_speculative_tokens)
 
@@ -284,11 +282,7 @@ def _proposer_class():
             batch = int(model_inputs.seq_length.size(0))
             k = int(self.num_speculative_tokens)
             next_ids = extra_inputs.next_token_ids
-            if self.adaptive:  # a row's forced run ends where PAD begins: nothing more is verified
-                pads = [PAD] * batch
-            else:  # fixed k: fillers (the row's last token), verified and almost always rejected
-                pads = [int(t) for t in next_ids.reshape(-1).tolist()] if next_ids is not None else [0] * batch
-                pads = (pads + [0] * batch)[:batch]
+            pads = [PAD] * batch  # a row's forced run ends where PAD begins: nothing past it is kept
             ctx = sampling_inputs.session_ctx if sampling_inputs is not None else None
             keys = _row_keys(ctx, batch)
             self._account(model_inputs, extra_inputs, keys)
