@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ...guided.sequence import GuidedRow
 from ...guided.errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
-from . import overlap, step_context
+from . import budget_report, overlap, step_context
 
 logger = logging.getLogger("tokenrails.lmdeploy")
 ERRORS_ATTR = "tokenrails_errors"
@@ -40,9 +40,12 @@ def patched_async_step(original: Callable) -> Callable:
             ctx_token = step_context.enter(step)  # the step's rows are read and prepared once
             if si is not None:
                 # the one prefetch: compiles start before the forward and overlap it
-                specs = {r.spec.key: r.spec for r in step.rows(si) if isinstance(r, GuidedRow)}
+                rows = step.rows(si)
+                specs = {r.spec.key: r.spec for r in rows if isinstance(r, GuidedRow)}
                 if specs:
                     mgr.prefetch(specs.values())
+                    step.budget_rows = rows if any(isinstance(r, GuidedRow) and r.max_tokens is not None
+                                                   for r in rows) else None
             token = overlap.STEP_INPUTS.set(si)  # the forward wrapper starts the mask fill from it
             try:
                 return await original(self, *args, **kwargs)
@@ -78,6 +81,10 @@ def patched_postprocess(original: Callable) -> Callable:
             batched_output = result[-1]
             if batched_output is not None:
                 _attach_errors(batched_output, ctx.errors)
+        if ctx.budget_rows is not None and not ctx.skip_guided and result[-1] is not None:
+            flags = budget_report.row_flags(self.guided_decoding_manager, ctx.budget_rows)
+            if flags:
+                setattr(result[-1], budget_report.ATTR, flags)
         return result
 
     _step_postprocess_with_output.__wrapped__ = original
@@ -99,9 +106,10 @@ def _attach_errors(batched_output: Any, errors: dict[int, GuideError]) -> None:
 def patched_convert(original: Callable) -> Callable:
     def convert(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        errors = getattr(self, ERRORS_ATTR, None)
-        if errors:
-            setattr(out, ERRORS_ATTR, errors)
+        for attr in (ERRORS_ATTR, budget_report.ATTR):
+            value = getattr(self, attr, None)
+            if value:
+                setattr(out, attr, value)
         return out
 
     convert.__wrapped__ = original
@@ -119,6 +127,9 @@ def patched_make_infer_outputs(original: Callable) -> Callable:
         bound = sig.bind_partial(self, *args, **kwargs).arguments
         outputs = original(self, *args, **kwargs)
         batched = bound.get("batched_outputs")
+        flags = getattr(batched, budget_report.ATTR, None) if batched is not None else None
+        if flags:
+            budget_report.note(bound.get("running") or [], flags)
         errors = getattr(batched, ERRORS_ATTR, None) if batched is not None else None
         if not errors:
             return outputs

@@ -74,6 +74,7 @@ def rows_from_inputs(sampling_inputs: Any) -> list[Any]:
 class StepContext:
     skip_guided: bool = False                    # non-last prefill chunk: sample nothing into matchers
     errors: dict[int, GuideError] = field(default_factory=dict)  # logits row -> error (finish it)
+    budget_rows: list[Any] | None = None  # the step's rows when one has a token budget (budget_report.py)
     _rows: dict[int, tuple[Any, list[Any]]] = field(default_factory=dict, repr=False)
     _prepared: dict[int, tuple[Any, list[Any]]] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
