@@ -226,6 +226,7 @@ def _widen_server_format(p: Patcher) -> None:
         proto = importlib.import_module("lmdeploy.serve.openai.protocol")
     except ImportError:  # server extras (fastapi) not installed: nothing to widen
         return
+    from ...requests.response_format import BUDGET_KEY
     from . import request_fields
     from .requests import WideResponseFormat
 
@@ -237,7 +238,7 @@ def _widen_server_format(p: Patcher) -> None:
     p.set(proto, "ResponseFormat", WideResponseFormat)
     req.model_rebuild(force=True)
     # vLLM's guided_* / structured_outputs fields, read and folded into response_format (request_fields.py)
-    request_fields.widen(p, req)
+    request_fields.widen(p, req, {BUDGET_KEY: Any})  # tokenrails_budget for tool calls (tool_budget.py)
     completions = importlib.import_module("lmdeploy.serve.openai.endpoints.completions")
     require_attrs(completions, ["build_serving_generation_config"], "endpoints.completions")
     request_fields.widen(p, proto.CompletionRequest, {"response_format": WideResponseFormat | None})
