@@ -107,6 +107,8 @@ def test_default_closes_reports_and_opts_out(server, shortest):
     off = _chat(server, PROMPT, n, response_format=_fmt(tokenrails_budget="off")).json()
     assert off["choices"][0]["finish_reason"] == "length", off  # plain guided decoding: a broken prefix
     assert "budget_closed" not in off["usage"], off["usage"]
+    body_off = _chat(server, PROMPT, n, response_format=_fmt(), tokenrails_budget="off").json()
+    assert body_off["choices"][0]["finish_reason"] == "length", body_off  # the chat body's key, too
 
     fits = _chat(server, "Give me a person as JSON.", 64, response_format=_fmt(PERSON)).json()
     assert fits["choices"][0]["finish_reason"] == "stop", fits

@@ -88,3 +88,17 @@ def test_named_and_required_calls_become_a_closable_regex():
         closable_format({"type": "structural_tag", "format": {**trig, "at_least_one": False}}, DEFAULT_LIMITS)
     with pytest.raises(UnsupportedGuideError):
         closable_format({"type": "structural_tag", "format": {"type": "any_text"}}, DEFAULT_LIMITS)
+
+
+def test_body_budget_reaches_the_response_format(upgraded):
+    from lmdeploy.serve.openai.protocol import ChatCompletionRequest
+
+    from tokenrails.engine_patch.lmdeploy.request_fields import with_body_budget
+
+    msgs = [{"role": "user", "content": "hi"}]
+    req = with_body_budget(ChatCompletionRequest(model="m", messages=msgs, response_format=FMT,
+                                                 tokenrails_budget="close"))
+    assert is_budget_spec(parse_format(req.response_format.model_dump())[0])
+    own = with_body_budget(ChatCompletionRequest(model="m", messages=msgs, tokenrails_budget="close",
+                                                 response_format={**FMT, "tokenrails_budget": "off"}))
+    assert not is_budget_spec(parse_format(own.response_format.model_dump())[0])  # the format's own key wins

@@ -283,6 +283,7 @@ def checked_prepare(original: Callable) -> Callable:
     async def prepare(cls: Any, server_context: Any, request: Any, *args: Any, **kwargs: Any):
         backend = getattr(getattr(server_context, "async_engine", None), "backend", None)
         request = request_fields.fold(request)  # vLLM's guided_* fields: one response_format
+        request = request_fields.with_body_budget(request)  # the body's tokenrails_budget, on the format too
         # TurboMind runs stock's request path: its own compiler, none of the upgrade's refusals
         problem = None if backend == "turbomind" else request_problems(request, front_limits())
         if problem is not None:
