@@ -7,7 +7,8 @@
 * ``_step_postprocess_with_output``: opens the per-step context (non-last prefill chunk →
   no guided fill/accept), then marks rows whose constraint failed or whose token was rejected as
   stopped and attaches the errors to the ``BatchedOutputs`` (``to_cpu``/``to_numpy``/
-  ``to_tensor`` keep them across executors).
+  ``to_tensor`` keep them across executors), and the budget rows' ``budget_closed`` flags
+  (budget_report.py).
 * ``EngineLoop._make_infer_outputs``: such a row's response becomes an error
   (``NOT_SUPPORTED`` → HTTP 400 for invalid/unsupported/limit errors, ``INTERNAL_ENGINE_ERROR``
   for a rejected token), never a normal finish.
