@@ -148,7 +148,11 @@ def test_tool_calls_close_within_max_tokens(server, tool_choice):
     for call in calls:
         assert call["function"]["name"] == "get_weather"
         jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
-    assert data["usage"]["completion_tokens"] <= n and "budget_closed" in data["usage"], data["usage"]
+    assert data["choices"][0]["finish_reason"] == "tool_calls", data
+    assert data["usage"]["completion_tokens"] <= n and data["usage"]["budget_closed"] is True, data["usage"]
+    off = _chat(server, "What is the weather in San Francisco, California for the next ten days?", n,
+                tools=TOOLS, tool_choice=tool_choice, tokenrails_budget="off").json()
+    assert off["choices"][0]["finish_reason"] == "length", off  # without the rule: a cut-off call
 
 
 def test_tool_calls_the_rule_cannot_close_are_refused(server):
