@@ -29,6 +29,7 @@ def env_lookup(name: str):
 #: (``engine_patch/lmdeploy/inherit.child_env``). ``tests/test_env_settings.py`` scans the source so
 #: that a new setting cannot be left out.
 SETTINGS: tuple[str, ...] = (
+    "TOKENRAILS_BUDGET",                 # lmdeploy/settings: activate(budget=) / --budget
     "TOKENRAILS_CACHE",                  # demo_model: where the embedded model's cache lives
     "TOKENRAILS_EXIT_WAIT_S",            # guided/native_threads: exit's bound on running compiles
     "TOKENRAILS_FSM_PRECOMPUTE",         # guided/fsm/token_index: warm-up of the token index

@@ -229,6 +229,7 @@ def _widen_server_format(p: Patcher) -> None:
         proto = importlib.import_module("lmdeploy.serve.openai.protocol")
     except ImportError:  # server extras (fastapi) not installed: nothing to widen
         return
+    from ...requests.response_format import BUDGET_KEY
     from . import request_fields
     from .requests import WideResponseFormat
 
@@ -240,7 +241,7 @@ def _widen_server_format(p: Patcher) -> None:
     p.set(proto, "ResponseFormat", WideResponseFormat)
     req.model_rebuild(force=True)
     # vLLM's guided_* / structured_outputs fields, read and folded into response_format (request_fields.py)
-    request_fields.widen(p, req)
+    request_fields.widen(p, req, {BUDGET_KEY: Any})  # tokenrails_budget for tool calls (tool_budget.py)
     completions = importlib.import_module("lmdeploy.serve.openai.endpoints.completions")
     require_attrs(completions, ["build_serving_generation_config"], "endpoints.completions")
     request_fields.widen(p, proto.CompletionRequest, {"response_format": WideResponseFormat | None})
@@ -250,7 +251,8 @@ def _widen_server_format(p: Patcher) -> None:
 
 def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
              fill_threads: int | None = None, reasoning: Any = None,
-             tool_calls: bool | None = None, grammar_drafts: int | None = None) -> None:
+             tool_calls: bool | None = None, grammar_drafts: int | None = None,
+             budget: str | None = None) -> None:
     """Patch LMDeploy in this process, once. Options apply to managers built afterwards.
 
     Idempotent in every process: a second call only updates the options; a call made while the
@@ -265,6 +267,9 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
     (tool_calls.py); None → ``$TOKENRAILS_TOOL_CALLS`` → on.
     ``grammar_drafts``: k > 0 → engines built without a ``speculative_config`` draft the tokens
     the grammar forces, k per step (grammar_drafts.py); 0 → off; None → ``$TOKENRAILS_GRAMMAR_DRAFTS``.
+    ``budget``: "close" → every constrained request is closed within its ``max_tokens``
+    (guided/budget.py) unless it sends ``response_format["tokenrails_budget"]`` itself ("off" opts
+    out); "off" → only requests that ask; None → ``$TOKENRAILS_BUDGET`` → off.
     """
     global _ACTIVE, _APPLYING
     from .settings import configure
@@ -272,12 +277,12 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
     with _LOCK:
         if _APPLYING:  # re-entered from the import hook while our own _apply imports LMDeploy
             return
-        configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning)
+        configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning, budget=budget)
         from . import grammar_drafts as _drafts
 
         _drafts.configure(grammar_drafts)
         inherit.export(backend=backend, limits=limits, reasoning=reasoning,
-                       tool_calls=tool_calls, fill_threads=fill_threads)  # every child process too
+                       tool_calls=tool_calls, fill_threads=fill_threads, budget=budget)  # every child process too
         if _ACTIVE:
             return
         _APPLYING = True

@@ -4,7 +4,8 @@
   LMDeploy passes that object on to the logits processor and the speculative helper unchanged.
 * ``attach_errors`` (called by the step's post-processing, step.py): marks the sequences whose
   constraint failed or whose token was rejected as stopped and attaches the errors to the
-  ``BatchedOutputs`` (``to_cpu``/``to_numpy``/``to_tensor`` keep them across executors).
+  ``BatchedOutputs`` (``to_cpu``/``to_numpy``/``to_tensor`` keep them across executors), and the
+  budget rows' ``budget_closed`` flags (budget_report.py).
 * ``EngineLoop._make_infer_outputs``: such a row's response becomes an error
   (``NOT_SUPPORTED`` → HTTP 400 for invalid/unsupported/limit errors, ``INTERNAL_ENGINE_ERROR``
   for a rejected token), never a normal finish.
@@ -16,6 +17,7 @@ import logging
 from typing import Any, Callable
 
 from ...guided.errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
+from . import budget_report
 
 logger = logging.getLogger("tokenrails.lmdeploy")
 ERRORS_ATTR = "tokenrails_errors"
@@ -36,9 +38,10 @@ def attach_errors(batched_output: Any, errors: dict[int, GuideError]) -> None:
 def patched_convert(original: Callable) -> Callable:
     def convert(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        errors = getattr(self, ERRORS_ATTR, None)
-        if errors:
-            setattr(out, ERRORS_ATTR, errors)
+        for attr in (ERRORS_ATTR, budget_report.ATTR):
+            value = getattr(self, attr, None)
+            if value:
+                setattr(out, attr, value)
         return out
 
     convert.__wrapped__ = original
@@ -56,6 +59,9 @@ def patched_make_infer_outputs(original: Callable) -> Callable:
         bound = sig.bind_partial(self, *args, **kwargs).arguments
         outputs = original(self, *args, **kwargs)
         batched = bound.get("batched_outputs")
+        flags = getattr(batched, budget_report.ATTR, None) if batched is not None else None
+        if flags:
+            budget_report.note(bound.get("running") or [], flags)
         errors = getattr(batched, ERRORS_ATTR, None) if batched is not None else None
         if not errors:
             return outputs

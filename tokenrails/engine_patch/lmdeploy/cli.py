@@ -2,6 +2,7 @@
 
     tokenrails lmdeploy serve api_server MODEL [lmdeploy options]   # any lmdeploy command
         [--grammar-drafts K]   # draft the tokens the grammar forces, K per step (grammar_drafts.py)
+        [--budget close|off]   # close every constrained output within max_tokens (guided/budget.py)
     tokenrails lmdeploy install-hook | uninstall-hook | status
 
 For LMDeploy commands: sets ``TOKENRAILS_LMDEPLOY=1`` (inherited by every child process),
@@ -82,9 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     _ensure_children_hooked()
     from . import activate
     from .grammar_drafts import pop_cli_option
+    from .settings import pop_budget_option
 
     argv, drafts = pop_cli_option(argv)
-    activate(grammar_drafts=drafts)
+    argv, budget = pop_budget_option(argv)
+    activate(grammar_drafts=drafts, budget=budget)
     try:
         from lmdeploy.cli.entrypoint import run
     except ImportError as exc:

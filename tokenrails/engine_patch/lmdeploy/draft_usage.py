@@ -1,4 +1,5 @@
-"""Speculative-decoding counters of a request in the api_server's ``usage`` (``usage.speculative``).
+"""Speculative-decoding counters of a request in the api_server's ``usage`` (``usage.speculative``),
+and the budget rule's ``budget_closed`` (budget_report.py) on the same path.
 
 vLLM and SGLang report speculative acceptance as engine metrics (vLLM: ``spec_decode_num_draft_tokens``
 / ``spec_decode_num_accepted_tokens``; SGLang: ``spec_verify_ct`` in a response's ``meta_info``).
@@ -28,7 +29,7 @@ import functools
 import importlib
 from typing import Any, Callable
 
-from . import draft_metrics
+from . import budget_report, draft_metrics
 
 FIELD = "speculative"
 ATTR = "tokenrails_drafts"
@@ -47,8 +48,18 @@ def engine_stream(original: Callable) -> Callable:
     @functools.wraps(original)
     async def async_stream_infer(self: Any, *args: Any, **kwargs: Any):
         DRAFTS.set(None)
+        budget_report.CLOSED.set(None)
         sid = _session_id(args, kwargs)
+        if sid is not None:
+            budget_report.forget(sid)
         async for output in original(self, *args, **kwargs):
+            closed = budget_report.session_closed(sid) if sid is not None else None
+            if closed is not None:
+                try:
+                    setattr(output, budget_report.ATTR, closed)
+                except AttributeError:
+                    pass
+                budget_report.CLOSED.set(closed)
             stats = draft_metrics.request_stats(sid) if sid is not None else {}
             if stats:
                 try:
@@ -67,7 +78,11 @@ def server_stream(original: Callable) -> Callable:
     @functools.wraps(original)
     async def async_stream_infer(self: Any, *args: Any, **kwargs: Any):
         DRAFTS.set(None)
+        budget_report.CLOSED.set(None)
         async for output in original(self, *args, **kwargs):
+            closed = getattr(output, budget_report.ATTR, None)
+            if closed is not None:
+                budget_report.CLOSED.set(bool(closed))
             stats = getattr(output, ATTR, None)
             if stats:
                 DRAFTS.set(dict(stats))
@@ -80,10 +95,16 @@ def patched_build(original: Callable) -> Callable:
     @functools.wraps(original)
     def build(cls: Any, *args: Any, **kwargs: Any):
         usage = original(cls, *args, **kwargs)
+        extra: dict[str, Any] = {}
         stats = DRAFTS.get()
         if stats:
+            extra[FIELD] = dict(stats)
+        closed = budget_report.CLOSED.get()
+        if closed is not None:
+            extra[budget_report.FIELD] = closed
+        if extra:
             try:
-                usage = cls.model_validate({**usage.model_dump(), FIELD: dict(stats)})
+                usage = cls.model_validate({**usage.model_dump(), **extra})
             except Exception:  # never fail a response over its counters
                 pass
         return usage
@@ -104,6 +125,48 @@ def _open_usage(p: Any, proto: Any) -> None:
                 obj.model_rebuild(force=True)
 
 
+def patched_to_response(original: Callable) -> Callable:
+    """``GenOut.to_response`` (the pipeline's ``Response``, built in the task that iterates the
+    stream) with ``budget_closed`` for a budget request."""
+
+    @functools.wraps(original)
+    def to_response(self: Any, *args: Any, **kwargs: Any):
+        resp = original(self, *args, **kwargs)
+        closed = budget_report.CLOSED.get()
+        if closed is not None:
+            resp.budget_closed = closed
+        return resp
+
+    return to_response
+
+
+def patched_extend(original: Callable) -> Callable:
+    """``Response.extend`` keeping the later response's ``budget_closed`` (the pipeline merges a
+    request's responses into its first one)."""
+
+    @functools.wraps(original)
+    def extend(self: Any, other: Any):
+        out = original(self, other)
+        closed = getattr(other, "budget_closed", None)
+        if closed is not None:
+            out.budget_closed = closed
+        return out
+
+    return extend
+
+
+def _patch_pipeline_response(p: Any) -> None:
+    try:
+        ae = importlib.import_module("lmdeploy.serve.core.async_engine")
+        messages = importlib.import_module("lmdeploy.messages")
+    except ImportError:
+        return
+    if "to_response" in getattr(ae, "GenOut", object).__dict__:
+        p.set(ae.GenOut, "to_response", patched_to_response(ae.GenOut.__dict__["to_response"]))
+    if "extend" in messages.Response.__dict__:
+        p.set(messages.Response, "extend", patched_extend(messages.Response.__dict__["extend"]))
+
+
 def install(p: Any) -> None:
     targets = [
         ("lmdeploy.pytorch.engine.engine_instance", "EngineInstance", engine_stream),
@@ -116,6 +179,7 @@ def install(p: Any) -> None:
             continue
         if "async_stream_infer" in owner.__dict__:
             p.set(owner, "async_stream_infer", make(owner.__dict__["async_stream_infer"]))
+    _patch_pipeline_response(p)
     try:
         proto = importlib.import_module("lmdeploy.serve.openai.protocol")
     except ImportError:  # no server extras: nothing to report into

@@ -17,6 +17,8 @@ So the work is split:
   (``compile_timeout_s``, ``max_abandoned_compiles``, every walk budget); the coroutine awaits it
   with that deadline. Concurrent requests for one spec share one compile (in-flight futures by
   spec key); the verdict (``None`` or the typed error, detached from its traceback) is memoized.
+* a budget request (``tokenrails_budget``) whose shortest output cannot fit its ``max_tokens`` is
+  refused here too (budget_front.py: counted on the model's own vocabulary);
 * the verdict is handed to LMDeploy's own synchronous call through a context variable of the
   request's task (``requests.FRONT_VERDICT``), so the stock ``preprocess`` raises it with its own
   clean-up (session removed, metrics counted) and never compiles on the loop.
@@ -42,7 +44,7 @@ from ...guided.compile_pool import CompilePool
 from ...guided.errors import (GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, UnsupportedGuideError,
                               detached_copy)
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
-from . import request_fields
+from . import budget_front, request_fields
 from . import requests as req
 from .engines import ENGINE_BACKEND, stock_check_for_turbomind
 from .settings import configured_limits as front_limits
@@ -56,6 +58,8 @@ def to_request_error(exc: GuideError) -> Exception:
     from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
 
     code = ErrorCode.UNSUPPORTED_FEATURE if isinstance(exc, UnsupportedGuideError) else ErrorCode.INVALID_REQUEST
+    if isinstance(exc, GuideLimitError) and exc.limit == "max_tokens":
+        return RequestError(code, f"max_tokens too small for the response_format: {exc}")
     return RequestError(code, f"invalid response_format: {exc}")
 
 
@@ -237,6 +241,9 @@ def checked_preprocess(original: Callable) -> Callable:
                 spec = await asyncio.get_running_loop().run_in_executor(None, _parse, fmt)
             if spec is not None:
                 err = await FRONT.verdict(spec, front_limits())
+                if err is None:  # a budget whose shortest output cannot fit: refused before generation
+                    err = await budget_front.refusal(self, spec, getattr(gen_config, "max_new_tokens", None),
+                                                     front_limits())
                 token = req.FRONT_VERDICT.set((id(fmt), err))
         try:
             return await original(self, *args, **kwargs)
@@ -276,6 +283,7 @@ def checked_prepare(original: Callable) -> Callable:
     async def prepare(cls: Any, server_context: Any, request: Any, *args: Any, **kwargs: Any):
         backend = getattr(getattr(server_context, "async_engine", None), "backend", None)
         request = request_fields.fold(request)  # vLLM's guided_* fields: one response_format
+        request = request_fields.with_body_budget(request)  # the body's tokenrails_budget, on the format too
         # TurboMind runs stock's request path: its own compiler, none of the upgrade's refusals
         problem = None if backend == "turbomind" else request_problems(request, front_limits())
         if problem is not None:

@@ -27,15 +27,18 @@ ENV_LIMITS = "TOKENRAILS_LMDEPLOY_LIMITS"
 ENV_REASONING = "TOKENRAILS_REASONING"
 ENV_TOOL_CALLS = "TOKENRAILS_TOOL_CALLS"
 ENV_FILL_THREADS = "TOKENRAILS_LMDEPLOY_FILL_THREADS"
+ENV_BUDGET = "TOKENRAILS_BUDGET"
 SITECUSTOMIZE_DIR = Path(__file__).with_name("_sitecustomize")
 
 _SAVED: dict[str, str | None] = {}  # variable -> value before the first export (None: unset)
 
 
 def export(*, backend: str | None, limits: GuideLimits | None, reasoning: Any,
-           tool_calls: bool | None = None, fill_threads: int | None = None) -> None:
+           tool_calls: bool | None = None, fill_threads: int | None = None, budget: str | None = None) -> None:
     """Write the flag and the given settings for children; remember what was there before."""
     _set(ENV_FLAG, "1")
+    if budget is not None:
+        _set(ENV_BUDGET, budget)
     if fill_threads is not None:
         _set(ENV_FILL_THREADS, str(int(fill_threads)))
     if tool_calls is not None:
@@ -78,7 +81,7 @@ def child_env() -> dict[str, str]:
     """The variables a child needs to come up upgraded with this process's settings: for Ray
     workers, whose environment is the cluster's (a cluster started before ``activate`` — or on
     another node — never saw ours), passed in their ``runtime_env``."""
-    names = (ENV_FLAG, ENV_BACKEND, ENV_LIMITS, ENV_REASONING, ENV_TOOL_CALLS, ENV_CPU, ENV_FILL_THREADS,
+    names = (ENV_FLAG, ENV_BACKEND, ENV_LIMITS, ENV_REASONING, ENV_TOOL_CALLS, ENV_CPU, ENV_FILL_THREADS, ENV_BUDGET,
              *SETTINGS, "PYTHONPATH")  # SETTINGS: every other switch the code reads (grammar drafts, overlap...)
     return {n: os.environ[n] for n in names if n in os.environ}
 

@@ -56,6 +56,19 @@ def fold(request: Any) -> Any:
     return request.model_copy(update={"response_format": WideResponseFormat(**fmt), **cleared})
 
 
+def with_body_budget(request: Any) -> Any:
+    """``request`` whose chat-body ``tokenrails_budget`` also applies to its ``response_format`` (a
+    key the format sets itself wins); tool calls read the body field themselves (tool_budget.py)."""
+    value = getattr(request, BUDGET_KEY, None)
+    fmt = getattr(request, "response_format", None)
+    if value is None or fmt is None or not hasattr(request, "model_copy"):
+        return request
+    own = fmt.model_dump() if hasattr(fmt, "model_dump") else fmt
+    if not isinstance(own, dict) or own.get("type", "text") == "text" or BUDGET_KEY in own:
+        return request
+    return request.model_copy(update={"response_format": WideResponseFormat(**{**own, BUDGET_KEY: value})})
+
+
 def widen(p: Any, model: type, extra: dict[str, Any] | None = None) -> None:
     """Declare ``FIELDS`` (and ``extra``: name → annotation) on a request model, undoably."""
     from pydantic.fields import FieldInfo

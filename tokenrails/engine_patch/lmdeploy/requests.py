@@ -5,7 +5,8 @@
   ``response_format["tokenrails_reasoning"]`` (see tokenrails/engine_patch/reasoning.py); the key
   is removed before the format reaches ``spec_from_request``. ``response_format["tokenrails_budget"]
   = "close"`` makes the spec a budget spec (tokenrails/guided/budget.py: closed within the
-  request's ``max_new_tokens``; DFA constraints only, else ``UnsupportedGuideError``).
+  request's ``max_new_tokens``; DFA constraints only, else ``UnsupportedGuideError``); without the
+  key the engine default applies (``activate(budget=...)``, ``--budget``), ``"off"`` opts out.
 * ``validate_spec``: the verdict of compiling a spec against a probe vocabulary (memoized); LMDeploy's
   early check (front_check.ensure_response_format_compilable) raises it as HTTP 400.
 * ``WideResponseFormat``: the server's ``response_format`` model widened to every kind.
@@ -27,6 +28,7 @@ from ...guided.spec import GuideSpec
 from ...requests import spec_from_request
 from ...requests.response_format import BUDGET_KEY
 from ..reasoning import REQUEST_KEY, ReasoningSetting, parse_setting, split_request_setting
+from .settings import BUDGET_VALUES, budget_default
 
 __all__ = ["WideResponseFormat", "parse_format", "spec_of",
            "validate_spec"]
@@ -47,8 +49,8 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
             rf = json.loads(rf)
         except ValueError:
             rf = response_format  # not JSON: let from_request report it
-    if hasattr(rf, "model_dump") and not isinstance(rf, type) and REQUEST_KEY in (
-            getattr(rf, "model_extra", None) or {}):
+    if hasattr(rf, "model_dump") and not isinstance(rf, type) and not (
+            {REQUEST_KEY, BUDGET_KEY}.isdisjoint(getattr(rf, "model_extra", None) or {})):
         rf = rf.model_dump()
     rf, raw = split_request_setting(rf)
     setting = parse_setting(raw)
@@ -56,8 +58,10 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
     if isinstance(rf, dict) and BUDGET_KEY in rf:
         budget = rf[BUDGET_KEY]
         rf = {k: v for k, v in rf.items() if k != BUDGET_KEY}
-        if budget is not None and budget != "close":
-            raise InvalidGuideError(f"{BUDGET_KEY} must be \"close\" (or absent), got {budget!r}")
+        if budget is not None and budget not in BUDGET_VALUES:
+            raise InvalidGuideError(f"{BUDGET_KEY} must be \"close\" or \"off\" (or absent), got {budget!r}")
+    if budget is None:
+        budget = budget_default()  # activate(budget=...) / --budget; the request's own key wins
     body = body_of(rf)  # vLLM fields the api_server folded in (request_fields.py)
     if body is not None:
         _refuse_non_string_choices(body.get("response_format"))

@@ -10,18 +10,38 @@ from typing import Any
 
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
 from ..reasoning import parse_setting
-from .inherit import fill_threads_from_env, limits_from_env
+from .inherit import ENV_BUDGET, fill_threads_from_env, limits_from_env
 
-CONFIG: dict[str, Any] = {"backend": None, "limits": None, "fill_threads": None, "reasoning": None}
+CONFIG: dict[str, Any] = {"backend": None, "limits": None, "fill_threads": None, "reasoning": None,
+                          "budget": None}
+BUDGET_VALUES = ("close", "off")
 
 
 def configure(*, backend: str | None = None, limits: GuideLimits | None = None,
-              fill_threads: int | None = None, reasoning: Any = None) -> None:
+              fill_threads: int | None = None, reasoning: Any = None, budget: str | None = None) -> None:
     """Defaults for managers built after this call (``activate(...)`` forwards its options).
 
-    ``reasoning`` is parsed here so a bad value fails ``activate()`` at once.
+    ``reasoning`` and ``budget`` are parsed here so a bad value fails ``activate()`` at once.
     """
-    CONFIG.update(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=parse_setting(reasoning))
+    CONFIG.update(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=parse_setting(reasoning),
+                  budget=check_budget(budget, "budget"))
+
+
+def check_budget(value: Any, where: str) -> str | None:
+    """``"close"``, ``"off"`` or None; anything else is refused (``ValueError``)."""
+    if value is None or value in BUDGET_VALUES:
+        return value
+    raise ValueError(f"{where} must be \"close\" or \"off\", got {value!r}")
+
+
+def budget_default() -> str | None:
+    """The engine-wide budget setting: ``activate(budget=...)``, else (a child process, or the
+    variable set by hand) ``$TOKENRAILS_BUDGET``; None: off. A bad variable fails loudly."""
+    value = CONFIG["budget"]
+    if value is None:
+        value = os.environ.get(ENV_BUDGET) or None
+        check_budget(value, ENV_BUDGET)
+    return value
 
 
 def configured_limits() -> GuideLimits:
@@ -45,3 +65,25 @@ def backend() -> str:
 
 def reasoning_default() -> Any:
     return CONFIG["reasoning"]
+
+
+def pop_budget_option(argv: list[str]) -> tuple[list[str], str | None]:
+    """``--budget close|off`` / ``--budget=...`` taken out of an LMDeploy command line."""
+    out: list[str] = []
+    value: str | None = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--budget":
+            if i + 1 >= len(argv):
+                raise SystemExit("--budget needs a value: close or off")
+            value, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--budget="):
+            value = arg.split("=", 1)[1]
+        else:
+            out.append(arg)
+        i += 1
+    if value is not None and value not in BUDGET_VALUES:
+        raise SystemExit(f"--budget takes close or off, got {value!r}")
+    return out, value

@@ -31,7 +31,7 @@ import torch
 
 from ...guided.errors import GuideError, InvalidGuideError
 from ...guided.sequence import GuidedRow, StepStatus
-from . import overlap
+from . import budget_report, overlap
 from .agent import attach_errors
 
 CTX_KEY = "tokenrails"
@@ -93,6 +93,7 @@ class LMDeployStep:
         self.inputs = sampling_inputs
         self.rows: list[Any] = rows_from_inputs(sampling_inputs) if sampling_inputs is not None else []
         self.guided = sum(isinstance(r, GuidedRow) for r in self.rows)
+        self.budget = any(isinstance(r, GuidedRow) and r.max_tokens is not None for r in self.rows)
         self.skip_guided = skip_guided  # non-last prefill chunk: sample nothing into matchers
         self.errors: dict[int, GuideError] = {}  # logits row -> error (finish its sequence)
         self.prefill: tuple[tuple, Any] | None = None  # (row keys, future of FilledMask): overlap.py
@@ -219,8 +220,13 @@ def patched_postprocess(original: Callable) -> Callable:
         finally:
             if opened is None:
                 owner.step = None
-        if step.errors and not step.skip_guided and result[-1] is not None:
-            attach_errors(result[-1], step.seq_errors())
+        if not step.skip_guided and result[-1] is not None:
+            if step.errors:
+                attach_errors(result[-1], step.seq_errors())
+            if step.budget:
+                flags = budget_report.row_flags(owner, step.rows)
+                if flags:
+                    setattr(result[-1], budget_report.ATTR, flags)
         return result
 
     _step_postprocess_with_output.__wrapped__ = original

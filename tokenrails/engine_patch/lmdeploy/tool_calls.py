@@ -259,6 +259,9 @@ def patched_parser_init(original):
                 fmt = {**fmt, REQUEST_KEY: setting}
             self.request = self.request.model_copy(update={"response_format": fmt})
         hand_thinking_to_format(self)
+        from . import tool_budget
+
+        tool_budget.apply(self, request)  # a budget request: the format as a DFA the rule closes
 
     __init__.__wrapped__ = original
     return __init__

@@ -1,7 +1,7 @@
 """LMDeploy's OpenAI api_server on the CPU path, with the tokenrails upgrade active (or not).
 
     python -m tokenrails.engine_patch.lmdeploy.cpu.serve MODEL [the arguments of `lmdeploy serve api_server`]
-        [--host H] [--port P] [--num-blocks N] [--stock] [--grammar-drafts K]
+        [--host H] [--port P] [--num-blocks N] [--stock] [--grammar-drafts K] [--budget close|off]
 
 The arguments are LMDeploy's own (``lmdeploy serve api_server``'s parser, built by LMDeploy's
 ``SubCliServe.add_parser_api_server``: ``--model-name``, ``--session-len``, ``--tp``, ``--dtype``,
@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--stock", action="store_true", help="stock LMDeploy: do not activate the upgrade")
     ours.add_argument("--grammar-drafts", type=int, default=None,
                       help="draft the tokens the grammar forces, K per step (grammar_drafts.py)")
+    ours.add_argument("--budget", choices=["close", "off"], default=None,
+                      help="close every constrained output within max_tokens unless the request says "
+                           "response_format.tokenrails_budget itself (guided/budget.py)")
     return ap
 
 
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         import lmdeploy.serve.openai.api_server  # noqa: F401  (imported first: activate() patches it too)
 
         from .. import activate
-        activate(grammar_drafts=args.grammar_drafts)
+        activate(grammar_drafts=args.grammar_drafts, budget=args.budget)
     print(f"tokenrails cpu.serve: session_len={args.session_len} num_gpu_blocks={args.num_gpu_blocks} "
           f"block_size={args.cache_block_seq_len}", flush=True)
     _serve(args)
