@@ -27,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__import__("tokenrails").
 
 
 STEP_MODULES = ("tokenrails.engine_patch.lmdeploy.", "tokenrails.guided.manager", "tokenrails.guided.sequence")
+DEVICE_PORT = "tokenrails.engine_patch.lmdeploy.cpu."  # LMDeploy's device calls once a CPU engine ran: not guided work
 
 
 def _module(code) -> str | None:
@@ -37,7 +38,7 @@ def _module(code) -> str | None:
 
 
 def _in_step(module: str | None) -> bool:
-    return module is not None and module.startswith(STEP_MODULES)
+    return module is not None and module.startswith(STEP_MODULES) and not module.startswith(DEVICE_PORT)
 
 
 def one_step_entries(mgr, seqs, vocab_size: int) -> Counter:
