@@ -222,7 +222,7 @@ def test_non_dfa_constraints_are_refused_with_a_typed_error(mgr):
         budget_spec(GuideSpec.grammar('root ::= "a"'))
     with pytest.raises(UnsupportedGuideError, match="budget"):
         budget_spec(GuideSpec.json_object())
-    bounded = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}, "required": ["n"]}
+    bounded = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}, "required": ["n"]}
     st = mgr.begin_sequence("rec", 1, budget_spec(GuideSpec.json_schema(bounded)), max_tokens=32)
     assert isinstance(st.error, UnsupportedGuideError) and "budget" in str(st.error)
     mgr.end_session("rec")
