@@ -131,3 +131,20 @@ def test_inexact_bounds_stay_refused_with_their_reason(vocab, schema, reason):
     with pytest.raises(UnsupportedGuideError) as err:
         compile_guide(GuideSpec.json_schema(schema), vocab, "fsm")
     assert reason in str(err.value)
+
+
+@pytest.mark.parametrize("schema,invalid", [
+    ({"type": "integer", "$ref": "#/$defs/a", "$defs": {"a": {"type": "number"}}}, "1.5"),
+    ({"type": "integer", "$ref": "#/$defs/a", "$defs": {"a": {"minimum": 3}}}, "3.5"),
+    ({"$ref": "#/$defs/a", "enum": ["x"], "$defs": {"a": {"type": "string", "maxLength": 0}}}, '"x"'),
+])
+def test_ref_beside_constraining_keywords_is_refused_not_half_lowered(schema, invalid):
+    """outlines-core lowers one side of a ``$ref`` with siblings (the $ref over ``type``, ``enum``
+    over the $ref): an instance invalid for the dropped side would pass. Refused, with the reason."""
+    assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(invalid))
+    try:
+        dfa = _dfa(schema)
+    except UnsupportedGuideError as exc:
+        assert "$ref" in str(exc)
+        return
+    assert not dfa.fullmatch(invalid.encode()), f"fsm accepts {invalid} for {schema}"

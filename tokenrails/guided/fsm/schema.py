@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..limits import DEFAULT_LIMITS, GuideLimits
 from ..schema_features import (
+    ANNOTATIONS,
     allof_with_parts_or_siblings,
     constrains_nothing,
     iter_subschemas,
@@ -105,6 +106,9 @@ def _lowered_differently(path: str, sub: dict) -> list[str]:
         if sub.get("items", False) is not False or not (isinstance(min_items, int) and min_items >= len(prefix)):
             out.append(f"{path}: prefixItems is lowered as a fixed-length tuple (shorter arrays and "
                        "items beyond it are refused)")
+    if "$ref" in sub and ref_with_siblings(sub):
+        out.append(f"{path}: $ref next to constraining keywords (outlines keeps one side: properties or enum "
+                   "over the $ref, the $ref over type and the rest)")
     if allof_with_parts_or_siblings(sub):
         out.append(f"{path}: allOf with several parts or sibling keywords (outlines keeps only the siblings "
                    "or refuses valid output)")
@@ -119,6 +123,11 @@ def _lowered_differently(path: str, sub: dict) -> list[str]:
     ):
         out.append(f"{path}: a type list with object keywords keeps only the object branch")
     return out
+
+
+def ref_with_siblings(sub: dict) -> bool:
+    """A ``$ref`` beside keywords that constrain: outlines-core lowers only one of the two."""
+    return any(k != "$ref" and k not in ANNOTATIONS for k in sub)
 
 
 def whitespace_pattern(spec: GuideSpec) -> str | None:
