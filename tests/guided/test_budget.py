@@ -222,7 +222,7 @@ def test_non_dfa_constraints_are_refused_with_a_typed_error(mgr):
         budget_spec(GuideSpec.grammar('root ::= "a"'))
     with pytest.raises(UnsupportedGuideError, match="budget"):
         budget_spec(GuideSpec.json_object())
-    bounded = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}, "required": ["n"]}
+    bounded = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}, "required": ["n"]}
     st = mgr.begin_sequence("rec", 1, budget_spec(GuideSpec.json_schema(bounded)), max_tokens=32)
     assert isinstance(st.error, UnsupportedGuideError) and "budget" in str(st.error)
     mgr.end_session("rec")
@@ -419,3 +419,20 @@ def test_numpy_path_equals_the_native_walker(mgr, vocab, pattern):
         for bound in (-1, 0, 1, 3, int(a.maxnext[state])):
             native.index.walker.fill_within(state, a.dist, bound, out.data_ptr(), out.shape[1])
             assert torch.equal(slow._numpy_row(state, bound), out[0]), (state, bound)
+
+
+def test_output_finished_exactly_at_the_budget_is_not_an_error(mgr, vocab, smollm2_tokenizer):
+    """An engine may fill a row once more after it emitted EOS (LMDeploy does, a step ahead): an
+    output that completed on its last budgeted token stays a success, not "max_tokens exhausted"."""
+    ids = smollm2_tokenizer.encode("ab", add_special_tokens=False)
+    row = GuidedRow("exact", 1, budget_spec(GuideSpec.regex("ab")), max_tokens=len(ids) + 1)
+    try:
+        for tok in ids + [vocab.eos_ids[0]]:
+            mgr.fill_rows([row])
+            status = mgr.accept_tokens([tok], [row])[0]
+            assert not status.failed, status
+        assert status.state is StepStatus.TERMINATED
+        mgr.fill_rows([row])
+        assert mgr.sequence("exact", 1).error is None
+    finally:
+        mgr.release("exact", 1)

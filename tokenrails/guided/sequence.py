@@ -273,7 +273,7 @@ class SequenceState:
                 matcher.fill_next_token_bitmask(bitmask, j)
                 if self.budget is not None:
                     left = self.budget_left(ahead)
-                    if left < 1:  # the engine counts past the budget it gave: end, never run over
+                    if left < 1 and not matcher.is_terminated():  # past the budget, unfinished: end it
                         raise GuideLimitError(
                             f"max_tokens={self.budget.max_tokens} exhausted before the output completed",
                             limit="max_tokens", value=self.budget.max_tokens)

@@ -11,6 +11,8 @@ Other specs are lowered from ``policy_schema(spec)`` (keyword-implied types writ
 places where outlines-core lowers an enforced keyword to a different language than the policy
 (``_lowered_differently``) or a ``strict=False`` spec whose objects are not already closed are
 refused too, so ``auto`` never gets a silently different language from this backend.
+Numeric bounds outlines drops are written as digit-range regexes where that is exact
+(``numeric_bounds.py``).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..limits import DEFAULT_LIMITS, GuideLimits
 from ..schema_features import (
+    ANNOTATIONS,
     allof_with_parts_or_siblings,
     constrains_nothing,
     iter_subschemas,
@@ -29,6 +32,7 @@ from ..schema_policy import already_closed, is_strict, policy_payload
 from ..spec import GuideSpec
 from .lowering import IN_PROCESS_ESTIMATE, lower_in_worker, lowered_size_estimate
 from .json_string_safety import unsafe_in_json_string
+from .numeric_bounds import restore_bounds, rewrite_bounds
 
 # keyword -> reason; each is silently ignored by outlines-core 0.2.14's regex builder.
 OUTLINES_IGNORED: dict[str, str] = {
@@ -102,6 +106,9 @@ def _lowered_differently(path: str, sub: dict) -> list[str]:
         if sub.get("items", False) is not False or not (isinstance(min_items, int) and min_items >= len(prefix)):
             out.append(f"{path}: prefixItems is lowered as a fixed-length tuple (shorter arrays and "
                        "items beyond it are refused)")
+    if "$ref" in sub and ref_with_siblings(sub):
+        out.append(f"{path}: $ref next to constraining keywords (outlines keeps one side: properties or enum "
+                   "over the $ref, the $ref over type and the rest)")
     if allof_with_parts_or_siblings(sub):
         out.append(f"{path}: allOf with several parts or sibling keywords (outlines keeps only the siblings "
                    "or refuses valid output)")
@@ -116,6 +123,11 @@ def _lowered_differently(path: str, sub: dict) -> list[str]:
     ):
         out.append(f"{path}: a type list with object keywords keeps only the object branch")
     return out
+
+
+def ref_with_siblings(sub: dict) -> bool:
+    """A ``$ref`` beside keywords that constrain: outlines-core lowers only one of the two."""
+    return any(k != "$ref" and k not in ANNOTATIONS for k in sub)
 
 
 def whitespace_pattern(spec: GuideSpec) -> str | None:
@@ -145,7 +157,11 @@ def schema_to_regex(spec: GuideSpec, limits: GuideLimits = DEFAULT_LIMITS) -> st
             "strict=False needs a schema whose objects say additionalProperties themselves",
             feature="strict=False", backend="fsm",
         )
-    if not lenient:
+    bounds: dict[str, str] = {}
+    if not lenient:  # bounded numeric leaves written as digit ranges (numeric_bounds.py)
+        schema, bounds = rewrite_bounds(schema)
+        if bounds:
+            text = json.dumps(schema)
         findings = outlines_unenforced(schema)
         if findings:
             raise UnsupportedGuideError(
@@ -158,6 +174,7 @@ def schema_to_regex(spec: GuideSpec, limits: GuideLimits = DEFAULT_LIMITS) -> st
             regex = build_regex_from_schema(text, whitespace)
         else:  # may grow geometrically: in a worker that an abort or a deadline cannot take us down with
             regex = _lower_isolated(text, whitespace, limits)
+        regex = restore_bounds(regex, bounds)
         limits.check("max_lowered_regex_bytes", len(regex))
         return regex
     except (ValueError, TypeError) as exc:
