@@ -13,6 +13,7 @@ pattern means.
 """
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from ..errors import GuideLimitError, InvalidGuideError, UnsupportedGuideError
@@ -31,11 +32,23 @@ _UNSUPPORTED_FLAGS = {"i": "case-insensitive flag (?i)", "x": "verbose flag (?x)
 # that: case-insensitive and verbose modes are refused), parsed by a fast path in sequence().
 _META = frozenset("\\()[]{}|.*+?^$")
 _QUANTIFIER_START = frozenset("*+?{")
+_BRACE = re.compile(r"\{([0-9]*)(?:(,)([0-9]*))?\}")  # {m} {m,} {,n} {m,n} {,}; "{}" is a literal
+# Bounds of brace quantifiers by their text ("{2,5}" -> (2, 5)), up to _BRACE_TEXT_MAX characters:
+# patterns repeat the same few counts. Bounded like the other caches.
+_BRACES: dict[str, tuple[int, int | None]] = {}
+_BRACE_TEXT_MAX = 16
 _LITERALS: dict[str, CharSet] = {}  # literal character -> its (immutable, shared) CharSet node
 # Parsed character classes by their exact text and the ASCII flag (the only flag they depend on):
 # JSON-lowered regexes repeat the same few classes dozens of times. Indexed by the first 3
 # characters (every class is at least "[x]" long). Bounded: parsing continues uncached when full.
 _CLASSES: dict[tuple[str, bool], CharSet] = {}
+# Two-character escapes whose meaning depends on nothing else (\. \" \n \d ...), by the escaped
+# character, one table per value of the ASCII flag (it changes \d \w \s).
+_ESCAPES: tuple[dict[str, CharSet], dict[str, CharSet]] = ({}, {})
+_ESCAPE_CONTEXTUAL = frozenset("AZ0123456789")  # anchors, octal escapes and group references
+# Repetitions of cached nodes ("[ ]?", "[0-9]{4}", "\d+"), by (id of the item, min, max); a hit
+# is checked to hold that very item, which the entry keeps alive, so an id is never mistaken.
+_REPEATS: dict[tuple[int, int, int | None], Repeat] = {}
 _CLASS_TEXTS: dict[str, list[str]] = {}
 CACHE_MAX = 4096
 # Parsed plain capturing groups "(...)" by their exact text, the flags and max_repeat they were
@@ -95,6 +108,7 @@ class _Parser:
         self.depth = 0
         self.peak = 0  # deepest nesting reached so far (a cached group's depth must still fit)
         self.anchors = False  # any ^ $ \A \Z seen (then anchors are checked and removed)
+        self._global_flags_end = 0  # where a leading (?flags) ended: a group there may set flags
 
     # ---- helpers ------------------------------------------------------------------------
     def error(self, message: str, pos: int | None = None) -> RegexSyntaxError:
@@ -123,6 +137,7 @@ class _Parser:
         last_repeat = False
         p, n = self.p, self.n
         literals = _LITERALS
+        last_shared = False  # the last item is a node held by a cache (its repetitions are cached)
         i = self.i
         while i < n:
             c = p[i]
@@ -135,10 +150,25 @@ class _Parser:
                 items.append(node)
                 i += 1
                 last_repeat = False
+                last_shared = True
                 continue
             if c == "|" or c == ")":
                 break
             self.i = start = i
+            if c == "[":  # what atom() would do, without its call
+                items.append(self.char_class())
+                i = self.i
+                last_repeat = False
+                last_shared = True
+                continue
+            if c == "\\" and i + 1 < n:
+                node = _ESCAPES[self.ascii].get(p[i + 1])
+                if node is not None:
+                    items.append(node)
+                    i += 2
+                    last_repeat = False
+                    last_shared = True
+                    continue
             if c in _QUANTIFIER_START:
                 quant = self.quantifier()
                 if quant is not None:
@@ -147,84 +177,88 @@ class _Parser:
                         raise self.error("nothing to repeat", start)
                     if last_repeat:
                         raise self.error("multiple repeat", start)
-                    items[-1] = Repeat(items[-1], lo, hi)
+                    items[-1] = _repeat(items[-1], lo, hi) if last_shared else Repeat(items[-1], lo, hi)
                     last_repeat = True
+                    last_shared = False
                     i = self.i
                     continue
-            atom = self.atom(top and start == self._flags_end())
+            atom = self.atom(top and start == self._global_flags_end)
             i = self.i
             if atom is None:  # comment or global flags: produces nothing
                 continue
             items.append(atom)
             last_repeat = False
+            last_shared = False
+            if c == "\\" and i == start + 2 and p[start + 1] not in _ESCAPE_CONTEXTUAL:
+                escapes = _ESCAPES[self.ascii]
+                if len(escapes) < CACHE_MAX:
+                    escapes[p[start + 1]] = atom
         self.i = i
         if not items:
             return EMPTY
         return items[0] if len(items) == 1 else Concat(tuple(items))
 
-    def _flags_end(self) -> int:
-        return getattr(self, "_global_flags_end", 0)
-
     def quantifier(self) -> tuple[int, int | None] | None:
         """Parse a quantifier at the cursor (with its lazy ``?``), or return None (cursor kept)."""
-        c = self.peek()
+        p, i = self.p, self.i
+        c = p[i] if i < self.n else ""
         if c == "*":
             lo, hi = 0, None
-            self.i += 1
+            i += 1
         elif c == "+":
             lo, hi = 1, None
-            self.i += 1
+            i += 1
         elif c == "?":
             lo, hi = 0, 1
-            self.i += 1
+            i += 1
         elif c == "{":
             parsed = self._brace()
             if parsed is None:
                 return None
             lo, hi = parsed
+            i = self.i
         else:
             return None
-        if self.peek() == "?":
-            self.i += 1  # lazy: same language under full match
-        elif self.peek() == "+":
-            raise _unsupported("possessive quantifier", self.i)
+        if i < self.n:
+            c = p[i]
+            if c == "?":
+                i += 1  # lazy: same language under full match
+            elif c == "+":
+                raise _unsupported("possessive quantifier", i)
+        self.i = i
         return lo, hi
 
     def _brace(self) -> tuple[int, int | None] | None:
         """``{m}``, ``{m,}``, ``{,n}``, ``{m,n}``; None (nothing consumed) when it is a literal '{'."""
         start = self.i
-        j = self.i + 1
-        if j < self.n and self.p[j] == "}":
-            return None
-        k = j
-        while k < self.n and self.p[k] in _DIGITS:
-            k += 1
-        lo_txt = self.p[j:k]
-        hi_txt: str | None
-        if k < self.n and self.p[k] == ",":
-            m = k + 1
-            while m < self.n and self.p[m] in _DIGITS:
-                m += 1
-            hi_txt = self.p[k + 1 : m]
-            k = m
-        else:
-            hi_txt = lo_txt
-        if k >= self.n or self.p[k] != "}":
-            return None
-        self.i = k + 1
-        lo = int(lo_txt) if lo_txt else 0
-        hi = int(hi_txt) if hi_txt else None
-        if hi is not None and hi < lo:
-            raise self.error("min repeat greater than max repeat", start + 1)
-        for value in (lo, hi):
-            if value is not None and value > self.max_repeat:
-                raise GuideLimitError(
-                    f"limit max_repeat={self.max_repeat} exceeded: repetition bound {value} at "
-                    f"position {start}",
-                    limit="max_repeat",
-                    value=value,
-                )
-        return lo, hi
+        p = self.p
+        end = p.find("}", start, start + _BRACE_TEXT_MAX)  # a quantifier ends at its first '}'
+        bounds = _BRACES.get(p[start:end + 1]) if end >= 0 else None
+        if bounds is None:
+            m = _BRACE.match(p, start)
+            if m is None:
+                return None
+            lo_txt, comma, hi_txt = m.groups()
+            if comma is None:
+                if not lo_txt:
+                    return None
+                hi_txt = lo_txt
+            bounds = (int(lo_txt) if lo_txt else 0, int(hi_txt) if hi_txt else None)
+            if bounds[1] is not None and bounds[1] < bounds[0]:
+                raise self.error("min repeat greater than max repeat", start + 1)
+            end = m.end() - 1
+            if len(_BRACES) < CACHE_MAX and end - start < _BRACE_TEXT_MAX:
+                _BRACES[m.group()] = bounds
+        self.i = end + 1
+        lo, hi = bounds
+        over = lo if lo > self.max_repeat else hi if hi is not None and hi > self.max_repeat else None
+        if over is not None:
+            raise GuideLimitError(
+                f"limit max_repeat={self.max_repeat} exceeded: repetition bound {over} at position {start}",
+                limit="max_repeat",
+                value=over,
+            )
+        return bounds
 
     def atom(self, at_start: bool) -> Node | None:
         c = self.p[self.i]
@@ -557,6 +591,17 @@ class _Parser:
             raise self.error(f"bad escape \\{c}", start)
         self.i += 1
         return ord(c)
+
+
+def _repeat(item: Node, lo: int, hi: int | None) -> Repeat:
+    """``Repeat(item, lo, hi)``, shared through ``_REPEATS`` (``item`` is held by a cache)."""
+    key = (id(item), lo, hi)
+    node = _REPEATS.get(key)
+    if node is None or node.item is not item:
+        node = Repeat(item, lo, hi)
+        if len(_REPEATS) < CACHE_MAX:
+            _REPEATS[key] = node
+    return node
 
 
 def _remember_group(text: str, flags: tuple[bool, bool, int], node: Node, inner: int) -> None:

@@ -50,6 +50,8 @@ def charset_fragment(ranges: Ranges) -> Fragment:
     return len(trans) - 1, tuple(edges), finals[0] - 1
 
 
+# node types, in the order tokenrails._dfa_native.compile_tree takes them
+AST_TYPES = (CharSet, Concat, Alt, Repeat, Empty)
 # node kinds of the flattened AST handed to tokenrails._dfa_native.compile_ast
 FLAT_SET, FLAT_CONCAT, FLAT_ALT, FLAT_REPEAT, FLAT_EMPTY = 0, 1, 2, 3, 4
 
