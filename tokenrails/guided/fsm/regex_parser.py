@@ -182,7 +182,10 @@ class _Parser:
                     last_shared = False
                     i = self.i
                     continue
-            atom = self.atom(top and start == self._global_flags_end)
+            if c == "(":
+                atom = self.group(top and start == self._global_flags_end)
+            else:
+                atom = self.atom(False)
             i = self.i
             if atom is None:  # comment or global flags: produces nothing
                 continue
