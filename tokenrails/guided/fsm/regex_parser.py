@@ -51,7 +51,7 @@ _ESCAPE_CONTEXTUAL = frozenset("AZ0123456789")  # anchors, octal escapes and gro
 _REPEATS: dict[tuple[int, int, int | None], Repeat] = {}
 _CLASS_TEXTS: dict[str, list[str]] = {}
 CACHE_MAX = 4096
-# Parsed plain capturing groups "(...)" by their exact text, the flags and max_repeat they were
+# Parsed plain groups "(...)" and "(?:...)" by their exact text, the flags and max_repeat they were
 # parsed under: JSON-lowered regexes repeat the same string, number and whitespace groups within a
 # pattern and across schemas. Value: (node, nesting depth inside the group). Groups holding anchors
 # are not kept (anchors are checked against the whole pattern). Indexed by the first 8 characters;
@@ -290,7 +290,8 @@ class _Parser:
     # ---- groups -------------------------------------------------------------------------
     def group(self, at_start: bool) -> Node | None:
         start = self.i
-        plain = self.peek(1) != "?"  # a capturing group without extensions: cached by its text
+        # a group without extensions, capturing or not: cached by its text
+        plain = self.peek(1) != "?" or self.p.startswith("?:", start + 1)
         if plain:
             flags = (self.dotall, self.ascii, self.max_repeat)
             for text in _GROUP_TEXTS.get(self.p[start:start + _GROUP_PREFIX], ()):
