@@ -94,7 +94,10 @@ def parse_regex(pattern: str, max_repeat: int = 1000) -> Node:
         raise InvalidGuideError(f"regex must be a str, got {type(pattern).__name__}")
     parser = _Parser(pattern, max_repeat)
     node = parser.parse()
-    return _strip_anchors(node, True, True) if parser.anchors else node
+    if not parser.anchors:
+        return node
+    outer = _strip_outer_anchors(node, parser.anchor_count)
+    return outer if outer is not None else _strip_anchors(node, True, True)
 
 
 class _Parser:
@@ -108,6 +111,7 @@ class _Parser:
         self.depth = 0
         self.peak = 0  # deepest nesting reached so far (a cached group's depth must still fit)
         self.anchors = False  # any ^ $ \A \Z seen (then anchors are checked and removed)
+        self.anchor_count = 0  # how many in the whole pattern
         self._global_flags_end = 0  # where a leading (?flags) ended: a group there may set flags
 
     # ---- helpers ------------------------------------------------------------------------
@@ -277,10 +281,12 @@ class _Parser:
         if c == "^":
             self.i += 1
             self.anchors = True
+            self.anchor_count += 1
             return Anchor("start", self.i - 1)
         if c == "$":
             self.i += 1
             self.anchors = True
+            self.anchor_count += 1
             return Anchor("end", self.i - 1)
         if c == "\\":
             return self.escape()
@@ -486,10 +492,12 @@ class _Parser:
         if c == "A":
             self.i += 1
             self.anchors = True
+            self.anchor_count += 1
             return Anchor("start", start)
         if c == "Z":
             self.i += 1
             self.anchors = True
+            self.anchor_count += 1
             return Anchor("end", start)
         if c in "bB":
             raise _unsupported("word boundary \\" + c, start)
@@ -625,6 +633,34 @@ def _remember_group(text: str, flags: tuple[bool, bool, int], node: Node, inner:
 
 def _empty_like(node: Node) -> bool:
     return isinstance(node, (Anchor, Empty))
+
+
+def _strip_outer_anchors(node: Node, count: int) -> Node | None:
+    """``_strip_anchors(node, True, True)`` when all ``count`` anchors open or close the pattern or
+    one of its top-level branches (``^...$``, ``\\A...\\Z``, ``^a|b$``), else None: the anchors
+    become Empty and the rest of the tree is kept as it is, instead of being rebuilt node by node."""
+    branches = node.items if type(node) is Alt else (node,)
+    out: list[Node] = []
+    seen = 0
+    for branch in branches:
+        if type(branch) is Anchor:  # a branch that is only ^ or $: at both ends at once
+            out.append(EMPTY)
+            seen += 1
+        elif type(branch) is Concat:
+            items = list(branch.items)
+            first, last = items[0], items[-1]
+            if type(first) is Anchor and first.kind == "start":
+                items[0] = EMPTY
+                seen += 1
+            if type(last) is Anchor and last.kind == "end":
+                items[-1] = EMPTY
+                seen += 1
+            out.append(Concat(tuple(items)))
+        else:
+            out.append(branch)
+    if seen != count:
+        return None
+    return Alt(tuple(out)) if type(node) is Alt else out[0]
 
 
 def _strip_anchors(node: Node, at_start: bool, at_end: bool) -> Node:
