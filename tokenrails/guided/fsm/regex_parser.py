@@ -8,8 +8,10 @@ lookaround, ``\\b``, possessive/atomic, conditionals, case-insensitive/verbose f
 (an ``InvalidGuideError``) carrying the position.
 
 This is the FSM backend's only regex parser: the C module (csrc/dfa_native/) starts from the AST
-it builds (flattened by ``thompson.flatten_ast``), so there is one place that decides what a
-pattern means.
+it builds (walked there by ``compile_tree``), so there is one place that decides what a pattern
+means. Parsing is a compile's only per-character Python work, so repeated pieces (classes,
+escapes, quantifier bounds, repetitions, groups) are served from bounded caches keyed by their
+text and whatever else decides their meaning.
 """
 from __future__ import annotations
 

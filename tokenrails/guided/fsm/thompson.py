@@ -1,5 +1,6 @@
 """Thompson construction of a regex AST: the cached minimal DFA of every character set, the NFA
-built in Python (the fallback path), and the flattened AST the C builder starts from.
+built in Python (the fallback path), and the flattened AST the C builder consumes (``flatten_ast``,
+the Python reference of the walk ``_dfa_native.compile_tree`` does in C).
 
 The pattern is parsed once, by ``regex_parser``; both builders start from its AST.
 """
