@@ -21,7 +21,7 @@ parse-and-build, so the column is the before/after of moving to one (Python) par
 build it is ``compile_regex`` with that module's builder swapped in.
 ``--profile NAME`` prints a cProfile of the automaton step of one workload.
 Run: OMP_NUM_THREADS=1 python bench/fsm_compile_breakdown.py [--vocab qwen2] [--repeat 21] [--variants]
-     [--regex-only] [--baseline-so PATH]
+     [--regex-only] [--baseline-so PATH] [--stat min]
 """
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def _with_module(mod, fn):
     return run
 
 
-def regex_table(limits, repeat: int, variants: bool = False, baseline=None) -> None:
+def regex_table(limits, repeat: int, variants: bool = False, baseline=None, stat: str = "median") -> None:
     """regex → DFA: this tree [vs the baseline build], interleaved; pure Python after them (its
     allocations would evict the caches the others run in, so it is not interleaved)."""
     print()
@@ -161,7 +161,8 @@ def regex_table(limits, repeat: int, variants: bool = False, baseline=None) -> N
                     t0 = time.perf_counter()
                     fn()
                     times[key].append(time.perf_counter() - t0)
-            med = {k: sorted(v)[n // 2] * 1e6 for k, v in times.items()}
+            at = n // 2 if stat == "median" else 0
+            med = {k: sorted(v)[at] * 1e6 for k, v in times.items()}
             os.environ["TOKENRAILS_NATIVE"] = "0"
             current()
             pure = _median_us(current, max(repeat, 21))
@@ -199,10 +200,12 @@ def main() -> None:
     ap.add_argument("--regex-only", action="store_true", help="only the regex -> DFA table (no vocabulary)")
     ap.add_argument("--variants", action="store_true", help="also time VARIANTS (anchored, Unicode sets)")
     ap.add_argument("--baseline-so", default="", help="another _dfa_native build to time beside this one")
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="regex table: median or fastest of the interleaved runs (min: less noise on a shared machine)")
     args = ap.parse_args()
     baseline = load_baseline(args.baseline_so) if args.baseline_so else None
     if args.regex_only:
-        regex_table(GuideLimits(), args.repeat, variants=True, baseline=baseline)
+        regex_table(GuideLimits(), args.repeat, variants=True, baseline=baseline, stat=args.stat)
         return
     vocab = Vocabulary.from_huggingface(load_tokenizer(args.vocab))
     trie = token_trie(vocab)
@@ -234,7 +237,7 @@ def main() -> None:
                     compile_ast(parse_regex(regex, limits.max_repeat), limits)
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-    regex_table(limits, args.repeat, args.variants, baseline)
+    regex_table(limits, args.repeat, args.variants, baseline, args.stat)
 
 
 if __name__ == "__main__":

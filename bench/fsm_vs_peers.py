@@ -14,13 +14,16 @@ follows the same valid output token by token. Measured:
 
 Per-vocabulary tables (our token trie, xgrammar TokenizerInfo, llguidance LLTokenizer,
 outlines-core Vocabulary) are built once before timing, for every engine alike.
-Ratios are ours/peer (< 1 = we are faster). Run: OMP_NUM_THREADS=1 python bench/fsm_vs_peers.py
-[--vocabs smollm2,llama3,qwen2] [--repeat 3]
+Ratios are ours/peer (< 1 = we are faster). Every row also gives (b) as process CPU time and the
+load average: on a shared machine ``--stat min`` (fastest of ``--repeat`` runs instead of the
+median) with the CPU-time ratio ("b/best cpu") is the less noisy figure.
+Run: OMP_NUM_THREADS=1 python bench/fsm_vs_peers.py [--vocabs smollm2,llama3,qwen2] [--repeat 3] [--stat min]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pickle
 import re
@@ -222,9 +225,11 @@ class OutlinesCore:
 
 
 def run_once(engine, regex, choices, ids, eos, vocab_size):
-    """One fresh compile + full guided output. Returns (first_s, total_s, fill_times, guide, ok)."""
+    """One fresh compile + full guided output. Returns (first_s, total_s, fill_times, guide, make,
+    ok, cpu_s) (cpu_s: process CPU time of the whole output)."""
     bm = allocate_token_bitmask(1, vocab_size)
     fills = []
+    c0 = time.process_time()
     t0 = time.perf_counter()
     guide, make = engine.compile(regex, choices)
     m = make()
@@ -242,7 +247,7 @@ def run_once(engine, regex, choices, ids, eos, vocab_size):
             ok = False
             break
     total = time.perf_counter() - t0
-    return first, total, fills, guide, make, ok
+    return first, total, fills, guide, make, ok, time.process_time() - c0
 
 
 def warm_fills(engine, make, ids, eos, vocab_size):
@@ -272,7 +277,9 @@ def main() -> None:
     ap.add_argument("--vocabs", default="smollm2,llama3,qwen2")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated workload names")
+    ap.add_argument("--stat", choices=("median", "min"), default="median", help="of the --repeat runs")
     args = ap.parse_args()
+    pick = med if args.stat == "median" else min
     loads = workloads()
     if args.only:
         keep = set(args.only.split(","))
@@ -292,21 +299,23 @@ def main() -> None:
             assert b"".join(vocab.token_bytes[i] for i in ids) == text.encode(), (vname, wname)
             res = {}
             for eng in engines:
-                firsts, totals, cold = [], [], []
+                firsts, totals, cpus, cold = [], [], [], []
                 ok = True
                 guide = make = None
                 for _ in range(args.repeat):
-                    first, total, fills, guide, make, ok = run_once(eng, regex, choices, ids, eos, vocab.vocab_size)
+                    first, total, fills, guide, make, ok, cpu = run_once(eng, regex, choices, ids, eos, vocab.vocab_size)
                     if not ok:
                         break
                     firsts.append(first)
                     totals.append(total)
+                    cpus.append(cpu)
                     cold += fills
                 if not ok:
                     res[eng.name] = None
                     continue
                 warm = warm_fills(eng, make, ids, eos, vocab.vocab_size)
-                res[eng.name] = dict(first=med(firsts), total=med(totals), cold50=pct(cold, .5), cold95=pct(cold, .95),
+                res[eng.name] = dict(first=pick(firsts), total=pick(totals), cpu=pick(cpus),
+                                     cold50=pct(cold, .5), cold95=pct(cold, .95),
                                      warm50=pct(warm, .5), warm95=pct(warm, .95), mem=eng.memory(guide))
             rows.append((vname, wname, len(ids), res))
             _print_row(vname, wname, len(ids), res)
@@ -318,14 +327,15 @@ def _fmt_ms(x):
 
 
 def _print_row(vname, wname, n, res):
-    print(f"\n{vname:8s} {wname:11s} ({n} tokens)")
-    print(f"  {'engine':14s} {'first ms':>9s} {'total ms':>9s} {'cold p50/p95 us':>17s} {'warm p50/p95 us':>17s} {'mem KB':>9s}")
+    print(f"\n{vname:8s} {wname:11s} ({n} tokens)  load average {os.getloadavg()[0]:.2f}")
+    print(f"  {'engine':14s} {'first ms':>9s} {'total ms':>9s} {'cpu ms':>8s} {'cold p50/p95 us':>17s} "
+          f"{'warm p50/p95 us':>17s} {'mem KB':>9s}")
     for name, r in res.items():
         if r is None:
             print(f"  {name:14s} rejected the valid output (different match semantics)")
             continue
         mem = "n/a" if r["mem"] is None else f"{r['mem']/1024:.0f}"
-        print(f"  {name:14s} {r['first']*1e3:9.2f} {r['total']*1e3:9.2f} "
+        print(f"  {name:14s} {r['first']*1e3:9.2f} {r['total']*1e3:9.2f} {r['cpu']*1e3:8.2f} "
               f"{r['cold50']*1e6:8.1f}/{r['cold95']*1e6:8.1f} {r['warm50']*1e6:8.1f}/{r['warm95']*1e6:8.1f} {mem:>9s}")
 
 
@@ -335,7 +345,7 @@ def _ratio(a, b):
 
 def _print_summary(rows):
     print("\n## ratios ours/peer  (b = total guided time, a = first mask, c = warm p95 fill)")
-    print(f"{'vocab':8s} {'workload':11s} {'b/best':>7s} {'b/xgr':>6s} {'b/llg':>6s} {'b/oc':>6s} {'a/xgr':>6s} {'c95/xgr':>8s} {'c95cold/xgr':>11s}")
+    print(f"{'vocab':8s} {'workload':11s} {'b/best':>7s} {'cpu':>5s} {'b/xgr':>6s} {'b/llg':>6s} {'b/oc':>6s} {'a/xgr':>6s} {'c95/xgr':>8s} {'c95cold/xgr':>11s}")
     for vname, wname, _, res in rows:
         ours = res.get("fsm")
         if ours is None:
@@ -343,11 +353,28 @@ def _print_summary(rows):
             continue
         peers = {k: v for k, v in res.items() if k != "fsm" and v is not None}
         best = min(v["total"] for v in peers.values()) if peers else None
+        best_cpu = min(v["cpu"] for v in peers.values()) if peers else None
         g = lambda k, f: peers[k][f] if k in peers else None  # noqa: E731
-        print(f"{vname:8s} {wname:11s} {_ratio(ours['total'], best):>7s} {_ratio(ours['total'], g('xgrammar', 'total')):>6s} "
+        print(f"{vname:8s} {wname:11s} {_ratio(ours['total'], best):>7s} {_ratio(ours['cpu'], best_cpu):>5s} {_ratio(ours['total'], g('xgrammar', 'total')):>6s} "
               f"{_ratio(ours['total'], g('llguidance', 'total')):>6s} {_ratio(ours['total'], g('outlines-core', 'total')):>6s} "
               f"{_ratio(ours['first'], g('xgrammar', 'first')):>6s} {_ratio(ours['warm95'], g('xgrammar', 'warm95')):>8s} "
               f"{_ratio(ours['cold95'], g('xgrammar', 'cold95')):>11s}")
+    for vname in dict.fromkeys(r[0] for r in rows):  # one figure per vocabulary: geometric mean of b/best
+        ratios = [_best_ratios(res) for v, _w, _n, res in rows if v == vname]
+        ratios = [r for r in ratios if r is not None]
+        if ratios:
+            gm = [math.exp(sum(math.log(r[i]) for r in ratios) / len(ratios)) for i in (0, 1)]
+            print(f"{vname:8s} {'geomean':11s} {gm[0]:7.2f} {gm[1]:5.2f}   (b/best over {len(ratios)} workloads; "
+                  f"max {max(r[0] for r in ratios):.2f}, cpu max {max(r[1] for r in ratios):.2f})")
+
+
+def _best_ratios(res) -> tuple[float, float] | None:
+    """(ours / best peer total, the same in CPU time), or None when a side is missing."""
+    ours = res.get("fsm")
+    peers = [v for k, v in res.items() if k != "fsm" and v is not None]
+    if ours is None or not peers:
+        return None
+    return ours["total"] / min(v["total"] for v in peers), ours["cpu"] / min(v["cpu"] for v in peers)
 
 
 if __name__ == "__main__":

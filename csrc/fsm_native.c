@@ -285,7 +285,11 @@ static int build_walker(WalkerObject *self, const int32_t *trans, Py_ssize_t S, 
             return -1;
         }
     }
+    uint32_t bad = 0; /* branch-free (vectorized) check; the offending entry is looked up only on failure */
     for (Py_ssize_t i = 0; i < S * K; i++) {
+        bad |= (uint32_t)trans[i] >= (uint32_t)S;
+    }
+    for (Py_ssize_t i = 0; bad && i < S * K; i++) {
         if (trans[i] < 0 || trans[i] >= S) {
             PyErr_Format(PyExc_ValueError, "trans[%zd]=%d outside [0, %zd)", i, trans[i], S);
             return -1;

@@ -14,6 +14,11 @@
  *     fragments it references: the Thompson construction of ThompsonNFA, state for state, after
  *     the expanded-size guard (5: more than max_nfa character positions; 6: more than max_nfa
  *     NFA states), then as determinize.
+ * compile_tree(node, node_types, fragment, max_nfa, max_states, budget_s, max_bytes)
+ *     The same straight from the regex AST: ``node_types`` is (CharSet, Concat, Alt, Repeat,
+ *     Empty) and ``fragment(ranges)`` gives a CharSet's fragment (thompson.charset_fragment). The
+ *     tree is walked here, in the pre-order of flatten_ast, into the program and fragments
+ *     compile_ast takes (the walk in Python cost as much as the build for short patterns).
  * from_strings(strings, max_nodes, budget_s, max_bytes)
  *     The minimal DFA of a finite set of byte strings: a trie over byte classes, minimized
  *     bottom-up (Revuz: a node's class is the register entry of (final, [(class, child class)])).
@@ -463,9 +468,200 @@ done:
 }
 
 
+/* ---- compile_tree: the AST walked in C ------------------------------------------------------- */
+static PyObject *attr_ranges, *attr_items, *attr_item, *attr_min, *attr_max;
+
+typedef struct {
+    int32_t *v;
+    Py_ssize_t n, cap;
+} IVec;
+
+static int ivec_push(IVec *a, int32_t x) {
+    if (a->n == a->cap) {
+        Py_ssize_t cap = a->cap ? 2 * a->cap : 64;
+        int32_t *v = PyMem_Realloc(a->v, sizeof(int32_t) * (size_t)cap);
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+/* An int attribute of an AST node as a program entry (the range compile_ast accepts). */
+static int push_attr_int(IVec *a, PyObject *node, PyObject *name, int none_as_minus_one) {
+    PyObject *o = PyObject_GetAttr(node, name);
+    if (!o) return -1;
+    int32_t v;
+    if (o == Py_None && none_as_minus_one) {
+        v = -1;
+    } else {
+        v = as_i32(o, -1, INT32_MAX, "program entry");
+    }
+    Py_DECREF(o);
+    if (v == INT32_MIN) return -1;
+    return ivec_push(a, v);
+}
+
+/* Pre-order walk of ``root`` (explicit stack, children pushed in reverse: flatten_ast's order)
+ * into ``prog``; each distinct CharSet ranges gets the next fragment id, its fragment appended to
+ * ``frags``. Owned references on the stack; 0 or -1 (Python error). */
+static int tree_walk(PyObject *root, PyObject *const *types, PyObject *fragment, IVec *prog, PyObject *frags) {
+    PyObject *ids = PyDict_New();
+    Py_ssize_t cap = 64, top = 0;
+    PyObject **stack = PyMem_Malloc(sizeof(PyObject *) * (size_t)cap);
+    int rc = -1;
+    if (!ids || !stack) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_INCREF(root);
+    stack[top++] = root;
+    while (top) {
+        PyObject *n = stack[--top];
+        PyTypeObject *t = Py_TYPE(n);
+        int ok = -1;
+        if (t == (PyTypeObject *)types[0]) { /* CharSet */
+            PyObject *ranges = PyObject_GetAttr(n, attr_ranges);
+            if (ranges) {
+                PyObject *fid = PyDict_GetItemWithError(ids, ranges);
+                long id = -1;
+                if (fid) {
+                    id = PyLong_AsLong(fid);
+                } else if (!PyErr_Occurred()) {
+                    PyObject *frag = PyObject_CallOneArg(fragment, ranges);
+                    id = PyList_GET_SIZE(frags);
+                    PyObject *key = frag ? PyLong_FromLong(id) : NULL;
+                    if (!key || PyList_Append(frags, frag) || PyDict_SetItem(ids, ranges, key)) id = -1;
+                    Py_XDECREF(key);
+                    Py_XDECREF(frag);
+                }
+                Py_DECREF(ranges);
+                if (id >= 0 && !ivec_push(prog, K_SET) && !ivec_push(prog, (int32_t)id)) ok = 0;
+            }
+        } else if (t == (PyTypeObject *)types[1] || t == (PyTypeObject *)types[2]) { /* Concat, Alt */
+            PyObject *items = PyObject_GetAttr(n, attr_items);
+            if (items && !PyTuple_Check(items)) {
+                PyErr_SetString(PyExc_TypeError, "AST items must be a tuple");
+            } else if (items) {
+                Py_ssize_t m = PyTuple_GET_SIZE(items);
+                if (!ivec_push(prog, t == (PyTypeObject *)types[1] ? K_CAT : K_ALT) &&
+                    !ivec_push(prog, m > INT32_MAX ? INT32_MAX : (int32_t)m)) {
+                    if (top + m > cap) {
+                        while (top + m > cap) cap *= 2;
+                        PyObject **grown = PyMem_Realloc(stack, sizeof(PyObject *) * (size_t)cap);
+                        if (grown) stack = grown;
+                        else PyErr_NoMemory();
+                    }
+                    if (!PyErr_Occurred()) {
+                        for (Py_ssize_t k = m - 1; k >= 0; k--) {
+                            PyObject *item = PyTuple_GET_ITEM(items, k);
+                            Py_INCREF(item);
+                            stack[top++] = item;
+                        }
+                        ok = 0;
+                    }
+                }
+            }
+            Py_XDECREF(items);
+        } else if (t == (PyTypeObject *)types[3]) { /* Repeat */
+            if (!ivec_push(prog, K_REP) && !push_attr_int(prog, n, attr_min, 0) &&
+                !push_attr_int(prog, n, attr_max, 1)) {
+                PyObject *item = PyObject_GetAttr(n, attr_item);
+                if (item && top == cap) {
+                    PyObject **grown = PyMem_Realloc(stack, sizeof(PyObject *) * (size_t)(cap * 2));
+                    if (grown) {
+                        stack = grown;
+                        cap *= 2;
+                    } else {
+                        PyErr_NoMemory();
+                        Py_CLEAR(item);
+                    }
+                }
+                if (item) {
+                    stack[top++] = item;
+                    ok = 0;
+                }
+            }
+        } else if (t == (PyTypeObject *)types[4]) { /* Empty */
+            ok = ivec_push(prog, K_EMPTY);
+        } else {
+            PyErr_Format(PyExc_TypeError, "unexpected AST node %R", n);
+        }
+        Py_DECREF(n);
+        if (ok) goto done;
+    }
+    rc = 0;
+done:
+    while (top) {
+        PyObject *n = stack[--top];
+        Py_DECREF(n);
+    }
+    PyMem_Free(stack);
+    Py_XDECREF(ids);
+    return rc;
+}
+
+PyDoc_STRVAR(compile_tree_doc,
+             "compile_tree(node, node_types, fragment, max_nfa, max_states, budget_s, max_bytes)\n"
+             "-> (trans, classmap, accepting, num_states, num_classes) | (error code, value)");
+
+static PyObject *py_compile_tree(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (check_nargs(nargs, 7, "compile_tree")) return NULL;
+    PyObject *types = args[1];
+    if (!PyTuple_Check(types) || PyTuple_GET_SIZE(types) != 5) {
+        PyErr_SetString(PyExc_TypeError, "node_types must be (CharSet, Concat, Alt, Repeat, Empty)");
+        return NULL;
+    }
+    for (int i = 0; i < 5; i++) {
+        if (!PyType_Check(PyTuple_GET_ITEM(types, i))) {
+            PyErr_SetString(PyExc_TypeError, "node_types must be types");
+            return NULL;
+        }
+    }
+    if (!PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "fragment must be callable");
+        return NULL;
+    }
+    int32_t max_nfa, max_states;
+    Ctx c;
+    if (parse_build_limits(args + 3, &max_nfa, &max_states, &c)) return NULL;
+    IVec prog = {NULL, 0, 0};
+    PyObject *frags = PyList_New(0);
+    PyObject *res = NULL;
+    int32_t *next = NULL;
+    Frags fr;
+    memset(&fr, 0, sizeof(fr));
+    if (!frags) goto done;
+    if (tree_walk(args[0], &PyTuple_GET_ITEM(types, 0), args[2], &prog, frags)) goto done;
+    if (prog.n >= INT32_MAX / 4) {
+        PyErr_SetString(PyExc_ValueError, "empty or oversized AST program");
+        goto done;
+    }
+    next = PyMem_Malloc(sizeof(int32_t) * (size_t)prog.n);
+    if (!next) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (frags_read(frags, &fr)) goto done;
+    res = run_prog(&c, prog.v, next, prog.n, &fr, max_nfa, max_states);
+done:
+    PyMem_Free(prog.v);
+    PyMem_Free(next);
+    frags_free(&fr);
+    Py_XDECREF(frags);
+    return res;
+}
+
+
 static PyMethodDef methods[] = {
     {"determinize", (PyCFunction)(void (*)(void))py_determinize, METH_FASTCALL, determinize_doc},
     {"compile_ast", (PyCFunction)(void (*)(void))py_compile_ast, METH_FASTCALL, compile_ast_doc},
+    {"compile_tree", (PyCFunction)(void (*)(void))py_compile_tree, METH_FASTCALL, compile_tree_doc},
     {"from_strings", (PyCFunction)(void (*)(void))py_from_strings, METH_FASTCALL, from_strings_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -475,4 +671,10 @@ static struct PyModuleDef module = {
     methods,
 };
 
-PyMODINIT_FUNC PyInit__dfa_native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__dfa_native(void) {
+    if (!(attr_ranges = PyUnicode_InternFromString("ranges")) || !(attr_items = PyUnicode_InternFromString("items")) ||
+        !(attr_item = PyUnicode_InternFromString("item")) || !(attr_min = PyUnicode_InternFromString("min")) ||
+        !(attr_max = PyUnicode_InternFromString("max")))
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenrails import InvalidGuideError
-from tokenrails.guided.fsm.compiler import compile_choices, compile_regex
+from tokenrails import GuideLimitError, InvalidGuideError
+from tokenrails.guided.fsm.compiler import compile_ast, compile_choices, compile_regex
 from tokenrails.guided.fsm.deadline import Deadline
 from tokenrails.guided.fsm.dfa import DEAD, START, DFA
 from tokenrails.guided.fsm.dfa_fallback import hopcroft, prune_dead_ends
@@ -255,14 +255,43 @@ def test_subset_and_minimization_respect_the_deadline():
 def test_parser_caches_do_not_change_the_ast():
     import tokenrails.guided.fsm.regex_parser as rp
 
-    patterns = CORPUS + [r'"[^"\\]*"(,"[^"\\]*")*', r"(?a:[\w])[\w]", r"(?a)[\w]+", r"[\w]+", r"a]b}c", r"[]a][]a]x"]
+    patterns = CORPUS + [r'"[^"\\]*"(,"[^"\\]*")*', r"(?a:[\w])[\w]", r"(?a)[\w]+", r"[\w]+", r"a]b}c", r"[]a][]a]x",
+                         r"\d+\.\d{2,}(?a:\d+\w?)\d*\s", r"(?a)\d+\.\w{3}", r"\0a\012\0", r"\0\01\1234",
+                         r"a{2}b{2}a{2,}a{,2}a{}a{,}a{2,3}?[ ]?[ ]*?x{0}", r"\{\}\[\]\\\"\é\n\t+",
+                         r"(ab)?(ab)*(ab){2}", r"a{02}a{2}a{0002,0003}"]
     warm = [parse_regex(p, LIMITS.max_repeat) for p in patterns]  # fills the caches
     again = [parse_regex(p, LIMITS.max_repeat) for p in patterns]
-    rp._LITERALS.clear()
-    rp._CLASSES.clear()
-    rp._CLASS_TEXTS.clear()
+    for cache in (rp._LITERALS, rp._CLASSES, rp._CLASS_TEXTS, *rp._ESCAPES, rp._REPEATS, rp._BRACES):
+        cache.clear()
     cold = [parse_regex(p, LIMITS.max_repeat) for p in patterns]
     assert warm == again == cold
+    for pattern, node in zip(patterns, cold):  # and one compile each, uncached, is the same language
+        assert compile_regex(pattern, LIMITS).trans.tolist() == compile_ast(node, LIMITS).trans.tolist()
+
+
+def test_escape_and_quantifier_caches_keep_context():
+    """Escapes and quantifiers are served from their caches only where their text alone decides
+    their meaning: the ASCII flag, octal digits, anchors, limits and errors still apply."""
+    from tokenrails import UnsupportedGuideError
+    from tokenrails.guided.fsm.regex_parser import RegexSyntaxError
+
+    assert compile_regex(r"\d", LIMITS).fullmatch("٣".encode())          # Unicode digit
+    assert not compile_regex(r"(?a)\d", LIMITS).fullmatch("٣".encode())  # \d cached above: ASCII here
+    assert compile_regex(r"(?a:\d)\d", LIMITS).fullmatch("3٣".encode())
+    assert compile_regex(r"\0", LIMITS).fullmatch(b"\x00")
+    assert compile_regex(r"\012", LIMITS).fullmatch(b"\n")  # not \0 then "12"
+    parse_regex(r"\Aa")
+    with pytest.raises(UnsupportedGuideError):  # \A is an anchor wherever it stands
+        parse_regex(r"a\A")
+    parse_regex(r"a{3,5}")
+    with pytest.raises(GuideLimitError):  # the bounds are cached, the limit is checked per parse
+        parse_regex(r"a{3,5}", max_repeat=4)
+    with pytest.raises(RegexSyntaxError):
+        parse_regex(r"a{5,3}")
+    with pytest.raises(RegexSyntaxError, match="multiple repeat"):
+        parse_regex(r"[ ]?*")
+    assert compile_regex(r"a{}", LIMITS).fullmatch(b"a{}")  # "{}" is a literal
+    assert compile_regex(r"[ ]?", LIMITS).fullmatch(b"") and compile_regex(r"[ ]?", LIMITS).fullmatch(b" ")
 
 
 def test_class_cache_respects_the_ascii_flag():

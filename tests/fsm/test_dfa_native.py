@@ -24,7 +24,8 @@ from tokenrails.guided.fsm.deadline import Deadline
 from tokenrails.guided.fsm.dfa import DEAD, START
 from tokenrails.guided.fsm.native_builder import determinize, dfa_from_strings
 from tokenrails.guided.fsm.nfa import ByteNFA
-from tokenrails.guided.fsm.thompson import build_thompson, flatten_ast
+from tokenrails.guided.fsm.regex_ast import CharSet, Concat, Repeat
+from tokenrails.guided.fsm.thompson import AST_TYPES, build_thompson, charset_fragment, flatten_ast
 from tokenrails.guided.fsm.regex_parser import parse_regex
 from tokenrails.guided.limits import GuideLimits
 
@@ -157,6 +158,54 @@ def test_thompson_program_matches_python_nfa():
         via_lists = mod.determinize(thompson.eps, thompson.edges, start, [accept], 10**6, 60.0, 1 << 30)
         via_ast = mod.compile_ast(*flatten_ast(node), 1 << 20, 10**6, 60.0, 1 << 30)
         assert via_lists == via_ast, pattern
+
+
+@given(anchored)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_tree_walk_gives_the_flattened_program(pattern):
+    """compile_tree walks the AST in C into the program flatten_ast builds in Python: same result,
+    including the expanded-size and state-limit outcomes."""
+    try:
+        node = parse_regex(pattern, LIMITS.max_repeat)
+    except Exception:  # noqa: BLE001 -- the parser's refusals are tested elsewhere
+        return
+    for max_nfa, max_states in ((1 << 20, 10**6), (64, 32)):
+        via_tree = mod.compile_tree(node, AST_TYPES, charset_fragment, max_nfa, max_states, 60.0, 1 << 30)
+        assert via_tree == mod.compile_ast(*flatten_ast(node), max_nfa, max_states, 60.0, 1 << 30), pattern
+
+
+def test_tree_walk_corpus_and_json():
+    patterns = CORPUS + [_json_regex(s) for s in JSON_SCHEMAS]
+    for pattern in patterns:
+        node = parse_regex(pattern, LIMITS.max_repeat)
+        via_tree = mod.compile_tree(node, AST_TYPES, charset_fragment, 1 << 20, 10**6, 60.0, 1 << 30)
+        assert via_tree == mod.compile_ast(*flatten_ast(node), 1 << 20, 10**6, 60.0, 1 << 30), pattern
+
+
+def test_tree_walk_rejects_what_is_not_an_ast():
+    class Other:
+        pass
+
+    bad = [
+        (Other(), AST_TYPES, charset_fragment, TypeError),
+        (Concat((CharSet(((97, 97),)), Other())), AST_TYPES, charset_fragment, TypeError),
+        (Concat([CharSet(((97, 97),))]), AST_TYPES, charset_fragment, TypeError),  # items not a tuple
+        (Concat(()), AST_TYPES, charset_fragment, ValueError),                       # bad item count
+        (Repeat(CharSet(((97, 97),)), -2, None), AST_TYPES, charset_fragment, ValueError),
+        (Repeat(CharSet(((97, 97),)), 3, 2), AST_TYPES, charset_fragment, ValueError),
+        (CharSet(((97, 97),)), AST_TYPES[:4], charset_fragment, TypeError),
+        (CharSet(((97, 97),)), AST_TYPES, None, TypeError),
+        (CharSet(((97, 97),)), AST_TYPES, lambda ranges: (1, (), 0), ValueError),    # bad fragment
+        (CharSet(((97, 97),)), AST_TYPES, lambda ranges: 1 / 0, ZeroDivisionError),
+    ]
+    for node, types, fragment, exc in bad:
+        with pytest.raises(exc):
+            mod.compile_tree(node, types, fragment, 1000, 100, 1.0, 1 << 20)
+    deep = CharSet(((97, 97),))
+    for _ in range(5000):
+        deep = Repeat(deep, 0, 1)
+    with pytest.raises(ValueError):  # nested deeper than the builder takes: refused, not a crash
+        mod.compile_tree(deep, AST_TYPES, charset_fragment, 1 << 20, 1000, 1.0, 1 << 30)
 
 
 # ---- limits, deadline, memory, empty language ----------------------------------------------------

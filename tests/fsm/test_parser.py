@@ -116,3 +116,42 @@ def test_pcre_style_named_group_is_accepted_as_a_group():
     """``(?<name>...)`` is rejected by Python 3.11's re; we accept it (PCRE/Rust syntax) as a group."""
     dfa = compile_regex(r"(?P<x>a)(?<y>b)?", LIMITS)
     assert dfa.fullmatch(b"a") and dfa.fullmatch(b"ab") and not dfa.fullmatch(b"b")
+
+
+ANCHOR_CASES = ["^a$", r"\Aab\Z", "^(yes|no)$|^maybe$", "^$", "$^", "^", "$", "^|b$", "a^", "a$b", "(^a)", "^(a|^b)",
+                "^a|b", "a$|^b$|c", "(^a|b)$", r"^\w+@\w+\.com$", "^^a$$", "$a", "a^b|c", "^(a)$"]
+
+
+def _slow_strip(pattern: str):
+    """The general anchor check on the raw parse (no outer-anchor shortcut)."""
+    import tokenrails.guided.fsm.regex_parser as rp
+
+    parser = rp._Parser(pattern, LIMITS.max_repeat)
+    node = parser.parse()
+    return rp._strip_anchors(node, True, True) if parser.anchors else node
+
+
+def _outcome(fn, pattern):
+    try:
+        return fn(pattern)
+    except Exception as exc:  # noqa: BLE001 -- compared below
+        return (type(exc), str(exc))
+
+
+def test_outer_anchor_shortcut_gives_the_general_result():
+    for pattern in ANCHOR_CASES:
+        assert _outcome(lambda p: parse_regex(p, LIMITS.max_repeat), pattern) == _outcome(_slow_strip, pattern), pattern
+
+
+def test_outer_anchor_shortcut_on_random_patterns():
+    from hypothesis import given, settings
+
+    from .regex_strategies import anchored, regexes
+
+    @given(anchored, regexes)
+    @settings(max_examples=300, deadline=None)
+    def check(pattern, other):
+        for p in (pattern, f"^{other}|{pattern}", f"{pattern}|{other}$", f"({pattern})$"):
+            assert _outcome(lambda q: parse_regex(q, LIMITS.max_repeat), p) == _outcome(_slow_strip, p), p
+
+    check()

@@ -59,3 +59,20 @@ def test_the_cache_is_bounded_by_text(monkeypatch):
         rp.parse_regex(f"(x{i}yz)")
     assert rp._group_chars <= 40 and 0 < len(rp._GROUPS) < 20
     assert rp.parse_regex("(x19yz)") == rp.parse_regex("x19yz")  # uncached: parsed as before
+
+
+def test_non_capturing_groups_are_cached_and_flag_groups_are_not():
+    email = r"(?:[a-z0-9]+(?:\.[a-z0-9]+)*)@(?:[a-z]+\.)+[a-z]{2,}"
+    first = rp.parse_regex(email)
+    assert any(text.startswith("(?:") for texts in rp._GROUP_TEXTS.values() for text in texts)
+    assert rp.parse_regex(email) == first  # served from the cache: the same AST
+    rp._GROUPS.clear()
+    rp._GROUP_TEXTS.clear()
+    assert rp.parse_regex(email) == first
+    rp.parse_regex(r"(?s:.)(?a:\w)")  # scoped flags change what the body means: never cached
+    assert not any(text.startswith(("(?s", "(?a")) for texts in rp._GROUP_TEXTS.values() for text in texts)
+    dotall = compile_regex(r"(?s:.)", GuideLimits())
+    assert dotall.fullmatch(b"\n") and not compile_regex(r"(?:.)", GuideLimits()).fullmatch(b"\n")
+    rp.parse_regex("(?:^a)|b")
+    with pytest.raises(UnsupportedGuideError):  # anchors inside a non-capturing group: not cached either
+        rp.parse_regex("x(?:^a)")

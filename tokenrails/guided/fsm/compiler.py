@@ -6,19 +6,24 @@ from ..limits import GuideLimits
 from .deadline import Deadline
 from .dfa import DFA, expanded_size_error
 from .native_builder import NATIVE_MAX_BYTES, determinize, dfa_from_strings, native_dfa, native_module
-from .thompson import build_nfa, flatten_ast
+from .thompson import AST_TYPES, build_nfa, charset_fragment
 from .regex_ast import Node, expanded_size
 from .regex_parser import parse_regex
 
 NFA_STATES_PER_DFA_STATE = 2  # the Thompson NFA may be this many times max_dfa_states
+# Patterns up to this long compile without the GC pause: their parse allocates a few hundred
+# objects at most, fewer than one young collection's worth, and entering and leaving the pause
+# (a process-wide lock) costs as much as the C build of a short pattern.
+UNPAUSED_PATTERN_CHARS = 256
 
 
 def compile_ast_native(mod, node: Node, max_nfa: int, max_states: int, deadline: Deadline,
                        max_bytes: int = NATIVE_MAX_BYTES) -> DFA:
-    """The whole AST → minimal DFA step in C: Thompson construction (from the flattened AST and
-    the cached charset fragments), the size guard, then as ``determinize_native``."""
-    prog, frags = flatten_ast(node)
-    result = mod.compile_ast(prog, frags, max_nfa, max_states, max(deadline.remaining(), 0.0), max_bytes)
+    """The whole AST → minimal DFA step in C: the tree walked there into the program
+    ``flatten_ast`` would give (with the cached charset fragments), the size guard, Thompson
+    construction, then as ``determinize_native``."""
+    result = mod.compile_tree(node, AST_TYPES, charset_fragment, max_nfa, max_states,
+                              max(deadline.remaining(), 0.0), max_bytes)
     return native_dfa(result, max_states, deadline, max_bytes, max_nfa)
 
 
@@ -47,6 +52,8 @@ def compile_regex(pattern: str, limits: GuideLimits, *, check_length: bool = Tru
     if check_length:
         limits.check("max_regex_length", len(pattern))
     deadline = Deadline(limits.compile_timeout_s)
+    if len(pattern) <= UNPAUSED_PATTERN_CHARS:
+        return _compile_ast(parse_regex(pattern, limits.max_repeat), limits, deadline)
     with gc_paused():
         return _compile_ast(parse_regex(pattern, limits.max_repeat), limits, deadline)
 

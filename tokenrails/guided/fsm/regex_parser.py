@@ -8,11 +8,14 @@ lookaround, ``\\b``, possessive/atomic, conditionals, case-insensitive/verbose f
 (an ``InvalidGuideError``) carrying the position.
 
 This is the FSM backend's only regex parser: the C module (csrc/dfa_native/) starts from the AST
-it builds (flattened by ``thompson.flatten_ast``), so there is one place that decides what a
-pattern means.
+it builds (walked there by ``compile_tree``), so there is one place that decides what a pattern
+means. Parsing is a compile's only per-character Python work, so repeated pieces (classes,
+escapes, quantifier bounds, repetitions, groups) are served from bounded caches keyed by their
+text and whatever else decides their meaning.
 """
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from ..errors import GuideLimitError, InvalidGuideError, UnsupportedGuideError
@@ -31,14 +34,26 @@ _UNSUPPORTED_FLAGS = {"i": "case-insensitive flag (?i)", "x": "verbose flag (?x)
 # that: case-insensitive and verbose modes are refused), parsed by a fast path in sequence().
 _META = frozenset("\\()[]{}|.*+?^$")
 _QUANTIFIER_START = frozenset("*+?{")
+_BRACE = re.compile(r"\{([0-9]*)(?:(,)([0-9]*))?\}")  # {m} {m,} {,n} {m,n} {,}; "{}" is a literal
+# Bounds of brace quantifiers by their text ("{2,5}" -> (2, 5)), up to _BRACE_TEXT_MAX characters:
+# patterns repeat the same few counts. Bounded like the other caches.
+_BRACES: dict[str, tuple[int, int | None]] = {}
+_BRACE_TEXT_MAX = 16
 _LITERALS: dict[str, CharSet] = {}  # literal character -> its (immutable, shared) CharSet node
 # Parsed character classes by their exact text and the ASCII flag (the only flag they depend on):
 # JSON-lowered regexes repeat the same few classes dozens of times. Indexed by the first 3
 # characters (every class is at least "[x]" long). Bounded: parsing continues uncached when full.
 _CLASSES: dict[tuple[str, bool], CharSet] = {}
+# Two-character escapes whose meaning depends on nothing else (\. \" \n \d ...), by the escaped
+# character, one table per value of the ASCII flag (it changes \d \w \s).
+_ESCAPES: tuple[dict[str, CharSet], dict[str, CharSet]] = ({}, {})
+_ESCAPE_CONTEXTUAL = frozenset("AZ0123456789")  # anchors, octal escapes and group references
+# Repetitions of cached nodes ("[ ]?", "[0-9]{4}", "\d+"), by (id of the item, min, max); a hit
+# is checked to hold that very item, which the entry keeps alive, so an id is never mistaken.
+_REPEATS: dict[tuple[int, int, int | None], Repeat] = {}
 _CLASS_TEXTS: dict[str, list[str]] = {}
 CACHE_MAX = 4096
-# Parsed plain capturing groups "(...)" by their exact text, the flags and max_repeat they were
+# Parsed plain groups "(...)" and "(?:...)" by their exact text, the flags and max_repeat they were
 # parsed under: JSON-lowered regexes repeat the same string, number and whitespace groups within a
 # pattern and across schemas. Value: (node, nesting depth inside the group). Groups holding anchors
 # are not kept (anchors are checked against the whole pattern). Indexed by the first 8 characters;
@@ -81,7 +96,10 @@ def parse_regex(pattern: str, max_repeat: int = 1000) -> Node:
         raise InvalidGuideError(f"regex must be a str, got {type(pattern).__name__}")
     parser = _Parser(pattern, max_repeat)
     node = parser.parse()
-    return _strip_anchors(node, True, True) if parser.anchors else node
+    if not parser.anchors:
+        return node
+    outer = _strip_outer_anchors(node, parser.anchor_count)
+    return outer if outer is not None else _strip_anchors(node, True, True)
 
 
 class _Parser:
@@ -95,6 +113,8 @@ class _Parser:
         self.depth = 0
         self.peak = 0  # deepest nesting reached so far (a cached group's depth must still fit)
         self.anchors = False  # any ^ $ \A \Z seen (then anchors are checked and removed)
+        self.anchor_count = 0  # how many in the whole pattern
+        self._global_flags_end = 0  # where a leading (?flags) ended: a group there may set flags
 
     # ---- helpers ------------------------------------------------------------------------
     def error(self, message: str, pos: int | None = None) -> RegexSyntaxError:
@@ -123,6 +143,7 @@ class _Parser:
         last_repeat = False
         p, n = self.p, self.n
         literals = _LITERALS
+        last_shared = False  # the last item is a node held by a cache (its repetitions are cached)
         i = self.i
         while i < n:
             c = p[i]
@@ -135,10 +156,25 @@ class _Parser:
                 items.append(node)
                 i += 1
                 last_repeat = False
+                last_shared = True
                 continue
             if c == "|" or c == ")":
                 break
             self.i = start = i
+            if c == "[":  # what atom() would do, without its call
+                items.append(self.char_class())
+                i = self.i
+                last_repeat = False
+                last_shared = True
+                continue
+            if c == "\\" and i + 1 < n:
+                node = _ESCAPES[self.ascii].get(p[i + 1])
+                if node is not None:
+                    items.append(node)
+                    i += 2
+                    last_repeat = False
+                    last_shared = True
+                    continue
             if c in _QUANTIFIER_START:
                 quant = self.quantifier()
                 if quant is not None:
@@ -147,84 +183,91 @@ class _Parser:
                         raise self.error("nothing to repeat", start)
                     if last_repeat:
                         raise self.error("multiple repeat", start)
-                    items[-1] = Repeat(items[-1], lo, hi)
+                    items[-1] = _repeat(items[-1], lo, hi) if last_shared else Repeat(items[-1], lo, hi)
                     last_repeat = True
+                    last_shared = False
                     i = self.i
                     continue
-            atom = self.atom(top and start == self._flags_end())
+            if c == "(":
+                atom = self.group(top and start == self._global_flags_end)
+            else:
+                atom = self.atom(False)
             i = self.i
             if atom is None:  # comment or global flags: produces nothing
                 continue
             items.append(atom)
             last_repeat = False
+            last_shared = False
+            if c == "\\" and i == start + 2 and p[start + 1] not in _ESCAPE_CONTEXTUAL:
+                escapes = _ESCAPES[self.ascii]
+                if len(escapes) < CACHE_MAX:
+                    escapes[p[start + 1]] = atom
         self.i = i
         if not items:
             return EMPTY
         return items[0] if len(items) == 1 else Concat(tuple(items))
 
-    def _flags_end(self) -> int:
-        return getattr(self, "_global_flags_end", 0)
-
     def quantifier(self) -> tuple[int, int | None] | None:
         """Parse a quantifier at the cursor (with its lazy ``?``), or return None (cursor kept)."""
-        c = self.peek()
+        p, i = self.p, self.i
+        c = p[i] if i < self.n else ""
         if c == "*":
             lo, hi = 0, None
-            self.i += 1
+            i += 1
         elif c == "+":
             lo, hi = 1, None
-            self.i += 1
+            i += 1
         elif c == "?":
             lo, hi = 0, 1
-            self.i += 1
+            i += 1
         elif c == "{":
             parsed = self._brace()
             if parsed is None:
                 return None
             lo, hi = parsed
+            i = self.i
         else:
             return None
-        if self.peek() == "?":
-            self.i += 1  # lazy: same language under full match
-        elif self.peek() == "+":
-            raise _unsupported("possessive quantifier", self.i)
+        if i < self.n:
+            c = p[i]
+            if c == "?":
+                i += 1  # lazy: same language under full match
+            elif c == "+":
+                raise _unsupported("possessive quantifier", i)
+        self.i = i
         return lo, hi
 
     def _brace(self) -> tuple[int, int | None] | None:
         """``{m}``, ``{m,}``, ``{,n}``, ``{m,n}``; None (nothing consumed) when it is a literal '{'."""
         start = self.i
-        j = self.i + 1
-        if j < self.n and self.p[j] == "}":
-            return None
-        k = j
-        while k < self.n and self.p[k] in _DIGITS:
-            k += 1
-        lo_txt = self.p[j:k]
-        hi_txt: str | None
-        if k < self.n and self.p[k] == ",":
-            m = k + 1
-            while m < self.n and self.p[m] in _DIGITS:
-                m += 1
-            hi_txt = self.p[k + 1 : m]
-            k = m
-        else:
-            hi_txt = lo_txt
-        if k >= self.n or self.p[k] != "}":
-            return None
-        self.i = k + 1
-        lo = int(lo_txt) if lo_txt else 0
-        hi = int(hi_txt) if hi_txt else None
-        if hi is not None and hi < lo:
-            raise self.error("min repeat greater than max repeat", start + 1)
-        for value in (lo, hi):
-            if value is not None and value > self.max_repeat:
-                raise GuideLimitError(
-                    f"limit max_repeat={self.max_repeat} exceeded: repetition bound {value} at "
-                    f"position {start}",
-                    limit="max_repeat",
-                    value=value,
-                )
-        return lo, hi
+        p = self.p
+        end = p.find("}", start, start + _BRACE_TEXT_MAX)  # a quantifier ends at its first '}'
+        bounds = _BRACES.get(p[start:end + 1]) if end >= 0 else None
+        if bounds is None:
+            m = _BRACE.match(p, start)
+            if m is None:
+                return None
+            lo_txt, comma, hi_txt = m.groups()
+            if comma is None:
+                if not lo_txt:
+                    return None
+                hi_txt = lo_txt
+            bounds = (int(lo_txt) if lo_txt else 0, int(hi_txt) if hi_txt else None)
+            if bounds[1] is not None and bounds[1] < bounds[0]:
+                raise self.error("min repeat greater than max repeat", start + 1)
+            end = m.end() - 1
+            if len(_BRACES) < CACHE_MAX and end - start < _BRACE_TEXT_MAX:
+                _BRACES[m.group()] = bounds
+        self.i = end + 1
+        lo, hi = bounds
+        over = lo if lo > self.max_repeat else hi if hi is not None and hi > self.max_repeat else None
+        if over is not None:
+            raise GuideLimitError(
+                f"limit max_repeat={self.max_repeat} exceeded: repetition bound {over} at position {start}",
+                limit="max_repeat",
+                value=over,
+            )
+        return bounds
 
     def atom(self, at_start: bool) -> Node | None:
         c = self.p[self.i]
@@ -240,10 +283,12 @@ class _Parser:
         if c == "^":
             self.i += 1
             self.anchors = True
+            self.anchor_count += 1
             return Anchor("start", self.i - 1)
         if c == "$":
             self.i += 1
             self.anchors = True
+            self.anchor_count += 1
             return Anchor("end", self.i - 1)
         if c == "\\":
             return self.escape()
@@ -253,7 +298,8 @@ class _Parser:
     # ---- groups -------------------------------------------------------------------------
     def group(self, at_start: bool) -> Node | None:
         start = self.i
-        plain = self.peek(1) != "?"  # a capturing group without extensions: cached by its text
+        # a group without extensions, capturing or not: cached by its text
+        plain = self.peek(1) != "?" or self.p.startswith("?:", start + 1)
         if plain:
             flags = (self.dotall, self.ascii, self.max_repeat)
             for text in _GROUP_TEXTS.get(self.p[start:start + _GROUP_PREFIX], ()):
@@ -448,10 +494,12 @@ class _Parser:
         if c == "A":
             self.i += 1
             self.anchors = True
+            self.anchor_count += 1
             return Anchor("start", start)
         if c == "Z":
             self.i += 1
             self.anchors = True
+            self.anchor_count += 1
             return Anchor("end", start)
         if c in "bB":
             raise _unsupported("word boundary \\" + c, start)
@@ -559,6 +607,17 @@ class _Parser:
         return ord(c)
 
 
+def _repeat(item: Node, lo: int, hi: int | None) -> Repeat:
+    """``Repeat(item, lo, hi)``, shared through ``_REPEATS`` (``item`` is held by a cache)."""
+    key = (id(item), lo, hi)
+    node = _REPEATS.get(key)
+    if node is None or node.item is not item:
+        node = Repeat(item, lo, hi)
+        if len(_REPEATS) < CACHE_MAX:
+            _REPEATS[key] = node
+    return node
+
+
 def _remember_group(text: str, flags: tuple[bool, bool, int], node: Node, inner: int) -> None:
     """Cache a parsed plain group while the budget allows (see ``_GROUPS``)."""
     global _group_chars
@@ -576,6 +635,34 @@ def _remember_group(text: str, flags: tuple[bool, bool, int], node: Node, inner:
 
 def _empty_like(node: Node) -> bool:
     return isinstance(node, (Anchor, Empty))
+
+
+def _strip_outer_anchors(node: Node, count: int) -> Node | None:
+    """``_strip_anchors(node, True, True)`` when all ``count`` anchors open or close the pattern or
+    one of its top-level branches (``^...$``, ``\\A...\\Z``, ``^a|b$``), else None: the anchors
+    become Empty and the rest of the tree is kept as it is, instead of being rebuilt node by node."""
+    branches = node.items if type(node) is Alt else (node,)
+    out: list[Node] = []
+    seen = 0
+    for branch in branches:
+        if type(branch) is Anchor:  # a branch that is only ^ or $: at both ends at once
+            out.append(EMPTY)
+            seen += 1
+        elif type(branch) is Concat:
+            items = list(branch.items)
+            first, last = items[0], items[-1]
+            if type(first) is Anchor and first.kind == "start":
+                items[0] = EMPTY
+                seen += 1
+            if type(last) is Anchor and last.kind == "end":
+                items[-1] = EMPTY
+                seen += 1
+            out.append(Concat(tuple(items)))
+        else:
+            out.append(branch)
+    if seen != count:
+        return None
+    return Alt(tuple(out)) if type(node) is Alt else out[0]
 
 
 def _strip_anchors(node: Node, at_start: bool, at_end: bool) -> Node:

@@ -1,5 +1,6 @@
 """Thompson construction of a regex AST: the cached minimal DFA of every character set, the NFA
-built in Python (the fallback path), and the flattened AST the C builder starts from.
+built in Python (the fallback path), and the flattened AST the C builder consumes (``flatten_ast``,
+the Python reference of the walk ``_dfa_native.compile_tree`` does in C).
 
 The pattern is parsed once, by ``regex_parser``; both builders start from its AST.
 """
@@ -50,6 +51,8 @@ def charset_fragment(ranges: Ranges) -> Fragment:
     return len(trans) - 1, tuple(edges), finals[0] - 1
 
 
+# node types, in the order tokenrails._dfa_native.compile_tree takes them
+AST_TYPES = (CharSet, Concat, Alt, Repeat, Empty)
 # node kinds of the flattened AST handed to tokenrails._dfa_native.compile_ast
 FLAT_SET, FLAT_CONCAT, FLAT_ALT, FLAT_REPEAT, FLAT_EMPTY = 0, 1, 2, 3, 4
 
