@@ -22,8 +22,10 @@ import select
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import weakref
 from typing import Any
 
 from .backend import CompiledGuide
@@ -77,18 +79,26 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
 
 
 class _Worker:
-    def __init__(self, setup: bytes):
-        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENRAILS_COMPILE_WORKER="1")
+    def __init__(self, setup_path: str):
+        env = dict(os.environ, OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tokenrails.guided.compile_worker"],
+            [sys.executable, "-m", "tokenrails.guided.compile_worker", setup_path],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
             start_new_session=True,  # a Ctrl-C of the server's terminal is the server's to handle
         )
-        self.ready = False
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.out = self.proc.stdin.fileno()
         self.inp = self.proc.stdout.fileno()
-        os.write(self.out, setup)  # the vocabulary, once: it waits in the pipe while the child boots
+
+    def send(self, spec: GuideSpec) -> None:
+        """Write ``spec`` on a thread: a large frame fills the pipe until the child (maybe still
+        booting) reads it, and the caller's wait must stay bounded by the deadline."""
+        def write() -> None:
+            try:
+                write_frame(self.out, spec)
+            except OSError:  # killed meanwhile: the reader reports it
+                pass
+        threading.Thread(target=write, daemon=True, name="tokenrails-compile-send").start()
 
     def kill(self) -> None:
         try:
@@ -113,8 +123,12 @@ class ProcessCompiler:
         self.workers = max(1, workers)
         parts = (tuple(vocab.token_bytes), tuple(vocab.eos_ids), tuple(sorted(vocab.special_ids)),
                  vocab.vocab_size, vocab.name)
-        data = pickle.dumps((parts, backend, limits), protocol=pickle.HIGHEST_PROTOCOL)
-        self._setup = _HEADER.pack(len(data)) + data
+        # the vocabulary goes to each worker through a file it reads at start (a pipe would block
+        # the parent until the child has booted); removed with this compiler
+        fd, self._setup_path = tempfile.mkstemp(prefix="tokenrails-compile-", suffix=".pickle")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump((parts, backend, limits), f, protocol=pickle.HIGHEST_PROTOCOL)
+        self._finalizer = weakref.finalize(self, _remove, self._setup_path)
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
         self._closed = False
@@ -132,7 +146,7 @@ class ProcessCompiler:
         killed and ``GuideTimeoutError`` raised; the compile's own ``GuideError`` otherwise."""
         worker = self._take()
         try:
-            write_frame(worker.out, spec)
+            worker.send(spec)
             status, payload = read_frame(worker.inp, deadline)
         except TimeoutError:
             self._kill(worker)
@@ -161,6 +175,7 @@ class ProcessCompiler:
             idle, self._idle = self._idle, []
         for worker in idle:
             worker.kill()
+        self._finalizer()
 
     @property
     def idle(self) -> int:
@@ -170,7 +185,7 @@ class ProcessCompiler:
     def _start(self) -> _Worker:
         with self._lock:
             self.counters["started"] += 1
-        return _Worker(self._setup)
+        return _Worker(self._setup_path)
 
     def _take(self) -> _Worker:
         with self._lock:
@@ -197,6 +212,13 @@ class ProcessCompiler:
         if not closed:  # the replacement boots while nobody waits for it
             threading.Thread(target=lambda: self._give_back(self._start()), daemon=True,
                              name="tokenrails-compile-worker-start").start()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def export_guide(guide: CompiledGuide) -> tuple[str, Any, float]:

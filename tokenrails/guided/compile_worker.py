@@ -1,6 +1,7 @@
 """The compile worker process (``python -m tokenrails.guided.compile_worker``; see compile_procs.py).
 
-Reads its setup (vocabulary, backend, limits) then one spec per frame from stdin, and answers each
+Reads its setup (vocabulary, backend, limits) from the file named by its argument, then one spec
+per frame from stdin, and answers each
 with ``("ok", (backend, portable state, seconds))`` or ``("error", GuideError)`` on stdout. The
 protocol owns the real stdout: anything a library prints goes to stderr.
 """
@@ -24,7 +25,10 @@ def main() -> None:
     from .registry import compile_guide
     from .vocabulary import Vocabulary
 
-    (tokens, eos, special, size, name), backend, limits = read_frame(inp)
+    import pickle
+
+    with open(sys.argv[1], "rb") as f:
+        (tokens, eos, special, size, name), backend, limits = pickle.load(f)
     vocab = Vocabulary(tokens, tuple(eos), frozenset(special), size, name)
     while True:
         try:
