@@ -94,3 +94,49 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# ---- the on-disk compile cache (compile_store.py) ---------------------------------------------
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance", "fsm"])
+def test_compiled_guides_survive_a_restart(byte_vocab, tmp_path, monkeypatch, backend):
+    import tokenrails.guided.manager as manager_mod
+
+    monkeypatch.setattr(manager_mod, "STORE_MIN_SECONDS", -1)  # keep even the fastest compile
+    spec = tr.GuideSpec.json_schema(PERSON)
+    first = GuidedDecodingManager(byte_vocab, backend=backend, cache_dir=str(tmp_path))
+    first.get_compiled(spec)
+    assert first._store.counters["writes"] == 1
+    first.close()
+    again = GuidedDecodingManager(byte_vocab, backend=backend, cache_dir=str(tmp_path))  # a restart
+    guide = again.get_compiled(spec)
+    assert again._store.counters["hits"] == 1
+    assert _accepts(guide, json.dumps({"name": "Bo", "age": 41})) and not _accepts(guide, '{"name": "Al"}')
+    again.close()
+
+
+def test_an_entry_of_another_library_version_is_never_loaded(byte_vocab, tmp_path, monkeypatch):
+    from tokenrails.guided import compile_store
+
+    import tokenrails.guided.manager as manager_mod
+
+    monkeypatch.setattr(manager_mod, "STORE_MIN_SECONDS", -1)
+    spec = tr.GuideSpec.regex("[a-z]{4}")
+    GuidedDecodingManager(byte_vocab, backend="fsm", cache_dir=str(tmp_path)).get_compiled(spec)
+    monkeypatch.setattr(compile_store, "_versions", lambda: "xgrammar=99.0")  # an upgrade
+    upgraded = GuidedDecodingManager(byte_vocab, backend="fsm", cache_dir=str(tmp_path))
+    upgraded.get_compiled(spec)
+    assert upgraded._store.counters["hits"] == 0
+
+
+def test_a_corrupt_entry_is_compiled_again(byte_vocab, tmp_path, monkeypatch):
+    import tokenrails.guided.manager as manager_mod
+
+    monkeypatch.setattr(manager_mod, "STORE_MIN_SECONDS", -1)
+    spec = tr.GuideSpec.regex("[a-z]{5}")
+    first = GuidedDecodingManager(byte_vocab, backend="fsm", cache_dir=str(tmp_path))
+    first.get_compiled(spec)
+    with open(first._store.path(spec), "wb") as f:
+        f.write(b"not a numpy file")
+    again = GuidedDecodingManager(byte_vocab, backend="fsm", cache_dir=str(tmp_path))
+    assert _accepts(again.get_compiled(spec), "abcde")
+    assert again._store.counters["unreadable"] == 1

@@ -29,6 +29,7 @@ from .batch_step import BatchedGuidedStep, FilledMask
 from .bitmask import MaskBuffer
 from .compile_cache import CompileCache
 from .compile_pool import CompilePool
+from .compile_store import CompileStore
 from .compile_procs import PORTABLE_BACKENDS, PROCESS_MIN_COST, ProcessCompiler, compile_cost
 from .errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .forced import NOTHING, ForcedRun, forced_tokens
@@ -49,6 +50,9 @@ __all__ = [
     "Finalization", "GuidedDecodingManager", "GuidedRow", "JumpForward", "ReasoningConfig",
     "RowStatus", "SequenceState", "StepStatus",
 ]
+
+
+STORE_MIN_SECONDS = 0.05  # compiles cheaper than a disk read and restore are not kept on disk
 
 
 @dataclass
@@ -110,10 +114,12 @@ class GuidedDecodingManager:
         device: str | torch.device | None = None,
         compile_processes: int = 0,
         per_client: int | None = None,
+        cache_dir: str | None = None,
     ):
         """``compile_processes``: worker processes for specs whose cost estimate passes
         ``PROCESS_MIN_COST`` (0: every compile in-process, on a thread that cannot be stopped);
-        ``per_client``: compiles one client may run at once (``compile_pool.py``)."""
+        ``per_client``: compiles one client may run at once (``compile_pool.py``); ``cache_dir``:
+        compiled guides also kept on disk across restarts (``compile_store.py``; None: off)."""
         self.vocab = vocab
         self.backend = backend
         self.limits = limits or DEFAULT_LIMITS
@@ -126,6 +132,7 @@ class GuidedDecodingManager:
         # masks: 680 sampled tokens then rejected) are serialized here. Re-entrant: step methods
         # call each other (jump-forward accepts through the step).
         self._step_lock = threading.RLock()
+        self._store = CompileStore(cache_dir, vocab, backend, self.limits) if cache_dir else None
         self._procs = (ProcessCompiler(vocab, backend, self.limits, workers=compile_processes)
                        if compile_processes > 0 and backend in PORTABLE_BACKENDS else None)
         self._pool = CompilePool(compile_workers, self.limits.max_abandoned_compiles, per_client=per_client,
@@ -185,10 +192,14 @@ class GuidedDecodingManager:
         try:
             with gc_paused():  # the parsed payload must not trigger a full collection (gc_pause.py)
                 check_policy(spec, self.policy)  # refused requests are negatively cached like bad ones
-                if deadline is not None and self._procs is not None:
-                    guide = self._procs.compile(spec, deadline)
-                else:
-                    guide = compile_guide(spec, self.vocab, self.backend, limits=self.limits)
+                guide = self._store.get(spec) if self._store is not None else None
+                if guide is None:
+                    if deadline is not None and self._procs is not None:
+                        guide = self._procs.compile(spec, deadline)
+                    else:
+                        guide = compile_guide(spec, self.vocab, self.backend, limits=self.limits)
+                    if self._store is not None and guide.compile_s > STORE_MIN_SECONDS:
+                        self._store.put(spec, guide)
         except GuideError as exc:
             err = _unpinned(exc)
         except Exception as exc:  # a backend bug must fail this request, not the engine

@@ -53,6 +53,12 @@ def compile_processes() -> int:
         return COMPILE_PROCESSES
 
 
+def compile_cache_dir() -> str | None:
+    """Where the engine keeps compiled guides across restarts (``TOKENRAILS_COMPILE_CACHE_DIR``;
+    unset: memory only)."""
+    return os.environ.get("TOKENRAILS_COMPILE_CACHE_DIR") or None
+
+
 def backend() -> str:
     return CONFIG["backend"] or os.environ.get("TOKENRAILS_LMDEPLOY_BACKEND", "auto")
 
