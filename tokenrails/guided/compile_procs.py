@@ -84,8 +84,7 @@ class _Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tokenrails.guided.compile_worker", setup_path],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
-            start_new_session=True,  # a Ctrl-C of the server's terminal is the server's to handle
-        )
+        )  # same process group: whoever stops the server's group stops its workers too
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.out = self.proc.stdin.fileno()
         self.inp = self.proc.stdout.fileno()
