@@ -35,13 +35,17 @@ def _fmt(x: float) -> str:
 
 
 def measure(name: str, model, args) -> dict:
-    log = Path(tempfile.mkdtemp(prefix=f"attack-{name}-")) / "server.log"
     limits = {"compile_timeout_s": args.deadline} if name == "upgraded" else None
-    proc, base = atk.start_server(model, log, stock=name == "stock", limits=limits)
-    try:
+    for attempt in range(3):  # stock's engine start can lose a race with its own mp.Manager under load
+        log = Path(tempfile.mkdtemp(prefix=f"attack-{name}-")) / "server.log"
+        proc, base = atk.start_server(model, log, stock=name == "stock", limits=limits)
         model_id = atk.wait_ready(proc, base, 300)
-        if model_id is None:
-            raise SystemExit(f"{name} server did not start; log: {log}")
+        if model_id is not None:
+            break
+        atk.stop_server(proc)
+    else:
+        raise SystemExit(f"{name} server did not start; log: {log}")
+    try:
         shapes = {"compile": atk.compile_shapes(), "quick": atk.compile_shapes() + atk.hostile_shapes(quick=True),
                   "all": atk.compile_shapes() + atk.hostile_shapes()}[args.shapes]
         rss_before = atk.tree_rss_mb(proc.pid)
@@ -155,7 +159,11 @@ def main() -> None:
         results = [measure_bodies(name, model, args) for name in args.servers.split(",")]
         print_bodies(results)
     else:
-        results = [measure(name, model, args) for name in args.servers.split(",")]
+        results = []
+        for name in args.servers.split(","):
+            results.append(measure(name, model, args))
+            if args.json:  # a later server failing to start must not lose this one's figures
+                Path(args.json).write_text(json.dumps(results, indent=1))
         print_table(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

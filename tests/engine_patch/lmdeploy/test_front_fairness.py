@@ -128,3 +128,22 @@ def test_a_tool_format_past_its_deadline_is_stopped(upgraded):
     while _compile_threads() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _compile_threads(), "the abandoned compile still runs"
+
+
+def test_a_request_is_named_by_its_api_key_else_its_address():
+    from tokenrails.engine_patch.lmdeploy.client_identity import ClientIdentityMiddleware, identity_of
+
+    keyed = {"type": "http", "headers": [(b"authorization", b"Bearer sk-one")], "client": ("10.0.0.1", 5)}
+    other_key = {"type": "http", "headers": [(b"authorization", b"Bearer sk-two")], "client": ("10.0.0.1", 6)}
+    anonymous = {"type": "http", "headers": [], "client": ("10.0.0.2", 7)}
+    assert identity_of(keyed) != identity_of(other_key)  # one address, two keys: two clients
+    assert "sk-one" not in identity_of(keyed)  # the key itself is never kept
+    assert identity_of(anonymous) == "addr:10.0.0.2"
+
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(CLIENT.get())
+
+    asyncio.run(ClientIdentityMiddleware(app)(keyed, None, None))
+    assert seen == [identity_of(keyed)]
