@@ -48,7 +48,7 @@ def measure(name: str, model, args) -> dict:
     try:
         shapes = {"compile": atk.compile_shapes(), "quick": atk.compile_shapes() + atk.hostile_shapes(quick=True),
                   "all": atk.compile_shapes() + atk.hostile_shapes()}[args.shapes]
-        rss_before = atk.tree_rss_mb(proc.pid)
+        rss_before = atk.tree_rss_mb(proc.pid, workers=False)
         load_before = os.getloadavg()
         cpu_before = os.times()
         start = time.monotonic()
@@ -64,7 +64,8 @@ def measure(name: str, model, args) -> dict:
                "load": (load_before, os.getloadavg()),
                "client_cpu_s": sum(os.times()[:2]) - sum(cpu_before[:2])}
         time.sleep(5)  # killed compile workers replaced, abandoned work ended
-        out["rss_mb"] = (rss_before, atk.tree_rss_mb(proc.pid))
+        out["rss_mb"] = (rss_before, atk.tree_rss_mb(proc.pid, workers=False))
+        out["workers_rss_mb"] = atk.tree_rss_mb(proc.pid, workers=True)
         if args.refused and (name == "upgraded" or args.refused_stock):
             growth, refused = atk.refused_payload_growth(base, model_id, proc.pid, args.refused, mb=0.9)
             out["rss_growth_mb"], out["refused"] = growth, refused
@@ -77,11 +78,14 @@ def print_table(results: list[dict]) -> None:
     names = [r["server"] for r in results]
     rows = {}
     for r in results:
+        sent: dict[str, int] = {}
         for h in r["hostile"]:
+            sent[h["name"]] = sent.get(h["name"], 0) + 1
+            label = h["name"] if sent[h["name"]] == 1 else f"{h['name']} #{sent[h['name']]}"
             status = "timeout" if h["status"] is None else str(h["status"])
             if h["valid"] is False:
                 status += " INVALID"
-            rows.setdefault(h["name"], {})[r["server"]] = f"{status:>8} {h['seconds']:7.2f}s stall {h['stall_s']:6.2f}s"
+            rows.setdefault(label, {})[r["server"]] = f"{status:>8} {h['seconds']:7.2f}s stall {h['stall_s']:6.2f}s"
     width = max(len(k) for k in rows) + 2
     print(f"{'attack':<{width}}" + "".join(f"{n + ': status, time, front-end stall':<44}" for n in names))
     for attack, cells in rows.items():
@@ -101,7 +105,8 @@ def print_table(results: list[dict]) -> None:
             print(f"{'':>11}another client's fresh schema after the attack: {fresh[0]} in {fresh[1]:.2f} s")
         if "rss_mb" in r:
             print(f"{'':>11}server process tree RSS {r['rss_mb'][0]:.0f} -> {r['rss_mb'][1]:.0f} MB "
-                  f"({r['rss_mb'][1] - r['rss_mb'][0]:+.0f} MB, 5 s after the attack)")
+                  f"({r['rss_mb'][1] - r['rss_mb'][0]:+.0f} MB, 5 s after the attack; compile workers apart: "
+                  f"{r.get('workers_rss_mb', 0):.0f} MB)")
         if "load" in r:
             print(f"{'':>11}load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in r['load'][0])} at start, "
                   f"{'/'.join(f'{x:.1f}' for x in r['load'][1])} at end (2 cores)")

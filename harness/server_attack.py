@@ -395,8 +395,16 @@ def fresh_schema(base: str, model_id: str, timeout: float = 120.0) -> tuple[int 
     return status, time.perf_counter() - start
 
 
-def tree_rss_mb(pid: int) -> float:
-    """RSS of ``pid`` and every descendant (the engine process, compile workers), MB."""
+def _is_compile_worker(pid: int) -> bool:
+    try:
+        return b"tokenrails.guided.compile_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def tree_rss_mb(pid: int, *, workers: bool | None = None) -> float:
+    """RSS of ``pid`` and every descendant (the engine process, compile workers), MB; ``workers``
+    True/False: only / all but the compile worker processes (tokenrails.guided.compile_worker)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -412,7 +420,7 @@ def tree_rss_mb(pid: int) -> float:
             mb = rss_mb(p)
         except OSError:
             continue
-        if mb == mb:  # a zombie has no VmRSS
+        if mb == mb and (workers is None or workers == _is_compile_worker(p)):  # a zombie has no VmRSS
             total += mb
         stack.extend(children.get(p, []))
     return total
