@@ -140,3 +140,17 @@ def test_a_corrupt_entry_is_compiled_again(byte_vocab, tmp_path, monkeypatch):
     again = GuidedDecodingManager(byte_vocab, backend="fsm", cache_dir=str(tmp_path))
     assert _accepts(again.get_compiled(spec), "abcde")
     assert again._store.counters["unreadable"] == 1
+
+
+def test_a_large_spec_over_a_limit_is_refused_without_a_worker(byte_vocab):
+    """The bounded checks run here first: a refusal does not wait for a worker to boot."""
+    grammar = "root ::= " + " | ".join(f'"{chr(97 + i) * 16000}"' for i in range(3))  # 48 KB of literals
+    mgr = GuidedDecodingManager(byte_vocab, backend="xgrammar", compile_processes=1)
+    try:
+        start = time.perf_counter()
+        with pytest.raises(GuideLimitError, match="max_grammar_literal_bytes"):
+            mgr.get_compiled(tr.GuideSpec.grammar(grammar))
+        assert time.perf_counter() - start < 1.0
+        assert mgr._procs.counters["started"] == 0
+    finally:
+        mgr.close()

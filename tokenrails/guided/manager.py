@@ -38,7 +38,7 @@ from .jump_forward import JumpForward, compute_jump_forward, text_encoder
 from .limits import DEFAULT_LIMITS, GuideLimits
 from .policy import DEFAULT_POLICY, GuidePolicy, check_policy
 from .reasoning import ReasoningConfig
-from .registry import compile_guide
+from .registry import check_guide, compile_guide
 from .sequence import (
     Finalization, GrammarFuture, GuidedRow, RowContext, RowStatus, SequenceState, StepStatus, count_valid,
 )
@@ -195,6 +195,7 @@ class GuidedDecodingManager:
                 guide = self._store.get(spec) if self._store is not None else None
                 if guide is None:
                     if deadline is not None and self._procs is not None:
+                        check_guide(spec, self.vocab, self.backend, limits=self.limits)  # refusals at once
                         guide = self._procs.compile(spec, deadline)
                     else:
                         guide = compile_guide(spec, self.vocab, self.backend, limits=self.limits)
