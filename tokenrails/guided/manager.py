@@ -115,11 +115,14 @@ class GuidedDecodingManager:
         compile_processes: int = 0,
         per_client: int | None = None,
         cache_dir: str | None = None,
+        warm_workers: bool = False,
     ):
         """``compile_processes``: worker processes for specs whose cost estimate passes
         ``PROCESS_MIN_COST`` (0: every compile in-process, on a thread that cannot be stopped);
         ``per_client``: compiles one client may run at once (``compile_pool.py``); ``cache_dir``:
-        compiled guides also kept on disk across restarts (``compile_store.py``; None: off)."""
+        compiled guides also kept on disk across restarts (``compile_store.py``; None: off);
+        ``warm_workers``: boot the worker processes now (in the background), so the first large
+        spec does not wait for an interpreter to start (an engine's manager)."""
         self.vocab = vocab
         self.backend = backend
         self.limits = limits or DEFAULT_LIMITS
@@ -137,6 +140,8 @@ class GuidedDecodingManager:
                        if compile_processes > 0 and backend in PORTABLE_BACKENDS else None)
         self._pool = CompilePool(compile_workers, self.limits.max_abandoned_compiles, per_client=per_client,
                                  max_heavy=compile_processes or None)
+        if self._procs is not None and warm_workers:
+            threading.Thread(target=self._procs.warm, daemon=True, name="tokenrails-compile-warm").start()
         self._seqs: dict[tuple[Hashable, Hashable], SequenceState] = {}
         self._sessions: dict[Hashable, set[Hashable]] = {}
         # sessions ended from a finalizer (``end_session_soon``), ended at the next locked call:
