@@ -88,10 +88,11 @@ class FrontCheck:
         # turn of the loop, so a batch's requests for a new format reach the engine together (one
         # wrapper per waiter woke them over several turns, and the engine prefilled part of the batch)
         self._views: dict[tuple[str, int], tuple[asyncio.Future, Future, float]] = {}
+        self._builds: dict[tuple[Any, ...], asyncio.Future] = {}
 
     async def verdict(self, spec: Any, limits: GuideLimits) -> GuideError | None:
         """The typed error compiling ``spec`` raises (detached), or None; never blocks the loop."""
-        mgr = req.probe_manager(limits)
+        mgr = req.built_probe_manager(limits) or await self._build(limits)
         pending = self._pending_view(spec.key)  # wake with the requests already waiting on it
         if pending is not None:
             view, future, deadline = pending
@@ -110,6 +111,20 @@ class FrontCheck:
         except Exception:  # noqa: BLE001 - the compile's own error, read from the future below
             pass
         return _verdict_of(future)
+
+    async def _build(self, limits: GuideLimits) -> Any:
+        """The first check under these settings builds the probe manager off the loop; requests
+        arriving meanwhile await the same build, so they resume together."""
+        from .settings import backend
+
+        loop = asyncio.get_running_loop()
+        slot = (backend(), limits, id(loop))
+        with self._lock:
+            build = self._builds.get(slot)
+            if build is None or build.get_loop() is not loop:
+                build = self._builds[slot] = loop.run_in_executor(None, req.probe_manager, limits)
+                build.add_done_callback(lambda done: self._builds.pop(slot, None))
+        return await build
 
     def _pending_view(self, key: str) -> tuple[asyncio.Future, Future, float] | None:
         """This loop's not yet finished view of a check of ``key``, if requests are waiting on one."""

@@ -141,6 +141,15 @@ def _probe_vocab():
         return _PROBE_VOCAB
 
 
+def built_probe_manager(limits: GuideLimits | None = None, backend: str | None = None) -> Any:
+    """``probe_manager``'s manager if it exists already, else None (a look, never a build: the
+    event loop must not build one, which imports and allocates for a good part of a second)."""
+    from . import settings
+
+    with _PROBE_LOCK:
+        return _PROBES.get((backend or settings.backend(), limits or DEFAULT_LIMITS))
+
+
 def probe_manager(limits: GuideLimits | None = None, backend: str | None = None) -> Any:
     """The core manager that checks specs for the api_server: the probe vocabulary, the engine's
     backend setting and limits (a spec the engine would refuse is refused here, with the engine's
