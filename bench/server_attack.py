@@ -35,14 +35,22 @@ def _fmt(x: float) -> str:
 
 
 def measure(name: str, model, args) -> dict:
-    log = Path(tempfile.mkdtemp(prefix=f"attack-{name}-")) / "server.log"
     limits = {"compile_timeout_s": args.deadline} if name == "upgraded" else None
-    proc, base = atk.start_server(model, log, stock=name == "stock", limits=limits)
-    try:
+    for attempt in range(3):  # stock's engine start can lose a race with its own mp.Manager under load
+        log = Path(tempfile.mkdtemp(prefix=f"attack-{name}-")) / "server.log"
+        proc, base = atk.start_server(model, log, stock=name == "stock", limits=limits)
         model_id = atk.wait_ready(proc, base, 300)
-        if model_id is None:
-            raise SystemExit(f"{name} server did not start; log: {log}")
-        shapes = atk.hostile_shapes()
+        if model_id is not None:
+            break
+        atk.stop_server(proc)
+    else:
+        raise SystemExit(f"{name} server did not start; log: {log}")
+    try:
+        shapes = {"compile": atk.compile_shapes(), "quick": atk.compile_shapes() + atk.hostile_shapes(quick=True),
+                  "all": atk.compile_shapes() + atk.hostile_shapes()}[args.shapes]
+        rss_before = atk.tree_rss_mb(proc.pid, workers=False)
+        load_before = os.getloadavg()
+        cpu_before = os.times()
         start = time.monotonic()
         timeout = args.hostile_timeout if name == "upgraded" else args.stock_hostile_timeout
         run = atk.run_attack(base, model_id, shapes, baseline_requests=args.baseline, min_attack_benign=args.baseline,
@@ -52,7 +60,12 @@ def measure(name: str, model, args) -> dict:
                "pings_quiet": run.ping_latencies(attack=False), "pings_in_flight": run.pings_in_flight(),
                "ping_failures": run.ping_failures, "benign_invalid": run.benign_invalid,
                "benign_errors": run.benign_errors[:5],
-               "hostile": [vars(r) for r in run.hostile]}
+               "hostile": [vars(r) for r in run.hostile], "fresh_client": run.fresh_client,
+               "load": (load_before, os.getloadavg()),
+               "client_cpu_s": sum(os.times()[:2]) - sum(cpu_before[:2])}
+        time.sleep(5)  # killed compile workers replaced, abandoned work ended
+        out["rss_mb"] = (rss_before, atk.tree_rss_mb(proc.pid, workers=False))
+        out["workers_rss_mb"] = atk.tree_rss_mb(proc.pid, workers=True)
         if args.refused and (name == "upgraded" or args.refused_stock):
             growth, refused = atk.refused_payload_growth(base, model_id, proc.pid, args.refused, mb=0.9)
             out["rss_growth_mb"], out["refused"] = growth, refused
@@ -65,11 +78,14 @@ def print_table(results: list[dict]) -> None:
     names = [r["server"] for r in results]
     rows = {}
     for r in results:
+        sent: dict[str, int] = {}
         for h in r["hostile"]:
+            sent[h["name"]] = sent.get(h["name"], 0) + 1
+            label = h["name"] if sent[h["name"]] == 1 else f"{h['name']} #{sent[h['name']]}"
             status = "timeout" if h["status"] is None else str(h["status"])
             if h["valid"] is False:
                 status += " INVALID"
-            rows.setdefault(h["name"], {})[r["server"]] = f"{status:>8} {h['seconds']:7.2f}s stall {h['stall_s']:6.2f}s"
+            rows.setdefault(label, {})[r["server"]] = f"{status:>8} {h['seconds']:7.2f}s stall {h['stall_s']:6.2f}s"
     width = max(len(k) for k in rows) + 2
     print(f"{'attack':<{width}}" + "".join(f"{n + ': status, time, front-end stall':<44}" for n in names))
     for attack, cells in rows.items():
@@ -84,6 +100,16 @@ def print_table(results: list[dict]) -> None:
               f"(hostile in flight), max {_fmt(max(r['pings'], default=float('nan')))} s, "
               f"failed {r['ping_failures']}/{len(r['pings'])}; benign invalid {r['benign_invalid']}, "
               f"errors {len(r['benign_errors'])}; run {r['seconds']:.0f} s")
+        fresh = r.get("fresh_client")
+        if fresh:
+            print(f"{'':>11}another client's fresh schema after the attack: {fresh[0]} in {fresh[1]:.2f} s")
+        if "rss_mb" in r:
+            print(f"{'':>11}server process tree RSS {r['rss_mb'][0]:.0f} -> {r['rss_mb'][1]:.0f} MB "
+                  f"({r['rss_mb'][1] - r['rss_mb'][0]:+.0f} MB, 5 s after the attack; compile workers apart: "
+                  f"{r.get('workers_rss_mb', 0):.0f} MB)")
+        if "load" in r:
+            print(f"{'':>11}load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in r['load'][0])} at start, "
+                  f"{'/'.join(f'{x:.1f}' for x in r['load'][1])} at end (2 cores)")
         if "rss_growth_mb" in r:
             print(f"{'':>11}RSS growth after {r['refused']} refused ~1 MB specs: {r['rss_growth_mb']:+.1f} MB")
 
@@ -126,6 +152,8 @@ def main() -> None:
                     help="client timeout of each hostile and benign request sent to stock (it has no deadline)")
     ap.add_argument("--baseline", type=int, default=6)
     ap.add_argument("--budget", type=float, default=900.0, help="seconds per server for the attack run")
+    ap.add_argument("--shapes", default="all", choices=("compile", "quick", "all"),
+                    help="compile: issue 36's compile attacks only; quick: plus one of each earlier family")
     ap.add_argument("--json", default=None)
     ap.add_argument("--bodies", action="store_true", help="only the large request bodies (size/count limits)")
     args = ap.parse_args()
@@ -136,7 +164,11 @@ def main() -> None:
         results = [measure_bodies(name, model, args) for name in args.servers.split(",")]
         print_bodies(results)
     else:
-        results = [measure(name, model, args) for name in args.servers.split(",")]
+        results = []
+        for name in args.servers.split(","):
+            results.append(measure(name, model, args))
+            if args.json:  # a later server failing to start must not lose this one's figures
+                Path(args.json).write_text(json.dumps(results, indent=1))
         print_table(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

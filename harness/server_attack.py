@@ -91,6 +91,37 @@ def _optional_shape(n: int) -> Shape:
                  "valid", check)
 
 
+def _enum_tool(n: int, nonce: str) -> list:
+    """Issue 36 attack 1: one tool whose parameters hold an ``n``-object enum (~25 bytes each)."""
+    return [{"type": "function", "function": {"name": f"pick{nonce}", "parameters": {
+        "type": "object", "properties": {"x": {"enum": [{"k": f"v{i}", "n": i} for i in range(n)]}},
+        "required": ["x"]}}}]
+
+
+def _text_enum_shape(n: int) -> Shape:
+    """Issue 36 attack 2: a schema the front end accepts whose compile on the real vocabulary is
+    long (an ``n``-value enum of short strings; a fresh nonce per request defeats every cache)."""
+    def body(nonce: str) -> dict:
+        return {"response_format": _json_format({"enum": [f"{nonce}{i:05d}" for i in range(n)]})}
+
+    def check(text: str, sent: dict) -> bool:
+        try:
+            return json.loads(text) in sent["response_format"]["json_schema"]["schema"]["enum"]
+        except ValueError:
+            return False
+
+    return Shape(f"{n:,}-value enum, fresh nonce (accepted)", body, "either", check)
+
+
+def compile_shapes() -> list[Shape]:
+    """Issue 36's attacks on compile capacity: the 10,000-object enum tool (``tool_choice`` auto)
+    and a long-compiling accepted schema, each sent twice (a burst, fresh nonces)."""
+    tool = Shape("tool with a 10,000-object enum (auto)", lambda n: {"tools": _enum_tool(10_000, n),
+                                                                     "tool_choice": "auto"}, "either")
+    text = _text_enum_shape(9_000)
+    return [tool, text, tool, text]
+
+
 def hostile_shapes(*, quick: bool = False) -> list[Shape]:
     """Issue 27's shapes; ``quick`` keeps one of each family (the test's time budget)."""
     shapes = [
@@ -199,6 +230,8 @@ class AttackRun:
     benign_errors: list[str] = field(default_factory=list)
     hostile: list[HostileResult] = field(default_factory=list)
     attack_start: float = float("inf")  # perf_counter() when the first hostile request was sent
+    fresh_client: tuple[int | None, float] | None = None  # another client's fresh schema right after
+    rss_mb: tuple[float, float] | None = None  # the server's process tree before / after the attack
 
     windows: list[tuple[float, float]] = field(default_factory=list)  # each hostile request's (start, end)
 
@@ -264,13 +297,17 @@ def _benign_once(client: httpx.Client, base: str, model_id: str, run: AttackRun)
     return seconds
 
 
+ATTACKER_KEY = "attacker-key"  # the hostile client's API key: capacity is shared per key (or address)
+
+
 def _send_hostile(client: httpx.Client, base: str, model_id: str, shape: Shape, nonce: str) -> HostileResult:
     extra = shape.body(nonce)
     body = {"model": model_id, "messages": [{"role": "user", "content": "Answer."}], "temperature": 0,
             "max_tokens": 16, **extra}
     start = time.perf_counter()
     try:
-        resp = client.post(f"{base}/v1/chat/completions", json=body)
+        resp = client.post(f"{base}/v1/chat/completions", json=body,
+                           headers={"Authorization": f"Bearer {ATTACKER_KEY}"})
     except httpx.HTTPError as exc:
         return HostileResult(shape.name, shape.expect, None, time.perf_counter() - start, f"client: {exc!r}"[:200])
     seconds = time.perf_counter() - start
@@ -335,10 +372,58 @@ def run_attack(base: str, model_id: str, shapes: list[Shape], *, baseline_reques
                 elif attack_done.is_set() and len(run.benign_errors) > 20:
                     break
         thread.join()
+        run.fresh_client = fresh_schema(base, model_id)
     finally:
         pinger.stop.set()
         pinger.join(timeout=10)
     return run
+
+
+def fresh_schema(base: str, model_id: str, timeout: float = 120.0) -> tuple[int | None, float]:
+    """(status, seconds) of a fresh small schema from another client (its own API key), sent as
+    soon as the attack ends: the attacker's refusals and compiles must not close the server to it."""
+    schema = {**PERSON, "description": f"fresh {time.time_ns()}"}
+    body = {"model": model_id, "messages": [{"role": "user", "content": "A person."}], "temperature": 0,
+            "max_tokens": 24, "response_format": _json_format(schema)}
+    start = time.perf_counter()
+    try:
+        with httpx.Client(timeout=timeout) as client:
+            status = client.post(f"{base}/v1/chat/completions", json=body,
+                                 headers={"Authorization": "Bearer another-client"}).status_code
+    except httpx.HTTPError:
+        status = None
+    return status, time.perf_counter() - start
+
+
+def _is_compile_worker(pid: int) -> bool:
+    try:
+        return b"tokenrails.guided.compile_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def tree_rss_mb(pid: int, *, workers: bool | None = None) -> float:
+    """RSS of ``pid`` and every descendant (the engine process, compile workers), MB; ``workers``
+    True/False: only / all but the compile worker processes (tokenrails.guided.compile_worker)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, stack = 0.0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            mb = rss_mb(p)
+        except OSError:
+            continue
+        if mb == mb and (workers is None or workers == _is_compile_worker(p)):  # a zombie has no VmRSS
+            total += mb
+        stack.extend(children.get(p, []))
+    return total
 
 
 def refused_payload_growth(base: str, model_id: str, pid: int, count: int, *, mb: float = 1.0) -> tuple[float, int]:

@@ -31,6 +31,8 @@ def env_lookup(name: str):
 SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_BUDGET",                 # lmdeploy/settings: activate(budget=) / --budget
     "TOKENRAILS_CACHE",                  # demo_model: where the embedded model's cache lives
+    "TOKENRAILS_COMPILE_CACHE_DIR",      # lmdeploy/settings: compiled guides kept across restarts
+    "TOKENRAILS_COMPILE_PROCESSES",      # lmdeploy/settings: worker processes for large compiles
     "TOKENRAILS_EXIT_WAIT_S",            # guided/native_threads: exit's bound on running compiles
     "TOKENRAILS_FSM_PRECOMPUTE",         # guided/fsm/token_index: warm-up of the token index
     "TOKENRAILS_GRAMMAR_DRAFTS",         # lmdeploy/grammar_drafts: k forced drafts per step

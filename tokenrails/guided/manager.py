@@ -5,6 +5,8 @@ knows which backend it talks to.
 
 * Compilation runs in a thread pool, started by ``prefetch`` as soon as a request is seen so it
   overlaps the prefill forward; it is awaited with a deadline (``GuideTimeoutError``).
+* A spec whose cost estimate is large compiles in a worker process that is killed at the deadline
+  (``compile_processes``; compile_procs.py): its memory comes back and nothing keeps running.
 * Compiled guides sit in a byte-bounded LRU; failures in a negative cache.
 * Matchers are keyed by (session_id, seq_id) *and* the spec key: a new spec on the same sequence
   never reuses a stale matcher.
@@ -27,6 +29,8 @@ from .batch_step import BatchedGuidedStep, FilledMask
 from .bitmask import MaskBuffer
 from .compile_cache import CompileCache
 from .compile_pool import CompilePool
+from .compile_store import CompileStore
+from .compile_procs import PORTABLE_BACKENDS, PROCESS_MIN_COST, ProcessCompiler, compile_cost
 from .errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .forced import NOTHING, ForcedRun, forced_tokens
 from .gc_pause import gc_paused
@@ -34,7 +38,7 @@ from .jump_forward import JumpForward, compute_jump_forward, text_encoder
 from .limits import DEFAULT_LIMITS, GuideLimits
 from .policy import DEFAULT_POLICY, GuidePolicy, check_policy
 from .reasoning import ReasoningConfig
-from .registry import compile_guide
+from .registry import check_guide, compile_guide
 from .sequence import (
     Finalization, GrammarFuture, GuidedRow, RowContext, RowStatus, SequenceState, StepStatus, count_valid,
 )
@@ -46,6 +50,9 @@ __all__ = [
     "Finalization", "GuidedDecodingManager", "GuidedRow", "JumpForward", "ReasoningConfig",
     "RowStatus", "SequenceState", "StepStatus",
 ]
+
+
+STORE_MIN_SECONDS = 0.05  # compiles cheaper than a disk read and restore are not kept on disk
 
 
 @dataclass
@@ -105,7 +112,17 @@ class GuidedDecodingManager:
         fill_threads: int | None = None,
         parallel_fill_threshold: int = 64,
         device: str | torch.device | None = None,
+        compile_processes: int = 0,
+        per_client: int | None = None,
+        cache_dir: str | None = None,
+        warm_workers: bool = False,
     ):
+        """``compile_processes``: worker processes for specs whose cost estimate passes
+        ``PROCESS_MIN_COST`` (0: every compile in-process, on a thread that cannot be stopped);
+        ``per_client``: compiles one client may run at once (``compile_pool.py``); ``cache_dir``:
+        compiled guides also kept on disk across restarts (``compile_store.py``; None: off);
+        ``warm_workers``: boot the worker processes now (in the background), so the first large
+        spec does not wait for an interpreter to start (an engine's manager)."""
         self.vocab = vocab
         self.backend = backend
         self.limits = limits or DEFAULT_LIMITS
@@ -118,7 +135,13 @@ class GuidedDecodingManager:
         # masks: 680 sampled tokens then rejected) are serialized here. Re-entrant: step methods
         # call each other (jump-forward accepts through the step).
         self._step_lock = threading.RLock()
-        self._pool = CompilePool(compile_workers, self.limits.max_abandoned_compiles)
+        self._store = CompileStore(cache_dir, vocab, backend, self.limits) if cache_dir else None
+        self._procs = (ProcessCompiler(vocab, backend, self.limits, workers=compile_processes)
+                       if compile_processes > 0 and backend in PORTABLE_BACKENDS else None)
+        self._pool = CompilePool(compile_workers, self.limits.max_abandoned_compiles, per_client=per_client,
+                                 max_heavy=compile_processes or None)
+        if self._procs is not None and warm_workers:
+            threading.Thread(target=self._procs.warm, daemon=True, name="tokenrails-compile-warm").start()
         self._seqs: dict[tuple[Hashable, Hashable], SequenceState] = {}
         self._sessions: dict[Hashable, set[Hashable]] = {}
         # sessions ended from a finalizer (``end_session_soon``), ended at the next locked call:
@@ -159,8 +182,9 @@ class GuidedDecodingManager:
                 return entry
             self.counters["cache_misses"] += 1
             deadline = time.monotonic() + self.limits.compile_timeout_s
+            heavy = self._procs is not None and compile_cost(spec) >= PROCESS_MIN_COST
             try:
-                future = self._pool.submit(self._compile, spec)
+                future = self._pool.submit(self._compile, spec, deadline if heavy else None, heavy=heavy)
             except GuideError as exc:  # the pool refuses while too many compiles are abandoned
                 return _unpinned(exc)
             except RuntimeError:  # closed: the engine is shutting down
@@ -168,11 +192,20 @@ class GuidedDecodingManager:
             entry = self._inflight[spec.key] = _InFlight(future, deadline)
             return entry
 
-    def _compile(self, spec: GuideSpec) -> CompiledGuide:
+    def _compile(self, spec: GuideSpec, deadline: float | None = None) -> CompiledGuide:
+        """In-process, or (``deadline`` given) in a worker process stopped at that deadline."""
         try:
             with gc_paused():  # the parsed payload must not trigger a full collection (gc_pause.py)
                 check_policy(spec, self.policy)  # refused requests are negatively cached like bad ones
-                guide = compile_guide(spec, self.vocab, self.backend, limits=self.limits)
+                guide = self._store.get(spec) if self._store is not None else None
+                if guide is None:
+                    if deadline is not None and self._procs is not None:
+                        check_guide(spec, self.vocab, self.backend, limits=self.limits)  # refusals at once
+                        guide = self._procs.compile(spec, deadline)
+                    else:
+                        guide = compile_guide(spec, self.vocab, self.backend, limits=self.limits)
+                    if self._store is not None and guide.compile_s > STORE_MIN_SECONDS:
+                        self._store.put(spec, guide)
         except GuideError as exc:
             err = _unpinned(exc)
         except Exception as exc:  # a backend bug must fail this request, not the engine
@@ -224,6 +257,32 @@ class GuidedDecodingManager:
                 if self._inflight.get(spec.key) is entry:
                     del self._inflight[spec.key]
             raise _closed_error() from None
+
+    def compile_future(self, spec: GuideSpec) -> tuple[Future, float]:
+        """``spec``'s compile as a future (already done when cached, failed or refused) and its
+        deadline (``time.monotonic()``), for a caller that waits its own way (an event loop); past
+        the deadline it calls ``give_up``. Shares the cache, the in-flight table and the pool with
+        ``get_compiled``."""
+        entry = self._lookup(spec, count_hit=True)
+        if isinstance(entry, _InFlight):
+            return entry.future, entry.deadline
+        done: Future = Future()
+        if isinstance(entry, GuideError):
+            done.set_exception(detached_copy(entry))
+        else:
+            done.set_result(entry)
+        return done, time.monotonic()
+
+    def give_up(self, spec: GuideSpec, future: Future) -> None:
+        """The caller of ``compile_future`` stopped waiting at the deadline: as ``get_compiled``
+        does on its timeout (the compile is abandoned; a worker process is stopped)."""
+        with self._lock:
+            entry = self._inflight.get(spec.key)
+        self._count("timeouts")
+        if entry is not None and entry.future is future:
+            self._abandon(spec.key, entry)
+        else:
+            self._pool.abandon(future)
 
     def _abandon(self, key: str, entry: _InFlight) -> None:
         """Past its deadline: the compile keeps running on its own thread but takes no slot, and
@@ -526,5 +585,8 @@ class GuidedDecodingManager:
         return out
 
     def close(self) -> None:
-        """Stop the compile pool (queued compiles are cancelled; running ones end on daemon threads)."""
+        """Stop the compile pool (queued compiles are cancelled; running ones end on daemon threads)
+        and the compile workers."""
         self._pool.close()
+        if self._procs is not None:
+            self._procs.close()

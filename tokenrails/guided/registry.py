@@ -55,6 +55,15 @@ def get_backend(name: str, vocab: Vocabulary, limits: GuideLimits = DEFAULT_LIMI
     return vocab.cached(f"backend:{name}:{hash(limits)}", lambda: cls(vocab, limits))
 
 
+@client_input_boundary("checking the constraint failed")
+def check_guide(spec: GuideSpec, vocab: Vocabulary, backend: str = "auto", *,
+                limits: GuideLimits | None = None) -> None:
+    """Raise what ``compile_guide`` would raise before compiling: its size, walk and backend
+    ``check()`` refusals (the bounded part). A caller about to hand a compile to a worker process
+    answers these at once instead of after the worker's round trip (or its boot)."""
+    _run_ladder(spec, vocab, backend, limits, compile=False)
+
+
 @client_input_boundary("compiling the constraint failed")
 def compile_guide(
     spec: GuideSpec,
@@ -71,6 +80,13 @@ def compile_guide(
     it, and a request naming another backend is refused (``UnsupportedGuideError``), never
     silently compiled by the pinned one.
     """
+    return _run_ladder(spec, vocab, backend, limits, compile=True)
+
+
+def _run_ladder(spec: GuideSpec, vocab: Vocabulary, backend: str, limits: GuideLimits | None, *,
+                compile: bool) -> CompiledGuide | None:
+    """``compile_guide``'s ladder; with ``compile=False`` only each backend's ``check()`` (the
+    first backend whose check passes ends it)."""
     from .routing import auto_ladder
 
     if not isinstance(spec, GuideSpec):
@@ -93,6 +109,8 @@ def compile_guide(
         try:
             impl = get_backend(name, vocab, _ladder_limits(limits, backend == "auto" and i < len(names) - 1))
             impl.check(spec)
+            if not compile:
+                return None
             start = time.perf_counter()
             compiled = impl.compile(spec)
             _refuse_empty_language(compiled, vocab)

@@ -20,7 +20,9 @@ from types import SimpleNamespace
 import pytest
 
 from tokenrails import GuideSpec
+from tokenrails.guided.backend import GuideBackend
 from tokenrails.guided.limits import GuideLimits
+from tokenrails.guided.registry import get_backend, register_backend, unregister_backend
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
@@ -36,9 +38,44 @@ def allof_ref_chain(levels: int) -> dict:
 
 
 def _fresh_memo():
+    """Forget every verdict: the probe managers (their compile caches) are dropped."""
     from tokenrails.engine_patch.lmdeploy import requests as req
 
-    req._VALIDATED = req._ValidatedKeys()
+    with req._PROBE_LOCK:
+        managers = list(req._PROBES.values())
+        req._PROBES.clear()
+    for mgr in managers:
+        mgr.close()
+
+
+class _CountingBackend(GuideBackend):
+    """A test backend (registered as ``front-test``) that records each compile, sleeps ``delay``
+    seconds for patterns containing ``slow`` or ``shared``, then compiles with fsm."""
+
+    name = "front-test"
+    kinds = frozenset({"regex"})
+    calls: list = []
+    delay = 0.3
+
+    def compile(self, spec):
+        _CountingBackend.calls.append(spec.key)
+        if "slow" in spec.pattern or "shared" in spec.pattern:
+            time.sleep(_CountingBackend.delay)
+        return get_backend("fsm", self.vocab, self.limits).compile(spec)
+
+
+@pytest.fixture
+def front_backend(monkeypatch):
+    from tokenrails.engine_patch.lmdeploy import settings
+
+    _CountingBackend.calls = []
+    _CountingBackend.delay = 0.3
+    register_backend("front-test", _CountingBackend)
+    monkeypatch.setitem(settings.CONFIG, "backend", "front-test")
+    _fresh_memo()
+    yield _CountingBackend
+    _fresh_memo()
+    unregister_backend("front-test")
 
 
 async def _max_loop_gap(coro, tick: float = 0.01) -> tuple[float, object]:
@@ -88,19 +125,9 @@ def test_preprocess_checks_formats_off_the_event_loop(upgraded):
     assert "invalid response_format" in str(result)
 
 
-def test_concurrent_requests_for_one_spec_share_one_check(upgraded, monkeypatch):
-    from tokenrails.engine_patch.lmdeploy import front_check, requests as req
+def test_concurrent_requests_for_one_spec_share_one_check(upgraded, front_backend):
+    from tokenrails.engine_patch.lmdeploy import front_check
 
-    _fresh_memo()
-    calls = []
-    real = req.validate_spec
-
-    def counting(spec, limits=None):
-        calls.append(spec.key)
-        time.sleep(0.3)
-        return real(spec, limits)
-
-    monkeypatch.setattr(req, "validate_spec", counting)
     spec = GuideSpec.regex("[0-9]{3}-shared")
     checker = front_check.FrontCheck()
 
@@ -108,15 +135,14 @@ def test_concurrent_requests_for_one_spec_share_one_check(upgraded, monkeypatch)
         return await asyncio.gather(*(checker.verdict(spec, GuideLimits()) for _ in range(5)))
 
     assert asyncio.run(main()) == [None] * 5
-    assert calls == [spec.key]
+    assert front_backend.calls == [spec.key]
 
 
-def test_front_check_has_the_compile_deadline(upgraded, monkeypatch):
-    from tokenrails.engine_patch.lmdeploy import front_check, requests as req
+def test_front_check_has_the_compile_deadline(upgraded, front_backend):
+    from tokenrails.engine_patch.lmdeploy import front_check
     from tokenrails.guided.errors import GuideTimeoutError
 
-    _fresh_memo()
-    monkeypatch.setattr(req, "validate_spec", lambda spec, limits=None: time.sleep(3))
+    front_backend.delay = 3
     checker = front_check.FrontCheck()
     spec = GuideSpec.regex("[0-9]{3}-slow")
     start = time.perf_counter()
@@ -251,22 +277,21 @@ def test_valid_tool_requests_still_reach_the_engine(upgraded):
     assert "REACHED" in str(info.value)
 
 
-def test_a_check_that_finishes_before_its_callback_is_added_does_not_deadlock(upgraded, monkeypatch):
+def test_a_check_that_finishes_before_its_callback_is_added_does_not_deadlock(upgraded, monkeypatch, front_backend):
     """Found by the real-server attack test: a refusal that finished on the pool thread before
     ``add_done_callback`` ran the callback inline, under the lock it takes (the loop froze)."""
-    from tokenrails.engine_patch.lmdeploy import front_check, requests as req
+    from tokenrails.engine_patch.lmdeploy import front_check
+    from tokenrails.guided.manager import GuidedDecodingManager
 
-    _fresh_memo()
-    monkeypatch.setattr(req, "validate_spec", lambda spec, limits=None: None)  # instant
     checker = front_check.FrontCheck()
-    real_submit = front_check.CompilePool.submit
+    real_future = GuidedDecodingManager.compile_future
 
-    def submit_and_finish(self, fn, *args):
-        future = real_submit(self, fn, *args)
+    def future_and_finish(self, spec):
+        future, deadline = real_future(self, spec)
         future.result(timeout=5)  # done before the caller adds its callback
-        return future
+        return future, deadline
 
-    monkeypatch.setattr(front_check.CompilePool, "submit", submit_and_finish)
+    monkeypatch.setattr(GuidedDecodingManager, "compile_future", future_and_finish)
     spec = GuideSpec.regex("[0-9]{3}-instant")
 
     async def main():

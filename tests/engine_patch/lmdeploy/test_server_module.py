@@ -54,13 +54,13 @@ def test_start_up_hook_then_server_import_gets_the_server_patches():
     out = _probe("import lmdeploy", TOKENRAILS_LMDEPLOY="1", extra_path=[str(HOOK_DIR)])
     assert out["active"]
     assert out["wrappers"] == ["session_budget.py", "body_limits.py"]
-    assert out["middleware"] == ["BodyLimitMiddleware", "MaxTokensNotice"], out
+    assert out["middleware"] == ["BodyLimitMiddleware", "ClientIdentityMiddleware", "MaxTokensNotice"], out
 
 
 def test_explicit_activate_before_the_server_import():
     out = _probe("import tokenrails.engine_patch.lmdeploy as u; u.activate()")
     assert out["wrappers"] == ["session_budget.py", "body_limits.py"]
-    assert out["middleware"] == ["BodyLimitMiddleware", "MaxTokensNotice"], out
+    assert out["middleware"] == ["BodyLimitMiddleware", "ClientIdentityMiddleware", "MaxTokensNotice"], out
 
 
 def test_deactivate_before_the_server_import_leaves_it_stock():

@@ -341,11 +341,14 @@ def patched_convert_stop_words(original: Callable) -> Callable:
 
 def patched_mount_metrics(original: Callable) -> Callable:
     """``api_server.mount_metrics(app, ...)`` (once per app, before it serves) that also adds the
-    body limits to the app."""
+    body limits and the client identity to the app."""
 
     @functools.wraps(original)
     def mount_metrics(app: Any, *args: Any, **kwargs: Any) -> Any:
+        from .client_identity import ClientIdentityMiddleware
+
         app.add_middleware(BodyLimitMiddleware, limits=BodyLimits.from_env())
+        app.add_middleware(ClientIdentityMiddleware)  # the fair share of compiles (front_check.py)
         return original(app, *args, **kwargs)
 
     return mount_metrics

@@ -12,11 +12,13 @@ So the work is split:
   ``await`` that really yields lets the engine loop start a prefill with the requests that arrived
   so far, and LMDeploy's scheduler then decodes that partial batch to the end before it admits the
   rest (a batch of 32 ran as 17 then 15 rows: half the occupancy, issue 25 point 4);
-* everything that can take time (schema walks, the probe compile, its first mask) runs on a
-  ``CompilePool`` thread under the same ``GuideLimits`` the engine's manager compiles with
-  (``compile_timeout_s``, ``max_abandoned_compiles``, every walk budget); the coroutine awaits it
-  with that deadline. Concurrent requests for one spec share one compile (in-flight futures by
-  spec key); the verdict (``None`` or the typed error, detached from its traceback) is memoized.
+* everything that can take time (schema walks, the probe compile, its first mask) runs in the
+  core manager of ``requests.probe_manager``: the engine's backend setting and ``GuideLimits``,
+  the probe vocabulary, one compile cache. Its pool is shared fairly between clients (API key or
+  address, ``client_identity.py``), and a large spec compiles in a worker process that is killed
+  at the deadline (guided/compile_procs.py). The coroutine awaits the compile's future with that
+  deadline; concurrent requests for one spec share one compile (the manager's in-flight table);
+  verdicts are the manager's cache entries (a compiled probe guide or the typed error).
 * a budget request (``tokenrails_budget``) whose shortest output cannot fit its ``max_tokens`` is
   refused here too (budget_front.py: counted on the model's own vocabulary);
 * the verdict is handed to LMDeploy's own synchronous call through a context variable of the
@@ -37,19 +39,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Callable
 
-from ...guided.compile_pool import CompilePool
-from ...guided.errors import (GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, UnsupportedGuideError,
+from ...guided.errors import (GuideError, GuideTimeoutError, InvalidGuideError, UnsupportedGuideError,
                               detached_copy)
-from ...guided.limits import DEFAULT_LIMITS, GuideLimits
+from ...guided.limits import GuideLimits
 from . import budget_front, request_fields
 from . import requests as req
 from .engines import ENGINE_BACKEND, stock_check_for_turbomind
 from .settings import configured_limits as front_limits
 
-FRONT_WORKERS = 2  # probe compiles at once (the server has a few cores; a hostile flood queues)
 INLINE_PARSE_NODES = 4_000  # JSON nodes + characters/64 up to which a format is parsed on the loop
 
 
@@ -85,100 +86,87 @@ def ensure_response_format_compilable(response_format: Any) -> None:
 class FrontCheck:
     """Off-loop, deadline-bounded, de-duplicated verdicts for specs (see the module docstring)."""
 
-    def __init__(self, workers: int = FRONT_WORKERS) -> None:
-        self._workers = workers
-        self._pool: CompilePool | None = None
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._inflight: dict[str, Future] = {}
         # one asyncio view of each in-flight check per event loop: its waiters all wake in the same
         # turn of the loop, so a batch's requests for a new format reach the engine together (one
         # wrapper per waiter woke them over several turns, and the engine prefilled part of the batch)
-        self._views: dict[tuple[str, int], asyncio.Future] = {}
-
-    def _get_pool(self, limits: GuideLimits) -> CompilePool:
-        with self._lock:
-            if self._pool is None:
-                self._pool = CompilePool(self._workers, limits.max_abandoned_compiles, name="tokenrails-front-check")
-            return self._pool
+        self._views: dict[tuple[str, int], tuple[asyncio.Future, Future, float]] = {}
+        self._builds: dict[tuple[Any, ...], asyncio.Future] = {}
 
     async def verdict(self, spec: Any, limits: GuideLimits) -> GuideError | None:
         """The typed error compiling ``spec`` raises (detached), or None; never blocks the loop."""
-        pending = self._pending_view(spec.key)
-        if pending is not None:  # wake with the requests already waiting, even if the memo has it now
-            return await self._await(pending, None, spec, limits)
-        seen, err = req.memo_get(spec.key)
-        if seen:
-            return err
-        pool = self._get_pool(limits)
-        with self._lock:
-            future = self._inflight.get(spec.key)
-            new = future is None
-            if new:
-                try:
-                    future = pool.submit(_probe, spec, limits)
-                except GuideLimitError as exc:  # too many abandoned compiles: refuse, do not memo
-                    return detached_copy(exc)
-                self._inflight[spec.key] = future
-        if new:  # outside the lock: a finished future runs the callback here, and it takes the lock
-            future.add_done_callback(functools.partial(self._done, spec.key))
-        return await self._await(self._view(spec.key, future), future, spec, limits)
-
-    async def _await(self, view: asyncio.Future, future: Future | None, spec: Any,
-                     limits: GuideLimits) -> GuideError | None:
-        """``view``'s verdict within the compile deadline; past it the check (``future``, if this
-        waiter owns one) is abandoned and the request refused with the typed error."""
+        mgr = req.built_probe_manager(limits) or await self._build(limits)
+        pending = self._pending_view(spec.key)  # wake with the requests already waiting on it
+        if pending is not None:
+            view, future, deadline = pending
+        else:
+            future, deadline = mgr.compile_future(spec)  # the manager's cache, in-flight table, fair pool
+            if future.done():
+                return _verdict_of(future)
+            view = self._view(spec.key, future, deadline)
         try:
-            return await asyncio.wait_for(asyncio.shield(view), timeout=limits.compile_timeout_s)
+            await asyncio.wait_for(asyncio.shield(view), timeout=max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            if future is not None:
-                self._get_pool(limits).abandon(future)
-            err = GuideTimeoutError(
+            mgr.give_up(spec, future)  # a worker process compiling it is stopped now
+            return GuideTimeoutError(
                 f"limit compile_timeout_s={limits.compile_timeout_s} exceeded: checking this constraint "
                 "did not finish in time", limit="compile_timeout_s", value=limits.compile_timeout_s)
-            req.memo_put(spec.key, err)
-            return err
+        except Exception:  # noqa: BLE001 - the compile's own error, read from the future below
+            pass
+        return _verdict_of(future)
 
-    def _pending_view(self, key: str) -> asyncio.Future | None:
+    async def _build(self, limits: GuideLimits) -> Any:
+        """The first check under these settings builds the probe manager off the loop; requests
+        arriving meanwhile await the same build, so they resume together."""
+        from .settings import backend
+
+        loop = asyncio.get_running_loop()
+        slot = (backend(), limits, id(loop))
+        with self._lock:
+            build = self._builds.get(slot)
+            if build is None or build.get_loop() is not loop:
+                build = self._builds[slot] = loop.run_in_executor(None, req.probe_manager, limits)
+                build.add_done_callback(lambda done: self._builds.pop(slot, None))
+        return await build
+
+    def _pending_view(self, key: str) -> tuple[asyncio.Future, Future, float] | None:
         """This loop's not yet finished view of a check of ``key``, if requests are waiting on one."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            view = self._views.get((key, id(loop)))
-        if view is None or view.done() or view.get_loop() is not loop:
+            entry = self._views.get((key, id(loop)))
+        if entry is None or entry[0].done() or entry[0].get_loop() is not loop:
             return None
-        return view
+        return entry
 
-    def _view(self, key: str, future: Future) -> asyncio.Future:
+    def _view(self, key: str, future: Future, deadline: float) -> asyncio.Future:
         """This loop's one asyncio future of ``future`` (made by its first waiter)."""
         loop = asyncio.get_running_loop()
         slot = (key, id(loop))
         with self._lock:
-            view = self._views.get(slot)
-            if view is None or view.get_loop() is not loop:
+            entry = self._views.get(slot)
+            if entry is None or entry[1] is not future or entry[0].get_loop() is not loop:
                 view = asyncio.wrap_future(future, loop=loop)
-                self._views[slot] = view
+                self._views[slot] = (view, future, deadline)
                 view.add_done_callback(functools.partial(self._forget_view, slot))
-            return view
+                return view
+            return entry[0]
 
     def _forget_view(self, slot: tuple[str, int], view: asyncio.Future) -> None:
         with self._lock:
-            if self._views.get(slot) is view:
+            entry = self._views.get(slot)
+            if entry is not None and entry[0] is view:
                 del self._views[slot]
 
-    def _done(self, key: str, future: Future) -> None:
-        with self._lock:
-            if self._inflight.get(key) is future:
-                del self._inflight[key]
 
-
-def _probe(spec: Any, limits: GuideLimits) -> GuideError | None:
-    """Runs on a pool thread: ``validate_spec``'s verdict as a value (memoized there)."""
-    try:
-        req.validate_spec(spec, limits)
-    except GuideError as exc:
+def _verdict_of(future: Future) -> GuideError | None:
+    """A finished compile's verdict: None, or its typed error detached from its traceback."""
+    exc = future.exception()
+    if exc is None:
+        return None
+    if isinstance(exc, GuideError):
         return detached_copy(exc)
-    except Exception as exc:  # noqa: BLE001 - a backend bug refuses the request, never unconstrained
-        return InvalidGuideError(f"the {spec.kind} constraint cannot be checked: {exc!r}"[:2000])
-    return None
+    return InvalidGuideError(f"the constraint cannot be checked: {exc!r}"[:2000])
 
 
 FRONT = FrontCheck()

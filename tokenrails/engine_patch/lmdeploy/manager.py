@@ -106,7 +106,9 @@ class LMDeployGuidedManager(StockCalls):
             from ...guided.manager import GuidedDecodingManager
 
             vocab = vocab if vocab is not None else build_vocabulary(self._tokenizer, self._vocab_size)
-            kwargs: dict[str, Any] = {"backend": self._backend, "limits": self._limits}
+            kwargs: dict[str, Any] = {"backend": self._backend, "limits": self._limits,
+                                      "compile_processes": settings.compile_processes(),
+                                      "cache_dir": settings.compile_cache_dir(), "warm_workers": True}
             fill_threads = settings.manager_fill_threads()
             if fill_threads:
                 kwargs["fill_threads"] = fill_threads

@@ -7,8 +7,9 @@
   = "close"`` makes the spec a budget spec (tokenrails/guided/budget.py: closed within the
   request's ``max_new_tokens``; DFA constraints only, else ``UnsupportedGuideError``); without the
   key the engine default applies (``activate(budget=...)``, ``--budget``), ``"off"`` opts out.
-* ``validate_spec``: the verdict of compiling a spec against a probe vocabulary (memoized); LMDeploy's
-  early check (front_check.ensure_response_format_compilable) raises it as HTTP 400.
+* ``validate_spec``: the verdict of compiling a spec against a probe vocabulary with the engine's
+  backend and limits (``probe_manager``: the core manager, its compile cache); LMDeploy's early
+  check (front_check.ensure_response_format_compilable) raises it as HTTP 400.
 * ``WideResponseFormat``: the server's ``response_format`` model widened to every kind.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_serializer
 
 from ...guided.budget import budget_spec
-from ...guided.errors import GuideError, InvalidGuideError, detached_copy
+from ...guided.errors import GuideError, InvalidGuideError
 from ...guided.limits import DEFAULT_LIMITS, GuideLimits
 from ...guided.spec import GuideSpec
 from ...requests import spec_from_request
@@ -120,51 +121,16 @@ def spec_of(response_format: Any) -> GuideSpec | None:
     return parse_format(response_format)[0]
 
 
-class _ValidatedKeys:
-    """Bounded memo of spec keys already proven compilable (and of their errors).
-
-    Errors are stored as ``detached_copy``: no traceback (whose frames held the parsed spec),
-    message capped at 2,000 characters, so 1,024 entries are a few MB at most whatever the
-    payloads were (it kept +2.7 MB per distinct refused ~1 MB spec before)."""
-
-    def __init__(self, capacity: int = 1024) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, GuideError | None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> tuple[bool, GuideError | None]:
-        with self._lock:
-            if key not in self._items:
-                return False, None
-            self._items.move_to_end(key)
-            return True, self._items[key]
-
-    def put(self, key: str, err: GuideError | None) -> None:
-        err = None if err is None else detached_copy(err)
-        with self._lock:
-            self._items[key] = err
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-
-
-_VALIDATED = _ValidatedKeys()
 # (id of the checked response_format object, verdict) the api_server's off-loop check found for
 # this request's task (front_check.py); LMDeploy's synchronous call inside ``preprocess`` (same
 # object) raises it without parsing or compiling again.
 FRONT_VERDICT: contextvars.ContextVar[tuple[int, GuideError | None] | None] = contextvars.ContextVar(
     "tokenrails_front_verdict", default=None)
-
-
-def memo_get(key: str) -> tuple[bool, GuideError | None]:
-    """``(seen, detached error or None)`` for a spec key."""
-    return _VALIDATED.get(key)
-
-
-def memo_put(key: str, err: GuideError | None) -> None:
-    _VALIDATED.put(key, err)
 _PROBE_VOCAB = None
 _PROBE_LOCK = threading.Lock()
+_PROBES: OrderedDict[tuple[str, GuideLimits], Any] = OrderedDict()
+PROBE_CACHE_BYTES = 64 << 20  # compiled probe guides kept (they are small: a 257-token vocabulary)
+PROBE_MANAGERS = 4  # (backend, limits) pairs kept: one in a server, a few in tests
 
 
 def _probe_vocab():
@@ -179,25 +145,49 @@ def _probe_vocab():
         return _PROBE_VOCAB
 
 
-def validate_spec(spec: GuideSpec, limits: GuideLimits | None = None) -> None:
-    """Raise the ``GuideError`` compiling ``spec`` would raise (bounded memo; cheap probe vocab)."""
-    seen, err = _VALIDATED.get(spec.key)
-    if seen:
-        if err is not None:
-            raise detached_copy(err)
-        return
-    from ...guided.registry import compile_guide
+def built_probe_manager(limits: GuideLimits | None = None, backend: str | None = None) -> Any:
+    """``probe_manager``'s manager if it exists already, else None (a look, never a build: the
+    event loop must not build one, which imports and allocates for a good part of a second)."""
+    from . import settings
 
-    try:
-        compile_guide(spec, _probe_vocab(), "auto", limits=limits or DEFAULT_LIMITS)
-    except GuideError as exc:
-        _VALIDATED.put(spec.key, exc)
-        raise
-    except Exception as exc:  # a backend bug: refuse the request, never go unconstrained
-        wrapped = InvalidGuideError(f"the {spec.kind} constraint cannot be compiled: {exc!r}")
-        _VALIDATED.put(spec.key, wrapped)
-        raise wrapped from exc
-    _VALIDATED.put(spec.key, None)
+    with _PROBE_LOCK:
+        return _PROBES.get((backend or settings.backend(), limits or DEFAULT_LIMITS))
+
+
+def probe_manager(limits: GuideLimits | None = None, backend: str | None = None) -> Any:
+    """The core manager that checks specs for the api_server: the probe vocabulary, the engine's
+    backend setting and limits (a spec the engine would refuse is refused here, with the engine's
+    reason), its compile cache, in-flight table and killable workers. One per (backend, limits):
+    a verdict under one setting is never reused under another."""
+    from ...guided.manager import GuidedDecodingManager
+    from . import settings
+
+    limits = limits or DEFAULT_LIMITS
+    backend = backend or settings.backend()
+    slot = (backend, limits)
+    with _PROBE_LOCK:
+        mgr = _PROBES.get(slot)
+        if mgr is not None:
+            _PROBES.move_to_end(slot)
+            return mgr
+    mgr = GuidedDecodingManager(
+        _probe_vocab(), backend=backend, limits=limits.replace(cache_max_bytes=min(limits.cache_max_bytes,
+                                                                                 PROBE_CACHE_BYTES)),
+        compile_workers=settings.FRONT_WORKERS, per_client=1, fill_threads=1,
+        compile_processes=settings.compile_processes())
+    with _PROBE_LOCK:
+        kept = _PROBES.setdefault(slot, mgr)
+        while len(_PROBES) > PROBE_MANAGERS:
+            _PROBES.popitem(last=False)[1].close()
+    if kept is not mgr:
+        mgr.close()
+    return kept
+
+
+def validate_spec(spec: GuideSpec, limits: GuideLimits | None = None, backend: str | None = None) -> None:
+    """Raise the ``GuideError`` compiling ``spec`` with the engine's backend would raise (probe
+    vocabulary; the probe manager's cache remembers verdicts)."""
+    probe_manager(limits, backend).get_compiled(spec)
 
 
 class WideResponseFormat(BaseModel):

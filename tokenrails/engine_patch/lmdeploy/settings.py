@@ -59,6 +59,26 @@ def manager_fill_threads() -> int | None:
     return CONFIG["fill_threads"] or fill_threads_from_env()  # a child process: the parent's
 
 
+FRONT_WORKERS = 2  # the api_server's probe compiles at once (a few cores; a hostile flood queues)
+COMPILE_PROCESSES = 2  # default worker processes per manager for large compiles (compile_procs.py)
+
+
+def compile_processes() -> int:
+    """Worker processes for large compiles (``TOKENRAILS_COMPILE_PROCESSES``; 0: in-process,
+    where a compile past its deadline cannot be stopped)."""
+    raw = os.environ.get("TOKENRAILS_COMPILE_PROCESSES", "")
+    try:
+        return max(0, int(raw)) if raw.strip() else COMPILE_PROCESSES
+    except ValueError:
+        return COMPILE_PROCESSES
+
+
+def compile_cache_dir() -> str | None:
+    """Where the engine keeps compiled guides across restarts (``TOKENRAILS_COMPILE_CACHE_DIR``;
+    unset: memory only)."""
+    return os.environ.get("TOKENRAILS_COMPILE_CACHE_DIR") or None
+
+
 def backend() -> str:
     return CONFIG["backend"] or os.environ.get("TOKENRAILS_LMDEPLOY_BACKEND", "auto")
 

@@ -103,6 +103,9 @@ class FSMBackend(GuideBackend):
             regex = schema_to_regex(spec, self.limits)
             # the lowered regex can be long for a large schema; it is bounded by the schema limits
             dfa = compile_regex(regex, self.limits, check_length=False)
+        return self._guide(spec, dfa, regex)
+
+    def _guide(self, spec: GuideSpec, dfa: DFA, regex: str | None) -> FSMGuide:
         index = TokenIndex(dfa, self.vocab)
         if not index.native:
             grammar_bytes(self.vocab)  # the Python step's table, built here rather than in decoding
@@ -111,3 +114,17 @@ class FSMBackend(GuideBackend):
             index.prime()  # the cheap rows of the next states, within a few tens of microseconds
         index.warm_in_background()  # the rest of a small DFA's rows, off the decoding thread
         return FSMGuide(spec, self.vocab, dfa, index, regex)
+
+    # ---- a compile done in another process (compile_procs.py) ----------------------------
+    @staticmethod
+    def export(guide: FSMGuide) -> dict:
+        """The minimal DFA's arrays (our own format); the token index is rebuilt lazily here."""
+        d = guide.dfa
+        return {"trans": d.trans, "classmap": d.classmap, "accepting": d.accepting, "regex": guide.regex}
+
+    def restore(self, spec: GuideSpec, state: dict) -> FSMGuide:
+        dfa = DFA(state["trans"], state["classmap"], state["accepting"])
+        guide = self._guide(spec, dfa, state["regex"])
+        if spec.option("budget") == "close":
+            budget_table(guide, self.limits)
+        return guide

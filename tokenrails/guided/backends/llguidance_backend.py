@@ -504,6 +504,15 @@ class LLGuidanceBackend(GuideBackend):
             )
         return LLGuidanceGuide(spec, self.vocab, grammar, proto, self.special)
 
+    # ---- a compile done in another process (compile_procs.py) ----------------------------
+    @staticmethod
+    def export(guide: LLGuidanceGuide) -> dict:
+        """The grammar text: the schema walks that produced it (the dear part) are not redone."""
+        return {"grammar": guide.grammar}
+
+    def restore(self, spec: GuideSpec, state: dict) -> LLGuidanceGuide:
+        return self.compile_grammar(spec, state["grammar"])
+
 
 def ascii_shorthands(pattern: str) -> str:
     """``\\d``, ``\\w``, ``\\s`` as ASCII classes, as in xgrammar, outlines and JSON Schema.

@@ -259,19 +259,43 @@ class XGrammarBackend(GuideBackend):
         ebnf, triggers = found
         dispatch = markers_mod.has_dispatch(list(markers_mod.scan_ebnf(ebnf)))
         compiled = self._marker_compiler(markers, dispatch).compile_grammar(ebnf)
-        return XGrammarGuide(spec, self.vocab, compiled, markers, triggers)
+        guide = XGrammarGuide(spec, self.vocab, compiled, markers, triggers)
+        guide.marker_dispatch = dispatch
+        return guide
 
-    def _marker_compiler(self, markers: markers_mod.MarkerSet, dispatch: bool) -> xgr.GrammarCompiler:
-        def build() -> xgr.GrammarCompiler:
-            info = xgr.TokenizerInfo(
+    def _marker_info(self, markers: markers_mod.MarkerSet, dispatch: bool) -> xgr.TokenizerInfo:
+        def build() -> xgr.TokenizerInfo:
+            return xgr.TokenizerInfo(
                 markers_mod.marker_view_tokens(self.vocab, markers, dispatch), xgr.VocabType.RAW,
                 vocab_size=self.vocab.vocab_size, stop_token_ids=list(self.vocab.eos_ids),
             )
+        return self.vocab.cached(f"xgrammar_marker_info_{'dispatch' if dispatch else 'plain'}", build)
+
+    def _marker_compiler(self, markers: markers_mod.MarkerSet, dispatch: bool) -> xgr.GrammarCompiler:
+        def build() -> xgr.GrammarCompiler:
             return xgr.GrammarCompiler(
-                info, max_threads=1, cache_enabled=True,
+                self._marker_info(markers, dispatch), max_threads=1, cache_enabled=True,
                 cache_limit_bytes=min(self.limits.cache_max_bytes, 1 << 30),
             )
         return self.vocab.cached(f"xgrammar_marker_compiler_{'dispatch' if dispatch else 'plain'}", build)
+
+    # ---- a compile done in another process (compile_procs.py) ----------------------------
+    @staticmethod
+    def export(guide: XGrammarGuide) -> dict:
+        """What rebuilds ``guide`` in another process: xgrammar's own serialization."""
+        return {"json": guide.grammar.serialize_json(), "dispatch": getattr(guide, "marker_dispatch", None),
+                "triggers": guide.triggers}
+
+    def restore(self, spec: GuideSpec, state: dict) -> XGrammarGuide:
+        dispatch = state["dispatch"]
+        if dispatch is None:
+            return XGrammarGuide(spec, self.vocab, xgr.CompiledGrammar.deserialize_json(state["json"], self.tokenizer_info))
+        markers = markers_mod.marker_set(self.vocab)
+        info = self._marker_info(markers, dispatch)
+        guide = XGrammarGuide(spec, self.vocab, xgr.CompiledGrammar.deserialize_json(state["json"], info),
+                              markers, state["triggers"])
+        guide.marker_dispatch = dispatch
+        return guide
 
     def _compile(self, spec: GuideSpec) -> xgr.CompiledGrammar:
         c = self.compiler

@@ -1,0 +1,157 @@
+"""Large compiles in worker processes: results come back usable, a compile past its deadline is
+stopped (its process killed, a fresh one takes the next spec), errors come back typed."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import tokenrails as tr
+from tokenrails.guided import compile_procs
+from tokenrails.guided.errors import GuideLimitError, GuideTimeoutError
+from tokenrails.guided.manager import GuidedDecodingManager
+from tokenrails.guided.vocabulary import Vocabulary
+
+PERSON = {"type": "object", "properties": {"name": {"enum": ["Ann", "Bo"]}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def byte_vocab() -> Vocabulary:
+    """One token per byte plus EOS: a document is accepted byte by byte, an exact oracle."""
+    return Vocabulary([bytes([b]) for b in range(256)] + [b"</s>"], eos_ids=(256,), name="bytes")
+
+
+@pytest.fixture
+def every_spec_in_a_worker(monkeypatch):
+    monkeypatch.setattr(compile_procs, "PROCESS_MIN_COST", 0)
+    import tokenrails.guided.manager as manager_mod
+
+    monkeypatch.setattr(manager_mod, "PROCESS_MIN_COST", 0)
+
+
+def _accepts(guide, text: str) -> bool:
+    m = guide.matcher()
+    return all(m.accept_token(b) for b in text.encode()) and m.is_accepting()
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance", "fsm"])
+def test_a_guide_compiled_in_a_worker_enforces_its_constraint(byte_vocab, every_spec_in_a_worker, backend):
+    mgr = GuidedDecodingManager(byte_vocab, backend=backend, compile_processes=1)
+    try:
+        guide = mgr.get_compiled(tr.GuideSpec.json_schema(PERSON))
+        assert mgr._procs.counters["compiles"] == 1  # it did come from the worker
+        good, bad = json.dumps({"name": "Ann", "age": 7}), json.dumps({"name": "Ann"})
+        assert _accepts(guide, good) and not _accepts(guide, bad)
+        regex = mgr.get_compiled(tr.GuideSpec.regex(r"[a-c]{2}-\d"))
+        assert _accepts(regex, "ab-3") and not _accepts(regex, "ad-3")
+        with pytest.raises(GuideLimitError):  # the worker's typed error, as in-process
+            mgr.get_compiled(tr.GuideSpec.json_schema({"enum": list(range(20_000))}))
+    finally:
+        mgr.close()
+
+
+def test_a_compile_past_its_deadline_is_stopped_and_its_worker_replaced(byte_vocab, every_spec_in_a_worker):
+    # xgrammar needs seconds for a 10,000-object enum in a tag (about 11 s here): over the 3 s deadline
+    tag = {"type": "structural_tag", "triggers": ["<t"], "structures": [
+        {"begin": "<t>", "schema": {"enum": [{"k": f"v{i}", "n": i} for i in range(10_000)]}, "end": "</t>"}]}
+    from tokenrails.requests import spec_from_request
+
+    mgr = GuidedDecodingManager(byte_vocab, backend="xgrammar", compile_processes=1,
+                                limits=tr.GuideLimits(compile_timeout_s=3.0))
+    try:
+        mgr._procs.compile(tr.GuideSpec.regex("warm"), time.monotonic() + 120)  # the worker has booted
+        pid = mgr._procs._idle[0].proc.pid
+        start = time.perf_counter()
+        with pytest.raises(GuideTimeoutError):
+            mgr.get_compiled(spec_from_request(tag))
+        assert time.perf_counter() - start < 4.0
+        deadline = time.monotonic() + 2
+        while (mgr._pool.abandoned or _alive(pid)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(pid), "the worker still runs the abandoned compile"
+        assert mgr._pool.abandoned == 0  # nothing left running: no abandoned work accumulates
+        assert mgr._procs.counters["killed"] == 1
+        guide = mgr._procs.compile(tr.GuideSpec.regex("[xy]+"), time.monotonic() + 120)  # a fresh worker
+        assert _accepts(guide, "xyx")
+    finally:
+        mgr.close()
+
+
+def test_small_specs_stay_in_process(byte_vocab):
+    mgr = GuidedDecodingManager(byte_vocab, backend="fsm", compile_processes=1)
+    try:
+        mgr.get_compiled(tr.GuideSpec.regex("[0-9]{3}"))
+        assert mgr._procs.counters["started"] == 0
+    finally:
+        mgr.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ---- the on-disk compile cache (compile_store.py) ---------------------------------------------
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance", "fsm"])
+def test_compiled_guides_survive_a_restart(byte_vocab, tmp_path, monkeypatch, backend):
+    import tokenrails.guided.manager as manager_mod
+
+    monkeypatch.setattr(manager_mod, "STORE_MIN_SECONDS", -1)  # keep even the fastest compile
+    spec = tr.GuideSpec.json_schema(PERSON)
+    first = GuidedDecodingManager(byte_vocab, backend=backend, cache_dir=str(tmp_path))
+    first.get_compiled(spec)
+    assert first._store.counters["writes"] == 1
+    first.close()
+    again = GuidedDecodingManager(byte_vocab, backend=backend, cache_dir=str(tmp_path))  # a restart
+    guide = again.get_compiled(spec)
+    assert again._store.counters["hits"] == 1
+    assert _accepts(guide, json.dumps({"name": "Bo", "age": 41})) and not _accepts(guide, '{"name": "Al"}')
+    again.close()
+
+
+def test_an_entry_of_another_library_version_is_never_loaded(byte_vocab, tmp_path, monkeypatch):
+    from tokenrails.guided import compile_store
+
+    import tokenrails.guided.manager as manager_mod
+
+    monkeypatch.setattr(manager_mod, "STORE_MIN_SECONDS", -1)
+    spec = tr.GuideSpec.regex("[a-z]{4}")
+    GuidedDecodingManager(byte_vocab, backend="fsm", cache_dir=str(tmp_path)).get_compiled(spec)
+    monkeypatch.setattr(compile_store, "_versions", lambda: "xgrammar=99.0")  # an upgrade
+    upgraded = GuidedDecodingManager(byte_vocab, backend="fsm", cache_dir=str(tmp_path))
+    upgraded.get_compiled(spec)
+    assert upgraded._store.counters["hits"] == 0
+
+
+def test_a_corrupt_entry_is_compiled_again(byte_vocab, tmp_path, monkeypatch):
+    import tokenrails.guided.manager as manager_mod
+
+    monkeypatch.setattr(manager_mod, "STORE_MIN_SECONDS", -1)
+    spec = tr.GuideSpec.regex("[a-z]{5}")
+    first = GuidedDecodingManager(byte_vocab, backend="fsm", cache_dir=str(tmp_path))
+    first.get_compiled(spec)
+    with open(first._store.path(spec), "wb") as f:
+        f.write(b"not a numpy file")
+    again = GuidedDecodingManager(byte_vocab, backend="fsm", cache_dir=str(tmp_path))
+    assert _accepts(again.get_compiled(spec), "abcde")
+    assert again._store.counters["unreadable"] == 1
+
+
+def test_a_large_spec_over_a_limit_is_refused_without_a_worker(byte_vocab):
+    """The bounded checks run here first: a refusal does not wait for a worker to boot."""
+    grammar = "root ::= " + " | ".join(f'"{chr(97 + i) * 16000}"' for i in range(3))  # 48 KB of literals
+    mgr = GuidedDecodingManager(byte_vocab, backend="xgrammar", compile_processes=1)
+    try:
+        mgr.get_compiled(tr.GuideSpec.grammar('root ::= "warm"'))  # xgrammar's first use (imports, tables)
+        start = time.perf_counter()
+        with pytest.raises(GuideLimitError, match="max_grammar_literal_bytes"):
+            mgr.get_compiled(tr.GuideSpec.grammar(grammar))
+        assert time.perf_counter() - start < 1.0
+        assert mgr._procs.counters["started"] == 0
+    finally:
+        mgr.close()

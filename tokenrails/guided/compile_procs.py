@@ -1,0 +1,232 @@
+"""Compiles that can be stopped: a large spec compiles in a worker process, killed at its deadline.
+
+A backend's native compile cannot be interrupted from Python, so a thread past its deadline kept
+a core and its memory until the backend returned (minutes, +620 MB for sixteen). A worker process
+can be killed: the operating system takes back its memory at once, and a fresh worker replaces it.
+
+* Workers are separate interpreters (``python -m tokenrails.guided.compile_worker``), not forks:
+  the parent may hold JAX, CUDA or engine threads that a fork would copy in a broken state. Each
+  gets the vocabulary once, at start; a replacement is started in the background when one is
+  killed, so the next large compile rarely waits for an interpreter to boot.
+* The result comes back in each backend's portable form (``export``/``restore``: xgrammar's JSON
+  serialization, llguidance's grammar text, the fsm DFA's arrays) and is rebuilt here; errors come
+  back as the typed ``GuideError`` the in-process compile would have raised.
+* Only specs whose cost estimate (``compile_cost``) passes ``PROCESS_MIN_COST`` go to a worker: a
+  small spec compiles in-process in well under the round trip's cost (measured in docs/safety.md).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any
+
+from .backend import CompiledGuide
+from .errors import GuideError, GuideTimeoutError, InvalidGuideError
+from .limits import GuideLimits
+from .spec import GuideSpec
+from .vocabulary import Vocabulary
+
+# The cost estimate, in spec payload bytes, from which a compile runs in a worker process. The round
+# trip costs ~1.7x the in-process compile at every size (bench/compile_cutover.py: llguidance's
+# parser is rebuilt here), so the bound is about risk: the compiles that ran past deadlines were
+# 36 KB (a 6,000-class grammar) and larger; a 600-property schema (17 KB) compiles in-process.
+PROCESS_MIN_COST = 32 << 10
+PORTABLE_BACKENDS = frozenset({"auto", "xgrammar", "llguidance", "fsm"})
+_HEADER = struct.Struct("!Q")
+
+
+def compile_cost(spec: GuideSpec) -> int:
+    """A cheap upper-bound proxy for a compile's cost: the spec's serialized size. Every backend
+    walks its spec's text at least once, and the compiles that ran past deadlines (a 250 KB tool
+    enum, 1 MB formats, 36 KB grammars) were all large; a small spec's worst case is bounded by
+    the walk limits (``GuideLimits``)."""
+    return len(spec.payload)
+
+
+def write_frame(fd: int, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_frame(fd: int, deadline: float | None = None) -> Any:
+    """One frame from ``fd``; ``TimeoutError`` past ``deadline``, ``EOFError`` when it closed."""
+    header = _read_exact(fd, _HEADER.size, deadline)
+    return pickle.loads(_read_exact(fd, _HEADER.unpack(header)[0], deadline))
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    chunks: list[bytes] = []
+    while n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+class _Worker:
+    def __init__(self, setup_path: str):
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenrails.guided.compile_worker", setup_path],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+        )  # same process group: whoever stops the server's group stops its workers too
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.out = self.proc.stdin.fileno()
+        self.inp = self.proc.stdout.fileno()
+
+    def send(self, spec: GuideSpec) -> None:
+        """Write ``spec`` on a thread: a large frame fills the pipe until the child (maybe still
+        booting) reads it, and the caller's wait must stay bounded by the deadline."""
+        def write() -> None:
+            try:
+                write_frame(self.out, spec)
+            except OSError:  # killed meanwhile: the reader reports it
+                pass
+        threading.Thread(target=write, daemon=True, name="tokenrails-compile-send").start()
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+
+
+class ProcessCompiler:
+    """Worker processes compiling for one (vocabulary, backend, limits); see the module doc."""
+
+    def __init__(self, vocab: Vocabulary, backend: str, limits: GuideLimits, *, workers: int = 2):
+        self.vocab = vocab
+        self.backend = backend
+        self.limits = limits
+        self.workers = max(1, workers)
+        parts = (tuple(vocab.token_bytes), tuple(vocab.eos_ids), tuple(sorted(vocab.special_ids)),
+                 vocab.vocab_size, vocab.name)
+        # the vocabulary goes to each worker through a file it reads at start (a pipe would block
+        # the parent until the child has booted); removed with this compiler
+        fd, self._setup_path = tempfile.mkstemp(prefix="tokenrails-compile-", suffix=".pickle")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump((parts, backend, limits), f, protocol=pickle.HIGHEST_PROTOCOL)
+        self._finalizer = weakref.finalize(self, _remove, self._setup_path)
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._closed = False
+        self.counters = {"started": 0, "killed": 0, "compiles": 0}
+
+    def warm(self) -> None:
+        """Start the idle workers now (in the background), so the first large compile finds one."""
+        with self._lock:
+            missing = self.workers - len(self._idle)
+        for _ in range(max(0, missing)):
+            self._give_back(self._start())
+
+    def compile(self, spec: GuideSpec, deadline: float) -> CompiledGuide:
+        """``spec`` compiled in a worker by ``deadline`` (``time.monotonic()``), else the worker is
+        killed and ``GuideTimeoutError`` raised; the compile's own ``GuideError`` otherwise."""
+        worker = self._take()
+        try:
+            worker.send(spec)
+            status, payload = read_frame(worker.inp, deadline)
+        except TimeoutError:
+            self._kill(worker)
+            raise GuideTimeoutError(
+                f"limit compile_timeout_s={self.limits.compile_timeout_s} exceeded: compiling the {spec.kind} "
+                "constraint did not finish in time (stopped)",
+                limit="compile_timeout_s", value=self.limits.compile_timeout_s) from None
+        except (EOFError, OSError, pickle.UnpicklingError):
+            self._kill(worker)  # killed from outside, out of memory: this request fails, typed
+            raise InvalidGuideError(f"compiling the {spec.kind} constraint failed: its compile worker ended") from None
+        self._give_back(worker)
+        with self._lock:
+            self.counters["compiles"] += 1
+        if status == "error":
+            raise payload
+        name, state, compile_s = payload
+        from .registry import get_backend
+
+        guide = get_backend(name, self.vocab, self.limits).restore(spec, state)  # type: ignore[attr-defined]
+        guide.compile_s = compile_s
+        return guide
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.kill()
+        self._finalizer()
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    # ---- internals ------------------------------------------------------------------------
+    def _start(self) -> _Worker:
+        with self._lock:
+            self.counters["started"] += 1
+        return _Worker(self._setup_path)
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the compile workers are closed")
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.proc.poll() is None:
+                    return worker
+        return self._start()
+
+    def _give_back(self, worker: _Worker) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self.workers and worker.proc.poll() is None:
+                self._idle.append(worker)
+                return
+        worker.kill()
+
+    def _kill(self, worker: _Worker) -> None:
+        worker.kill()
+        with self._lock:
+            self.counters["killed"] += 1
+            closed = self._closed
+        if not closed:  # the replacement boots while nobody waits for it
+            threading.Thread(target=lambda: self._give_back(self._start()), daemon=True,
+                             name="tokenrails-compile-worker-start").start()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def export_guide(guide: CompiledGuide) -> tuple[str, Any, float]:
+    """(backend name, portable state, compile seconds) of a guide compiled in a worker."""
+    from .registry import _load_class
+
+    cls = _load_class(guide.backend)
+    export = getattr(cls, "export", None)
+    if export is None:
+        raise GuideError(f"backend {guide.backend!r} has no portable form")
+    return guide.backend, export(guide), guide.compile_s
