@@ -186,11 +186,12 @@ def main() -> None:
                     help="fixed: every row of the workload in calls of `batch` rows; stream: a continuous stream "
                          "of requests, at most `batch` running, refilled as rows finish")
     ap.add_argument("--rate", type=float, default=0.0, help="stream arrivals, requests/s (Poisson; 0: all at once)")
-    ap.add_argument("--stream-requests", type=int, default=0, help="requests per stream (0: max(rows, 2 * batch))")
+    ap.add_argument("--stream-requests", type=int, default=0, help="requests per stream at batch > 1 (0: 2 * batch; never fewer than the rows)")
     ap.add_argument("--whitespace", choices=("compact", "any"), default="compact")
     ap.add_argument("--dtype", default="bfloat16", help="comma list: float16, bfloat16 (every config alike)")
     ap.add_argument("--workloads", default="json,tools")
     ap.add_argument("--fixed", action="store_true", help="also run every row padded to k verified positions")
+    ap.add_argument("--no-inline", action="store_true", help="skip the proposer-inline configuration")
     ap.add_argument("--data", type=Path, default=DATA)
     args = ap.parse_args()
 
@@ -223,7 +224,7 @@ def main() -> None:
             raise SystemExit(f"unknown workload {name!r} (json, tools)")
     batches = [int(b) for b in args.batches.split(",")]
     modes = args.modes.split(",")
-    configs = list(CONFIGS) + (["fixed"] if args.fixed else [])
+    configs = [c for c in CONFIGS if not (c == "inline" and args.no_inline)] + (["fixed"] if args.fixed else [])
     max_batch = max(batches)
     print(f"# workloads {list(workloads)} ({args.whitespace} whitespace, every row), {args.tokens} tokens max, "
           f"k={args.drafts}, batches {batches}, modes {modes} (stream rate {args.rate or 'all at once'}), dtypes "
@@ -299,7 +300,9 @@ def main() -> None:
             rows, step_rows = [], []
             for b in batches:
                 for mode in modes:
-                    n = args.stream_requests or max(len(prompts), 2 * b)
+                    if b == 1 and mode == "stream" and "fixed" in modes and not args.rate:
+                        continue  # one row at a time, all queued at once: the same runs as fixed
+                    n = max(len(prompts), (args.stream_requests or 2 * b) if b > 1 else 0)
                     idx = every if mode == "fixed" else [i % len(prompts) for i in range(n)]
                     res: dict[str, list[dict]] = {c: [] for c in configs}
                     loads = []
@@ -333,15 +336,19 @@ def main() -> None:
                     vg, vd = res["guided"][0]["valid"], res["drafts"][0]["valid"]
                     rows.append([b, mode, f"{med('guided', 'tok_s'):.1f}", f"{med('drafts', 'tok_s'):.1f}",
                                  f"{paired('drafts', 'cpu_tok_s'):.2f}x", f"{paired('drafts', 'tok_s'):.2f}x",
-                                 f"{paired('inline', 'cpu_tok_s'):.2f}x", f"{med('drafts', 'fpt'):.2f}",
+                                 f"{paired('inline', 'cpu_tok_s'):.2f}x" if "inline" in configs else "-",
+                                 f"{med('drafts', 'fpt'):.2f}",
                                  f"{med('drafts', 'ppt'):.2f}", f"{med('drafts', 'acc'):.0%}", f"{same}/{len(idx)}",
                                  f"{vg[0]}/{vg[1]}/{len(idx)}", f"{vd[0]}/{vd[1]}/{len(idx)}",
                                  f"{min(loads):.1f}-{max(loads):.1f}"])
+                    il = "inline" in configs
                     step_rows.append([b, mode, f"{med('drafts', 'fwd_ms'):.1f}", f"{med('drafts', 'prop_ms'):.2f}",
                                       f"{med('drafts', 'ahead_ms'):.2f}", f"{med('drafts', 'guessed'):.0%}",
-                                      f"{med('inline', 'fwd_ms'):.1f}", f"{med('inline', 'prop_ms'):.2f}",
+                                      f"{med('inline', 'fwd_ms'):.1f}" if il else "-",
+                                      f"{med('inline', 'prop_ms'):.2f}" if il else "-",
                                       f"{med('drafts', 'prop_ms') / max(med('drafts', 'fwd_ms'), 1e-9):.1%}",
-                                      f"{med('inline', 'prop_ms') / max(med('inline', 'fwd_ms'), 1e-9):.1%}"])
+                                      f"{med('inline', 'prop_ms') / max(med('inline', 'fwd_ms'), 1e-9):.1%}"
+                                      if il else "-"])
             print()
             print_table(["batch", "mode", "guided tok/s", "drafts tok/s", "drafts/guided CPU", "drafts/guided wall",
                          "inline/guided CPU", "fwd/token", "positions/token", "drafts accepted",
