@@ -99,9 +99,11 @@ def test_a_failing_proposal_fails_its_row_only(model_dir, monkeypatch):
     from tokenrails.guided.manager import GuidedDecodingManager
 
     original = GuidedDecodingManager.forced_tokens
+    raised = []
 
     def forced_tokens(self, row, *args, **kwargs):
         if "event_identifier_code" in str(row.spec.payload):  # the EVENT row only
+            raised.append(row.session_id)
             raise RuntimeError("proposer broke")
         return original(self, row, *args, **kwargs)
 
@@ -110,6 +112,8 @@ def test_a_failing_proposal_fails_its_row_only(model_dir, monkeypatch):
     schemas = [PERSON, EVENT, PERSON]
     outs = _generate(model_dir, prompts, [_fmt(s) for s in schemas], timeout=180.0)
     assert outs is not None, "the engine stopped answering after one row's proposal failed"
+    assert raised, "the EVENT row never reached the proposal (it failed for another reason)"
+    assert len(set(raised)) == 1 and len(raised) == 1  # failed once, then never proposed again
     assert outs[1].finish_reason == "error", outs[1]
     for i in (0, 2):
         assert outs[i].finish_reason == "stop" and _valid(outs[i], PERSON), outs[i].text
