@@ -62,3 +62,78 @@ def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.3f}" if v < 100 else f"{v:.0f}"
     return str(v)
+
+
+# ---- honest timing on a shared machine ---------------------------------------------------------
+def load_average() -> float:
+    """The 1-minute load average (printed beside every round: other load moves wall time)."""
+    return os.getloadavg()[0]
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process, all threads (an engine's worker threads included)."""
+    return time.process_time()
+
+
+def abba(names: list[str], instances: int) -> list[tuple[str, int]]:
+    """Build order (name, instance): A B, then B A, ... so that no configuration always comes later
+    in the process (an engine built later runs slower); round ``r`` uses instance ``r % instances``."""
+    order: list[tuple[str, int]] = []
+    for k in range(instances):
+        order += [(n, k) for n in (names if k % 2 == 0 else list(reversed(names)))]
+    return order
+
+
+def round_order(names: list[str], rnd: int) -> list[str]:
+    """Configurations in A B order on even rounds, B A on odd ones."""
+    return list(names) if rnd % 2 == 0 else list(reversed(names))
+
+
+def arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
+    """Arrival times (s) of ``n`` requests: a Poisson stream of ``rate`` requests/s (0: all at once)."""
+    import random
+
+    if rate <= 0:
+        return [0.0] * n
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def stream_requests(pipe, prompts: list, gens: list, limit: int, rate: float = 0.0, seed: int = 0
+                    ) -> tuple[list, float, float]:
+    """A continuous request stream through an LMDeploy pipeline: request ``i`` arrives at its Poisson
+    arrival time (``rate`` req/s; 0: all at once) and starts as soon as fewer than ``limit`` run
+    (a finished row is refilled from the queue at once). Returns (outputs, wall s, process CPU s)."""
+    import asyncio
+
+    from lmdeploy.pipeline import MultimodalProcessor
+
+    messages = MultimodalProcessor.format_prompts(list(prompts))  # as Pipeline.infer formats them
+    times = arrivals(len(prompts), rate, seed)
+
+    async def run_all():
+        sem = asyncio.Semaphore(limit)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+
+        async def one(i: int):
+            await asyncio.sleep(max(0.0, t0 + times[i] - loop.time()))
+            async with sem:
+                session = pipe.session_mgr.get()
+                request = await pipe.async_engine.preprocess(session_id=session, messages=messages[i],
+                                                             gen_config=gens[i])
+                res = None
+                async for out in pipe.async_engine.generate(request, stream_response=False):
+                    r = out.to_response(i)
+                    res = res.extend(r) if res else r
+                return res
+
+        return await asyncio.gather(*(one(i) for i in range(len(prompts))))
+
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    outs = pipe._run(coro=run_all()).result()
+    return list(outs), time.perf_counter() - wall, cpu_seconds() - cpu

@@ -6,7 +6,7 @@ forward (tokenrails.engine_patch.lmdeploy.cpu) on the embedded SmolLM2-135M, one
 
 Workload (printed with its provenance at the start of every run):
 
-* ``public``: rows cycling through
+* ``public``: every row of
   - JSON schemas of JSONSchemaBench's MaskBench subsets (``../shared/data/jsonschemabench`` when
     present: Github_easy, Glaiveai2K, Handwritten, Snowplow, Synthesized; the first ``--per-subset``
     schemas of each, in file order, that both stock LMDeploy's xgrammar and the upgrade compile);
@@ -65,8 +65,16 @@ grammar: it passes what stock leaves unenforced, e.g. ``{"allOf": [...`` for JSO
 ``allOf`` + ``enum`` schemas) and the prefix oracle on finished JSON (it must never refute what
 jsonschema accepts). Failures are counted and printed, never hidden.
 
-    python bench/lmdeploy_engine.py [--batches 1,8,32] [--tokens 48] [--rounds 2] [--per-subset 4]
-                                    [--dtype auto|float16|bfloat16|float32] [--no-drafts] [--draft-tokens 4]
+Every public row runs at every batch size (calls of ``batch`` rows until all ran), with ``--tokens``
+(160) enough that JSON outputs finish and jsonschema judges them. Configurations run in ABBA order
+across rounds, the load average is printed with every round. ``--stream`` (on by default) adds a
+continuous request stream of every public row (``--rate`` requests/s, Poisson, or all at once), at
+most ``batch`` running, a finished row refilled at once: stock, upgraded and upgraded+drafts with
+CPU-time ratios as the headline (``--stream-only``: that comparison alone).
+
+    python bench/lmdeploy_engine.py [--batches 1,8,32] [--tokens 160] [--rounds 2] [--per-subset 4]
+                                    [--dtype auto|float16|bfloat16] [--no-drafts] [--draft-tokens 4]
+                                    [--stream/--no-stream] [--stream-only] [--rate 0]
 """
 from __future__ import annotations
 
@@ -82,7 +90,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._common import REPO, median, print_table  # noqa: E402  (also sets one torch thread)
+from bench._common import REPO, load_average, median, print_table, round_order, stream_requests  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -495,9 +503,9 @@ def run_once(pipe, timer: StepTimer, rows: list[Row], tokens: int | list[int], g
 
 def measure(pipe, timer: StepTimer, rows: list[Row], batch: int, tokens: int, guided: bool, validator: Validator,
             tally: Tally | None, warm: bool, lengths: list[list[int]] | None = None) -> dict:
-    """Calls of ``batch`` rows until ``max(batch, 8)`` rows ran (batch 1: 8 calls over 8 rows);
-    ``lengths``: unguided rows run exactly as long as another configuration's rows did (per call)."""
-    calls = max(1, 8 // batch)
+    """Calls of ``batch`` rows until every row of the workload ran (the last call filled up from the
+    start); ``lengths``: unguided rows run exactly as long as another configuration's rows did (per call)."""
+    calls = max(1, math.ceil(len(rows) / batch))
     chunks = [[rows[(c * batch + i) % len(rows)] for i in range(batch)] for c in range(calls)]
     caps = lengths or [tokens] * calls
     if warm:
@@ -590,14 +598,102 @@ def build_engines(batches: list[int], args: Any, patch: Any) -> dict[str, list[A
     return engines
 
 
+def stream_section(engines: dict[str, list[Any]], rows: list[Row], batches: list[int], args: Any,
+                   validator: Validator, timer: StepTimer, patch: Any) -> None:
+    """Every public row as a continuous stream: requests arrive (``--rate``, Poisson, or all at once),
+    at most ``batch`` run, a finished row is refilled from the queue at once. Stock, upgraded and
+    upgraded+drafts in ABBA order across rounds on ABBA-built instances; headline: requests and
+    output tokens per process CPU-second, wall-clock beside them; the load average per round."""
+    from lmdeploy import GenerationConfig
+
+    names = ["stock", "upgraded"] + (["drafts"] if args.drafts else [])
+    print(f"\ncontinuous stream: every public row ({len(rows)}), arrivals "
+          f"{f'{args.rate:g}/s (Poisson)' if args.rate else 'all at once'}, at most `batch` running, refilled; "
+          f"{args.rounds} rounds, configurations in ABBA order", flush=True)
+    table = []
+    for batch in batches:
+        n = max(len(rows), 2 * batch)
+        chosen = [rows[i % len(rows)] for i in range(n)]
+        gens = [GenerationConfig(top_k=1, max_new_tokens=args.tokens, response_format=r.response_format)
+                for r in chosen]
+        res: dict[str, list[dict]] = {k: [] for k in names}
+        loads = []
+        for rnd in range(args.rounds):
+            load = load_average()
+            loads.append(load)
+            for name in round_order(names, rnd):
+                instances = engines[name]
+                pipe = instances[rnd % len(instances)]
+                if name != "stock":
+                    patch.activate()
+                timer.install(spec=name == "drafts")
+                try:
+                    if rnd < len(instances):  # warm-up of this instance: compiles, tables
+                        stream_requests(pipe, [r.prompt for r in rows], [
+                            GenerationConfig(top_k=1, max_new_tokens=2, response_format=r.response_format)
+                            for r in rows], limit=batch)
+                    outs, wall, cpu = stream_requests(pipe, [r.prompt for r in chosen], gens, limit=batch,
+                                                      rate=args.rate, seed=rnd)
+                    if name != "stock":
+                        settle(timer)
+                finally:
+                    timer.uninstall()
+                    patch.deactivate()
+                tally = Tally()
+                for r, o in zip(chosen, outs):
+                    tally.outputs += 1
+                    tally.add(r, validator.check(r, o))
+                ntok = sum(o.generate_token_len for o in outs)
+                finished = sum(o.finish_reason == "stop" for o in outs)
+                res[name].append({"tok_s": ntok / wall, "cpu_tok_s": ntok / max(cpu, 1e-9),
+                                  "req_cpu_s": n / max(cpu, 1e-9), "req_s": n / wall, "wall": wall,
+                                  "valid": tally.outputs - len(tally.invalid) - len(tally.undecided),
+                                  "finished": finished, "invalid": tally.invalid[:3]})
+                r = res[name][-1]
+                print(f"  stream batch {batch} round {rnd} (load {load:.1f}): {name} {r['tok_s']:.1f} tok/s, "
+                      f"{r['cpu_tok_s']:.1f} tok/cpu-s, {r['req_cpu_s']:.3f} req/cpu-s, {r['wall']:.1f} s, "
+                      f"{r['valid']}/{n} valid, {finished} finished", flush=True)
+                for why in r["invalid"]:
+                    print(f"    invalid: {why}", flush=True)
+
+        def paired(a: str, key: str) -> float:
+            return median([x[key] / y[key] for x, y in zip(res[a], res["stock"])])
+
+        row = [batch, n, median([r["tok_s"] for r in res["stock"]]), median([r["tok_s"] for r in res["upgraded"]])]
+        row += [paired("upgraded", "req_cpu_s"), paired("upgraded", "cpu_tok_s"), paired("upgraded", "tok_s")]
+        if args.drafts:
+            row += [median([r["tok_s"] for r in res["drafts"]]), paired("drafts", "req_cpu_s"),
+                    paired("drafts", "cpu_tok_s"), paired("drafts", "tok_s")]
+        row += [" ".join(f"{res[k][0]['valid']}/{n}" for k in names),
+                " ".join(f"{res[k][0]['finished']}" for k in names), f"{min(loads):.1f}-{max(loads):.1f}"]
+        table.append(row)
+    headers = ["batch", "requests", "stock tok/s", "upgraded tok/s", "upgraded/stock req/cpu-s",
+               "upgraded/stock tok/cpu-s", "upgraded/stock wall tok/s"]
+    if args.drafts:
+        headers += ["drafts tok/s", "drafts/stock req/cpu-s", "drafts/stock tok/cpu-s", "drafts/stock wall tok/s"]
+    headers += [f"valid ({' '.join(names)})", "finished", "load"]
+    print()
+    print_table(headers, table)
+    print("(ratios: medians of per-round ratios; CPU = process CPU time, all threads; req/cpu-s charges each "
+          "engine for the whole request, prefill included; first round validated: jsonschema on finished JSON, "
+          "the prefix oracle on capped JSON, re.fullmatch on regexes)\n", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--tokens", type=int, default=48, help="max new tokens per row")
+    ap.add_argument("--tokens", type=int, default=160,
+                    help="max new tokens per row (enough that JSON outputs finish and jsonschema judges them)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds; figures are medians over rounds")
     ap.add_argument("--per-subset", type=int, default=4, help="MaskBench schemas per subset")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16", "float32"],
-                    help="the model's dtype (LMDeploy's; 'auto' is float16 for SmolLM2, whose config says float32)")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16"],
+                    help="the model's dtype (LMDeploy's; 'auto' is float16 for SmolLM2, whose config says float32; "
+                         "LMDeploy's engine refuses float32)")
+    ap.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                    help="also a continuous stream of every public row (stock, upgraded, drafts), refilled")
+    ap.add_argument("--stream-only", action="store_true", help="only the continuous-stream comparison")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="stream arrivals, requests/s (Poisson; 0: all at once, the engine kept full)")
     ap.add_argument("--drafts", action=argparse.BooleanOptionalAction, default=True,
                     help="also run upgraded+drafts (grammar drafts) on the public workload, interleaved")
     ap.add_argument("--draft-tokens", type=int, default=4, help="num_speculative_tokens of upgraded+drafts")
@@ -629,6 +725,16 @@ def main() -> None:
     validator = Validator(tok, vocab.vocab_size)
     engines = build_engines(batches, args, patch)
     timer = StepTimer(frozenset(vocab.eos_ids))
+    if args.stream or args.stream_only:
+        try:
+            stream_section(engines, public, batches, args, validator, timer, patch)
+        finally:
+            if args.stream_only:
+                for instances in engines.values():
+                    for pipe in instances:
+                        pipe.close()
+        if args.stream_only:
+            return
     # "unguided@upgraded": the public prompts unguided, each row exactly as long as the upgraded row
     # was in this batch's first round: the same rows per step, so the ratio is guided decoding's own cost
     # (plain "unguided" rows never end early, and rows a grammar ends sooner lower tokens per step)
@@ -643,7 +749,7 @@ def main() -> None:
     try:
         for batch in batches:
             for rnd in range(args.rounds):
-                for name, engine, workload in configs:
+                for name, engine, workload in round_order(configs, rnd):
                     if engine in ("upgraded", "drafts"):
                         patch.activate()
                     rows = workloads[workload or "public"]
@@ -664,7 +770,8 @@ def main() -> None:
                         upgraded_lengths[batch] = r["lengths"]
                     r.pop("lengths")
                     samples.setdefault(key, []).append(r)
-                    print(f"batch {batch} round {rnd}: {name} {workload or ''} {r['tok_s']:.1f} tok/s "
+                    print(f"batch {batch} round {rnd} (load {load_average():.1f}): {name} {workload or ''} "
+                          f"{r['tok_s']:.1f} tok/s "
                           f"(occupancy {r['occupancy']:.1f}, fwd/token {r['fwd_per_token']:.2f}, "
                           f"{r['wall_s']:.1f} s)", file=sys.stderr, flush=True)
     finally:

@@ -40,7 +40,7 @@ from .policy import DEFAULT_POLICY, GuidePolicy, check_policy
 from .reasoning import ReasoningConfig
 from .registry import check_guide, compile_guide
 from .sequence import (
-    Finalization, GrammarFuture, GuidedRow, RowContext, RowStatus, SequenceState, StepStatus, count_valid,
+    Finalization, GrammarFuture, GuidedRow, Lookahead, RowContext, RowStatus, SequenceState, StepStatus, count_valid,
 )
 from .speculative import DraftCursor, accept_tokens_spec, fill_and_apply_spec
 from .spec import GuideSpec
@@ -519,6 +519,51 @@ class GuidedDecodingManager:
         if matcher is None:
             return NOTHING
         return forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask)
+
+    def _existing(self, row: GuidedRow) -> SequenceState | None:
+        """The row's state if it exists for the row's spec (never begins one)."""
+        st = self._seqs.get((row.session_id, row.seq_id))
+        return st if st is not None and st.spec_key == row.spec.key else None
+
+    @_serialized
+    def forced_after(
+        self, row: GuidedRow, walk: Sequence[int], max_tokens: int, *,
+        encode: Callable[[str], Sequence[int]] | None = None, bitmask: torch.Tensor | None = None,
+    ) -> tuple[tuple[int, int], tuple[int, ...], ForcedRun] | None:
+        """A guess made ahead, for a proposer that runs beside the forward: as if ``walk`` (the drafts
+        being verified) and then the token the grammar forces after it (the bonus) were accepted, the
+        forced run from there (``forced_tokens``). Returns ``(version, expected, run)``: the state's
+        ``(tokens, len(history))`` once exactly ``expected`` (walk + bonus) is accepted, to check the
+        guess later (``guess_holds``). None when nothing is forced after the walk or the grammar
+        refuses it. State unchanged; a sequence that has ended (or not begun) gets None."""
+        st = self._existing(row)
+        if st is None or st.error is not None or not st.answering:
+            return None
+        look = Lookahead(st)
+        try:
+            if not all(look.advance(int(t)) for t in walk) or not st.answering:
+                return None
+            matcher = st.resolve()
+            if matcher is None:
+                return None
+            bonus = forced_tokens(matcher, 1, encode=encode, bitmask=bitmask)
+            if not bonus.tokens or not look.advance(bonus.tokens[0]) or not st.answering:
+                return None
+            run = forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask)
+            expected = tuple(int(t) for t in walk) + bonus.tokens[:1]
+            return (st.tokens + len(expected), len(st.history) + len(expected)), expected, run
+        finally:
+            look.restore()
+
+    @_serialized
+    def guess_holds(self, row: GuidedRow, version: tuple[int, int], expected: Sequence[int]) -> bool:
+        """Whether the row accepted exactly ``expected`` since ``forced_after`` guessed (so the guessed
+        run is the one ``forced_tokens`` gives now)."""
+        st = self._existing(row)
+        if st is None or st.error is not None or (st.tokens, len(st.history)) != tuple(version):
+            return False
+        n = len(expected)
+        return n > 0 and list(st.history[-n:]) == list(expected)
 
     # ---- jump-forward and termination -------------------------------------------------------
     @_serialized

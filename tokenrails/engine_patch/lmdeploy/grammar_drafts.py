@@ -32,6 +32,8 @@ from typing import Any, Callable, Hashable
 
 import torch
 
+from ...guided.errors import GuideError
+from . import draft_ahead, step_context
 from ...guided.sequence import GuidedRow
 from . import adaptive_drafts, draft_shapes
 from ._patching import Patcher, require_attrs
@@ -193,11 +195,16 @@ class _RowPlan:
 
 
 def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fillers: list[int],
-                num_drafts: int) -> tuple[list[list[int]], list[int], list[int]]:
+                num_drafts: int, *, guesses: dict | None = None, report: "_PlanReport | None" = None,
+                ) -> tuple[list[list[int]], list[int], list[int]]:
     """Per row: ``num_drafts`` draft ids (forced tokens, then the row's filler: ``PAD`` in the
     engine, which verifies no position for it), and how many are grammar drafts and how many
     come from one-token masks. Rows not guided, failed, thinking or with nothing forced get
-    fillers only. Every matcher is left where it was."""
+    fillers only. Every matcher is left where it was.
+
+    ``guesses`` (``draft_ahead``): runs computed beside the previous forward, used for a row only
+    when it accepted what the guess assumed. A row whose proposal raises gets fillers and its error
+    in ``report`` (the step fails that row only); ``report`` also receives the rows proposed."""
     batch = len(fillers)
     drafts = [[fillers[i]] * num_drafts for i in range(batch)]
     counts, singles = [0] * batch, [0] * batch
@@ -211,16 +218,77 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
     encode = _encoder(getattr(owner, "_tokenizer", None))
     words = (core.vocab.vocab_size + 31) // 32
     buf = torch.empty((1, words), dtype=torch.int32)
+    guesses = guesses or {}
     for idx, h in handles.items():
         if idx >= batch or h.error is not None:
             continue
-        row = h.row  # prepared once per step (reasoning resolved); None when the row failed
-        if row is None:
+        try:
+            row = h.row  # prepared once per step (reasoning resolved); None when the row failed
+            if row is None:
+                continue
+            key = (row.session_id, row.seq_id)
+            guess = guesses.get(key)
+            if guess is not None and core.guess_holds(row, guess[0], guess[1]):
+                run = guess[2]
+                if report is not None:
+                    report.guessed += 1
+            else:
+                run = core.forced_tokens(row, num_drafts, encode=encode, bitmask=buf)  # under the step lock
+                if report is not None:
+                    report.inline += 1
+                    report.missed += guess is not None
+        except Exception as exc:  # noqa: BLE001 - one row's failure must not end the others
+            err = exc if isinstance(exc, GuideError) else GuideError(
+                f"grammar drafts: the proposal failed for this row: {type(exc).__name__}: {exc}")
+            h.error = err
+            if report is not None:
+                report.errors[idx] = err
+            logger.warning("tokenrails: grammar-draft proposal failed for row %d: %r", idx, exc)
             continue
-        run = core.forced_tokens(row, num_drafts, encode=encode, bitmask=buf)  # under the step lock
         if run.tokens:
             drafts[idx][: len(run.tokens)] = list(run.tokens)
             counts[idx], singles[idx] = len(run.tokens), run.single
+        if report is not None:
+            report.rows.append((key, row, tuple(run.tokens)))
+    if report is not None:
+        report.core, report.encode = core, encode
+    return drafts, counts, singles
+
+
+class _PlanReport:
+    """What ``plan_drafts`` did beyond the drafts: rows proposed (for the guesses of the next step),
+    per-row errors, and how rows were served."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Hashable, GuidedRow, tuple[int, ...]]] = []
+        self.errors: dict[int, GuideError] = {}
+        self.core: Any = None
+        self.encode: Any = None
+        self.guessed = self.inline = self.missed = 0
+
+
+async def _propose_rows(proposer: Any, ctx: Any, formats: Any, pads: list[int], k: int
+                        ) -> tuple[list[list[int]], list[int], list[int]]:
+    """The step's proposal: guesses joined, the rest inline (off the event loop), errors reported
+    for their rows, and the next step's guesses started beside the coming forward."""
+    import asyncio
+    import time
+
+    ahead = proposer.__dict__.get("_tokenrails_ahead")
+    if ahead is None:
+        ahead = proposer.__dict__["_tokenrails_ahead"] = draft_ahead.Ahead()
+    t0 = time.perf_counter()
+    guesses, waited = ahead.take()
+    report = _PlanReport()
+    drafts, counts, singles = await asyncio.to_thread(
+        plan_drafts, proposer.guided_helper, ctx, formats, pads, k, guesses=guesses, report=report)
+    critical = time.perf_counter() - t0
+    if report.errors:
+        step_context.report(report.errors)
+    if draft_ahead.enabled() and report.core is not None:
+        capped = [(key, row, run) for key, row, run in report.rows if len(run) == k]
+        ahead.start(report.core, capped, k, report.encode)
+    draft_ahead.record(critical, waited, report.guessed, report.inline, report.missed)
     return drafts, counts, singles
 
 
@@ -289,11 +357,8 @@ def _proposer_class():
             if model_inputs.is_chunk and not model_inputs.is_last_chunk:
                 drafts, counts, singles = [[pads[i]] * k for i in range(batch)], [0] * batch, [0] * batch
             else:
-                import asyncio
-
-                drafts, counts, singles = await asyncio.to_thread(
-                    plan_drafts, self.guided_helper, ctx,
-                    sampling_inputs.response_formats if sampling_inputs is not None else None, pads, k)
+                drafts, counts, singles = await _propose_rows(
+                    self, ctx, sampling_inputs.response_formats if sampling_inputs is not None else None, pads, k)
             self._last = [_RowPlan(keys[i], counts[i], singles[i]) for i in range(batch)]
             device = next_ids.device if next_ids is not None else model_inputs.input_ids.device
             out = torch.tensor(drafts, dtype=torch.long, device=device).reshape(batch, k)

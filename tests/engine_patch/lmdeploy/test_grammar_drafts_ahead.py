@@ -1,0 +1,119 @@
+"""Grammar drafts' proposer beside the forward (engine_patch/lmdeploy/draft_ahead.py), real CPU engine.
+
+Oracles: greedy outputs with the guesses on are token for token those with them off (same engine
+shapes: the guess is the run the inline proposal computes), and the guesses were actually used;
+every finished JSON output validates with jsonschema. A proposal that raises for one row ends that
+row with an error and no other: the other rows finish and validate.
+"""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+pytest.importorskip("lmdeploy")
+torch = pytest.importorskip("torch")
+jsonschema = pytest.importorskip("jsonschema")
+
+pytestmark = pytest.mark.slow
+
+# long key names: forced runs longer than k, so the next run is guessed beside the forward
+EVENT = {"type": "object", "properties": {
+    "event_identifier_code": {"type": "integer"},
+    "organizing_committee_contact": {"type": "string", "maxLength": 6},
+    "registration_deadline_passed": {"type": "boolean"}},
+    "required": ["event_identifier_code", "organizing_committee_contact", "registration_deadline_passed"],
+    "additionalProperties": False}
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def _fmt(schema):
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+
+def _generate(model_dir, prompts, formats, max_tokens=48, drafts=3, timeout=240.0):
+    """Greedy outputs of one engine with grammar drafts (None when it did not answer in time)."""
+    from lmdeploy import GenerationConfig, pipeline
+
+    from tokenrails.engine_patch.lmdeploy import activate, deactivate
+    from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
+
+    torch.set_num_threads(1)
+    activate(grammar_drafts=drafts)
+    pipe = pipeline(model_dir, backend_config=cpu_engine_config(max_batch_size=len(prompts), session_len=512))
+    gens = [GenerationConfig(max_new_tokens=max_tokens, top_k=1, response_format=f) for f in formats]
+    box: dict = {}
+
+    def run():
+        try:
+            box["out"] = pipe(prompts, gen_config=gens)
+        except Exception as exc:  # noqa: BLE001 - reported by the caller's assertion
+            box["exc"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    try:
+        assert "exc" not in box, box.get("exc")
+        return box.get("out")
+    finally:
+        if not worker.is_alive():
+            pipe.close()
+        deactivate()
+
+
+def _valid(out, schema) -> bool:
+    try:
+        jsonschema.validate(json.loads(out.text), schema)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def test_guessed_runs_give_the_same_greedy_outputs_and_are_used(model_dir, monkeypatch):
+    from tokenrails.engine_patch.lmdeploy import draft_ahead
+
+    prompts = ["An event as JSON.", "Give me a person as JSON.", "Another event, JSON please."]
+    schemas = [EVENT, PERSON, EVENT]
+    formats = [_fmt(s) for s in schemas]
+    runs = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv(draft_ahead.ENV_AHEAD, mode)
+        draft_ahead.STATS.reset()
+        runs[mode] = (_generate(model_dir, prompts, formats), draft_ahead.STATS.as_dict())
+    (off, off_stats), (on, on_stats) = runs["0"], runs["1"]
+    assert off is not None and on is not None
+    assert off_stats["guessed"] == 0 and off_stats["steps"] > 0
+    assert on_stats["guessed"] > 0, on_stats  # the long key names were proposed from guesses
+    assert on_stats["ahead_s"] > 0
+    for a, b, schema in zip(off, on, schemas):
+        assert list(a.token_ids) == list(b.token_ids), (a.text, b.text)
+        if b.finish_reason == "stop":
+            assert _valid(b, schema), b.text
+    assert any(o.finish_reason == "stop" for o in on)
+
+
+def test_a_failing_proposal_fails_its_row_only(model_dir, monkeypatch):
+    from tokenrails.guided.manager import GuidedDecodingManager
+
+    original = GuidedDecodingManager.forced_tokens
+    raised = []
+
+    def forced_tokens(self, row, *args, **kwargs):
+        if "event_identifier_code" in str(row.spec.payload):  # the EVENT row only
+            raised.append(row.session_id)
+            raise RuntimeError("proposer broke")
+        return original(self, row, *args, **kwargs)
+
+    monkeypatch.setattr(GuidedDecodingManager, "forced_tokens", forced_tokens)
+    prompts = ["Give me a person as JSON.", "An event as JSON.", "Give me a person as JSON."]
+    schemas = [PERSON, EVENT, PERSON]
+    outs = _generate(model_dir, prompts, [_fmt(s) for s in schemas], timeout=180.0)
+    assert outs is not None, "the engine stopped answering after one row's proposal failed"
+    assert raised, "the EVENT row never reached the proposal (it failed for another reason)"
+    assert len(set(raised)) == 1 and len(raised) == 1  # failed once, then never proposed again
+    assert outs[1].finish_reason == "error", outs[1]
+    for i in (0, 2):
+        assert outs[i].finish_reason == "stop" and _valid(outs[i], PERSON), outs[i].text
