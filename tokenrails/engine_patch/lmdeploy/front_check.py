@@ -43,7 +43,7 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable
 
-from ...guided.errors import (GuideError, GuideTimeoutError, InvalidGuideError, UnsupportedGuideError,
+from ...guided.errors import (GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, UnsupportedGuideError,
                               detached_copy)
 from ...guided.limits import GuideLimits
 from . import budget_front, request_fields
