@@ -33,7 +33,8 @@ from typing import Any, Callable, Hashable
 import torch
 
 from ...guided.errors import GuideError
-from . import draft_ahead, step_context
+from . import draft_ahead
+from .step import report as report_row_errors
 from ...guided.sequence import GuidedRow
 from . import adaptive_drafts, draft_shapes
 from ._patching import Patcher, require_attrs
@@ -219,14 +220,20 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
     words = (core.vocab.vocab_size + 31) // 32
     buf = torch.empty((1, words), dtype=torch.int32)
     guesses = guesses or {}
+    failed = _failed_rows(helper)
     for idx, h in handles.items():
         if idx >= batch or h.error is not None:
             continue
+        key = None
         try:
             row = h.row  # prepared once per step (reasoning resolved); None when the row failed
             if row is None:
                 continue
             key = (row.session_id, row.seq_id)
+            if key in failed:  # the engine runs a step ahead of its stop: fail the row again, never re-propose
+                if report is not None:
+                    report.errors[idx] = failed[key]
+                continue
             guess = guesses.get(key)
             if guess is not None and core.guess_holds(row, guess[0], guess[1]):
                 run = guess[2]
@@ -241,6 +248,10 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
             err = exc if isinstance(exc, GuideError) else GuideError(
                 f"grammar drafts: the proposal failed for this row: {type(exc).__name__}: {exc}")
             h.error = err
+            if key is not None:
+                failed[key] = err
+                while len(failed) > MAX_FAILED_ROWS:
+                    failed.popitem(last=False)
             if report is not None:
                 report.errors[idx] = err
             logger.warning("tokenrails: grammar-draft proposal failed for row %d: %r", idx, exc)
@@ -253,6 +264,16 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
     if report is not None:
         report.core, report.encode = core, encode
     return drafts, counts, singles
+
+
+MAX_FAILED_ROWS = 4096
+
+
+def _failed_rows(helper: Any) -> "OrderedDict[Hashable, Any]":
+    """Rows whose proposal raised, with their error (bounded): the engine stops a failed row one
+    step late, so the row is failed again then, never proposed again. Proposals of one helper run
+    one at a time (the agent's step)."""
+    return helper.__dict__.setdefault("_tokenrails_failed_drafts", OrderedDict())
 
 
 class _PlanReport:
@@ -284,7 +305,7 @@ async def _propose_rows(proposer: Any, ctx: Any, formats: Any, pads: list[int], 
         plan_drafts, proposer.guided_helper, ctx, formats, pads, k, guesses=guesses, report=report)
     critical = time.perf_counter() - t0
     if report.errors:
-        step_context.report(report.errors)
+        report_row_errors(getattr(proposer.guided_helper, "_mgr", None), report.errors)
     if draft_ahead.enabled() and report.core is not None:
         capped = [(key, row, run) for key, row, run in report.rows if len(run) == k]
         ahead.start(report.core, capped, k, report.encode)
