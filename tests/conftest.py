@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -26,6 +27,24 @@ def vocab(smollm2_tokenizer):
     from tokenrails import Vocabulary
 
     return Vocabulary.from_huggingface(smollm2_tokenizer)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """No test may import JAX into the pytest process: JAX starts threads on import and the suite
+    forks afterwards (LMDeploy's engines, servers, TP ranks), which JAX warns may deadlock. Tests of
+    jax arrays run in a subprocess (tests/compat/test_outlines_internals.py)."""
+    had_jax = "jax" in sys.modules
+    result = yield
+    if not had_jax and "jax" in sys.modules:
+        raise AssertionError(f"{item.nodeid} imported jax into the test process; run it in a subprocess")
+    return result
+
+
+def pytest_collection_finish(session):
+    if "jax" in sys.modules:
+        import warnings
+        warnings.warn("jax was imported while collecting the tests; the suite forks later (see pytest_runtest_call)")
 
 
 def pytest_sessionfinish(session, exitstatus):

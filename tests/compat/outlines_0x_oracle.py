@@ -15,6 +15,7 @@ next state), its first state and its final states, or the error outlines raised.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -47,10 +48,29 @@ def _side_folder(version: str) -> Path:
     return target
 
 
-def outlines_index(version: str, tokenizer_dir: str, patterns: list[str], out: Path) -> dict:
-    """Real outlines ``version``'s index of every pattern on the tokenizer in ``tokenizer_dir``."""
-    from outlines_peer import peer_path
+def _index_key(version: str, tokenizer_dir: str, patterns: list[str]) -> str:
+    """Everything the index is a function of: the version and its side packages, the tokenizer's
+    files, the patterns, and this script (which reads outlines' guides)."""
+    digest = hashlib.sha256(json.dumps([version, _SIDE[version], patterns]).encode())
+    digest.update(Path(__file__).read_bytes())
+    for name in sorted(os.listdir(tokenizer_dir)):
+        path = Path(tokenizer_dir, name)
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:24]
 
+
+def outlines_index(version: str, tokenizer_dir: str, patterns: list[str], out: Path) -> dict:
+    """Real outlines ``version``'s index of every pattern on the tokenizer in ``tokenizer_dir``.
+
+    Kept in the peer cache (next to the outlines sdist it comes from) under a hash of all its
+    inputs: a fixed release's index of fixed patterns never changes, and building it (numba's JIT,
+    a 128k-token vocabulary) took about 4 minutes of every suite run."""
+    from outlines_peer import _suites, peer_path
+
+    cached = _suites().CACHE / "oracle-index" / f"{version}-{_index_key(version, tokenizer_dir, patterns)}.json"
+    if cached.exists():
+        return json.loads(cached.read_text())
     path = os.pathsep.join([peer_path(version), str(_side_folder(version))])
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                PYTHONWARNINGS="ignore", NUMBA_CACHE_DIR=str(out.parent / "numba-cache"))
@@ -59,7 +79,13 @@ def outlines_index(version: str, tokenizer_dir: str, patterns: list[str], out: P
                           text=True, timeout=1800, cwd=str(out.parent))
     if done.returncode != 0:
         raise AssertionError(f"outlines {version} index subprocess failed:\n{done.stderr[-4000:]}")
-    return json.loads(out.read_text())
+    text = out.read_text()
+    result = json.loads(text)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(text)
+    os.replace(partial, cached)  # whole or absent, whatever runs at the same time
+    return result
 
 
 # ---- below: runs in the subprocess, under the real outlines ----

@@ -68,3 +68,48 @@ def pipe(model_dir):
     yield p
     p.close()
     deactivate()
+
+
+# ---- one upgraded api_server for the modules that only send it requests --------------------------
+# These modules start the same server (``test_real_server.start_ready``'s defaults) and only read it
+# (their log checks read what a request added): one start instead of one per module. Their tests run
+# one after another (pytest_collection_modifyitems) and the server stops after the last of them.
+SHARED_SERVER_MODULES = ("test_body_limits_server.py", "test_real_server.py", "test_request_fields_server.py")
+_SHARED: dict = {}
+
+
+def _stop_shared_server() -> None:
+    server = _SHARED.pop("server", None)
+    if server is not None:
+        from harness.server_attack import stop_server
+        stop_server(server[2])
+
+
+@pytest.fixture
+def shared_server(tmp_path_factory, model_dir):
+    """(base URL, model id, server process, log path) of the shared upgraded api_server; started on
+    first use, again if a test order ran other modules in between."""
+    if "server" not in _SHARED:
+        from .test_real_server import start_ready
+        log = tmp_path_factory.mktemp("shared-server") / "server.log"
+        proc, base, model_id = start_ready(model_dir, log)
+        _SHARED["server"] = (base, model_id, proc, log)
+    return _SHARED["server"]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The shared server's modules, each in its own order, together where the first of them was."""
+    users = [item for item in items if item.path.name in SHARED_SERVER_MODULES]
+    if users:
+        first = items.index(users[0])
+        rest = [item for item in items if item.path.name not in SHARED_SERVER_MODULES]
+        items[:] = rest[:first] + users + rest[first:]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if "server" in _SHARED and (nextitem is None or nextitem.path.name not in SHARED_SERVER_MODULES):
+        _stop_shared_server()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _stop_shared_server()

@@ -20,19 +20,16 @@ httpx = pytest.importorskip("httpx")
 
 from harness import server_attack as atk  # noqa: E402
 
-from .test_real_server import start_ready  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, model_dir):
-    log = tmp_path_factory.mktemp("bodies") / "server.log"
-    proc, base, model_id = start_ready(model_dir, log)
-    try:
-        yield base, model_id, log
-    finally:
-        atk.stop_server(proc)
+@pytest.fixture
+def server(shared_server):
+    """The upgraded api_server shared with other modules (conftest); the log checks read only what
+    this module's requests added."""
+    base, model_id, _, log = shared_server
+    return base, model_id, log
 
 
 def _chat(model_id: str, **extra) -> dict:

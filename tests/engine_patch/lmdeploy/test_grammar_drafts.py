@@ -6,6 +6,11 @@ decoding (several schemas, regex, choice, an unguided row, a bad schema in the b
 outputs (temperature 1) over a string with several tokenizations distributed like plain guided
 decoding by a chi-square test that does reject a deliberately biased verifier (one that accepts
 every grammar draft, i.e. jump-forward in the canonical tokenization).
+
+Cost: two engines for the whole module (plain guided, then grammar drafts; the biased verifier is
+patched into the second for its own run), ``BATCH`` sampled requests in flight at once and a short
+raw prompt, so the same 3 x 160 sampled requests take a fraction of the forwards and prefill tokens
+they took with one engine per run, a batch of 8 and the chat template's system prompt.
 """
 from __future__ import annotations
 
@@ -54,26 +59,29 @@ def _requests():
     ]
 
 
-def _pipe(model_dir, drafts: int, batch: int = 8):
+DRAFTS = 4  # grammar drafts per step of the drafted engine (greedy and sampled runs)
+N_SAMPLED = 160  # sampled requests per arm (plain, drafted, biased): the chi-square test's sample
+BATCH = 32  # requests in flight at once; one 64-token KV block each (prompt + WORD + drafts)
+# raw (no chat template, whose system prompt is 34 tokens): prefill dominated the sampled runs
+WORD_PROMPT = "<|im_start|>user\nSay one word.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _pipe(model_dir, drafts: int):
     from lmdeploy import pipeline
 
     from tokenrails.engine_patch.lmdeploy import activate
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
     torch.set_num_threads(1)
     activate(grammar_drafts=drafts)
-    return pipeline(model_dir, backend_config=cpu_engine_config(max_batch_size=batch, session_len=512))
+    return pipeline(model_dir, backend_config=cpu_engine_config(max_batch_size=BATCH, session_len=512))
 
 
-def _run(model_dir, drafts: int, prompts, gens, batch: int = 8):
-    from tokenrails.engine_patch.lmdeploy import deactivate, grammar_drafts
+def _generate(pipe, prompts, gens, **kw):
+    """Outputs and the grammar-draft counters of this call alone."""
+    from tokenrails.engine_patch.lmdeploy import grammar_drafts
     grammar_drafts.reset_stats()
-    pipe = _pipe(model_dir, drafts, batch)
-    try:
-        outs = pipe(prompts, gen_config=gens)
-        return outs, grammar_drafts.totals()
-    finally:
-        pipe.close()
-        deactivate()
+    outs = pipe(prompts, gen_config=gens, **kw)
+    return outs, grammar_drafts.totals()
 
 
 def _gens(reqs, **sampling):
@@ -81,11 +89,58 @@ def _gens(reqs, **sampling):
     return [GenerationConfig(max_new_tokens=n, response_format=rf, **sampling) for _, rf, n in reqs]
 
 
-def test_greedy_equals_plain_guided_token_for_token(model_dir):
+def _sampled_gens(drafts: int, n: int, biased: bool):
+    """``n`` sampled (temperature 1) requests for the regex ``WORD``.
+
+    top_k=50: with top_k=0 LMDeploy samples from the whole sorted vocabulary with
+    ``torch.multinomial``, which on CPU now and then returns a zero-probability token (about 1 in
+    100 requests here, plain guided decoding too: the request then fails closed)."""
+    from lmdeploy import GenerationConfig
+    return [GenerationConfig(max_new_tokens=14, do_sample=True, temperature=1.0, top_k=50, top_p=1.0,
+                             random_seed=1000 * drafts + i + (7 if biased else 0),
+                             response_format={"type": "regex_schema", "regex_schema": WORD}) for i in range(n)]
+
+
+def _bias_the_verifier(monkeypatch) -> None:
+    """The biased verifier: the target 'agrees' with every draft (jump-forward)."""
+    from lmdeploy.pytorch.backends.default import rejection_sampling as rs
+    original = rs.DefaultRejectionSamplingImpl.forward
+
+    def accept_every_draft(self, target_logits, draft_token_ids, bonus_token_ids, **kw):
+        rigged = torch.full_like(target_logits, -1e4)
+        rigged.scatter_(-1, draft_token_ids.unsqueeze(-1), 0.0)
+        return original(self, rigged, draft_token_ids, bonus_token_ids, **kw)
+
+    monkeypatch.setattr(rs.DefaultRejectionSamplingImpl, "forward", accept_every_draft)
+
+
+@pytest.fixture(scope="module")
+def runs(model_dir):
+    """Every run of the module: per engine (drafts 0, then ``DRAFTS``) the greedy batch of
+    ``_requests()`` and ``N_SAMPLED`` sampled ``WORD`` requests; on the drafted engine also the
+    sampled requests under the biased verifier. {(kind, drafts): (outputs, draft counters)}."""
+    from tokenrails.engine_patch.lmdeploy import deactivate
     reqs = _requests()
-    prompts, gens = [p for p, _, _ in reqs], _gens(reqs, top_k=1)
-    plain, none = _run(model_dir, 0, prompts, gens)
-    drafted, totals = _run(model_dir, 3, prompts, gens)
+    out = {}
+    for drafts in (0, DRAFTS):
+        pipe = _pipe(model_dir, drafts)
+        try:
+            out["greedy", drafts] = _generate(pipe, [p for p, _, _ in reqs], _gens(reqs, top_k=1))
+            for biased in ((False, True) if drafts else (False,)):
+                with pytest.MonkeyPatch.context() as mp:
+                    if biased:
+                        _bias_the_verifier(mp)
+                    out["biased" if biased else "sampled", drafts] = _generate(
+                        pipe, [WORD_PROMPT] * N_SAMPLED, _sampled_gens(drafts, N_SAMPLED, biased), do_preprocess=False)
+        finally:
+            pipe.close()
+            deactivate()
+    return out
+
+
+def test_greedy_equals_plain_guided_token_for_token(runs):
+    plain, none = runs["greedy", 0]
+    drafted, totals = runs["greedy", DRAFTS]
     assert none["grammar_draft_steps"] == 0  # off: the engine has no speculative agent at all
     for a, b in zip(plain, drafted):
         assert list(a.token_ids) == list(b.token_ids) and a.text == b.text and a.finish_reason == b.finish_reason, (a, b)
@@ -103,32 +158,12 @@ def test_greedy_equals_plain_guided_token_for_token(model_dir):
     assert totals["grammar_draft_steps"] < totals["grammar_draft_emitted"] / 2, totals
 
 
-def _sample_counts(model_dir, drafts: int, n: int, *, biased: bool = False, monkeypatch=None):
-    """How many tokens each of ``n`` sampled (temperature 1) outputs of the regex ``WORD`` took.
-
-    The statistic is the tokenization's length: the first token is sampled at prefill, before any
-    draft; from there on a verifier that favours the canonical tokenization makes outputs shorter.
-    top_k=50: with top_k=0 LMDeploy samples from the whole sorted vocabulary with
-    ``torch.multinomial``, which on CPU now and then returns a zero-probability token (about 1 in
-    100 requests here, plain guided decoding too: the request then fails closed).
-    """
-    from lmdeploy import GenerationConfig
-    if biased:
-        from lmdeploy.pytorch.backends.default import rejection_sampling as rs
-        original = rs.DefaultRejectionSamplingImpl.forward
-
-        def accept_every_draft(self, target_logits, draft_token_ids, bonus_token_ids, **kw):
-            """The biased verifier: the target 'agrees' with every draft (jump-forward)."""
-            rigged = torch.full_like(target_logits, -1e4)
-            rigged.scatter_(-1, draft_token_ids.unsqueeze(-1), 0.0)
-            return original(self, rigged, draft_token_ids, bonus_token_ids, **kw)
-
-        monkeypatch.setattr(rs.DefaultRejectionSamplingImpl, "forward", accept_every_draft)
-    gens = [GenerationConfig(max_new_tokens=14, do_sample=True, temperature=1.0, top_k=50, top_p=1.0, random_seed=1000 * drafts + i + (7 if biased else 0),
-                             response_format={"type": "regex_schema", "regex_schema": WORD}) for i in range(n)]
-    outs, totals = _run(model_dir, drafts, ["Say one word."] * n, gens)
+def _lengths(outs) -> collections.Counter:
+    """How many tokens each output of the regex ``WORD`` took: the tokenization's length. The
+    first token is sampled at prefill, before any draft; from there on a verifier that favours the
+    canonical tokenization makes outputs shorter."""
     assert all(o.text == WORD for o in outs), [o.text for o in outs if o.text != WORD]
-    return collections.Counter(len(o.token_ids) for o in outs), totals
+    return collections.Counter(len(o.token_ids) for o in outs)
 
 
 def _chi2_p(a: collections.Counter, b: collections.Counter, min_count: int = 5) -> float:
@@ -145,14 +180,14 @@ def _chi2_p(a: collections.Counter, b: collections.Counter, min_count: int = 5) 
     return float(stats.chi2_contingency(table)[1])
 
 
-def test_sampled_distribution_equals_plain_guided_and_biased_variant_is_caught(model_dir, monkeypatch):
-    n = 160
-    plain, _ = _sample_counts(model_dir, 0, n)
+def test_sampled_distribution_equals_plain_guided_and_biased_variant_is_caught(runs):
+    plain = _lengths(runs["sampled", 0][0])
     assert len(plain) >= 3, plain  # the model spreads over several tokenizations: the test has power
-    drafted, totals = _sample_counts(model_dir, 4, n)
-    assert totals["grammar_drafted"] > n and 0 < totals["grammar_draft_accepted"] < totals["grammar_drafted"], totals
+    drafted_outs, totals = runs["sampled", DRAFTS]
+    drafted = _lengths(drafted_outs)
+    assert totals["grammar_drafted"] > N_SAMPLED and 0 < totals["grammar_draft_accepted"] < totals["grammar_drafted"], totals
     p_same = _chi2_p(plain, drafted)
-    biased, _ = _sample_counts(model_dir, 4, n, biased=True, monkeypatch=monkeypatch)
+    biased = _lengths(runs["biased", DRAFTS][0])
     p_biased = _chi2_p(plain, biased)
     assert p_same > 1e-3, (p_same, plain, drafted)
     assert p_biased < 1e-6, (p_biased, plain, biased)

@@ -97,29 +97,36 @@ class _Recorder:
         return out
 
 
-def _run(model_dir, prompts, formats, max_tokens=40, drafts=4):
-    from lmdeploy import GenerationConfig, pipeline
+@pytest.fixture(scope="module")
+def drafts_pipe(model_dir):
+    """One engine with grammar drafts (k=4) for the module: the recorder patches LMDeploy's classes
+    per test, so each test counts its own forwards."""
+    from lmdeploy import pipeline
 
     from tokenrails.engine_patch.lmdeploy import activate, deactivate
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
     torch.set_num_threads(1)
-    activate(grammar_drafts=drafts)
+    activate(grammar_drafts=4)
     pipe = pipeline(model_dir, backend_config=cpu_engine_config(max_batch_size=4, session_len=512))
-    try:
-        gens = [GenerationConfig(max_new_tokens=max_tokens, top_k=1, response_format=f) for f in formats]
-        return pipe(prompts, gen_config=gens)
-    finally:
-        pipe.close()
-        deactivate()
+    yield pipe
+    pipe.close()
+    deactivate()
+
+
+def _run(pipe, prompts, formats, max_tokens=40):
+    from lmdeploy import GenerationConfig
+
+    gens = [GenerationConfig(max_new_tokens=max_tokens, top_k=1, response_format=f) for f in formats]
+    return pipe(prompts, gen_config=gens)
 
 
 @pytest_slow
-def test_positions_per_step_equal_forced_runs_and_unguided_rows_cost_one(model_dir, monkeypatch):
+def test_positions_per_step_equal_forced_runs_and_unguided_rows_cost_one(drafts_pipe, monkeypatch):
     from tokenrails import GuideSpec
 
     rec = _Recorder(monkeypatch)
     spec = GuideSpec.json_schema(json.dumps(PERSON), any_whitespace=False)
-    outs = _run(model_dir, ["Give me a person as JSON.", "Hi"], [spec, None])
+    outs = _run(drafts_pipe, ["Give me a person as JSON.", "Hi"], [spec, None])
     assert outs[0].finish_reason == "stop" and outs[1].generate_token_len > 1, outs
     lengths = rec.decode_lengths()
     assert lengths, rec.events
@@ -141,9 +148,9 @@ def test_positions_per_step_equal_forced_runs_and_unguided_rows_cost_one(model_d
 
 
 @pytest_slow
-def test_unguided_request_in_a_drafts_engine_runs_plain_decodes(model_dir, monkeypatch):
+def test_unguided_request_in_a_drafts_engine_runs_plain_decodes(drafts_pipe, monkeypatch):
     rec = _Recorder(monkeypatch)
-    outs = _run(model_dir, ["Tell me a story."], [None], max_tokens=12)
+    outs = _run(drafts_pipe, ["Tell me a story."], [None], max_tokens=12)
     assert outs[0].generate_token_len == 12, outs
     lengths = rec.decode_lengths()
     # (LMDeploy may run one decode step past the length cap before it sees the stop)

@@ -77,14 +77,10 @@ def start_ready(model, log, *extra_args, tool_call_parser="qwen", **start_kw):
     raise AssertionError("unreachable")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, model_dir):
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    proc, base, model_id = start_ready(model_dir, log)
-    try:
-        yield base, model_id, proc, log
-    finally:
-        _stop(proc)
+@pytest.fixture
+def server(shared_server):
+    """The upgraded api_server this module shares with others that only send it requests (conftest)."""
+    return shared_server
 
 
 def _body(model_id, prompt, **kw):

@@ -20,10 +20,6 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
 
-from harness.server_attack import stop_server  # noqa: E402
-
-from .test_real_server import start_ready  # noqa: E402
-
 pytestmark = pytest.mark.slow
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
@@ -32,14 +28,11 @@ GRAMMAR = 'root ::= num " " op " " num\nop ::= "+" | "-"\nnum ::= [1-9] [0-9]?'
 GRAMMAR_RE = r"[1-9][0-9]? [+-] [1-9][0-9]?"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, model_dir):
-    log = tmp_path_factory.mktemp("fields") / "server.log"
-    proc, base, model_id = start_ready(model_dir, log)
-    try:
-        yield base, model_id
-    finally:
-        stop_server(proc)
+@pytest.fixture
+def server(shared_server):
+    """The upgraded api_server shared with other modules (conftest)."""
+    base, model_id, _, _ = shared_server
+    return base, model_id
 
 
 def _chat(server, prompt, max_tokens=40, **fields):
