@@ -71,7 +71,7 @@ def with_budget(fmt: dict) -> dict:
 # ---- in-process probe: the fsm compile, with and without the table ----------------------------
 def probe(rows: list[Row], vocab: Any) -> dict[str, dict]:
     """Per row: ``shortest`` (D(start)) or ``refused`` (the fsm compile's reason), compile times."""
-    from tokenrails.engine_patch.lmdeploy.requests import parse_format
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
     from tokenrails.guided.budget import budget_table
     from tokenrails.guided.errors import GuideError
     from tokenrails.guided.manager import GuidedDecodingManager

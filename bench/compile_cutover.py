@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     if args.vocab == "probe":
-        from tokenrails.engine_patch.lmdeploy.requests import _probe_vocab
+        from tokenrails.engine_patch.lmdeploy.server.request_parsing import _probe_vocab
 
         vocab = _probe_vocab()
     else:

@@ -38,7 +38,8 @@ def main() -> None:
 
     from tokenrails import GuideSpec, Vocabulary
     from tokenrails.demo_model import resolve_model_dir
-    from tokenrails.engine_patch.lmdeploy import activate, deactivate, draft_shapes
+    from tokenrails.engine_patch.lmdeploy import activate, deactivate
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_shapes
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
     from transformers import AutoTokenizer
 

@@ -201,7 +201,8 @@ def main() -> None:
 
     from bench._common import abba, load_average, round_order, stream_requests
     from tokenrails import GuideSpec, Vocabulary
-    from tokenrails.engine_patch.lmdeploy import activate, draft_ahead, grammar_drafts
+    from tokenrails.engine_patch.lmdeploy import activate
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_ahead, grammar_drafts
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
     from tokenrails.demo_model import resolve_model_dir
     from transformers import AutoTokenizer

@@ -51,7 +51,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from tokenrails import GuideSpec, Vocabulary
-    from tokenrails.engine_patch.lmdeploy import activate, draft_metrics, grammar_eagle
+    from tokenrails.engine_patch.lmdeploy import activate
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_metrics, grammar_eagle
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
     from tokenrails.engine_patch.lmdeploy.cpu.draft import random_eagle_draft
     from tokenrails.demo_model import resolve_model_dir

@@ -128,7 +128,7 @@ def main() -> None:
     model, _, _ = resolve_model_dir(quiet=True)
     logdir = Path(tempfile.mkdtemp(prefix="tool_calls_http_"))
     if args.meter:
-        from tokenrails.engine_patch.lmdeploy.guided_meter import ENV_METER
+        from tokenrails.engine_patch.lmdeploy.step.guided_meter import ENV_METER
 
         os.environ[ENV_METER] = str(logdir / "meter")
     servers: dict[str, list] = {"upgraded": [], "stock": []}

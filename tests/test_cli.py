@@ -62,12 +62,12 @@ def test_lmdeploy_subcommand_is_dispatched(capsys, monkeypatch):
     import types
 
     seen = {}
-    fake = types.ModuleType("tokenrails.engine_patch.lmdeploy.cli")
+    fake = types.ModuleType("tokenrails.engine_patch.lmdeploy.lmdeploy_cli")
     fake.main = lambda argv: seen.setdefault("argv", argv) and 0
     parent = types.ModuleType("tokenrails.engine_patch.lmdeploy")
     parent.cli = fake
     monkeypatch.setitem(sys.modules, "tokenrails.engine_patch.lmdeploy", parent)
-    monkeypatch.setitem(sys.modules, "tokenrails.engine_patch.lmdeploy.cli", fake)
+    monkeypatch.setitem(sys.modules, "tokenrails.engine_patch.lmdeploy.lmdeploy_cli", fake)
     assert main(["lmdeploy", "serve", "api_server", "--help"]) == 0
     assert seen["argv"] == ["serve", "api_server", "--help"]
 

@@ -28,7 +28,7 @@ def test_the_settings_list_is_the_source_s_variables():
 
 
 def test_ray_workers_get_every_setting(monkeypatch):
-    from tokenrails.engine_patch.lmdeploy.inherit import child_env
+    from tokenrails.engine_patch.lmdeploy.boot.inherit import child_env
 
     values = {name: f"value-of-{name.lower()}" for name in names_in_source()}
     for name, value in values.items():

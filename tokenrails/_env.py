@@ -26,26 +26,27 @@ def env_lookup(name: str):
 
 #: Every environment variable tokenrails reads, in one place: a process that starts another where
 #: the environment is not inherited (LMDeploy's Ray workers) hands all of them on
-#: (``engine_patch/lmdeploy/inherit.child_env``). ``tests/test_env_settings.py`` scans the source so
+#: (``engine_patch/lmdeploy/boot/inherit.child_env``). ``tests/test_env_settings.py`` scans the source so
 #: that a new setting cannot be left out.
 SETTINGS: tuple[str, ...] = (
-    "TOKENRAILS_BUDGET",                 # lmdeploy/settings: activate(budget=) / --budget
+    "TOKENRAILS_BUDGET",                 # boot/settings: activate(budget=) / --budget
     "TOKENRAILS_CACHE",                  # demo_model: where the embedded model's cache lives
-    "TOKENRAILS_COMPILE_CACHE_DIR",      # lmdeploy/settings: compiled guides kept across restarts
-    "TOKENRAILS_COMPILE_PROCESSES",      # lmdeploy/settings: worker processes for large compiles
+    "TOKENRAILS_COMPILE_CACHE_DIR",      # boot/settings: compiled guides kept across restarts
+    "TOKENRAILS_COMPILE_PROCESSES",      # boot/settings: worker processes for large compiles
+    "TOKENRAILS_DRAFTS_AHEAD",           # speculative/draft_ahead: next forced runs beside the forward (0: inline)
     "TOKENRAILS_EXIT_WAIT_S",            # guided/native_threads: exit's bound on running compiles
     "TOKENRAILS_FSM_PRECOMPUTE",         # guided/fsm/token_index: warm-up of the token index
-    "TOKENRAILS_GRAMMAR_DRAFTS",         # lmdeploy/grammar_drafts: k forced drafts per step
-    "TOKENRAILS_GRAMMAR_DRAFTS_FIXED",   # lmdeploy/draft_shapes: verification shapes (0/1/buckets)
-    "TOKENRAILS_GRAMMAR_EAGLE",          # lmdeploy/grammar_eagle: grammar-aware draft models
-    "TOKENRAILS_GUIDED_CPU_METER",       # lmdeploy/guided_meter: per-process CPU time of guided calls
+    "TOKENRAILS_GRAMMAR_DRAFTS",         # speculative/grammar_drafts: k forced drafts per step
+    "TOKENRAILS_GRAMMAR_DRAFTS_FIXED",   # speculative/draft_shapes: verification shapes (0/1/buckets)
+    "TOKENRAILS_GRAMMAR_EAGLE",          # speculative/grammar_eagle: grammar-aware draft models
+    "TOKENRAILS_GUIDED_CPU_METER",       # step/guided_meter: per-process CPU time of guided calls
     "TOKENRAILS_KERNEL",                 # kernels/dispatch: the mask kernel forced
-    "TOKENRAILS_LMDEPLOY",               # lmdeploy/startup: children come up upgraded
-    "TOKENRAILS_LMDEPLOY_BACKEND",       # lmdeploy/inherit: activate(backend=)
-    "TOKENRAILS_LMDEPLOY_CPU",           # lmdeploy/startup: the CPU device path
-    "TOKENRAILS_LMDEPLOY_FILL_THREADS",  # lmdeploy/inherit: activate(fill_threads=)
-    "TOKENRAILS_LMDEPLOY_LIMITS",        # lmdeploy/inherit: activate(limits=)
-    "TOKENRAILS_MAX_BODY_BYTES",         # lmdeploy/body_limits: the api_server's request bounds
+    "TOKENRAILS_LMDEPLOY",               # boot/startup: children come up upgraded
+    "TOKENRAILS_LMDEPLOY_BACKEND",       # boot/inherit: activate(backend=)
+    "TOKENRAILS_LMDEPLOY_CPU",           # boot/startup: the CPU device path
+    "TOKENRAILS_LMDEPLOY_FILL_THREADS",  # boot/inherit: activate(fill_threads=)
+    "TOKENRAILS_LMDEPLOY_LIMITS",        # boot/inherit: activate(limits=)
+    "TOKENRAILS_MAX_BODY_BYTES",         # server/body_limits: the api_server's request bounds
     "TOKENRAILS_MAX_MESSAGES",
     "TOKENRAILS_MAX_MESSAGE_BYTES",
     "TOKENRAILS_MAX_STOP_BYTES",
@@ -55,8 +56,8 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_NATIVE",                 # native: 0 forces the numpy paths
     "TOKENRAILS_OUTLINES_API",           # compat/outlines: the outlines API version served
     "TOKENRAILS_OUTLINES_REGEX_BACKEND", # compat/outlines: the regex backend
-    "TOKENRAILS_OVERLAP",                # lmdeploy/overlap: mask fill during the forward
-    "TOKENRAILS_REASONING",              # engine_patch/reasoning: the engine-wide default
-    "TOKENRAILS_TOOL_CALLS",             # lmdeploy/tool_calls: constrained tool calls
-    "TOKENRAILS_TP_GUIDED_ALL_RANKS",    # lmdeploy/tp_ranks: a manager on every TP rank
+    "TOKENRAILS_OVERLAP",                # step/overlap: mask fill during the forward
+    "TOKENRAILS_REASONING",              # engine_patch/reasoning_settings: the engine-wide default
+    "TOKENRAILS_TOOL_CALLS",             # server/tool_calls: constrained tool calls
+    "TOKENRAILS_TP_GUIDED_ALL_RANKS",    # step/tp_ranks: a manager on every TP rank
 )

@@ -262,7 +262,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # ---- lmdeploy (owned by the LMDeploy integration) ---------------------------------------
 def cmd_lmdeploy(rest: list[str]) -> int:
     try:
-        from .engine_patch.lmdeploy.cli import main as lmdeploy_main  # type: ignore[import-not-found]
+        from .engine_patch.lmdeploy.lmdeploy_cli import main as lmdeploy_main  # type: ignore[import-not-found]
     except ImportError as exc:
         _err(f"the lmdeploy subcommand is not available ({exc}); pip install tokenrails[lmdeploy]")
         return 2

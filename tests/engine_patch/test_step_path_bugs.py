@@ -58,8 +58,8 @@ def test_decode_loop_jump_keeps_the_sequence_history_exact(smollm2):
 
 # ---- 2 ------------------------------------------------------------------------------------------
 def test_speculative_handles_wait_for_the_step_lock(smollm2_tokenizer, vocab):
-    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
-    from tokenrails.engine_patch.lmdeploy.spec import RowHandle, SpecState
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
+    from tokenrails.engine_patch.lmdeploy.speculative.spec_helper import RowHandle, SpecState
 
     owner = LMDeployGuidedManager(smollm2_tokenizer, vocab.vocab_size, vocab=vocab)
     mgr = owner.core()
@@ -97,7 +97,7 @@ def _inputs_without_entry(fmt):
 
 
 def _rows(si):
-    from tokenrails.engine_patch.lmdeploy.step import rows_from_inputs
+    from tokenrails.engine_patch.lmdeploy.step.lmdeploy_step import rows_from_inputs
 
     return rows_from_inputs(si)
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from tokenrails import GuideSpec
-from tokenrails.engine_patch.reasoning import (
+from tokenrails.engine_patch.reasoning_settings import (
     AUTO, ReasoningSetting, parse_setting, prompt_for_reading, resolve,
 )
 from tokenrails.engine_patch.transformers import GuidedLogitsProcessor, generate_guided
@@ -210,7 +210,7 @@ def test_parse_setting_forms():
 
 
 def test_env_default(monkeypatch, think_tokenizer, think_vocab):
-    from tokenrails.engine_patch.reasoning import default_setting
+    from tokenrails.engine_patch.reasoning_settings import default_setting
 
     assert default_setting() is AUTO
     monkeypatch.setenv("TOKENRAILS_REASONING", "off")

@@ -309,7 +309,7 @@ def test_lmdeploy_pydantic_default_is_not_an_opt_out():
 
 
 def test_lmdeploy_engine_spec_keeps_the_option():
-    from tokenrails.engine_patch.lmdeploy.requests import spec_of, validate_spec
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import spec_of, validate_spec
 
     spec = spec_of(_rf(strict=False))
     assert spec.option("strict") is False

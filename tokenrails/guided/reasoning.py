@@ -12,7 +12,7 @@ part is always produced and always valid":
 
 Right after a generated end marker, before the grammar's first token, a bounded run of
 whitespace-only tokens may be allowed (``whitespace_after_end`` bytes: Qwen3-style models write
-``</think>\n\n`` before the answer; the engine-wide gate, engine_patch/reasoning.py, allows 2 by
+``</think>\n\n`` before the answer; the engine-wide gate, engine_patch/reasoning_settings.py, allows 2 by
 default; a ``ReasoningConfig`` made directly hands over exactly, 0). The grammar wins a token it accepts (that ends the
 gap); any other token there must be whitespace within the budget, so nothing else bypasses the
 grammar. Nothing is forced during the gap (the model may still write whitespace).

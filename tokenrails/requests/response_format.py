@@ -26,7 +26,7 @@ _ALLOWED_KEYS: dict[str, frozenset[str]] = {
 }
 RESPONSE_FORMAT_TYPES = frozenset(_ALLOWED_KEYS)
 # Not part of the constraint: the engine adapters' per-request reasoning setting
-# (tokenrails/engine_patch/reasoning.py reads and validates it); accepted and set aside here.
+# (tokenrails/engine_patch/reasoning_settings.py reads and validates it); accepted and set aside here.
 REASONING_KEY = "tokenrails_reasoning"
 # Likewise the request's budget setting ("close": complete the output within max_tokens;
 # tokenrails/guided/budget.py): read by the engine adapters, set aside here.

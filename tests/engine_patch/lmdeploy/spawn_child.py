@@ -31,9 +31,9 @@ def report_settings_after_agent_import() -> dict:
     from lmdeploy.pytorch.engine.model_agent import agent  # noqa: F401  (what builds the manager)
 
     import tokenrails.engine_patch.lmdeploy as patch
-    from tokenrails.engine_patch.lmdeploy import settings
-    from tokenrails.engine_patch.lmdeploy.inherit import limits_from_env
-    from tokenrails.engine_patch.reasoning import default_setting
+    from tokenrails.engine_patch.lmdeploy.boot import settings
+    from tokenrails.engine_patch.lmdeploy.boot.inherit import limits_from_env
+    from tokenrails.engine_patch.reasoning_settings import default_setting
 
     limits = limits_from_env()
     return {"active": patch.is_active(), "backend": settings.backend(),

@@ -20,7 +20,7 @@ import pytest
 from tokenrails.engine_patch.lmdeploy._patching import DoublePatchError, Patcher, is_patched
 
 REPO = Path(__file__).resolve().parents[3]
-SITECUSTOMIZE = REPO / "tokenrails" / "engine_patch" / "lmdeploy" / "_sitecustomize"
+SITECUSTOMIZE = REPO / "tokenrails" / "engine_patch" / "lmdeploy" / "boot" / "_sitecustomize"
 
 
 def _wrap(original):
@@ -158,7 +158,7 @@ def test_the_hook_firing_inside_activate_keeps_its_options():
     """The nested (hook) call used to re-run ``configure()`` with no options, dropping the caller's
     (a ``ReasoningConfig`` object, which is not exported to the environment, was lost)."""
     pytest.importorskip("lmdeploy")
-    code = ("from tokenrails.engine_patch.lmdeploy import activate, settings\n"
+    code = ("from tokenrails.engine_patch.lmdeploy import activate\nfrom tokenrails.engine_patch.lmdeploy.boot import settings\n"
             "activate(backend='fsm', reasoning='off', fill_threads=3)\n"
             "import json; print('REPORT ' + json.dumps({k: settings.CONFIG[k] is not None for k in\n"
             "    ('backend', 'reasoning', 'fill_threads')}))\n")

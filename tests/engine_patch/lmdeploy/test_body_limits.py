@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from tokenrails.engine_patch.lmdeploy import body_limits as bl
+from tokenrails.engine_patch.lmdeploy.server import body_limits as bl
 
 
 class _App:

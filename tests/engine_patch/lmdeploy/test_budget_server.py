@@ -59,7 +59,7 @@ def shortest(model_dir):
     from transformers import AutoTokenizer
 
     from tokenrails import Vocabulary
-    from tokenrails.engine_patch.lmdeploy.requests import parse_format
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
     from tokenrails.guided.budget import budget_table
     from tokenrails.guided.manager import GuidedDecodingManager
 

@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("lmdeploy")
 jsonschema = pytest.importorskip("jsonschema")
 
-from tokenrails.engine_patch.lmdeploy import inherit, settings  # noqa: E402
-from tokenrails.engine_patch.lmdeploy.requests import parse_format  # noqa: E402
+from tokenrails.engine_patch.lmdeploy.boot import inherit, settings  # noqa: E402
+from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format  # noqa: E402
 from tokenrails.guided.budget import is_budget_spec  # noqa: E402
 from tokenrails.guided.errors import InvalidGuideError, UnsupportedGuideError  # noqa: E402
 
@@ -68,7 +68,7 @@ def test_cli_option_and_child_env(monkeypatch):
 
 
 def test_named_and_required_calls_become_a_closable_regex():
-    from tokenrails.engine_patch.lmdeploy.tool_budget import closable_format
+    from tokenrails.engine_patch.lmdeploy.server.tool_budget import closable_format
     from tokenrails.guided.limits import DEFAULT_LIMITS
 
     named = closable_format({"type": "structural_tag", "format": TAG}, DEFAULT_LIMITS)
@@ -93,7 +93,7 @@ def test_named_and_required_calls_become_a_closable_regex():
 def test_body_budget_reaches_the_response_format(upgraded):
     from lmdeploy.serve.openai.protocol import ChatCompletionRequest
 
-    from tokenrails.engine_patch.lmdeploy.request_fields import with_body_budget
+    from tokenrails.engine_patch.lmdeploy.server.request_fields import with_body_budget
 
     msgs = [{"role": "user", "content": "hi"}]
     req = with_body_budget(ChatCompletionRequest(model="m", messages=msgs, response_format=FMT,

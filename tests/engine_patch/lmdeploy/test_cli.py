@@ -5,7 +5,8 @@ import multiprocessing as mp
 import os
 from pathlib import Path
 
-from tokenrails.engine_patch.lmdeploy import cli, startup
+from tokenrails.engine_patch.lmdeploy import lmdeploy_cli as cli
+from tokenrails.engine_patch.lmdeploy.boot import startup
 
 from . import spawn_child
 

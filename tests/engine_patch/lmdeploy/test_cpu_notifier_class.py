@@ -34,7 +34,7 @@ print(json.dumps({
 
 def test_cpu_notifier_resolved_before_lmdeploy_import_is_the_one_install_serves():
     import tokenrails
-    from tokenrails.engine_patch.lmdeploy import inherit
+    from tokenrails.engine_patch.lmdeploy.boot import inherit
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(tokenrails.__file__)))  # this checkout
     env = dict(os.environ, OMP_NUM_THREADS="1")

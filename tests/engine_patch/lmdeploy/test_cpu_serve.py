@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("lmdeploy")
 httpx = pytest.importorskip("httpx")
 
-from tokenrails.engine_patch.lmdeploy import session_budget  # noqa: E402
+from tokenrails.engine_patch.lmdeploy.server import session_budget  # noqa: E402
 from tokenrails.engine_patch.lmdeploy.cpu import serve  # noqa: E402
 from harness.server_attack import free_port, stop_server, wait_ready  # noqa: E402
 

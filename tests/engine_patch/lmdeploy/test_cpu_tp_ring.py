@@ -26,7 +26,7 @@ def _rank_environment(monkeypatch):
     """The ranks start with the environment a real TP rank has under ``cpu.enable()`` (the CPU flag and
     the start-up hook, so the CPU path is enabled when LMDeploy is imported), whatever ran before in
     this process: the ring is proved in the configuration the engine runs, independent of test order."""
-    from tokenrails.engine_patch.lmdeploy import inherit
+    from tokenrails.engine_patch.lmdeploy.boot import inherit
 
     monkeypatch.setenv(inherit.ENV_CPU, "1")
     if not inherit._HOOK.pth_installed():

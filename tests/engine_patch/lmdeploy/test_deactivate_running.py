@@ -60,7 +60,7 @@ def test_a_bad_format_through_the_stock_calls_fails_its_row_closed(smollm2_token
     gets EOS only, and the other rows of the batch keep their own masks."""
     import torch
 
-    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
     def allowed(row):
         bits = (row.unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1

@@ -157,7 +157,7 @@ def _step_module():
     import importlib
 
     try:
-        return importlib.import_module("tokenrails.engine_patch.lmdeploy.step")
+        return importlib.import_module("tokenrails.engine_patch.lmdeploy.step.lmdeploy_step")
     except ImportError:  # before the step module existed
         return None
 
@@ -169,7 +169,7 @@ def test_dllm_errors_finish_their_own_sequence(upgraded, cpu_lmdeploy, smollm2_t
     from lmdeploy.pytorch.strategies.dllm.sampling import DLLMSamplingStrategy
 
     from tokenrails import UnsupportedGuideError
-    from tokenrails.engine_patch.lmdeploy import agent as agent_patch
+    from tokenrails.engine_patch.lmdeploy.step import agent as agent_patch
 
     mgr = harness.make_manager(smollm2_tokenizer, vocab.vocab_size)
     seqs = [harness.FakeSeq(40, harness.gen_config({"type": "json_object"})), harness.FakeSeq(41, harness.gen_config())]
@@ -225,7 +225,7 @@ def test_rejected_token_is_reported(mode, smollm2_tokenizer, vocab):
 
 def test_engine_loop_turns_errors_into_error_responses(upgraded):
     from lmdeploy.messages import ResponseType
-    from tokenrails.engine_patch.lmdeploy.agent import patched_make_infer_outputs
+    from tokenrails.engine_patch.lmdeploy.step.agent import patched_make_infer_outputs
 
     resp = SimpleNamespace(type=ResponseType.SUCCESS, is_done=False, err_msg="")
     out = SimpleNamespace(finish=True, resp=resp)

@@ -8,7 +8,7 @@ pytest.importorskip("lmdeploy")
 
 @pytest.fixture
 def metrics():
-    from tokenrails.engine_patch.lmdeploy import draft_metrics, grammar_drafts
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_metrics, grammar_drafts
     draft_metrics.reset()
     grammar_drafts.reset_stats()
     yield draft_metrics
@@ -36,7 +36,7 @@ def test_verification_and_forced_counts_per_request(metrics):
 
 
 def test_request_metrics_of_the_lmdeploy_manager_carry_the_counters(metrics, smollm2_tokenizer, vocab):
-    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
     metrics.record_verification([7], 4, [[3, 3, -1, -1, -1]], frozenset())
     metrics.record_forced(7, 3)

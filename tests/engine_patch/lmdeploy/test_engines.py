@@ -109,7 +109,7 @@ def test_cli_runs_the_pytorch_engine_unless_told_otherwise(capsys, argv, engine)
 ])
 def test_harmony_wraps_vllm_fields_in_the_final_channel(upgraded, vocab, smollm2_tokenizer, fields, good, bad):
     """vLLM fields folded by the server (request_fields.py) are wrapped like the kind they amount to."""
-    from tokenrails.engine_patch.lmdeploy.requests import PACKED
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import PACKED
 
     tag = _harmony()._build_response_format_grammar({"type": PACKED, PACKED: fields})
     guide = tr.compile_guide(tr.spec_from_request({"type": "structural_tag", **tag}), vocab, "xgrammar")
@@ -124,7 +124,7 @@ def test_harmony_wraps_vllm_fields_in_the_final_channel(upgraded, vocab, smollm2
 
 
 def test_harmony_refuses_vllm_options_it_cannot_wrap(upgraded):
-    from tokenrails.engine_patch.lmdeploy.requests import PACKED
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import PACKED
 
     with pytest.raises(ValueError, match="refused rather than dropped"):
         _harmony()._build_response_format_grammar(

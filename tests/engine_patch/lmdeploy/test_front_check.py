@@ -39,7 +39,7 @@ def allof_ref_chain(levels: int) -> dict:
 
 def _fresh_memo():
     """Forget every verdict: the probe managers (their compile caches) are dropped."""
-    from tokenrails.engine_patch.lmdeploy import requests as req
+    from tokenrails.engine_patch.lmdeploy.server import request_parsing as req
 
     with req._PROBE_LOCK:
         managers = list(req._PROBES.values())
@@ -66,7 +66,7 @@ class _CountingBackend(GuideBackend):
 
 @pytest.fixture
 def front_backend(monkeypatch):
-    from tokenrails.engine_patch.lmdeploy import settings
+    from tokenrails.engine_patch.lmdeploy.boot import settings
 
     _CountingBackend.calls = []
     _CountingBackend.delay = 0.3
@@ -126,7 +126,7 @@ def test_preprocess_checks_formats_off_the_event_loop(upgraded):
 
 
 def test_concurrent_requests_for_one_spec_share_one_check(upgraded, front_backend):
-    from tokenrails.engine_patch.lmdeploy import front_check
+    from tokenrails.engine_patch.lmdeploy.server import front_check
 
     spec = GuideSpec.regex("[0-9]{3}-shared")
     checker = front_check.FrontCheck()
@@ -139,7 +139,7 @@ def test_concurrent_requests_for_one_spec_share_one_check(upgraded, front_backen
 
 
 def test_front_check_has_the_compile_deadline(upgraded, front_backend):
-    from tokenrails.engine_patch.lmdeploy import front_check
+    from tokenrails.engine_patch.lmdeploy.server import front_check
     from tokenrails.guided.errors import GuideTimeoutError
 
     front_backend.delay = 3
@@ -154,7 +154,7 @@ def test_front_check_has_the_compile_deadline(upgraded, front_backend):
 def test_auto_ladder_spends_at_most_one_deadline():
     """fsm gave up only at the full deadline before the fallback (which compiles in 0.04 s)."""
     import tokenrails as tr
-    from tokenrails.engine_patch.lmdeploy.requests import _probe_vocab
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import _probe_vocab
 
     pattern = "[\u0000-\uffff]{0,9}" * 300
     limits = GuideLimits(compile_timeout_s=4.0, max_repeat_total=10_000)  # (the default refuses it)
@@ -280,7 +280,7 @@ def test_valid_tool_requests_still_reach_the_engine(upgraded):
 def test_a_check_that_finishes_before_its_callback_is_added_does_not_deadlock(upgraded, monkeypatch, front_backend):
     """Found by the real-server attack test: a refusal that finished on the pool thread before
     ``add_done_callback`` ran the callback inline, under the lock it takes (the loop froze)."""
-    from tokenrails.engine_patch.lmdeploy import front_check
+    from tokenrails.engine_patch.lmdeploy.server import front_check
     from tokenrails.guided.manager import GuidedDecodingManager
 
     checker = front_check.FrontCheck()
@@ -312,7 +312,7 @@ def _loop_turns_during_preprocess(fmt) -> int:
     (the stock call itself is replaced by a probe, so only the upgrade's front check is counted)."""
     from lmdeploy.messages import GenerationConfig
 
-    from tokenrails.engine_patch.lmdeploy import front_check
+    from tokenrails.engine_patch.lmdeploy.server import front_check
 
     turns = [0]
     at_call: list[int] = []
@@ -361,7 +361,7 @@ def test_a_small_known_format_reaches_the_engine_without_yielding(upgraded):
 def test_a_large_format_is_still_parsed_off_the_loop(upgraded):
     """The inline parse is bounded: a format past ``INLINE_PARSE_NODES`` (here ~1 MB of
     properties) still parses on the executor, so the loop keeps turning."""
-    from tokenrails.engine_patch.lmdeploy import front_check
+    from tokenrails.engine_patch.lmdeploy.server import front_check
 
     big = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 200}
                                             for i in range(5_000)}}
@@ -379,7 +379,7 @@ def test_requests_waiting_on_one_new_format_resume_together(upgraded):
     them, and the rest wait up to 16 decode steps. On main each waiter had its own wrapper of the
     check, and the ones arriving after the (fast) check finished took the memo without waiting:
     about a third of trials resumed over two turns."""
-    from tokenrails.engine_patch.lmdeploy import front_check
+    from tokenrails.engine_patch.lmdeploy.server import front_check
 
     spreads = []
     for trial in range(20):

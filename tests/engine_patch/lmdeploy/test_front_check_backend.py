@@ -25,13 +25,13 @@ def _nonce() -> str:
 
 
 def _verdict(spec, limits=None):
-    from tokenrails.engine_patch.lmdeploy import front_check
+    from tokenrails.engine_patch.lmdeploy.server import front_check
 
     return asyncio.run(front_check.FRONT.verdict(spec, limits or GuideLimits()))
 
 
 def test_the_check_uses_the_engine_backend(upgraded, monkeypatch):
-    from tokenrails.engine_patch.lmdeploy import settings
+    from tokenrails.engine_patch.lmdeploy.boot import settings
 
     monkeypatch.setitem(settings.CONFIG, "backend", "fsm")
     spec = GuideSpec.grammar(f'root ::= "yes-{_nonce()}" | "no"')  # a grammar: fsm refuses it
@@ -41,7 +41,7 @@ def test_the_check_uses_the_engine_backend(upgraded, monkeypatch):
 
 
 def test_a_verdict_under_one_backend_is_not_reused_under_another(upgraded, monkeypatch):
-    from tokenrails.engine_patch.lmdeploy import settings
+    from tokenrails.engine_patch.lmdeploy.boot import settings
 
     spec = GuideSpec.grammar(f'root ::= "yes-{_nonce()}" | "no"')
     monkeypatch.setitem(settings.CONFIG, "backend", "auto")
@@ -63,7 +63,7 @@ def test_preprocess_refuses_with_400_what_the_engine_backend_cannot_enforce(upgr
     from lmdeploy.serve.core import async_engine
     from lmdeploy.serve.core.exceptions import RequestError
 
-    from tokenrails.engine_patch.lmdeploy import settings
+    from tokenrails.engine_patch.lmdeploy.boot import settings
 
     monkeypatch.setitem(settings.CONFIG, "backend", "fsm")
     fmt = {"type": "grammar", "grammar": f'root ::= "ok-{_nonce()}"'}

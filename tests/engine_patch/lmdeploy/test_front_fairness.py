@@ -60,7 +60,7 @@ def _regex(pattern: str) -> GuideSpec:
 
 
 async def _as_client(client: str, spec: GuideSpec, limits: GuideLimits):
-    from tokenrails.engine_patch.lmdeploy import front_check
+    from tokenrails.engine_patch.lmdeploy.server import front_check
 
     CLIENT.set(client)  # this task's own context (the middleware's job in the server)
     start = time.perf_counter()
@@ -112,8 +112,8 @@ def test_a_tool_format_past_its_deadline_is_stopped(upgraded):
     """A tool whose parameters hold a 10,000-object enum (the structural tag a tool call compiles
     to; xgrammar needs ~10 s for it even on the probe vocabulary): refused at the deadline, and
     nothing keeps compiling it afterwards."""
-    from tokenrails.engine_patch.lmdeploy import front_check
-    from tokenrails.engine_patch.lmdeploy.requests import spec_of
+    from tokenrails.engine_patch.lmdeploy.server import front_check
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import spec_of
 
     schema = {"type": "object", "properties": {"x": {"enum": [{"k": f"v{i}", "n": i} for i in range(10_000)]}},
               "required": ["x"], "description": _nonce()}
@@ -131,7 +131,7 @@ def test_a_tool_format_past_its_deadline_is_stopped(upgraded):
 
 
 def test_a_request_is_named_by_its_api_key_else_its_address():
-    from tokenrails.engine_patch.lmdeploy.client_identity import ClientIdentityMiddleware, identity_of
+    from tokenrails.engine_patch.lmdeploy.server.client_identity import ClientIdentityMiddleware, identity_of
 
     keyed = {"type": "http", "headers": [(b"authorization", b"Bearer sk-one")], "client": ("10.0.0.1", 5)}
     other_key = {"type": "http", "headers": [(b"authorization", b"Bearer sk-two")], "client": ("10.0.0.1", 6)}

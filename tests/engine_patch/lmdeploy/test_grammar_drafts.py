@@ -78,7 +78,7 @@ def _pipe(model_dir, drafts: int):
 
 def _generate(pipe, prompts, gens, **kw):
     """Outputs and the grammar-draft counters of this call alone."""
-    from tokenrails.engine_patch.lmdeploy import grammar_drafts
+    from tokenrails.engine_patch.lmdeploy.speculative import grammar_drafts
     grammar_drafts.reset_stats()
     outs = pipe(prompts, gen_config=gens, **kw)
     return outs, grammar_drafts.totals()

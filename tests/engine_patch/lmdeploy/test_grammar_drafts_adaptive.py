@@ -20,7 +20,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 # ---- helpers against oracles -------------------------------------------------------------------
 def test_pack_rows_keeps_next_token_and_real_drafts_only():
-    from tokenrails.engine_patch.lmdeploy.adaptive_drafts import PAD, pack_rows, row_lengths
+    from tokenrails.engine_patch.lmdeploy.speculative.adaptive_drafts import PAD, pack_rows, row_lengths
 
     nxt = torch.tensor([7, 8, 9])
     drafts = torch.tensor([[1, 2, PAD], [PAD, PAD, PAD], [3, 4, 5]])
@@ -33,7 +33,7 @@ def test_pack_rows_keeps_next_token_and_real_drafts_only():
 
 
 def test_pad_logits_repeats_each_rows_last_real_position():
-    from tokenrails.engine_patch.lmdeploy.adaptive_drafts import pad_logits
+    from tokenrails.engine_patch.lmdeploy.speculative.adaptive_drafts import pad_logits
 
     q = torch.tensor([2, 1, 3])
     logits = torch.arange(6, dtype=torch.float32)[:, None].repeat(1, 4)  # position p has value p
@@ -42,7 +42,7 @@ def test_pad_logits_repeats_each_rows_last_real_position():
 
 
 def test_cut_after_keeps_a_prefix_of_each_rows_sample():
-    from tokenrails.engine_patch.lmdeploy.adaptive_drafts import cut_after
+    from tokenrails.engine_patch.lmdeploy.speculative.adaptive_drafts import cut_after
 
     out = torch.tensor([[10, 11, 12], [20, -1, -1], [30, 31, 32]])
     rejected = torch.tensor([0, 2, 0])
@@ -61,7 +61,7 @@ class _Recorder:
     def __init__(self, monkeypatch):
         from lmdeploy.pytorch.engine.model_agent import agent as agent_mod
 
-        from tokenrails.engine_patch.lmdeploy import grammar_drafts
+        from tokenrails.engine_patch.lmdeploy.speculative import grammar_drafts
 
         self.forwards: list[list[int]] = []
         self.proposals: list[list[int]] = []

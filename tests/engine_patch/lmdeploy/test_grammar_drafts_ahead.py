@@ -73,7 +73,7 @@ def _valid(out, schema) -> bool:
 
 
 def test_guessed_runs_give_the_same_greedy_outputs_and_are_used(model_dir, monkeypatch):
-    from tokenrails.engine_patch.lmdeploy import draft_ahead
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_ahead
 
     prompts = ["An event as JSON.", "Give me a person as JSON.", "Another event, JSON please."]
     schemas = [EVENT, PERSON, EVENT]

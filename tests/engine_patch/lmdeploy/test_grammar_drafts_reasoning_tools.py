@@ -76,7 +76,7 @@ class Recorder:
         return self.tok.decode(self.accepted[sid] + self.step[sid])
 
     def install(self, monkeypatch):
-        from tokenrails.engine_patch.lmdeploy import grammar_eagle, spec
+        from tokenrails.engine_patch.lmdeploy.speculative import grammar_eagle, spec_helper as spec
         from tokenrails.guided.manager import GuidedDecodingManager
 
         rec = self

@@ -26,7 +26,7 @@ TOOL = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Pa
 
 # ---- helpers against oracles -------------------------------------------------------------------
 def test_pad_rows_keeps_real_positions_and_fills_with_the_rows_next_token():
-    from tokenrails.engine_patch.lmdeploy.draft_shapes import pad_rows
+    from tokenrails.engine_patch.lmdeploy.speculative.draft_shapes import pad_rows
 
     ids = torch.tensor([[7, 1, 2, 8, 9, 3, 4, 5]])  # rows of 3, 1 and 4 positions
     q = torch.tensor([3, 1, 4])
@@ -38,7 +38,7 @@ def test_pad_rows_keeps_real_positions_and_fills_with_the_rows_next_token():
 
 
 def test_buckets_hold_the_longest_run_and_are_few():
-    from tokenrails.engine_patch.lmdeploy.draft_shapes import BUCKETS, FIXED, bucket_width, widths
+    from tokenrails.engine_patch.lmdeploy.speculative.draft_shapes import BUCKETS, FIXED, bucket_width, widths
 
     assert widths(4) == [0, 1, 2, 4] and widths(8) == [0, 1, 2, 4, 8] and widths(5) == [0, 1, 2, 4, 5]
     for k in (1, 2, 3, 4, 6, 8):
@@ -49,7 +49,7 @@ def test_buckets_hold_the_longest_run_and_are_few():
 
 
 def test_mode_is_chosen_per_device_unless_set(monkeypatch):
-    from tokenrails.engine_patch.lmdeploy import draft_shapes as ds
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_shapes as ds
 
     monkeypatch.delenv(ds.ENV_SHAPE, raising=False)
     req = ds.requested_mode()

@@ -12,7 +12,8 @@ def test_activate_registers_the_proposer_and_deactivate_removes_it(monkeypatch):
     from lmdeploy.pytorch.spec_decode.proposers.base import SPEC_PROPOSERS
     from lmdeploy.pytorch.spec_decode.spec_agent import SpecModelAgent
 
-    from tokenrails.engine_patch.lmdeploy import activate, deactivate, grammar_drafts
+    from tokenrails.engine_patch.lmdeploy import activate, deactivate
+    from tokenrails.engine_patch.lmdeploy.speculative import grammar_drafts
     monkeypatch.delenv(grammar_drafts.ENV_DRAFTS, raising=False)
     stock_from_config = SpecDecodeConfig.__dict__["from_config"]
     stock_warmup = SpecModelAgent.__dict__["warmup"]
@@ -33,7 +34,7 @@ def test_activate_registers_the_proposer_and_deactivate_removes_it(monkeypatch):
 def test_injection_only_without_a_speculative_config(monkeypatch):
     from lmdeploy.messages import SpeculativeConfig
 
-    from tokenrails.engine_patch.lmdeploy import grammar_drafts
+    from tokenrails.engine_patch.lmdeploy.speculative import grammar_drafts
     monkeypatch.setenv(grammar_drafts.ENV_DRAFTS, "2")
     cfg = grammar_drafts.speculative_config_for(None)
     assert cfg.method == grammar_drafts.METHOD and cfg.num_speculative_tokens == 2
@@ -49,19 +50,19 @@ def test_injection_only_without_a_speculative_config(monkeypatch):
     (["chat", "m"], ["chat", "m"], None),
 ])
 def test_cli_option(argv, rest, k):
-    from tokenrails.engine_patch.lmdeploy.grammar_drafts import pop_cli_option
+    from tokenrails.engine_patch.lmdeploy.speculative.grammar_drafts import pop_cli_option
     assert pop_cli_option(argv) == (rest, k)
 
 
 @pytest.mark.parametrize("argv", [["serve", "--grammar-drafts"], ["serve", "--grammar-drafts", "x"],
                                   ["serve", "--grammar-drafts=-1"]])
 def test_cli_option_rejects_bad_values(argv):
-    from tokenrails.engine_patch.lmdeploy.grammar_drafts import pop_cli_option
+    from tokenrails.engine_patch.lmdeploy.speculative.grammar_drafts import pop_cli_option
     with pytest.raises(SystemExit):
         pop_cli_option(argv)
 
 
 def test_negative_setting_is_refused():
-    from tokenrails.engine_patch.lmdeploy import grammar_drafts
+    from tokenrails.engine_patch.lmdeploy.speculative import grammar_drafts
     with pytest.raises(ValueError):
         grammar_drafts.configure(-1)

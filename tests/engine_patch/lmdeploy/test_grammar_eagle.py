@@ -51,7 +51,8 @@ def _run(model_dir, draft_dir, *, spec: bool, aware: bool, monkeypatch):
     from lmdeploy import GenerationConfig, pipeline
     from lmdeploy.messages import SpeculativeConfig
 
-    from tokenrails.engine_patch.lmdeploy import activate, deactivate, draft_metrics, grammar_eagle
+    from tokenrails.engine_patch.lmdeploy import activate, deactivate
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_metrics, grammar_eagle
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
     torch.set_num_threads(1)
     monkeypatch.setenv(grammar_eagle.ENV_SWITCH, "1" if aware else "0")

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tokenrails import GuideSpec
-from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
 SESSIONS = 2000
 
@@ -71,8 +71,8 @@ def test_ending_sessions_while_rounds_are_noted(manager, busy_switching):
 
 def test_ending_sessions_while_reasoning_rows_are_prepared(think_vocab, busy_switching):
     """Reasoning rows are started (``_begun``) from worker threads while the loop ends sessions."""
-    from tokenrails.engine_patch.lmdeploy.strategies import LMDeployRow
-    from tokenrails.engine_patch.reasoning import parse_setting
+    from tokenrails.engine_patch.lmdeploy.step.strategies import LMDeployRow
+    from tokenrails.engine_patch.reasoning_settings import parse_setting
 
     manager = LMDeployGuidedManager(None, None, vocab=think_vocab, backend="fsm")
     spec = GuideSpec.regex("[0-9]{2}")

@@ -48,7 +48,7 @@ def test_stock_release_fails_once_the_manager_is_gone():
 
 
 def test_the_engine_process_condition_survives_the_lost_release():
-    from tokenrails.engine_patch.lmdeploy.mp_start import PublishingCondition
+    from tokenrails.engine_patch.lmdeploy.boot.mp_start import PublishingCondition
 
     _published_then_manager_gone(PublishingCondition)
 
@@ -56,7 +56,7 @@ def test_the_engine_process_condition_survives_the_lost_release():
 def test_a_failure_before_publishing_still_fails():
     """Only the release may lose its reply: a manager gone before the port was published is an
     error as before (the server reports the engine process's exit)."""
-    from tokenrails.engine_patch.lmdeploy.mp_start import PublishingCondition
+    from tokenrails.engine_patch.lmdeploy.boot.mp_start import PublishingCondition
 
     manager = mp.Manager()
     condition = PublishingCondition(manager.Condition())
@@ -69,13 +69,13 @@ def test_a_failure_before_publishing_still_fails():
 def test_the_patched_entry_point_wraps_the_condition_and_keeps_its_name(upgraded):
     from lmdeploy.pytorch.engine.mp_engine.zmq_engine import ZMQMPEngine
 
-    from tokenrails.engine_patch.lmdeploy.mp_start import PublishingCondition
+    from tokenrails.engine_patch.lmdeploy.boot.mp_start import PublishingCondition
 
     target = ZMQMPEngine._mp_proc
     assert isinstance(ZMQMPEngine.__dict__["_mp_proc"], staticmethod)
     assert target.__qualname__ == "ZMQMPEngine._mp_proc" and hasattr(target, "__wrapped__")
     assert pickle.loads(pickle.dumps(target)) is target  # the spawn pickles it by reference
-    from tokenrails.engine_patch.lmdeploy.mp_start import patched_mp_proc
+    from tokenrails.engine_patch.lmdeploy.boot.mp_start import patched_mp_proc
 
     seen = []
 

@@ -56,7 +56,7 @@ def _run(pipe):
 def test_overlapped_fill_is_used_and_changes_nothing(pipe, monkeypatch):
     import re
 
-    from tokenrails.engine_patch.lmdeploy import overlap
+    from tokenrails.engine_patch.lmdeploy.step import overlap
 
     monkeypatch.setenv("TOKENRAILS_OVERLAP", "0")
     overlap.STATS.reset()

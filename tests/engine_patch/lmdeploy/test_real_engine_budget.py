@@ -43,7 +43,7 @@ def shortest(model_dir):
     from transformers import AutoTokenizer
 
     from tokenrails import Vocabulary
-    from tokenrails.engine_patch.lmdeploy.requests import parse_format
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
     from tokenrails.guided.budget import budget_table
     from tokenrails.guided.manager import GuidedDecodingManager
 
@@ -82,7 +82,7 @@ def test_budget_refusals_fail_only_their_request(pipe, shortest):
 def test_response_reports_budget_closed(pipe, shortest):
     """``Response.budget_closed``: true exactly when the rule removed a token the grammar allowed;
     absent on a request that did not ask for the rule."""
-    from tokenrails.engine_patch.lmdeploy.requests import parse_format
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
 
     person = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
     fsm_only = parse_format(person)[0].with_routing("fsm", fallback=False)  # the budget's backend, no budget

@@ -73,7 +73,7 @@ def _check_valid(outs):
 
 
 def test_greedy_speculative_equals_plain_decoding_stock_and_upgraded(model_dir, draft_dir, monkeypatch):
-    from tokenrails.engine_patch.lmdeploy import spec
+    from tokenrails.engine_patch.lmdeploy.speculative import spec_helper as spec
 
     gens = _gens(top_k=1)
     plain = _run(model_dir, draft_dir, upgraded=True, spec=False, gens=gens)

@@ -23,7 +23,7 @@ EOS = 2
 
 
 def _mgr(tok, vocab):
-    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
     return LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab)
 
@@ -141,7 +141,7 @@ def test_closed_empty_block_constrained_from_first_token(lm, think_tokenizer, th
 
 def test_no_markers_masks_identical_to_reasoning_off(lm, smollm2_tokenizer, vocab, monkeypatch):
     """SmolLM2 has no <think> token: "auto" resolves to nothing and every mask is bit-identical."""
-    from tokenrails.engine_patch.reasoning import AUTO, resolve
+    from tokenrails.engine_patch.reasoning_settings import AUTO, resolve
 
     assert resolve(AUTO, vocab) is None
     tok = smollm2_tokenizer
@@ -210,7 +210,7 @@ def test_nonlast_chunk_does_not_start_the_sequence(lm, think_tokenizer, think_vo
     mgr = _mgr(tok, think_vocab)
     seq = harness.FakeSeq(8, harness.gen_config(RF), prompt_ids=_ids(tok, "q:") + [T])
 
-    from tokenrails.engine_patch.lmdeploy import step
+    from tokenrails.engine_patch.lmdeploy.step import lmdeploy_step as step
 
     async def chunk():
         real = step.LMDeployStep
@@ -308,14 +308,14 @@ def test_spec_decode_cursor_follows_thinking(lm, think_tokenizer, think_vocab):
 
 
 def _spec(rf):
-    from tokenrails.engine_patch.lmdeploy.requests import spec_of
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import spec_of
 
     return spec_of(rf)
 
 
 def test_http_request_key_reaches_engine(lm):
     from .test_requests import _client, _post
-    from tokenrails.engine_patch.lmdeploy.requests import parse_format
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
 
     r = _post(_client(), {**RF, "tokenrails_reasoning": "off"})
     message = r.json()["message"]

@@ -43,7 +43,7 @@ def _ensure():
 
 @pytest.mark.parametrize("rf,kind", VALID)
 def test_early_check_accepts_every_kind(upgraded, rf, kind):
-    from tokenrails.engine_patch.lmdeploy.requests import spec_of
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import spec_of
 
     _ensure()(rf)
     assert spec_of(rf).kind == kind
@@ -119,7 +119,7 @@ def _post(client, rf):
 
 @pytest.mark.parametrize("rf,kind", VALID)
 def test_http_every_kind_reaches_engine(upgraded, rf, kind):
-    from tokenrails.engine_patch.lmdeploy.requests import spec_of
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import spec_of
 
     r = _post(_client(), rf)
     message = r.json()["message"]
@@ -148,8 +148,8 @@ def test_budget_key_survives_folding_of_vllm_fields(upgraded):
     the key as part of the client's format."""
     from lmdeploy.serve.openai.protocol import ChatCompletionRequest
 
-    from tokenrails.engine_patch.lmdeploy.request_fields import fold
-    from tokenrails.engine_patch.lmdeploy.requests import parse_format
+    from tokenrails.engine_patch.lmdeploy.server.request_fields import fold
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
     from tokenrails.guided.budget import is_budget_spec
 
     req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],

@@ -122,8 +122,8 @@ def test_overlap_start_never_waits_for_a_compile(upgraded, cpu_lmdeploy, think_t
     already closed the thinking section (``enable_thinking=False``) is prepared there (its state
     begun from the prompt; a token budget reads the compiled guide), and that must not wait for
     its compile (the logits processor's worker thread does)."""
-    from tokenrails.engine_patch.lmdeploy import overlap
-    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+    from tokenrails.engine_patch.lmdeploy.step import overlap
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
     _slow_compiles(monkeypatch, SLOW, 2.0)
     monkeypatch.setattr(overlap, "CPU_MIN_ROWS", 1)

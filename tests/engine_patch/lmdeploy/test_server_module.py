@@ -16,7 +16,7 @@ pytest.importorskip("lmdeploy")
 pytest.importorskip("fastapi")
 
 REPO = Path(__file__).resolve().parents[3]
-HOOK_DIR = REPO / "tokenrails" / "engine_patch" / "lmdeploy" / "_sitecustomize"
+HOOK_DIR = REPO / "tokenrails" / "engine_patch" / "lmdeploy" / "boot" / "_sitecustomize"
 
 PROBE = textwrap.dedent("""
     import importlib, json, sys

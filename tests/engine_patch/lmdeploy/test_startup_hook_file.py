@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import sys
 
-from tokenrails.engine_patch.lmdeploy import _hook_file, inherit
+from tokenrails.engine_patch.lmdeploy.boot import hook_file as _hook_file, inherit
 
 
 def test_the_hook_imports_nothing_of_tokenrails_at_load():

@@ -45,7 +45,7 @@ def one_step_entries(mgr, seqs, vocab_size: int) -> Counter:
     """Module entries of one engine step over ``seqs`` (each key: 'caller -> callee.function')."""
     from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
 
-    from tokenrails.engine_patch.lmdeploy import step as step_patch
+    from tokenrails.engine_patch.lmdeploy.step import lmdeploy_step as step_patch
 
     strat = harness.strategy()
     inputs = SimpleNamespace(is_chunk=False, is_last_chunk=False, is_dummy=False, is_decoding=True)

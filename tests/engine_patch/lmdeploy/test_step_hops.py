@@ -47,7 +47,7 @@ def _logits(tok, vocab):
 
 def _count_hops(monkeypatch) -> list[int]:
     """Counts ``asyncio.to_thread`` calls made by the logits processor patch (fill and accept)."""
-    from tokenrails.engine_patch.lmdeploy import step as lg
+    from tokenrails.engine_patch.lmdeploy.step import lmdeploy_step as lg
 
     calls = [0]
     real = asyncio.to_thread
@@ -102,7 +102,7 @@ def test_compiled_small_cpu_batches_make_no_thread_hop(batch, upgraded, cpu_lmde
 
 def test_inline_and_threaded_steps_give_the_same_tokens(upgraded, cpu_lmdeploy, smollm2_tokenizer, vocab,
                                                         monkeypatch):
-    from tokenrails.engine_patch.lmdeploy import step as lg
+    from tokenrails.engine_patch.lmdeploy.step import lmdeploy_step as lg
 
     mgr = harness.make_manager(smollm2_tokenizer, vocab.vocab_size)
     mgr.core()
@@ -128,7 +128,7 @@ def test_a_row_still_compiling_keeps_the_hop(upgraded, cpu_lmdeploy, smollm2_tok
 def test_a_cpu_agent_overlaps_only_from_cpu_min_rows(upgraded, monkeypatch):
     """The overlapped fill thread is not started for a CPU agent's step below ``CPU_MIN_ROWS``
     guided rows (it slowed the CPU forward more than it hid); a GPU agent overlaps any step."""
-    from tokenrails.engine_patch.lmdeploy import overlap, step
+    from tokenrails.engine_patch.lmdeploy.step import overlap, lmdeploy_step as step
     from tokenrails.guided.sequence import GuidedRow
     from tokenrails.guided.spec import GuideSpec
 

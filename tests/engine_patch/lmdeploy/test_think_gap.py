@@ -16,7 +16,7 @@ pytest.importorskip("lmdeploy")
 pytest.importorskip("xgrammar")
 
 from tokenrails import GuideSpec  # noqa: E402
-from tokenrails.engine_patch.reasoning import AUTO, parse_setting, resolve  # noqa: E402
+from tokenrails.engine_patch.reasoning_settings import AUTO, parse_setting, resolve  # noqa: E402
 from tokenrails.guided.manager import GuidedDecodingManager, GuidedRow, StepStatus  # noqa: E402
 
 from . import harness  # noqa: E402
@@ -45,7 +45,7 @@ def test_newlines_after_think_then_tool_call_accepted_to_eos(qwen3, cpu_lmdeploy
     then the call, then EOS. Refused at the ``\\n\\n`` before the gap existed."""
     monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
     tok, vocab = qwen3
-    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
     parser_cls, req, parser = tm.response_parser("qwen3", tok, tool_choice="required")
     fmt = parser.request.response_format

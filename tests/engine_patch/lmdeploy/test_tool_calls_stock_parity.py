@@ -148,7 +148,7 @@ def test_stock_harmony_with_tools_drops_the_format():
 
 @pytest.fixture
 def turbomind():
-    from tokenrails.engine_patch.lmdeploy import engines
+    from tokenrails.engine_patch.lmdeploy.server import engines
 
     token = engines.ENGINE_BACKEND.set("turbomind")
     yield
@@ -170,7 +170,7 @@ def test_turbomind_gets_what_stock_sends(upgraded, turbomind):
 
 
 def test_the_engine_an_async_engine_serves_with_is_recorded(upgraded):
-    from tokenrails.engine_patch.lmdeploy import engines
+    from tokenrails.engine_patch.lmdeploy.server import engines
 
     class Fake:
         def __init__(self, backend):
@@ -198,7 +198,7 @@ def test_fill_threads_reach_a_spawned_engine_process(monkeypatch):
     before = dict(os.environ)
     patch.activate(fill_threads=3)
     try:
-        from tokenrails.engine_patch.lmdeploy import inherit
+        from tokenrails.engine_patch.lmdeploy.boot import inherit
 
         assert inherit.child_env().get("TOKENRAILS_LMDEPLOY_FILL_THREADS") == "3"  # Ray workers too
         with mp.get_context("spawn").Pool(1) as pool:
@@ -223,7 +223,7 @@ def _harmony_plain(response_format):
 
 def test_harmony_formats_own_their_thinking_the_gate_stands_aside(upgraded):
     """Harmony's tags read the analysis channel themselves: one owner of the thinking section."""
-    from tokenrails.engine_patch.reasoning import REQUEST_KEY
+    from tokenrails.engine_patch.reasoning_settings import REQUEST_KEY
 
     with_tools = _harmony_parser(None).request.response_format
     schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}
@@ -233,6 +233,6 @@ def test_harmony_formats_own_their_thinking_the_gate_stands_aside(upgraded):
 
 
 def test_harmony_on_turbomind_gets_no_reasoning_key(upgraded, turbomind):
-    from tokenrails.engine_patch.reasoning import REQUEST_KEY
+    from tokenrails.engine_patch.reasoning_settings import REQUEST_KEY
 
     assert REQUEST_KEY not in _harmony_parser(None).request.response_format

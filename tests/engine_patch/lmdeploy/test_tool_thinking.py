@@ -78,7 +78,7 @@ def _stock_accepts(stock_manager, vocab, fmt, ids):
 
 def _upgrade_decodes(tok, vocab, fmt, script):
     """The script then EOS through the real strategy/processor path; returns the emitted tokens."""
-    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
     mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab)
     seq = harness.FakeSeq(1, harness.gen_config(fmt, max_new_tokens=1024), prompt_ids=_prompt(tok))
@@ -132,14 +132,14 @@ def test_format_without_thinking_part_leaves_the_gate_in_charge(cpu_lmdeploy, up
     the thinking section (a model that opens <think> itself thinks, then calls)."""
     monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
     tok, vocab, _ = _tokenizer("qwen3")
-    from tokenrails.engine_patch.reasoning import REQUEST_KEY
+    from tokenrails.engine_patch.reasoning_settings import REQUEST_KEY
 
     parser_cls, req, parser = tm.response_parser("qwen3", tok, tool_choice="required")
     fmt = parser.request.response_format
     assert REQUEST_KEY not in fmt
     text = "<think>" + THINKING + "</think>" + tm.render_call(fmt, tm.ARGS)
     ids = tok.encode(text, add_special_tokens=False)
-    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
     mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab)
     seq = harness.FakeSeq(2, harness.gen_config(fmt, max_new_tokens=1024),
@@ -174,7 +174,7 @@ def _hostile_decode(tok, vocab, fmt, script_text, *, seed=0, window=12, max_step
     a call's end was written (then it wants EOS above all). Returns the generated ids."""
     import asyncio
 
-    from tokenrails.engine_patch.lmdeploy.manager import LMDeployGuidedManager
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
     mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab)
     seq = harness.FakeSeq(next(_SESSIONS), harness.gen_config(fmt, max_new_tokens=max_steps),

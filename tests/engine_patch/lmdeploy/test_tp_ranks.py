@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("lmdeploy")
 
-from tokenrails.engine_patch.lmdeploy import tp_ranks  # noqa: E402
+from tokenrails.engine_patch.lmdeploy.step import tp_ranks  # noqa: E402
 
 
 def _dist_ctx(rank: int, attn_tp: int) -> types.SimpleNamespace:

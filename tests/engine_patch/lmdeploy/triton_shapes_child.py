@@ -82,8 +82,8 @@ def step_inputs(history: list[int], runs: list[int], shape: str):
     """The decode step's ModelInputs as the engine builds them from each row's forced run."""
     from lmdeploy.pytorch.model_inputs import ModelInputs
 
-    from tokenrails.engine_patch.lmdeploy import adaptive_drafts as ad
-    from tokenrails.engine_patch.lmdeploy import draft_shapes as ds
+    from tokenrails.engine_patch.lmdeploy.speculative import adaptive_drafts as ad
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_shapes as ds
 
     step = ad._step_inputs_class()(_pad_token_id=0, _num_spec_tokens=K)
     step.shape_request = shape

@@ -6,7 +6,7 @@ tokens, left-padded to the longest; pad slots are masked in the attention mask, 
 holes no later query attends to, and position ids count real tokens only. Rows are never
 re-packed; a finished row just stops receiving real tokens.
 
-Reasoning rows (``reasoning=``, see tokenrails/engine_patch/reasoning.py): started from their
+Reasoning rows (``reasoning=``, see tokenrails/engine_patch/reasoning_settings.py): started from their
 prompt; jump-forward only once the answer has begun; ``text`` is the whole output,
 ``answer_text`` the constrained part (validated), ``reasoning_text`` the thinking section.
 """
@@ -25,7 +25,7 @@ from ...guided.errors import GuideError
 from ...guided.jump_forward import JumpForward, text_encoder
 from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
-from ..reasoning import configs_for_rows, prompt_for_reading
+from ..reasoning_settings import configs_for_rows, prompt_for_reading
 from .answer import AnswerTracker
 from .sampling import SamplingParams, choose_tokens
 from .validate import error_category, validate_output

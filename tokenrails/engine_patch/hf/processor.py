@@ -9,7 +9,7 @@ matcher follows one sequence). The processor checks that every row's history onl
 raises otherwise. ``num_return_sequences=k`` with sampling is supported: pass the same ``k``.
 
 Reasoning (``reasoning=``, default ``$TOKENRAILS_REASONING`` else "auto"; see
-tokenrails/engine_patch/reasoning.py): a row with a reasoning config is started from its prompt
+tokenrails/engine_patch/reasoning_settings.py): a row with a reasoning config is started from its prompt
 on the first call (template-opened or closed thinking sections are honoured); its thinking text is
 free, the constraint starts after the end marker, and ``finalize`` validates only the answer.
 
@@ -34,7 +34,7 @@ from ...guided.errors import GuideError
 from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
 from ...guided.vocabulary import Vocabulary
-from ..reasoning import configs_for_rows, prompt_for_reading
+from ..reasoning_settings import configs_for_rows, prompt_for_reading
 from .answer import AnswerTracker
 from .decode import budget_rows
 from .validate import error_category, validate_output

@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from ...guided.limits import GuideLimits
-from . import inherit
+from .boot import inherit
 from ._patching import Patcher, UnsupportedLMDeployError, is_patched, require_attrs, require_params
 
 __all__ = ["UnsupportedLMDeployError", "activate", "deactivate", "is_active", "ENV_FLAG"]
@@ -45,18 +45,18 @@ def _mod(name: str):
 
 
 def _apply(p: Patcher) -> None:
-    from . import agent as agent_patch
-    from . import engines
-    from . import requests as req_patch
-    from . import spec as spec_patch
-    from . import step as step_patch
-    from . import strategies as strat_patch
-    from .manager import LMDeployGuidedManager
+    from .step import agent as agent_patch
+    from .server import engines
+    from .server import request_parsing as req_patch
+    from .speculative import spec_helper as spec_patch
+    from .step import lmdeploy_step as step_patch
+    from .step import strategies as strat_patch
+    from .step.rank_manager import LMDeployGuidedManager
 
     # -- request parsing / early validation (every name that bound the stock check) ----------
     gd = _mod("lmdeploy._guided_decoding")
     require_attrs(gd, ["ensure_response_format_compilable"], "lmdeploy._guided_decoding")
-    from . import front_check  # the early check off the event loop, request-level refusals
+    from .server import front_check  # the early check off the event loop, request-level refusals
 
     engines.remember_stock_check(gd.ensure_response_format_compilable)
     p.set(gd, "ensure_response_format_compilable", front_check.ensure_response_format_compilable)
@@ -70,21 +70,21 @@ def _apply(p: Patcher) -> None:
           engines.patched_preprocess(front_check.checked_preprocess(ae.AsyncEngine.preprocess)))
     front_check.patch_chat_runner(p)
     _patch_session_budget(p, ae)
-    from . import body_limits  # request bodies bounded before LMDeploy parses them (body_limits.py)
+    from .server import body_limits  # request bodies bounded before LMDeploy parses them (body_limits.py)
 
     body_limits.install(p)
     _patch_server_module(p)
-    from . import error_relay  # engine-side typed errors reach the HTTP response with their message
+    from .server import error_relay  # engine-side typed errors reach the HTTP response with their message
 
     error_relay.patch(p)
-    from . import mp_start  # the engine process survives LMDeploy's start-up race (mp_start.py)
+    from .boot import mp_start  # the engine process survives LMDeploy's start-up race (mp_start.py)
 
     mp_start.install(p)
     p.set(ae.AsyncEngine, "__init__", engines.patched_async_engine_init(ae.AsyncEngine.__init__))
     _widen_server_format(p)
     _patch_harmony(p)
     _patch_tool_calls(p)
-    from . import empty_answer  # "" (not null) when the client's constraint allows the empty answer
+    from .server import empty_answer  # "" (not null) when the client's constraint allows the empty answer
 
     empty_answer.install(p)
 
@@ -97,7 +97,7 @@ def _apply(p: Patcher) -> None:
         p.set(dllm, "make_sampling_inputs",
               strat_patch.patched_dllm_make_sampling_inputs(dllm.__dict__["make_sampling_inputs"]))
 
-    from . import waiting_rows  # a sequence whose grammar is not compiled waits outside the batch
+    from .step import waiting_rows  # a sequence whose grammar is not compiled waits outside the batch
 
     ps = _mod("lmdeploy.pytorch.paging.prefill_scheduler")
     require_attrs(ps, ["_PrefillScheduler"], "paging.prefill_scheduler")
@@ -126,7 +126,7 @@ def _apply(p: Patcher) -> None:
     require_params(base._async_step, ["inputs", "sampling_inputs"], "BaseModelAgent._async_step")
     p.set(base, "_async_step", step_patch.patched_async_step(base._async_step))
     p.set(base, "_step_postprocess_with_output", step_patch.patched_postprocess(base._step_postprocess_with_output))
-    from . import tp_ranks  # TP > 1: guided work only on the rank that samples (tp_ranks.py)
+    from .step import tp_ranks  # TP > 1: guided work only on the rank that samples (tp_ranks.py)
 
     bw = _mod("lmdeploy.pytorch.engine.executor.base_worker")
     require_params(bw.build_model_agent, ["dist_ctx", "specdecode_config"], "base_worker.build_model_agent")
@@ -162,11 +162,11 @@ def _apply(p: Patcher) -> None:
         p.set(gsh, name, make(getattr(gsh, name)))
 
     # -- grammar drafts: a model-free proposer in LMDeploy's proposer registry (grammar_drafts.py)
-    from . import grammar_drafts
+    from .speculative import grammar_drafts
 
     grammar_drafts.install(p)
     # -- grammar-aware drafts for draft models (EAGLE...) and per-request draft counters ----------
-    from . import draft_usage, grammar_eagle
+    from .speculative import draft_usage, grammar_eagle
 
     grammar_eagle.install(p)
     draft_usage.install(p)  # the counters in the api_server's usage ("speculative")
@@ -174,15 +174,15 @@ def _apply(p: Patcher) -> None:
 
 def _patch_session_budget(p: Patcher, ae: Any) -> None:
     """A ``max_tokens`` cut to fit the session is said in the response (session_budget.py)."""
-    from . import session_budget
+    from .server import session_budget
 
     p.set(ae.AsyncEngine, "preprocess", session_budget.patched_preprocess(ae.AsyncEngine.preprocess))
 
 
 def _patch_server_module(p: Patcher) -> None:
     """The api_server module's own patches, now or when it is imported (server_module.py)."""
-    from . import body_limits, session_budget
-    from .server_module import when_server_loaded
+    from .server import body_limits, session_budget
+    from .server.server_module import when_server_loaded
 
     def apply(server: Any) -> None:
         require_attrs(server, ["mount_metrics"], "lmdeploy.serve.openai.api_server")
@@ -198,7 +198,7 @@ def _patch_tool_calls(p: Patcher) -> None:
         rp = importlib.import_module("lmdeploy.serve.parsers.response_parser")
     except ImportError:  # no server parsers in this LMDeploy: no tool calls to constrain
         return
-    from . import tool_calls
+    from .server import tool_calls
 
     base = rp.BaseResponseParser
     require_params(base.__init__, ["request"], "BaseResponseParser.__init__")
@@ -211,7 +211,7 @@ def _patch_harmony(p: Patcher) -> None:
         harmony = importlib.import_module("lmdeploy.serve.parsers._openai_harmony")
     except ImportError:  # no harmony support in this LMDeploy (or its server extras): nothing clears
         return
-    from . import engines
+    from .server import engines
 
     for owner in vars(harmony).values():
         if isinstance(owner, type) and "_build_response_format_grammar" in owner.__dict__:
@@ -230,8 +230,8 @@ def _widen_server_format(p: Patcher) -> None:
     except ImportError:  # server extras (fastapi) not installed: nothing to widen
         return
     from ...requests.response_format import BUDGET_KEY
-    from . import request_fields
-    from .requests import WideResponseFormat
+    from .server import request_fields
+    from .server.request_parsing import WideResponseFormat
 
     req = proto.ChatCompletionRequest
     field = req.model_fields.get("response_format")
@@ -262,7 +262,7 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
 
     ``reasoning``: the engine-wide reasoning default ("auto", "off", "START,END[,optional]
     [,max=N]", a ``ReasoningConfig``); None → ``$TOKENRAILS_REASONING`` → "auto". See
-    tokenrails/engine_patch/reasoning.py and docs/lmdeploy.md.
+    tokenrails/engine_patch/reasoning_settings.py and docs/lmdeploy.md.
     ``tool_calls``: enforce tool-call arguments for ``auto`` and named ``tool_choice`` too
     (tool_calls.py); None → ``$TOKENRAILS_TOOL_CALLS`` → on.
     ``grammar_drafts``: k > 0 → engines built without a ``speculative_config`` draft the tokens
@@ -272,13 +272,13 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
     out); "off" → only requests that ask; None → ``$TOKENRAILS_BUDGET`` → off.
     """
     global _ACTIVE, _APPLYING
-    from .settings import configure
+    from .boot.settings import configure
 
     with _LOCK:
         if _APPLYING:  # re-entered from the import hook while our own _apply imports LMDeploy
             return
         configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning, budget=budget)
-        from . import grammar_drafts as _drafts
+        from .speculative import grammar_drafts as _drafts
 
         _drafts.configure(grammar_drafts)
         inherit.export(backend=backend, limits=limits, reasoning=reasoning,
@@ -306,7 +306,7 @@ def deactivate() -> None:
         _PATCHER.undo()
         _rebuild_server_models()
         inherit.restore()
-        from . import grammar_drafts as _drafts
+        from .speculative import grammar_drafts as _drafts
 
         _drafts.restore_env()
         _ACTIVE = False

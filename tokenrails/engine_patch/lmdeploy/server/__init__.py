@@ -1,0 +1,1 @@
+"""The api_server front: request parsing, early checks, limits, tool calls, errors, the proxy."""

@@ -1,0 +1,80 @@
+"""Whether the budget rule closed a request's output, carried from the model agent to the response.
+
+The rule (guided/budget.py) runs where the logits are masked: in the model agent, which may be
+another process than the engine loop (TP workers) and is always another process than the
+api_server. So, like a row's typed error (agent.py, error_relay.py):
+
+* agent side, after each step: every budget row's flag (``Budget.closed``: the rule removed a
+  token the grammar allowed) is put on the step's ``BatchedOutputs`` (``ATTR``; the converters
+  keep it across executors);
+* engine loop: ``_make_infer_outputs`` notes it per session (``note``; a bounded record);
+* ``EngineInstance.async_stream_infer`` puts it on every ``EngineOutput`` of the request (a plain
+  attribute: it survives the pickle to the api_server process), and the server side notes it in
+  a context variable of the task iterating the stream (draft_usage.py carries both);
+* the api_server's ``usage`` gets ``budget_closed`` (non-stream and the final usage chunk), and the
+  pipeline's ``Response`` an attribute ``budget_closed``.
+
+Absent (None) for a request that did not ask for the budget rule.
+"""
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections import OrderedDict
+from typing import Any, Hashable, Sequence
+
+from ....guided.sequence import GuidedRow
+
+ATTR = "tokenrails_budget_closed"
+FIELD = "budget_closed"
+MAX_TRACKED = 4096
+CLOSED: contextvars.ContextVar[bool | None] = contextvars.ContextVar("tokenrails_budget_closed", default=None)
+
+_LOCK = threading.Lock()
+_SESSIONS: "OrderedDict[Hashable, bool]" = OrderedDict()
+
+__all__ = ["ATTR", "FIELD", "CLOSED", "row_flags", "note", "session_closed", "forget"]
+
+
+def row_flags(manager: Any, rows: Sequence[Any]) -> dict[int, bool]:
+    """Agent side: ``{batch row: closed}`` for the budget rows of a step (``manager``: the
+    agent's ``LMDeployGuidedManager``)."""
+    out: dict[int, bool] = {}
+    core = None
+    for i, row in enumerate(rows):
+        if not isinstance(row, GuidedRow) or row.max_tokens is None:
+            continue
+        if core is None:
+            core = manager.core(wait=False)
+            if core is None:
+                return {}
+        metrics = core.request_metrics(row.session_id, row.seq_id)
+        if "budget_closed" in metrics:
+            out[i] = bool(metrics["budget_closed"])
+    return out
+
+
+def note(running: Sequence[Any], flags: dict[int, bool]) -> None:
+    """Engine loop: remember each flagged row's flag under its session id (once true, true)."""
+    with _LOCK:
+        for row, closed in flags.items():
+            if row >= len(running):
+                continue
+            sid = getattr(running[row], "session_id", None)
+            if sid is None:
+                continue
+            _SESSIONS[sid] = bool(closed) or _SESSIONS.get(sid, False)
+            _SESSIONS.move_to_end(sid)
+            while len(_SESSIONS) > MAX_TRACKED:
+                _SESSIONS.popitem(last=False)
+
+
+def session_closed(session_id: Hashable) -> bool | None:
+    with _LOCK:
+        return _SESSIONS.get(session_id)
+
+
+def forget(session_id: Hashable) -> None:
+    """A new request on a reused session id starts unflagged."""
+    with _LOCK:
+        _SESSIONS.pop(session_id, None)

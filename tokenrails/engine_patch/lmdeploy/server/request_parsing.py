@@ -1,0 +1,216 @@
+"""LMDeploy request parsing routed through ``tokenrails.requests.spec_from_request``.
+
+* ``spec_of(response_format)``: the engine-side conversion (memoized per format object).
+* ``parse_format``: the spec plus the request's reasoning setting, the extra key
+  ``response_format["tokenrails_reasoning"]`` (see tokenrails/engine_patch/reasoning_settings.py); the key
+  is removed before the format reaches ``spec_from_request``. ``response_format["tokenrails_budget"]
+  = "close"`` makes the spec a budget spec (tokenrails/guided/budget.py: closed within the
+  request's ``max_new_tokens``; DFA constraints only, else ``UnsupportedGuideError``); without the
+  key the engine default applies (``activate(budget=...)``, ``--budget``), ``"off"`` opts out.
+* ``validate_spec``: the verdict of compiling a spec against a probe vocabulary with the engine's
+  backend and limits (``probe_manager``: the core manager, its compile cache); LMDeploy's early
+  check (front_check.ensure_response_format_compilable) raises it as HTTP 400.
+* ``WideResponseFormat``: the server's ``response_format`` model widened to every kind.
+"""
+from __future__ import annotations
+
+import contextvars
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_serializer
+
+from ....guided.budget import budget_spec
+from ....guided.errors import GuideError, InvalidGuideError
+from ....guided.limits import DEFAULT_LIMITS, GuideLimits
+from ....guided.spec import GuideSpec
+from ....requests import spec_from_request
+from ....requests.response_format import BUDGET_KEY
+from ...reasoning_settings import REQUEST_KEY, ReasoningSetting, parse_setting, split_request_setting
+from ..boot.settings import BUDGET_VALUES, budget_default
+
+__all__ = ["WideResponseFormat", "parse_format", "spec_of",
+           "validate_spec"]
+
+
+def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetting | None]:
+    """(``GuideSpec`` or None, the request's reasoning setting or None) of a ``response_format``.
+
+    Raises ``GuideError`` for a bad constraint or a bad ``tokenrails_reasoning`` value.
+    """
+    if response_format is None:
+        return None, None
+    if isinstance(response_format, GuideSpec):
+        return response_format, None
+    rf = response_format
+    if isinstance(rf, str) and REQUEST_KEY in rf:
+        try:
+            rf = json.loads(rf)
+        except ValueError:
+            rf = response_format  # not JSON: let from_request report it
+    if hasattr(rf, "model_dump") and not isinstance(rf, type) and not (
+            {REQUEST_KEY, BUDGET_KEY}.isdisjoint(getattr(rf, "model_extra", None) or {})):
+        rf = rf.model_dump()
+    rf, raw = split_request_setting(rf)
+    setting = parse_setting(raw)
+    budget = None
+    if isinstance(rf, dict) and BUDGET_KEY in rf:
+        budget = rf[BUDGET_KEY]
+        rf = {k: v for k, v in rf.items() if k != BUDGET_KEY}
+        if budget is not None and budget not in BUDGET_VALUES:
+            raise InvalidGuideError(f"{BUDGET_KEY} must be \"close\" or \"off\" (or absent), got {budget!r}")
+    if budget is None:
+        budget = budget_default()  # activate(budget=...) / --budget; the request's own key wins
+    body = body_of(rf)  # vLLM fields the api_server folded in (request_fields.py)
+    if body is not None:
+        _refuse_non_string_choices(body.get("response_format"))
+        for where in ("structured_outputs", "guided_decoding"):
+            params = body.get(where)
+            if isinstance(params, dict):
+                _refuse_non_strings(f"{where}.choice", params.get("choice"))
+        _refuse_non_strings("guided_choice", body.get("guided_choice"))
+        spec = spec_from_request(body)
+    elif isinstance(rf, dict) and rf.get("type", "text") == "text":
+        return None, setting
+    else:
+        _refuse_non_string_choices(rf)
+        spec = spec_from_request(rf)
+    if budget == "close" and spec is not None:
+        spec = budget_spec(spec)
+    return spec, setting
+
+
+PACKED = "request_fields"  # the response_format type the api_server folds vLLM fields into
+
+
+def body_of(fmt: Any) -> dict[str, Any] | None:
+    """The packed request body (request_fields.py) of a folded ``response_format`` (dict or model), else None."""
+    kind = fmt.get("type") if isinstance(fmt, dict) else getattr(fmt, "type", None)
+    if kind != PACKED:
+        return None
+    body = fmt.get(PACKED) if isinstance(fmt, dict) else (getattr(fmt, "model_extra", None) or {}).get(PACKED)
+    if not isinstance(body, dict) or not body:
+        raise InvalidGuideError(f"response_format type {PACKED!r} needs a non-empty {PACKED!r} object")
+    nested = body.get("response_format")
+    if isinstance(nested, dict) and nested.get("type") == PACKED:
+        raise InvalidGuideError(f"response_format type {PACKED!r} cannot nest another")
+    return body
+
+
+def _refuse_non_string_choices(rf: Any) -> None:
+    """``choice`` items must be strings: ``[1, {"a": 1}, None]`` was turned into strings (and the
+    answer "None" returned with 200); refused instead, never silently rewritten."""
+    kind = rf.get("type") if isinstance(rf, dict) else getattr(rf, "type", None)
+    if kind == "choice":
+        _refuse_non_strings("choice", rf.get("choice") if isinstance(rf, dict) else getattr(rf, "choice", None))
+
+
+def _refuse_non_strings(label: str, choices: Any) -> None:
+    if isinstance(choices, list):
+        for i, item in enumerate(choices):
+            if not isinstance(item, str):
+                raise InvalidGuideError(
+                    f"{label}[{i}] is a {type(item).__name__}, not a string: choices are the exact texts "
+                    "the model may answer")
+
+
+def spec_of(response_format: Any) -> GuideSpec | None:
+    """The ``GuideSpec`` of an LMDeploy ``response_format`` (dict, JSON text, model) or None."""
+    return parse_format(response_format)[0]
+
+
+# (id of the checked response_format object, verdict) the api_server's off-loop check found for
+# this request's task (front_check.py); LMDeploy's synchronous call inside ``preprocess`` (same
+# object) raises it without parsing or compiling again.
+FRONT_VERDICT: contextvars.ContextVar[tuple[int, GuideError | None] | None] = contextvars.ContextVar(
+    "tokenrails_front_verdict", default=None)
+_PROBE_VOCAB = None
+_PROBE_LOCK = threading.Lock()
+_PROBES: OrderedDict[tuple[str, GuideLimits], Any] = OrderedDict()
+PROBE_CACHE_BYTES = 64 << 20  # compiled probe guides kept (they are small: a 257-token vocabulary)
+PROBE_MANAGERS = 4  # (backend, limits) pairs kept: one in a server, a few in tests
+
+
+def _probe_vocab():
+    """A tiny byte-level vocabulary: compiling against it checks a constraint without a tokenizer."""
+    global _PROBE_VOCAB
+    with _PROBE_LOCK:
+        if _PROBE_VOCAB is None:
+            from ....guided.vocabulary import Vocabulary
+
+            _PROBE_VOCAB = Vocabulary([bytes([b]) for b in range(256)] + [b"</s>"], eos_ids=(256,),
+                                      name="tokenrails-probe")
+        return _PROBE_VOCAB
+
+
+def built_probe_manager(limits: GuideLimits | None = None, backend: str | None = None) -> Any:
+    """``probe_manager``'s manager if it exists already, else None (a look, never a build: the
+    event loop must not build one, which imports and allocates for a good part of a second)."""
+    from ..boot import settings
+
+    with _PROBE_LOCK:
+        return _PROBES.get((backend or settings.backend(), limits or DEFAULT_LIMITS))
+
+
+def probe_manager(limits: GuideLimits | None = None, backend: str | None = None) -> Any:
+    """The core manager that checks specs for the api_server: the probe vocabulary, the engine's
+    backend setting and limits (a spec the engine would refuse is refused here, with the engine's
+    reason), its compile cache, in-flight table and killable workers. One per (backend, limits):
+    a verdict under one setting is never reused under another."""
+    from ....guided.manager import GuidedDecodingManager
+    from ..boot import settings
+
+    limits = limits or DEFAULT_LIMITS
+    backend = backend or settings.backend()
+    slot = (backend, limits)
+    with _PROBE_LOCK:
+        mgr = _PROBES.get(slot)
+        if mgr is not None:
+            _PROBES.move_to_end(slot)
+            return mgr
+    mgr = GuidedDecodingManager(
+        _probe_vocab(), backend=backend, limits=limits.replace(cache_max_bytes=min(limits.cache_max_bytes,
+                                                                                 PROBE_CACHE_BYTES)),
+        compile_workers=settings.FRONT_WORKERS, per_client=1, fill_threads=1,
+        compile_processes=settings.compile_processes())
+    with _PROBE_LOCK:
+        kept = _PROBES.setdefault(slot, mgr)
+        while len(_PROBES) > PROBE_MANAGERS:
+            _PROBES.popitem(last=False)[1].close()
+    if kept is not mgr:
+        mgr.close()
+    return kept
+
+
+def validate_spec(spec: GuideSpec, limits: GuideLimits | None = None, backend: str | None = None) -> None:
+    """Raise the ``GuideError`` compiling ``spec`` with the engine's backend would raise (probe
+    vocabulary; the probe manager's cache remembers verdicts)."""
+    probe_manager(limits, backend).get_compiled(spec)
+
+
+class WideResponseFormat(BaseModel):
+    """OpenAI ``response_format`` plus every kind tokenrails enforces.
+
+    Unknown fields are kept (structural tags carry ``structures``/``triggers``/``format``);
+    ``None`` fields are dropped on dump so the engine sees exactly what the client sent.
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    type: str
+    json_schema: Any = None
+    regex_schema: str | None = None
+    choice: list[Any] | None = None
+    grammar: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        js = data.get("json_schema")
+        if isinstance(js, dict) and "json_schema" in js and "schema" not in js:
+            js = dict(js)
+            js["schema"] = js.pop("json_schema")  # OpenAI's key (LMDeploy's JsonSchema alias)
+            data["json_schema"] = js
+        return {k: v for k, v in data.items() if v is not None}

@@ -1,0 +1,1 @@
+"""Speculative decoding on tokenrails: grammar drafts, adaptive verification, EAGLE, counters."""

@@ -1,0 +1,491 @@
+"""Grammar drafts: speculative decoding in LMDeploy's engine where the grammar is the draft model.
+
+A guided row's next tokens are often fixed by its grammar (braces, quotes, key names, separators).
+``GrammarProposer`` is registered in LMDeploy 0.18's own proposer registry (``SPEC_PROPOSERS``)
+under ``METHOD``; with ``SpeculativeConfig(method=METHOD, num_speculative_tokens=k)`` every
+step proposes, per guided row, the tokens ``guided.forced.forced_tokens`` finds from the row's
+current matcher state (peek only). LMDeploy verifies them as any draft: one target forward over
+the row's ``1 + k`` positions, the grammar's masks on every position (``spec_helper.py``), its own
+rejection sampler, untouched. So the output is that of plain guided decoding: greedy token for
+token, sampled in distribution (a draft is accepted with the target's probability of it, which
+is 1 where the mask leaves one token). The matcher advances by accepted tokens only (``spec_helper.py``).
+
+A row's forced run may be shorter than ``k`` (often empty: unguided rows, choices); the proposer
+ends it with ``adaptive_drafts.PAD`` and the engine verifies only ``1 + (the run)`` positions for
+that row (``adaptive_drafts.py``: LMDeploy's sampler cut per row). How the rows reach the target
+forward is ``draft_shapes.py``'s choice: ragged (``1 + L_i`` positions, the CPU path) or padded to
+one bucketed width for every row (what LMDeploy's CUDA attention kernels and graphs accept).
+
+No draft model: the proposer declares ``needs_draft_model = False``; the agent's draft-model
+steps (graph runner, warm-up, draft KV cache) are skipped for it, nothing else of LMDeploy's
+speculative path changes. ``activate(grammar_drafts=k)`` / ``TOKENRAILS_GRAMMAR_DRAFTS=k`` turns
+it on for engines built without a ``speculative_config`` of their own.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+import torch
+
+from ....guided.errors import GuideError
+from . import draft_ahead
+from ..step.lmdeploy_step import report as report_row_errors
+from ....guided.sequence import GuidedRow
+from . import adaptive_drafts, draft_shapes
+from .._patching import Patcher, require_attrs
+from .adaptive_drafts import PAD
+
+logger = logging.getLogger(__name__)
+
+METHOD = "tokenrails_grammar"
+ENV_DRAFTS = "TOKENRAILS_GRAMMAR_DRAFTS"
+# verification shapes (draft_shapes.py): "0" ragged, "1" every row padded to k, "buckets", unset: per device
+ENV_FIXED = draft_shapes.ENV_SHAPE
+MAX_TRACKED_REQUESTS = 4096  # per-request counters kept after a request ends (oldest dropped)
+
+__all__ = ["METHOD", "ENV_DRAFTS", "ENV_FIXED", "DraftStats", "configure", "configured_drafts", "install",
+           "request_stats", "totals", "reset_stats"]
+
+
+# ---- settings ------------------------------------------------------------------------------
+_SAVED_ENV: list[str | None] = []
+
+
+def configure(drafts: int | None) -> None:
+    """``activate(grammar_drafts=...)``: k > 0 drafts per step for engines built from now on
+    (in this process and its children, through the environment); 0 turns it off; None: unchanged."""
+    if drafts is None:
+        return
+    drafts = int(drafts)
+    if drafts < 0:
+        raise ValueError(f"grammar_drafts must be >= 0, got {drafts}")
+    if not _SAVED_ENV:
+        _SAVED_ENV.append(os.environ.get(ENV_DRAFTS))
+    os.environ[ENV_DRAFTS] = str(drafts)
+
+
+def restore_env() -> None:
+    """``deactivate()``: the variable as it was before the first ``configure``."""
+    if _SAVED_ENV:
+        old = _SAVED_ENV.pop()
+        if old is None:
+            os.environ.pop(ENV_DRAFTS, None)
+        else:
+            os.environ[ENV_DRAFTS] = old
+
+
+def pop_cli_option(argv: list[str]) -> tuple[list[str], int | None]:
+    """``--grammar-drafts K`` / ``--grammar-drafts=K`` taken out of an LMDeploy command line."""
+    out: list[str] = []
+    value: str | None = None
+    it = iter(range(len(argv)))
+    for i in it:
+        arg = argv[i]
+        if arg == "--grammar-drafts":
+            if i + 1 >= len(argv):
+                raise SystemExit("--grammar-drafts needs a number of draft tokens per step")
+            value = argv[i + 1]
+            next(it, None)
+        elif arg.startswith("--grammar-drafts="):
+            value = arg.split("=", 1)[1]
+        else:
+            out.append(arg)
+    if value is None:
+        return out, None
+    try:
+        k = int(value)
+    except ValueError:
+        raise SystemExit(f"--grammar-drafts takes an integer, got {value!r}") from None
+    if k < 0:
+        raise SystemExit(f"--grammar-drafts must be >= 0, got {k}")
+    return out, k
+
+
+def configured_drafts() -> int:
+    try:
+        return max(0, int(os.environ.get(ENV_DRAFTS, "0") or 0))
+    except ValueError:
+        logger.warning("tokenrails: ignoring %s=%r (not an integer)", ENV_DRAFTS, os.environ.get(ENV_DRAFTS))
+        return 0
+
+
+# ---- counters ------------------------------------------------------------------------------
+@dataclass
+class DraftStats:
+    """``steps``: verification steps (forward passes) that carried drafts; ``drafted``: grammar
+    drafts proposed; ``accepted``: of those, accepted by verification; ``forced``: drafted tokens
+    that came from a one-token mask (always accepted); ``emitted``: tokens the steps produced."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    forced: int = 0
+    emitted: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"grammar_draft_steps": self.steps, "grammar_drafted": self.drafted,
+                "grammar_draft_accepted": self.accepted, "grammar_forced": self.forced,
+                "grammar_draft_emitted": self.emitted}
+
+
+@dataclass
+class _Ledger:
+    """Process-wide counters, per request (bounded) and in total."""
+
+    total: DraftStats = field(default_factory=DraftStats)
+    requests: "OrderedDict[Hashable, DraftStats]" = field(default_factory=OrderedDict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def of(self, key: Hashable) -> DraftStats:
+        st = self.requests.get(key)
+        if st is None:
+            st = self.requests[key] = DraftStats()
+            while len(self.requests) > MAX_TRACKED_REQUESTS:
+                self.requests.popitem(last=False)
+        return st
+
+
+_LEDGER = _Ledger()
+
+
+def request_stats(session_id: Hashable) -> dict[str, int]:
+    """Grammar-draft counters of one request (its LMDeploy session id); {} when unknown."""
+    with _LEDGER.lock:
+        st = _LEDGER.requests.get(session_id)
+        return st.as_dict() if st is not None else {}
+
+
+def totals() -> dict[str, int]:
+    with _LEDGER.lock:
+        return _LEDGER.total.as_dict()
+
+
+def reset_stats() -> None:
+    with _LEDGER.lock:
+        _LEDGER.total = DraftStats()
+        _LEDGER.requests.clear()
+
+
+# ---- the proposal ----------------------------------------------------------------------------
+def _encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
+    """Canonical tokenization of a forced string (the model's tokenizer, no special tokens)."""
+    if tokenizer is None or not hasattr(tokenizer, "encode"):
+        return None
+
+    def encode(text: str) -> list[int]:
+        try:
+            return list(tokenizer.encode(text, add_special_tokens=False))
+        except TypeError:  # a tokenizer without the keyword
+            return list(tokenizer.encode(text))
+
+    return encode
+
+
+class _RowPlan:
+    """What one row proposed: its key (session id) and how many grammar drafts / forced ones."""
+
+    __slots__ = ("key", "drafted", "forced")
+
+    def __init__(self, key: Hashable, drafted: int, forced: int):
+        self.key, self.drafted, self.forced = key, drafted, forced
+
+
+def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fillers: list[int],
+                num_drafts: int, *, guesses: dict | None = None, report: "_PlanReport | None" = None,
+                ) -> tuple[list[list[int]], list[int], list[int]]:
+    """Per row: ``num_drafts`` draft ids (forced tokens, then the row's filler: ``PAD`` in the
+    engine, which verifies no position for it), and how many are grammar drafts and how many
+    come from one-token masks. Rows not guided, failed, thinking or with nothing forced get
+    fillers only. Every matcher is left where it was.
+
+    ``guesses`` (``draft_ahead``): runs computed beside the previous forward, used for a row only
+    when it accepted what the guess assumed. A row whose proposal raises gets fillers and its error
+    in ``report`` (the step fails that row only); ``report`` also receives the rows proposed."""
+    batch = len(fillers)
+    drafts = [[fillers[i]] * num_drafts for i in range(batch)]
+    counts, singles = [0] * batch, [0] * batch
+    handles = helper.get_processors(session_ctx, response_formats) if session_ctx else {}
+    if not handles:
+        return drafts, counts, singles
+    owner = getattr(helper, "_mgr", None)
+    if not getattr(owner, "is_tokenrails", False):
+        return drafts, counts, singles  # stock helper (upgrade not active): propose nothing
+    core = owner.core()
+    encode = _encoder(getattr(owner, "_tokenizer", None))
+    words = (core.vocab.vocab_size + 31) // 32
+    buf = torch.empty((1, words), dtype=torch.int32)
+    guesses = guesses or {}
+    failed = _failed_rows(helper)
+    for idx, h in handles.items():
+        if idx >= batch or h.error is not None:
+            continue
+        key = None
+        try:
+            row = h.row  # prepared once per step (reasoning resolved); None when the row failed
+            if row is None:
+                continue
+            key = (row.session_id, row.seq_id)
+            if key in failed:  # the engine runs a step ahead of its stop: fail the row again, never re-propose
+                if report is not None:
+                    report.errors[idx] = failed[key]
+                continue
+            guess = guesses.get(key)
+            if guess is not None and core.guess_holds(row, guess[0], guess[1]):
+                run = guess[2]
+                if report is not None:
+                    report.guessed += 1
+            else:
+                run = core.forced_tokens(row, num_drafts, encode=encode, bitmask=buf)  # under the step lock
+                if report is not None:
+                    report.inline += 1
+                    report.missed += guess is not None
+        except Exception as exc:  # noqa: BLE001 - one row's failure must not end the others
+            err = exc if isinstance(exc, GuideError) else GuideError(
+                f"grammar drafts: the proposal failed for this row: {type(exc).__name__}: {exc}")
+            h.error = err
+            if key is not None:
+                failed[key] = err
+                while len(failed) > MAX_FAILED_ROWS:
+                    failed.popitem(last=False)
+            if report is not None:
+                report.errors[idx] = err
+            logger.warning("tokenrails: grammar-draft proposal failed for row %d: %r", idx, exc)
+            continue
+        if run.tokens:
+            drafts[idx][: len(run.tokens)] = list(run.tokens)
+            counts[idx], singles[idx] = len(run.tokens), run.single
+        if report is not None:
+            report.rows.append((key, row, tuple(run.tokens)))
+    if report is not None:
+        report.core, report.encode = core, encode
+    return drafts, counts, singles
+
+
+MAX_FAILED_ROWS = 4096
+
+
+def _failed_rows(helper: Any) -> "OrderedDict[Hashable, Any]":
+    """Rows whose proposal raised, with their error (bounded): the engine stops a failed row one
+    step late, so the row is failed again then, never proposed again. Proposals of one helper run
+    one at a time (the agent's step)."""
+    return helper.__dict__.setdefault("_tokenrails_failed_drafts", OrderedDict())
+
+
+class _PlanReport:
+    """What ``plan_drafts`` did beyond the drafts: rows proposed (for the guesses of the next step),
+    per-row errors, and how rows were served."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Hashable, GuidedRow, tuple[int, ...]]] = []
+        self.errors: dict[int, GuideError] = {}
+        self.core: Any = None
+        self.encode: Any = None
+        self.guessed = self.inline = self.missed = 0
+
+
+async def _propose_rows(proposer: Any, ctx: Any, formats: Any, pads: list[int], k: int
+                        ) -> tuple[list[list[int]], list[int], list[int]]:
+    """The step's proposal: guesses joined, the rest inline (off the event loop), errors reported
+    for their rows, and the next step's guesses started beside the coming forward."""
+    import asyncio
+    import time
+
+    ahead = proposer.__dict__.get("_tokenrails_ahead")
+    if ahead is None:
+        ahead = proposer.__dict__["_tokenrails_ahead"] = draft_ahead.Ahead()
+    t0 = time.perf_counter()
+    guesses, waited = ahead.take()
+    report = _PlanReport()
+    drafts, counts, singles = await asyncio.to_thread(
+        plan_drafts, proposer.guided_helper, ctx, formats, pads, k, guesses=guesses, report=report)
+    critical = time.perf_counter() - t0
+    if report.errors:
+        report_row_errors(getattr(proposer.guided_helper, "_mgr", None), report.errors)
+    if draft_ahead.enabled() and report.core is not None:
+        capped = [(key, row, run) for key, row, run in report.rows if len(run) == k]
+        ahead.start(report.core, capped, k, report.encode)
+    draft_ahead.record(critical, waited, report.guessed, report.inline, report.missed)
+    return drafts, counts, singles
+
+
+def _row_keys(session_ctx: list | None, batch: int) -> list[Hashable]:
+    ctx = list(session_ctx or [])
+    keys: list[Hashable] = []
+    for i in range(batch):
+        e = ctx[i] if i < len(ctx) else None
+        keys.append(e.get("session_id") if isinstance(e, dict) else None)
+    return keys
+
+
+def emitted_counts(output_token_ids, stops: frozenset[int]) -> list[int]:
+    """Tokens each row's verification produced (rows of ids, or a tensor): up to the first negative
+    id (rejected positions), including a stop token and nothing after it (the engine drops what
+    follows a stop)."""
+    if isinstance(output_token_ids, torch.Tensor):
+        output_token_ids = output_token_ids.reshape(output_token_ids.shape[0], -1).tolist()
+    counts = []
+    for row in output_token_ids:
+        n = 0
+        for t in row:
+            if t < 0:
+                break
+            n += 1
+            if t in stops:
+                break
+        counts.append(n)
+    return counts
+
+
+def _proposer_class():
+    from lmdeploy.pytorch.spec_decode.proposers.base import BaseSpecProposer, ProposalMethod
+    from lmdeploy.pytorch.strategies.ar_spec.model_agent import ARSpecExtraInputs
+
+    class GrammarProposer(BaseSpecProposer):
+        """Drafts the tokens each guided row's grammar forces; no draft model.
+
+        Uses the agent's one-shot proposal hook (``ProposalMethod.DIFFUSION``: "propose the
+        whole block at once"), so the agent never runs a draft-model forward for it.
+        """
+
+        proposal_method = ProposalMethod.DIFFUSION
+        needs_draft_model = False
+
+        def __init__(self, specdecode_config: Any, device: Any = None):
+            super().__init__(specdecode_config, device=device)
+            self._last: list[_RowPlan | None] = []  # the previous step's plan, by batch row
+            logger.warning("tokenrails: grammar drafts on: up to %d forced tokens drafted per guided row and "
+                           "step, no draft model", self.num_speculative_tokens)
+
+        def build_model(self, empty_init: bool, target_model: torch.nn.Module = None, build_model_ctx=None):
+            self.target_model = target_model  # nothing to build
+
+        async def get_outputs(self, *args: Any, **kwargs: Any):
+            raise RuntimeError("grammar drafts have no draft-model forward (one-shot proposal only)")
+
+        async def propose(self, model_inputs: Any, extra_inputs: Any, sampling_inputs: Any, proposal_ctx: Any = None):
+            batch = int(model_inputs.seq_length.size(0))
+            k = int(self.num_speculative_tokens)
+            next_ids = extra_inputs.next_token_ids
+            pads = [PAD] * batch  # a row's forced run ends where PAD begins: nothing past it is kept
+            ctx = sampling_inputs.session_ctx if sampling_inputs is not None else None
+            keys = _row_keys(ctx, batch)
+            self._account(model_inputs, extra_inputs, keys)
+            if model_inputs.is_chunk and not model_inputs.is_last_chunk:
+                drafts, counts, singles = [[pads[i]] * k for i in range(batch)], [0] * batch, [0] * batch
+            else:
+                drafts, counts, singles = await _propose_rows(
+                    self, ctx, sampling_inputs.response_formats if sampling_inputs is not None else None, pads, k)
+            self._last = [_RowPlan(keys[i], counts[i], singles[i]) for i in range(batch)]
+            device = next_ids.device if next_ids is not None else model_inputs.input_ids.device
+            out = torch.tensor(drafts, dtype=torch.long, device=device).reshape(batch, k)
+            return ARSpecExtraInputs(
+                output_draft_token_ids=out,
+                next_token_ids=extra_inputs.next_token_ids,
+                num_rejected_tokens=extra_inputs.num_rejected_tokens,
+                output_token_ids=extra_inputs.output_token_ids,
+                logprobs=extra_inputs.logprobs,
+            )
+
+        def _stop_ids(self) -> frozenset[int]:
+            owner = getattr(self.guided_helper, "_mgr", None)
+            if getattr(owner, "is_tokenrails", False) and owner.ready:
+                return frozenset(owner.core().vocab.eos_ids)
+            return frozenset()
+
+        def _account(self, model_inputs: Any, extra_inputs: Any, keys: list[Hashable]) -> None:
+            """Credit the previous step's drafts with what this step's verification accepted."""
+            out_ids = extra_inputs.output_token_ids
+            if out_ids is None or model_inputs.is_dummy:
+                return
+            emitted = emitted_counts(out_ids, self._stop_ids())
+            verified = bool(model_inputs.is_decoding)
+            prev = {p.key: p for p in self._last if p is not None and p.key is not None}
+            with _LEDGER.lock:
+                _LEDGER.total.steps += 1
+                for i, key in enumerate(keys):
+                    n = int(emitted[i]) if i < len(emitted) else 0
+                    plan = prev.get(key) if verified else None
+                    acc = min(plan.drafted, max(n - 1, 0)) if plan is not None else 0
+                    for st in (_LEDGER.total, _LEDGER.of(key)) if key is not None else (_LEDGER.total,):
+                        st.emitted += n
+                        if plan is not None:
+                            st.drafted += plan.drafted
+                            st.forced += plan.forced
+                            st.accepted += acc
+                    if key is not None:
+                        _LEDGER.of(key).steps += 1
+
+    GrammarProposer.__module__ = __name__
+    GrammarProposer.__qualname__ = "GrammarProposer"
+    return GrammarProposer
+
+
+# ---- installation ----------------------------------------------------------------------------
+def speculative_config_for(speculative_config: Any) -> Any:
+    """The engine's speculative config: the user's own when given, else grammar drafts when
+    configured (k > 0), else None (no speculative decoding)."""
+    if speculative_config is not None or configured_drafts() <= 0:
+        return speculative_config
+    from lmdeploy.messages import SpeculativeConfig
+
+    return SpeculativeConfig(method=METHOD, num_speculative_tokens=configured_drafts())
+
+
+def _model_free(agent: Any) -> bool:
+    return getattr(getattr(agent, "proposer", None), "needs_draft_model", True) is False
+
+
+def install(p: Patcher) -> None:
+    """Register the proposer and let LMDeploy's speculative agent run it without a draft model."""
+    from lmdeploy.pytorch import config as config_mod
+    from lmdeploy.pytorch.engine import config_builder
+    from lmdeploy.pytorch.spec_decode import spec_agent
+    from lmdeploy.pytorch.spec_decode.proposers.base import SPEC_PROPOSERS
+
+    # a copy of the registry's table, so that deactivate() takes the method away again
+    p.set(SPEC_PROPOSERS, "_module_dict", dict(SPEC_PROPOSERS.module_dict))
+    SPEC_PROPOSERS.register_module(name=METHOD, module=_proposer_class(), force=True)
+
+    agent_cls = spec_agent.SpecModelAgent
+    require_attrs(agent_cls, ["build_graph_runner", "warmup", "get_model"], "SpecModelAgent")
+    for name in ("build_graph_runner", "warmup", "get_model"):
+        original = agent_cls.__dict__[name]
+
+        def skip(self, *args: Any, __original=original, **kwargs: Any):
+            if _model_free(self):
+                return None  # no draft model: no graph runner, no warm-up, no weights
+            return __original(self, *args, **kwargs)
+
+        skip.__wrapped__ = original  # type: ignore[attr-defined]
+        p.set(agent_cls, name, skip)
+
+    spec_cfg = config_mod.SpecDecodeConfig
+    require_attrs(spec_cfg, ["from_config"], "SpecDecodeConfig")
+    original_from = spec_cfg.__dict__["from_config"].__func__
+
+    def from_config(cls, method: str, *args: Any, **kwargs: Any):
+        obj = original_from(cls, method, *args, **kwargs)
+        if method == METHOD:
+            obj.cache_config = None  # no draft KV cache
+        return obj
+
+    from_config.__wrapped__ = original_from  # type: ignore[attr-defined]
+    p.set(spec_cfg, "from_config", classmethod(from_config))
+
+    # each row verifies only its forced run: ragged decode inputs, LMDeploy's sampler cut per row
+    adaptive_drafts.install(p, METHOD, _model_free)
+
+    builder = config_builder.ConfigBuilder
+    require_attrs(builder, ["build_specdecode_config"], "ConfigBuilder")
+    original_build = builder.__dict__["build_specdecode_config"].__func__
+
+    def build_specdecode_config(target_model, speculative_config, *args: Any, **kwargs: Any):
+        return original_build(target_model, speculative_config_for(speculative_config), *args, **kwargs)
+
+    build_specdecode_config.__wrapped__ = original_build  # type: ignore[attr-defined]
+    p.set(builder, "build_specdecode_config", staticmethod(build_specdecode_config))

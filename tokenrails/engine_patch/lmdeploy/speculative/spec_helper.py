@@ -1,0 +1,289 @@
+"""Speculative decoding (``GuidedSpecHelper``) on tokenrails: exact rollback, no matcher forks.
+
+Stock LMDeploy forks every guided matcher twice per step (draft side and target side). Here:
+
+* ``get_processors`` returns light handles; ``handle.fork()`` (called by LMDeploy's spec agent)
+  returns a *draft cursor* that advances the sequence's own matcher and remembers how far.
+* Before any target-side work (serial masks, accepting verified tokens, the next
+  ``get_processors``) every outstanding cursor is rolled back exactly.
+* Target verification uses the manager's ``fill_and_apply_spec`` (one mask row per position,
+  tentative accept + rollback) and ``accept_tokens_spec``; failures are reported per row.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable
+
+import torch
+
+from ....guided.bitmask import MaskBuffer
+from ....guided.errors import GuideError
+from ....guided.sequence import GuidedRow
+from ..step.lmdeploy_step import report, rows_of_ctx
+
+
+class RowHandle:
+    """One guided row of a speculative step (what LMDeploy calls a processor).
+
+    ``fork()`` gives a draft cursor: the manager's ``DraftCursor`` walks the sequence through
+    its drafts (matcher advanced tentatively, thinking state carried along, so a reasoning row's
+    drafts are masked and read exactly like its real tokens) under the manager's step lock, and
+    is rolled back exactly before any target-side work.
+    """
+
+    def __init__(self, helper: "SpecState", row: GuidedRow | None, error: GuideError | None):
+        self.helper = helper
+        self.raw = row
+        self.error = error
+        self._row: GuidedRow | None = None
+        self._cursor: Any = None
+
+    @property
+    def row(self) -> GuidedRow | None:
+        """The prepared row (reasoning resolved, prompt read); None when the row failed."""
+        if self._row is None and self.error is None and self.raw is not None:
+            prepared = self.helper.owner.prepare_row(self.raw)
+            if isinstance(prepared, GuideError):
+                self.error = prepared
+            else:
+                self._row = prepared
+        return self._row
+
+    def cursor(self):
+        """This handle's draft cursor (made on first use; holds the row's state)."""
+        if self._cursor is None:
+            row = self.row
+            self._cursor = self.helper.owner.core().draft_cursor(row, self.error)
+        if self._cursor.error is not None:
+            self.error = self._cursor.error
+        return self._cursor
+
+    def fork(self) -> "RowHandle":
+        """A draft cursor on the same sequence (rolled back before verification)."""
+        cur = RowHandle(self.helper, self.raw, self.error)
+        cur._row = self._row
+        self.helper.track(cur)
+        return cur
+
+    def is_terminated(self) -> bool:
+        done = self.cursor().is_terminated()
+        self.error = self.error or self._cursor.error
+        return done
+
+    def fill(self, bitmask: torch.Tensor, index: int) -> None:
+        self.cursor().fill(bitmask, index, self.helper.owner.core().vocab.eos_ids)
+        self.error = self.error or self._cursor.error
+
+    def accept_draft(self, token: int) -> None:
+        self.cursor().advance(int(token))
+
+    def rollback(self) -> None:
+        if self._cursor is not None:
+            self._cursor.rollback()
+
+
+class SpecState:
+    """Per-helper bookkeeping: outstanding cursors and the draft side's mask buffer."""
+
+    def __init__(self, owner: Any):
+        self.owner = owner
+        self._cursors: list[RowHandle] = []
+        self._lock = threading.Lock()
+        self._buffer: MaskBuffer | None = None
+
+    def track(self, cur: RowHandle) -> None:
+        with self._lock:
+            self._cursors.append(cur)
+
+    def rollback_all(self) -> None:
+        with self._lock:
+            cursors, self._cursors = self._cursors, []
+        for cur in cursors:
+            cur.rollback()
+
+    def buffer(self, vocab_size: int) -> MaskBuffer:
+        buf = self._buffer
+        if buf is None or buf.vocab_size != vocab_size:
+            buf = self._buffer = MaskBuffer(vocab_size)
+        return buf
+
+
+def _state(helper: Any) -> SpecState | None:
+    owner = getattr(helper, "_mgr", None)
+    if not getattr(owner, "is_tokenrails", False):
+        return None
+    st = helper.__dict__.get("_tokenrails_state")
+    if st is None or st.owner is not owner:
+        st = SpecState(owner)
+        helper.__dict__["_tokenrails_state"] = st
+    return st
+
+
+def patched_get_processors(original: Callable) -> Callable:
+    def get_processors(self, session_ctx, response_formats):
+        st = _state(self)
+        if st is None:
+            return original(self, session_ctx, response_formats)
+        st.rollback_all()
+        if session_ctx is None:
+            return {}
+        out = {}
+        for i, r in enumerate(rows_of_ctx(session_ctx, len(session_ctx))):
+            if isinstance(r, GuidedRow):
+                st.owner.note_round(r.session_id, r.seq_id)
+                out[i] = RowHandle(st, r, None)
+            elif isinstance(r, GuideError):
+                out[i] = RowHandle(st, None, r)
+        return out
+
+    get_processors.__wrapped__ = original
+    return get_processors
+
+
+def patched_cleanup(original: Callable) -> Callable:
+    def cleanup_sessions(self, session_ids):
+        st = _state(self)
+        if st is None:
+            return original(self, session_ids)
+        for sid in session_ids or ():
+            st.owner.end_session(sid)
+
+    cleanup_sessions.__wrapped__ = original
+    return cleanup_sessions
+
+
+def _fill_handles(st: SpecState, processors: dict, batch: int, device: torch.device) -> torch.Tensor:
+    """The draft step's full-batch mask (unguided rows allow everything), on ``device``."""
+    buffer = st.buffer(st.owner.core().vocab.vocab_size)
+    bm = buffer.rows(batch, device)
+    bm.fill_(-1)
+    for idx, h in processors.items():
+        h.fill(bm, idx)
+    return buffer.to_device(bm, device)
+
+
+def patched_prepare_bitmask(original: Callable) -> Callable:
+    async def prepare_bitmask(self, logits, processors):
+        st = _state(self)
+        if st is None:
+            return await original(self, logits, processors)
+        if not processors:
+            return None
+        return await asyncio.to_thread(_fill_handles, st, processors, logits.size(0), logits.device)
+
+    prepare_bitmask.__wrapped__ = original
+    return prepare_bitmask
+
+
+def patched_apply_bitmask(original: Callable) -> Callable:
+    def apply_bitmask(self, logits, bitmask):
+        st = _state(self)
+        if st is None:
+            return original(self, logits, bitmask)
+        if bitmask is None:
+            return None
+        with torch.inference_mode():
+            width = min(logits.shape[-1], bitmask.shape[-1] * 32)
+            st.buffer(st.owner.core().vocab.vocab_size).apply(logits, bitmask, None, vocab_size=width)
+        return None
+
+    apply_bitmask.__wrapped__ = original
+    return apply_bitmask
+
+
+def patched_accept_draft(original: Callable) -> Callable:
+    async def accept_draft_tokens(self, draft_token_ids, processors):
+        st = _state(self)
+        if st is None:
+            return await original(self, draft_token_ids, processors)
+        if not processors:
+            return None
+        ids = draft_token_ids[:, 0].tolist()
+
+        def run() -> None:
+            for idx, h in processors.items():
+                h.accept_draft(ids[idx])
+
+        await asyncio.to_thread(run)
+        return None
+
+    accept_draft_tokens.__wrapped__ = original
+    return accept_draft_tokens
+
+
+def _report(processors: dict, statuses: list) -> None:
+    errors = {}
+    for idx, h in processors.items():
+        if h.error is not None:
+            errors[idx] = h.error
+    for i, s in enumerate(statuses):
+        if s is not None and s.failed and s.error is not None:
+            errors.setdefault(i, s.error)
+    if processors:
+        report(next(iter(processors.values())).helper.owner, errors)
+
+
+def patched_serial_bitmask(original: Callable) -> Callable:
+    async def apply_serial_bitmask(self, scores_3d, processors, draft_token_ids, num_spec_tokens):
+        st = _state(self)
+        if st is None:
+            return await original(self, scores_3d, processors, draft_token_ids, num_spec_tokens)
+        if not processors:
+            return None
+        st.rollback_all()
+        batch, num_expand = scores_3d.size(0), scores_3d.size(1)
+        drafts_all = draft_token_ids[:, : num_expand - 1].tolist()
+        stream = torch.cuda.current_stream() if scores_3d.is_cuda else None
+
+        def run():
+            mgr = st.owner.core()
+            rows = [processors[i].row if i in processors else None for i in range(batch)]
+            flat = scores_3d.view(batch * num_expand, -1)
+            with torch.inference_mode():
+                if stream is not None:
+                    with torch.cuda.stream(stream):
+                        return mgr.fill_and_apply_spec(flat, rows, drafts_all)
+                return mgr.fill_and_apply_spec(flat, rows, drafts_all)
+
+        statuses = await asyncio.to_thread(run)
+        _report(processors, statuses)
+        return None
+
+    apply_serial_bitmask.__wrapped__ = original
+    return apply_serial_bitmask
+
+
+def patched_accept_rejection(original: Callable) -> Callable:
+    async def accept_rejection_sampled_tokens(self, processors, num_rejected, output_token_ids,
+                                              next_token_ids, num_spec_tokens):
+        st = _state(self)
+        if st is None:
+            return await original(self, processors, num_rejected, output_token_ids, next_token_ids,
+                                  num_spec_tokens)
+        if not processors:
+            return None
+        st.rollback_all()
+        n_rej = num_rejected.reshape(-1).tolist()
+        outs = output_token_ids.tolist()
+        nxt = next_token_ids.reshape(-1).tolist()
+        batch = len(nxt)
+
+        def run():
+            rows: list[GuidedRow | None] = [None] * batch
+            accepted: list[list[int]] = [[] for _ in range(batch)]
+            for idx, h in processors.items():
+                if h.row is None or h.error is not None:
+                    continue
+                valid = num_spec_tokens - int(n_rej[idx])
+                toks = [int(t) for t in outs[idx][:valid] if int(t) >= 0]
+                accepted[idx] = toks + [int(nxt[idx])]
+                rows[idx] = h.row
+            return st.owner.core().accept_tokens_spec(accepted, rows)
+
+        statuses = await asyncio.to_thread(run)
+        _report(processors, statuses)
+        return None
+
+    accept_rejection_sampled_tokens.__wrapped__ = original
+    return accept_rejection_sampled_tokens

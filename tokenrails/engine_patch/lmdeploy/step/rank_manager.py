@@ -1,0 +1,263 @@
+"""The per-rank guided manager LMDeploy's model agent holds (``agent.guided_decoding_manager``).
+
+Same constructor as LMDeploy's ``GuidedDecodingManager(tokenizer, vocab_size)`` so the agent
+builds it unchanged. Building the ``Vocabulary`` takes seconds for a 150k vocabulary, so it runs
+in a background thread started at construction: engines that never see a guided request pay
+nothing, and the first guided step waits (off the event loop) only if the build is still running.
+
+Rows are identified per *round*: ``seq_key = (seq_id, output_start_pos)``. LMDeploy keeps the
+same ``(session_id, seq_id)`` across rounds of an interactive session; keying by round means a
+new round always starts a fresh matcher, and the previous round's matcher is released.
+
+Reasoning: ``prepare_row`` resolves a row's reasoning setting (the request's, else the engine
+default: ``activate(reasoning=...)``, else ``$TOKENRAILS_REASONING``, else "auto") against the
+vocabulary, and at the first sight of a round with a reasoning config starts its state from the
+round's prompt (``begin_sequence(..., prompt_token_ids=...)``). The prepared row is kept for the
+round (``_begun``): later steps reuse it without a call.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any, Hashable
+
+from ....guided.sequence import GuidedRow
+from ....guided.errors import GuideError, InvalidGuideError
+from ....guided.limits import GuideLimits
+from ....guided.native_threads import start_native_thread
+from ...reasoning_settings import default_setting, prompt_for_reading, resolve
+from ..boot import settings
+from .lmdeploy_step import LMDeployStep
+from .stock_calls import StockCalls
+
+logger = logging.getLogger("tokenrails.lmdeploy")
+
+_LIVE: "weakref.WeakSet[LMDeployGuidedManager]" = weakref.WeakSet()  # this process's sampling ranks
+_VOCABS: dict[tuple[int, int], tuple[Any, Any]] = {}  # (id(tokenizer), width) -> (tokenizer, vocab)
+_VOCABS_LOCK = threading.Lock()
+
+
+def build_vocabulary(tokenizer: Any, vocab_size: int | None):
+    """Memoized per tokenizer object: one build even when several agents share a process."""
+    key = (id(tokenizer), max(int(vocab_size or 0), len(tokenizer)))
+    with _VOCABS_LOCK:
+        hit = _VOCABS.get(key)
+        if hit is not None and hit[0] is tokenizer:
+            return hit[1]
+    vocab = _build_vocabulary(tokenizer, vocab_size)
+    with _VOCABS_LOCK:
+        if len(_VOCABS) >= 8:
+            _VOCABS.pop(next(iter(_VOCABS)))
+        _VOCABS[key] = (tokenizer, vocab)
+    return vocab
+
+
+def _build_vocabulary(tokenizer: Any, vocab_size: int | None):
+    """LMDeploy's rule for the logits width (never below the tokenizer length), InternS1 included."""
+    from ....guided.vocabulary import Vocabulary
+
+    width = int(vocab_size or 0)
+    n = len(tokenizer)
+    width = max(width, n)
+    if type(tokenizer).__name__ == "InternS1Tokenizer":
+        from lmdeploy._guided_decoding import get_interns1_encoded_vocab
+
+        raw = get_interns1_encoded_vocab(tokenizer, width)[:n]
+        added = set(tokenizer.get_added_vocab().values())
+        return Vocabulary(raw, eos_ids=(tokenizer.eos_token_id,), special_ids=frozenset(added),
+                          vocab_size=width, name=getattr(tokenizer, "name_or_path", ""))
+    return Vocabulary.from_huggingface(tokenizer, vocab_size=width)
+
+
+class LMDeployGuidedManager(StockCalls):
+    """Wraps ``tokenrails.GuidedDecodingManager`` behind LMDeploy's constructor and clean-up calls."""
+
+    is_tokenrails = True
+
+    def __init__(self, tokenizer: Any, vocab_size: int | None, *, vocab: Any = None,
+                 backend: str | None = None, limits: GuideLimits | None = None):
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._backend = backend or settings.backend()
+        self._limits = limits or settings.manager_limits()
+        self._mgr = None
+        self._error: GuideError | None = None
+        self._ready = threading.Event()
+        # The round books below are written by the event loop (clean-up calls) and by the worker
+        # threads that prepare rows: each read-modify-write and each walk is under ``_books``.
+        # It is never held across a call into the core manager (its step lock, a compile wait).
+        self._books = threading.Lock()
+        self._rounds: dict[tuple[Hashable, Hashable], Hashable] = {}
+        # (session, seq_key) -> the round's prepared row; the step reads both books with plain
+        # dict reads (atomic), so a steady step makes no call here (lmdeploy_step.py)
+        self._begun: dict[tuple[Hashable, Hashable], GuidedRow] = {}
+        self._reasoning_default = default_setting(settings.reasoning_default())  # fixed per manager
+        self._reasoning_memo: dict[Any, Any] = {}
+        self.step: LMDeployStep | None = None  # the engine step running now (lmdeploy_step.py)
+        _LIVE.add(self)
+        if vocab is not None:
+            self._build(vocab)
+        else:
+            start_native_thread(self._build, name="tokenrails-vocab")
+
+    def _build(self, vocab: Any = None) -> None:
+        try:
+            from ....guided.manager import GuidedDecodingManager
+
+            vocab = vocab if vocab is not None else build_vocabulary(self._tokenizer, self._vocab_size)
+            kwargs: dict[str, Any] = {"backend": self._backend, "limits": self._limits,
+                                      "compile_processes": settings.compile_processes(),
+                                      "cache_dir": settings.compile_cache_dir(), "warm_workers": True}
+            fill_threads = settings.manager_fill_threads()
+            if fill_threads:
+                kwargs["fill_threads"] = fill_threads
+            self._mgr = GuidedDecodingManager(vocab, **kwargs)
+        except GuideError as exc:
+            self._error = exc
+        except Exception as exc:  # an unreadable tokenizer fails guided requests, not the engine
+            logger.warning("tokenrails: cannot build the guided vocabulary: %r", exc)
+            self._error = InvalidGuideError(f"guided decoding is unavailable for this tokenizer: {exc!r}")
+        finally:
+            self._ready.set()
+
+    # ---- access ----------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def core(self, wait: bool = True):
+        """The ``GuidedDecodingManager`` (None when not ready and ``wait`` is False); raises its error."""
+        if wait:
+            self._ready.wait()
+        elif not self._ready.is_set():
+            return None
+        if self._error is not None:
+            raise self._error
+        return self._mgr
+
+    @property
+    def vocab(self):
+        return self.core().vocab
+
+    @property
+    def vocab_size(self) -> int:
+        return self.core().vocab.vocab_size
+
+    def prefetch(self, specs) -> None:
+        """Start compiles now (never blocks; skipped while the vocabulary is still being built)."""
+        mgr = self.core(wait=False) if self._error is None else None
+        if mgr is None:
+            return
+        for spec in specs:
+            mgr.prefetch(spec)
+
+    def poll(self, spec: Any) -> bool:
+        """Whether a step could fill ``spec`` now without waiting (its compile is started here):
+        False while the vocabulary is still being built or the compile runs (waiting_rows.py)."""
+        if self._error is not None:
+            return True  # every row fails closed at once
+        mgr = self.core(wait=False)
+        return mgr is not None and mgr.poll(spec)
+
+    def note_round(self, session_id: Hashable, seq_key: tuple) -> None:
+        """Release the previous round's matcher when a sequence starts a new round (at the core's
+        next locked call: a step's fill may hold its lock now)."""
+        ident = (session_id, seq_key[0])
+        with self._books:
+            prev = self._rounds.get(ident)
+            if prev == seq_key:
+                return
+            self._rounds[ident] = seq_key
+            if prev is not None:
+                self._begun.pop((session_id, prev), None)
+        if prev is not None and self._mgr is not None:
+            self._mgr.end_session_soon(session_id, prev)
+
+    # ---- reasoning -------------------------------------------------------------------------
+    def reasoning_config(self, setting: Any = None):
+        """The ``ReasoningConfig`` (or None) for a request's setting (None: the engine default)."""
+        setting = setting or self._reasoning_default
+        with self._books:
+            hit = self._reasoning_memo.get(setting, self)
+        if hit is self:
+            hit = resolve(setting, self.core().vocab)  # raises for markers the vocabulary lacks
+            with self._books:
+                if len(self._reasoning_memo) >= 256:
+                    self._reasoning_memo.clear()
+                self._reasoning_memo[setting] = hit
+        return hit
+
+    def prepare_row(self, row: Any) -> Any:
+        """A plain ``GuidedRow`` with its reasoning resolved (or the ``GuideError`` that fails it).
+
+        The first time a round with a reasoning config is seen, its state is started from the
+        round's prompt. Rows without a config take exactly the path they took before.
+        """
+        if not isinstance(row, GuidedRow) or type(row) is GuidedRow:
+            return row
+        mgr = self.core()
+        try:
+            cfg = self.reasoning_config(getattr(row, "setting", None))
+        except GuideError as exc:
+            return exc
+        key = (row.session_id, row.seq_id)
+        with self._books:
+            hit = self._begun.get(key)
+        if hit is not None and hit.spec.key == row.spec.key:
+            return hit
+        if cfg is not None:
+            prompt = getattr(row, "prompt", None)
+            ids = prompt_for_reading(prompt, cfg) if prompt is not None else None
+            mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids,
+                               max_tokens=row.max_tokens)
+        prepared = GuidedRow(row.session_id, row.seq_id, row.spec, reasoning=cfg, max_tokens=row.max_tokens)
+        with self._books:
+            self._begun[key] = prepared
+        return prepared
+
+    def prepare_rows(self, rows: list[Any]) -> list[Any]:
+        return [self.prepare_row(r) for r in rows]
+
+    # ---- LMDeploy's clean-up calls ---------------------------------------------------------
+    def end_session(self, session_id: Hashable) -> None:
+        with self._books:
+            for ident in [k for k in self._rounds if k[0] == session_id]:
+                del self._rounds[ident]
+            for ident in [k for k in self._begun if k[0] == session_id]:
+                del self._begun[ident]
+        if self._mgr is not None:
+            self._mgr.end_session_soon(session_id)  # the event loop never waits for a step's lock
+
+    remove_processor = end_session  # LMDeploy's name
+
+    @staticmethod
+    def is_terminated(processor: Any) -> bool:
+        """LMDeploy's spec agent asks this of the handles ``GuidedSpecHelper`` returns."""
+        return processor.is_terminated()
+
+    def clear(self) -> None:
+        """Drop every matcher (LMDeploy calls this on sleep/reset)."""
+        with self._books:
+            sessions = {k[0] for k in self._rounds}
+            self._rounds.clear()
+            self._begun.clear()
+        if self._mgr is not None:
+            for session_id in sessions:
+                self._mgr.end_session_soon(session_id)
+
+    def stats(self) -> dict[str, int]:
+        mgr = self.core(wait=False) if self._error is None else None
+        out = dict(mgr.stats()) if mgr is not None else {}
+        out["tracked_rounds"] = len(self._rounds)
+        return out
+
+    def request_metrics(self, session_id: Hashable, seq_id: Hashable | None = None) -> dict[str, float]:
+        """A request's guided metrics (the core's, when ``seq_id`` names a live sequence) and its
+        speculative-decoding counters (draft_metrics.py: drafted, accepted, forced, verify steps)."""
+        from ..speculative import draft_metrics
+
+        mgr = self.core(wait=False) if self._error is None else None
+        out: dict[str, float] = dict(mgr.request_metrics(session_id, seq_id)) if mgr is not None and seq_id is not None else {}
+        out.update(draft_metrics.request_stats(session_id))
+        return out
