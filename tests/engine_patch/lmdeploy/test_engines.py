@@ -13,7 +13,7 @@ import types
 import pytest
 
 import tokenrails as tr
-from tokenrails.engine_patch.lmdeploy import cli
+from tokenrails.engine_patch.lmdeploy import lmdeploy_cli as cli
 
 ae = pytest.importorskip("lmdeploy.serve.core.async_engine")
 from lmdeploy.messages import GenerationConfig  # noqa: E402
