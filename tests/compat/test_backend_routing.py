@@ -12,8 +12,8 @@ from tokenrails.compat import normalize_request, parse_request
 from tokenrails.guided.errors import UnsupportedGuideError
 from tokenrails.guided.registry import compile_guide
 
-SCHEMA_FSM_REFUSES = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}},
-                      "required": ["n"]}  # outlines' lowering would drop ``minimum``: fsm refuses it
+SCHEMA_FSM_REFUSES = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}},
+                      "required": ["n"]}  # outlines' lowering would drop ``multipleOf``: fsm refuses it
 
 
 def body(**fields):

@@ -25,10 +25,10 @@ SLOW = r"[a-c]{3}-[0-9]{2}"   # the request whose compile is slow
 
 
 def _patch(name: str):
-    """The step patch ``name`` (step.py; agent.py before the step module held them)."""
+    """The step patch ``name`` (step/lmdeploy_step.py; agent.py before the step module held them)."""
     import importlib
 
-    for module in ("step", "agent"):
+    for module in ("step.lmdeploy_step", "agent"):
         try:
             found = getattr(importlib.import_module(f"tokenrails.engine_patch.lmdeploy.{module}"), name, None)
         except ImportError:
