@@ -42,7 +42,7 @@ def shortest_tokens(spec: GuideSpec, tokenizer: Any, limits: GuideLimits) -> int
     if hit is not None:
         return hit
     from ....guided.registry import compile_guide
-    from ..step.rank_manager import build_vocabulary
+    from ..tokenizer_vocab import build_vocabulary
 
     try:
         guide = compile_guide(spec, build_vocabulary(tokenizer, None), "auto", limits=limits)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
+from ..step.rank_manager import METRICS_SOURCES
 from .adaptive_drafts import row_lengths
 from .grammar_drafts import emitted_counts
 
@@ -70,6 +71,10 @@ def request_stats(session_id: Hashable) -> dict[str, int]:
 
         out["forced_draft_tokens"] += int(grammar_drafts.request_stats(session_id).get("grammar_drafted", 0))
     return out
+
+
+if request_stats not in METRICS_SOURCES:  # LMDeployGuidedManager.request_metrics carries the counters
+    METRICS_SOURCES.append(request_stats)
 
 
 def all_requests() -> dict[Hashable, dict[str, int]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 from ....guided.sequence import GuidedRow
 from ....guided.errors import GuideError, InvalidGuideError
@@ -30,44 +30,13 @@ from ...reasoning_settings import default_setting, prompt_for_reading, resolve
 from ..boot import settings
 from .lmdeploy_step import LMDeployStep
 from .stock_calls import StockCalls
+from ..tokenizer_vocab import build_vocabulary
 
 logger = logging.getLogger("tokenrails.lmdeploy")
 
 _LIVE: "weakref.WeakSet[LMDeployGuidedManager]" = weakref.WeakSet()  # this process's sampling ranks
-_VOCABS: dict[tuple[int, int], tuple[Any, Any]] = {}  # (id(tokenizer), width) -> (tokenizer, vocab)
-_VOCABS_LOCK = threading.Lock()
-
-
-def build_vocabulary(tokenizer: Any, vocab_size: int | None):
-    """Memoized per tokenizer object: one build even when several agents share a process."""
-    key = (id(tokenizer), max(int(vocab_size or 0), len(tokenizer)))
-    with _VOCABS_LOCK:
-        hit = _VOCABS.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1]
-    vocab = _build_vocabulary(tokenizer, vocab_size)
-    with _VOCABS_LOCK:
-        if len(_VOCABS) >= 8:
-            _VOCABS.pop(next(iter(_VOCABS)))
-        _VOCABS[key] = (tokenizer, vocab)
-    return vocab
-
-
-def _build_vocabulary(tokenizer: Any, vocab_size: int | None):
-    """LMDeploy's rule for the logits width (never below the tokenizer length), InternS1 included."""
-    from ....guided.vocabulary import Vocabulary
-
-    width = int(vocab_size or 0)
-    n = len(tokenizer)
-    width = max(width, n)
-    if type(tokenizer).__name__ == "InternS1Tokenizer":
-        from lmdeploy._guided_decoding import get_interns1_encoded_vocab
-
-        raw = get_interns1_encoded_vocab(tokenizer, width)[:n]
-        added = set(tokenizer.get_added_vocab().values())
-        return Vocabulary(raw, eos_ids=(tokenizer.eos_token_id,), special_ids=frozenset(added),
-                          vocab_size=width, name=getattr(tokenizer, "name_or_path", ""))
-    return Vocabulary.from_huggingface(tokenizer, vocab_size=width)
+#: per-request metrics beside the core's (speculative/draft_metrics registers its counters here)
+METRICS_SOURCES: list[Callable[[Hashable], dict]] = []
 
 
 class LMDeployGuidedManager(StockCalls):
@@ -255,9 +224,8 @@ class LMDeployGuidedManager(StockCalls):
     def request_metrics(self, session_id: Hashable, seq_id: Hashable | None = None) -> dict[str, float]:
         """A request's guided metrics (the core's, when ``seq_id`` names a live sequence) and its
         speculative-decoding counters (draft_metrics.py: drafted, accepted, forced, verify steps)."""
-        from ..speculative import draft_metrics
-
         mgr = self.core(wait=False) if self._error is None else None
         out: dict[str, float] = dict(mgr.request_metrics(session_id, seq_id)) if mgr is not None and seq_id is not None else {}
-        out.update(draft_metrics.request_stats(session_id))
+        for source in METRICS_SOURCES:
+            out.update(source(session_id))
         return out
