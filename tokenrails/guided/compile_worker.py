@@ -27,8 +27,12 @@ def main() -> None:
 
     import pickle
 
-    with open(sys.argv[1], "rb") as f:
-        (tokens, eos, special, size, name), backend, limits = pickle.load(f)
+    try:
+        with open(sys.argv[1], "rb") as f:
+            (tokens, eos, special, size, name), backend, limits = pickle.load(f)
+    except FileNotFoundError:
+        return  # the pool that started this worker closed before it booted: nothing to serve
+
     vocab = Vocabulary(tokens, tuple(eos), frozenset(special), size, name)
     while True:
         try:
