@@ -28,10 +28,36 @@ def _guide_spec_from_request(cls: type, obj: Any) -> Any:
     return spec_from_request(obj)
 
 
+#: ``Matcher`` members that served a sequence's reasoning phase, which the sequence owns now:
+#: name -> (where it went, what a grammar matcher answered, read as a property)
+_MATCHER_PHASE_MEMBERS: dict[str, tuple[str, Any, bool]] = {
+    "answering": ("SequenceState.answering", True, True),
+    "thinking": ("SequenceState.thinking", False, True),
+    "preamble": ("ThinkState.preamble", False, True),
+    "in_gap": ("SequenceState.in_gap", False, True),
+    "grammar_matcher": ("SequenceState.batch_matcher", None, False),
+    "rollback_limit": ("SequenceState.rollback_limit", None, False),
+    "forced_prefix": ("SequenceState.forced_prefix", None, False),
+    "refusal": ("ReasoningPhase.refusal", "by the grammar", False),
+}
+
+
+def _matcher_member(name: str, new: str, value: Any, prop: bool) -> Any:
+    def member(self: Any) -> Any:
+        warn_moved(f"Matcher.{name}", new)
+        return self if name == "grammar_matcher" else value
+
+    return property(member) if prop else member
+
+
 def install() -> None:
     """Attach the aliases that live on core classes. Called by the package ``__init__``: the core
     may not import the request parser (tests/test_layering.py), the package above it may."""
+    from .guided.backend import Matcher
     from .guided.spec import GuideSpec
 
     if "from_request" not in GuideSpec.__dict__:
         GuideSpec.from_request = classmethod(_guide_spec_from_request)  # type: ignore[attr-defined]
+    for name, (new, value, prop) in _MATCHER_PHASE_MEMBERS.items():
+        if name not in Matcher.__dict__:
+            setattr(Matcher, name, _matcher_member(name, new, value, prop))

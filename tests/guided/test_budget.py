@@ -334,7 +334,7 @@ def test_optional_thinking_opens_only_while_it_can_still_close(think_vocab):
         for budget, may_open in ((answer, False), (answer + 1, False), (answer + 2, True)):
             row = GuidedRow("opt", budget, spec, reasoning=cfg, max_tokens=budget)
             st = mgr.begin_sequence("opt", budget, spec, reasoning=cfg, max_tokens=budget)
-            assert st.error is None and st.matcher.think.opening
+            assert st.error is None and st.phase.think.opening
             ids = allowed_ids(mgr.fill_rows([row]).bitmask[0], think_vocab.vocab_size).tolist()
             assert (start in ids) is may_open, budget  # <think> + </think> + the answer must fit
             assert any(think_vocab.token_bytes[t] == b"1" for t in ids)

@@ -211,9 +211,6 @@ class _DeadEnd:
         bitmask[index].zero_()
         return True
 
-    def grammar_matcher(self):  # the Matcher contract: filled in its class's batch
-        return self
-
 
 def test_a_row_that_allows_nothing_ends_alone(vocab):
     manager = GuidedDecodingManager(vocab, compile_workers=1)

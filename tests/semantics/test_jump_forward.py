@@ -163,7 +163,7 @@ def test_jump_over_the_forced_end_marker_at_the_thinking_cap(vocab, smollm2_toke
         assert b"".join(vocab.token_bytes[t] for t in jf.token_ids) == b"think>"
         st = mgr.apply_jump_forward(sid, 0, spec, jf)
         assert st.state is StepStatus.OK and st.accepted == len(jf.token_ids)
-        assert mgr.sequence(sid, 0).matcher.think.done
+        assert mgr.sequence(sid, 0).phase.think.done
         assert mgr.jump_forward(sid, 0, spec, smollm2_tokenizer).is_noop  # [0-9]+: a choice
 
 
@@ -183,10 +183,10 @@ def test_jump_never_retokenizes_back_into_the_thinking_section(vocab, smollm2_to
     for t in thinking:
         assert mgr.accept_tokens([t], [row])[0].state is StepStatus.OK
     state = mgr.sequence(sid, 0)
-    assert state.answering and state.matcher.answer == []
+    assert state.answering and state.phase.answer == []
     jf = mgr.jump_forward(sid, 0, spec, smollm2_tokenizer, max_rollback=4)
     assert jf.text == "=abc" and jf.rollback_tokens == 0
     assert b"=abc".startswith(b"".join(vocab.token_bytes[t] for t in jf.token_ids))
     status = mgr.apply_jump_forward(sid, 0, spec, jf)
-    assert status.state is StepStatus.OK and state.matcher.answer == list(jf.token_ids)
+    assert status.state is StepStatus.OK and state.phase.answer == list(jf.token_ids)
     assert state.history == thinking + list(jf.token_ids)

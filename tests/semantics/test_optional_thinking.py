@@ -235,18 +235,18 @@ def test_prompt_decides_who_opens_the_section(vocab, smollm2_tokenizer, markers,
     cfg = config(markers, mode)
     ids = smollm2_tokenizer.encode(prompt, add_special_tokens=False) if prompt is not None else None
     st = mgr.begin_sequence("p", 0, spec, reasoning=cfg, prompt_token_ids=ids)
-    got = "open" if st.matcher.think.opening else ("done" if st.matcher.think.done else "think")
+    got = "open" if st.phase.think.opening else ("done" if st.phase.think.done else "think")
     assert got == expect
-    assert st.matcher is not None or expect == "think"  # undecided rows need the grammar's row at once
+    assert st.error is None and st.phase is not None
     st = mgr.begin_sequence("p", 1, spec, reasoning=cfg, prompt_token_ids=ids, thinking_done=False)
-    assert st.matcher.think.thinking  # the explicit flag still wins
+    assert st.phase.think.thinking  # the explicit flag still wins
 
 
 def test_from_tokenizer_optional(smollm2_tokenizer, vocab):
     cfg = ReasoningConfig.from_tokenizer(smollm2_tokenizer, optional=True)
     assert cfg.optional and cfg.match == "text" and cfg.start_text == START
     mgr = make_manager(vocab, "xgrammar")
-    assert mgr.begin_sequence("t", 0, GuideSpec.regex("[0-9]+"), reasoning=cfg).matcher.think.opening
+    assert mgr.begin_sequence("t", 0, GuideSpec.regex("[0-9]+"), reasoning=cfg).phase.think.opening
 
 
 # ---- the decision ------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ def test_b_model_answers_directly_and_is_constrained_from_the_first_token(vocab,
 
     out = run(mgr, vocab, row, oracle, pick)
     state = mgr.sequence(row.session_id, 0)
-    assert state.matcher.think.done and state.matcher.answer == out  # every token went through the grammar
+    assert state.phase.think.done and state.phase.answer == out  # every token went through the grammar
     for t in out:  # and the grammar alone produced it: each was allowed by the reference matcher
         assert allowed_set(mask_row(ref, vocab), vocab.vocab_size)[t]
         assert ref.accept_token(t)
@@ -347,9 +347,9 @@ def test_text_marker_completed_by_a_token_that_starts_the_end_marker(vocab, mark
         (acc,) = mgr.accept_tokens([t], [row])
         assert acc.state is StepStatus.OK
     state = mgr.sequence("tx", 0)
-    assert state.matcher.think.thinking and state.matcher.think.pos == len("</think")
+    assert state.phase.think.thinking and state.phase.think.pos == len("</think")
     mgr.accept_tokens([tok(vocab, ">")], [row])
-    assert state.matcher.think.done and state.matcher.answer == []
+    assert state.phase.think.done and state.phase.answer == []
 
 
 @pytest.mark.parametrize("mode", ["ids", "text"])
@@ -410,7 +410,7 @@ def test_cap_counts_after_the_start_marker(vocab, markers, mode):
         mgr.accept_tokens([t], [row])
     forced = []
     state = mgr.sequence("cap", 0)
-    while not state.matcher.think.done:
+    while not state.phase.think.done:
         logits = torch.zeros((1, vocab.vocab_size))
         mgr.fill_and_apply(logits, [row])
         (t,) = torch.isfinite(logits[0]).nonzero().reshape(-1).tolist()
@@ -461,7 +461,7 @@ def _raw_mask(mgr, row):
 
 def _snapshot(mgr, row):
     st = _state(mgr, row)
-    return st.matcher.think, list(st.matcher.answer), _raw_mask(mgr, row)
+    return st.phase.think, list(st.phase.answer), _raw_mask(mgr, row)
 
 
 def _expected_rows(vocab, oracle, prefix, drafts):
@@ -543,11 +543,11 @@ def test_marker_completion_rolls_the_grammar_back_to_its_start(vocab, markers, m
     fresh = mask_row(compile_guide(spec, vocab, "xgrammar").matcher(), vocab)
     mgr.accept_tokens([markers[0][0]], [row])
     st = mgr.sequence("rb", 0)
-    assert st.matcher.think.opening and st.matcher.think.fed == 1 and st.matcher.answer == [markers[0][0]]
+    assert st.phase.think.opening and st.phase.think.fed == 1 and st.phase.answer == [markers[0][0]]
     for t in [*markers[0][1:], tok(vocab, "x"), *markers[1]]:
         (acc,) = mgr.accept_tokens([t], [row])
         assert acc.state is StepStatus.OK
-    assert st.matcher.think.done and st.matcher.answer == []
+    assert st.phase.think.done and st.phase.answer == []
     assert torch.equal(_raw_mask(mgr, row), fresh)
 
 
@@ -560,26 +560,26 @@ def test_no_jump_forward_while_undecided(vocab, smollm2_tokenizer, markers):
     assert mgr.jump_forward("jf", 0, spec, smollm2_tokenizer).is_noop
     mgr.accept_tokens([tok(vocab, "<")], [row])
     st = mgr.sequence("jf", 0)
-    assert st.matcher.think.opening and st.matcher.think.fed == 1  # both readings open: still no jump
+    assert st.phase.think.opening and st.phase.think.fed == 1  # both readings open: still no jump
     assert mgr.jump_forward("jf", 0, spec, smollm2_tokenizer).is_noop
     with pytest.raises(ValueError):
         from tokenrails.guided.jump_forward import JumpForward
 
         mgr.apply_jump_forward("jf", 0, spec, JumpForward("<", (tok(vocab, "<"),), 1))
     mgr.accept_tokens([tok(vocab, "ab")], [row])  # the answer: decided
-    assert st.matcher.think.done
+    assert st.phase.think.done
     jf = mgr.jump_forward("jf", 0, spec, smollm2_tokenizer)
     assert jf.text == "c>" and jf.token_ids is not None
     (acc,) = [mgr.apply_jump_forward("jf", 0, spec, jf)]
     assert acc.state is StepStatus.OK
-    assert b"".join(vocab.token_bytes[t] for t in st.matcher.answer).startswith(b"<abc")
+    assert b"".join(vocab.token_bytes[t] for t in st.phase.answer).startswith(b"<abc")
     g = torch.Generator().manual_seed(0)
     for _ in range(8):
         acc = worst_step(mgr, vocab, row, g)
         if acc.state is StepStatus.TERMINATED:
             break
     assert acc.state is StepStatus.TERMINATED
-    text = b"".join(vocab.token_bytes[t] for t in st.matcher.answer if t not in vocab.eos_ids).decode()
+    text = b"".join(vocab.token_bytes[t] for t in st.phase.answer if t not in vocab.eos_ids).decode()
     assert re.fullmatch(r"<abc>[0-9]", text)
 
 
@@ -600,7 +600,7 @@ def test_text_start_completed_by_a_token_that_also_ends_the_section(vocab):
     assert acc.state is StepStatus.REJECTED
     mgr.accept_tokens([both], [row])
     st = mgr.sequence("br", 0)
-    assert st.matcher.think.done and st.matcher.answer == []
+    assert st.phase.think.done and st.phase.answer == []
     out = run(mgr, vocab, row, oracle, prefer(lambda i: None), prefix=[both])
     assert re.fullmatch("[0-9]+", oracle.answer_text(out))
 
@@ -621,7 +621,7 @@ def test_finalize_while_undecided(vocab, markers, mode):
         for t in gen:
             (acc,) = mgr.accept_tokens([t], [row])
             assert acc.state is StepStatus.OK
-        assert mgr.sequence(f"fin-{mode}", n).matcher.think.opening
+        assert mgr.sequence(f"fin-{mode}", n).phase.think.opening
         fin = mgr.finalize(f"fin-{mode}", n, "length")
         assert (fin.finish_reason, fin.complete, fin.thinking) == (
             "length" if complete else "length_incomplete", complete, thinking), regex

@@ -86,11 +86,11 @@ def test_arbitrary_thinking_then_valid_json(vocab, end_ids, mode):
             assert torch.equal(allowed, free_row(vocab, thought, marker))
         thought += vocab.token_bytes[token]
     state = mgr.sequence("s", 0)
-    assert not state.matcher.think.done and state.matcher.answer == []
+    assert not state.phase.think.done and state.phase.answer == []
     for t in end_ids:
         _, _, _, acc = step(mgr, vocab, row, gen, pick=t)
         assert acc.state is StepStatus.OK
-    assert state.matcher.think.done
+    assert state.phase.think.done
     # the first constrained mask is the grammar's start mask, bit for bit
     ref = reference_matcher(vocab, spec, "xgrammar")
     logits = torch.zeros((1, vocab.vocab_size))
@@ -155,7 +155,7 @@ def test_end_marker_inside_a_multi_token_step(vocab, end_ids, mode):
     b = mgr.matcher_for("b", 0, spec)
     assert torch.equal(mask_row(a, vocab), mask_row(b, vocab))
     assert torch.equal(mask_row(b, vocab), mask_row(ref, vocab))
-    assert mgr.sequence("b", 0).matcher.answer == first
+    assert mgr.sequence("b", 0).phase.answer == first
 
 
 def _first_mask_is_grammar(mgr, vocab, spec, row):
@@ -192,12 +192,12 @@ def test_prompt_decides_whether_thinking_is_over(vocab, smollm2_tokenizer, end_i
         cfg = ReasoningConfig.from_markers(END)
     prompt_ids = smollm2_tokenizer.encode(prompt, add_special_tokens=False)
     state = mgr.begin_sequence("p", 0, spec, reasoning=cfg, prompt_token_ids=prompt_ids)
-    assert state.matcher.think.done is done
+    assert state.phase.think.done is done
     row = GuidedRow("p", 0, spec, reasoning=cfg)
     assert _first_mask_is_grammar(mgr, vocab, spec, row) is done
     # the explicit flag wins over the prompt
     state = mgr.begin_sequence("p", 1, spec, reasoning=cfg, prompt_token_ids=prompt_ids, thinking_done=not done)
-    assert state.matcher.think.done is (not done)
+    assert state.phase.think.done is (not done)
 
 
 def test_prompt_ending_inside_the_marker_continues_the_match(vocab, smollm2_tokenizer, end_ids):
@@ -205,9 +205,9 @@ def test_prompt_ending_inside_the_marker_continues_the_match(vocab, smollm2_toke
     spec = GuideSpec.regex("[0-9]+")
     cfg = ReasoningConfig.from_markers(list(end_ids))
     state = mgr.begin_sequence("q", 0, spec, reasoning=cfg, prompt_token_ids=[tok(vocab, "ok"), *end_ids[:-1]])
-    assert not state.matcher.think.done and state.matcher.think.pos == len(end_ids) - 1
+    assert not state.phase.think.done and state.phase.think.pos == len(end_ids) - 1
     (acc,) = mgr.accept_tokens([end_ids[-1]], [GuidedRow("q", 0, spec, reasoning=cfg)])
-    assert acc.state is StepStatus.OK and state.matcher.think.done
+    assert acc.state is StepStatus.OK and state.phase.think.done
 
 
 @pytest.mark.parametrize("mode", ["ids", "text"])
@@ -222,7 +222,7 @@ def test_thinking_cap_forces_the_end_marker(vocab, end_ids, mode, cap):
         assert allowed.sum() > 1 and acc.state is StepStatus.OK
     forced = []
     state = mgr.sequence("c", 0) or mgr.begin_sequence("c", 0, spec, reasoning=row.reasoning)
-    while not state.matcher.think.done:
+    while not state.phase.think.done:
         token, allowed, _, acc = step(mgr, vocab, row, gen)
         assert allowed.nonzero().reshape(-1).tolist() == [token]  # exactly one token allowed
         assert acc.state is StepStatus.OK

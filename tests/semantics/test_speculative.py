@@ -179,7 +179,7 @@ def test_drafts_through_a_thinking_end_marker(vocab, smollm2_tokenizer):
     for j in range(3 + len(end_ids), len(drafts) + 1):  # after the illegal letter: EOS only
         assert torch.isfinite(logits[j]).nonzero().reshape(-1).tolist() == list(vocab.eos_ids)
     state = mgr.sequence("t", 0)
-    assert not state.matcher.think.done and state.matcher.think.count == 0 and state.matcher.answer == []
+    assert not state.phase.think.done and state.phase.think.count == 0 and state.phase.answer == []
 
 
 def test_shape_mismatch_is_a_programming_error(vocab):

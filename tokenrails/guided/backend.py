@@ -17,7 +17,13 @@ from .vocabulary import Vocabulary
 
 
 class Matcher(ABC):
-    """Grammar state of one sequence. Bitmask rows use xgrammar's layout (bit 1 = allowed)."""
+    """Grammar state of one sequence. Bitmask rows use xgrammar's layout (bit 1 = allowed).
+
+    Only the grammar: where a sequence stands around it (a thinking section first, the gap after
+    its end marker) is the sequence's phase (``reasoning.ReasoningPhase``), never a backend's.
+    ``is_accepting`` and ``validate_tokens`` are derived from accept / rollback; a backend may
+    override them for speed.
+    """
 
     vocab: Vocabulary
 
@@ -54,35 +60,6 @@ class Matcher(ABC):
         if ok:
             self.rollback(1)
         return ok
-
-    # ---- where the sequence stands (a plain grammar matcher: constrained from the first token;
-    # ``reasoning.ThinkingMatcher`` lets the model think first and answers these differently) ----
-    #: the constrained output has begun
-    answering: bool = True
-    #: inside a decided thinking section
-    thinking: bool = False
-    #: in a free section before the constrained output (an unfinished output is not a match of it)
-    preamble: bool = False
-    #: right after a thinking section's end marker, before the grammar's first token (a bounded
-    #: run of whitespace-only tokens may come first; ``ReasoningConfig.whitespace_after_end``)
-    in_gap: bool = False
-
-    def grammar_matcher(self) -> "Matcher | None":
-        """The matcher a batched fill may group with others of its class now (None: this row
-        is filled alone, with ``fill_next_token_bitmask``)."""
-        return self
-
-    def rollback_limit(self) -> int | None:
-        """How many of the last accepted tokens may be rolled back and re-tokenized (None: all)."""
-        return None
-
-    def forced_prefix(self) -> list[int] | None:
-        """Before the constrained output: the tokens forced now (``[]``: none); None once it began."""
-        return None
-
-    def refusal(self) -> str:
-        """Why the last ``accept_token`` returned False (for the row's error message)."""
-        return "by the grammar"
 
     @classmethod
     def batch_fill(cls, matchers: Sequence["Matcher"], bitmask: torch.Tensor, rows: Sequence[int],

@@ -41,7 +41,7 @@ from .errors import GuideLimitError, UnsupportedGuideError
 from .fsm.dfa import DEAD, START
 from .fsm.matcher import FSMMatcher
 from .limits import GuideLimits
-from .reasoning import ReasoningTracker, ThinkingMatcher, ThinkState
+from .reasoning import ReasoningPhase, ReasoningTracker, ThinkState
 from .spec import GuideSpec
 
 __all__ = ["BUDGET_KINDS", "Budget", "BudgetTable", "budget_spec", "budget_table", "is_budget_spec"]
@@ -232,11 +232,11 @@ class Budget:
         self.closed = False
 
     # ---- how far from done -----------------------------------------------------------------
-    def need(self, matcher: Matcher) -> int:
+    def need(self, matcher: Matcher | ReasoningPhase) -> int:
         """The fewest tokens (EOS included) that complete the output from ``matcher``'s position
         (an upper bound while thinking: the marker forced, then the shortest answer)."""
         answer = self.table.start
-        if isinstance(matcher, ThinkingMatcher):
+        if isinstance(matcher, ReasoningPhase):
             think = matcher.think
             if think.opening:  # answer now (from where the fed prefix stands), or open and think
                 opened = (self.start_len - think.pos) + self.marker_max + answer
@@ -255,7 +255,7 @@ class Budget:
         assert isinstance(matcher, FSMMatcher)
         return int(self._dist[matcher.state])
 
-    def check_fits(self, matcher: Matcher) -> None:
+    def check_fits(self, matcher: Matcher | ReasoningPhase) -> None:
         """Refuse up front when even the shortest output cannot fit ``max_tokens``."""
         need = self.need(matcher)
         if need > self.max_tokens:
@@ -267,10 +267,10 @@ class Budget:
             )
 
     # ---- the mask --------------------------------------------------------------------------
-    def restrict(self, matcher: Matcher, bitmask: torch.Tensor, j: int, left: int) -> None:
+    def restrict(self, matcher: Matcher | ReasoningPhase, bitmask: torch.Tensor, j: int, left: int) -> None:
         """Row ``j`` holds the grammar's mask at ``matcher``'s position with ``left`` steps to go:
         intersect it with the budget rule (in place; untouched on the fast path)."""
-        if isinstance(matcher, ThinkingMatcher):
+        if isinstance(matcher, ReasoningPhase):
             self._restrict_thinking(matcher, bitmask, j, left)
             return
         if matcher.is_terminated():
@@ -280,7 +280,7 @@ class Budget:
             return
         self._fill_within(state, bitmask, j, left - 1)
 
-    def _restrict_thinking(self, m: ThinkingMatcher, bitmask: torch.Tensor, j: int, left: int) -> None:
+    def _restrict_thinking(self, m: ReasoningPhase, bitmask: torch.Tensor, j: int, left: int) -> None:
         think, answer = m.think, self.table.start
         if think.done:
             inner = m.inner
@@ -348,7 +348,7 @@ class Budget:
         return torch.from_numpy(packed.astype(np.int32))
 
     # ---- jumps -----------------------------------------------------------------------------
-    def jump_fits(self, matcher: Matcher, history: Sequence[int], rollback: int, append: Sequence[int],
+    def jump_fits(self, matcher: Matcher | ReasoningPhase, history: Sequence[int], rollback: int, append: Sequence[int],
                   left: int) -> bool:
         """Whether rolling back ``rollback`` tokens and appending ``append`` leaves the output
         completable in the steps left then (the matcher is restored)."""

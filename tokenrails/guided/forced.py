@@ -21,11 +21,14 @@ Stop tokens (EOS) are never returned: ending a request is left to a real decodin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Sequence
 
 import torch
 
 from .backend import Matcher
+
+if TYPE_CHECKING:
+    from .reasoning import ReasoningPhase
 
 __all__ = ["ForcedRun", "forced_tokens", "single_allowed_token"]
 
@@ -62,7 +65,7 @@ def single_allowed_token(row: torch.Tensor, vocab_size: int) -> int | None:
 
 
 def forced_tokens(
-    matcher: Matcher,
+    matcher: "Matcher | ReasoningPhase",
     max_tokens: int,
     *,
     encode: Encode | None = None,

@@ -107,7 +107,7 @@ def compute_jump_forward(
         text = matcher.find_jump_forward_string()
         return JumpForward(text, None, 0) if text else NOTHING
     hist = st.history
-    limit = matcher.rollback_limit()  # e.g. never back into a thinking section
+    limit = st.rollback_limit()  # e.g. never back into a thinking section
     deepest = min(max_rollback, len(hist), len(hist) if limit is None else limit)
     tokenized = False
     for r in range(deepest, -1, -1):

@@ -322,13 +322,15 @@ class GuidedDecodingManager:
     # ---- sequences -----------------------------------------------------------------------
     @_serialized
     def matcher_for(self, session_id: Hashable, seq_id: Hashable, spec: GuideSpec) -> Matcher:
-        """This sequence's matcher for ``spec`` (created on first use); raises its GuideError."""
+        """This sequence's grammar matcher for ``spec`` (created on first use; a reasoning
+        sequence's thinking is its ``phase``, not the matcher's); raises its GuideError."""
         state = self._state_for(session_id, seq_id, spec)
-        state.resolve()
-        if state.error is not None:
-            raise detached_copy(state.error)
-        assert state.matcher is not None
-        return state.matcher
+        if state.error is None:
+            try:
+                return state.compiled_matcher()
+            except GuideError as exc:
+                state.error = exc
+        raise detached_copy(state.error)
 
     def sequence(self, session_id: Hashable, seq_id: Hashable) -> SequenceState | None:
         """The sequence's state, if it exists, for reading (an adapter watching where a row

@@ -26,7 +26,8 @@ those tokens (both readings stay open); see ``open_step`` and docs/semantics.md 
 
 The per-sequence state (``ThinkState``) is a tiny immutable value so speculative decoding can
 look ahead through drafts without copying anything heavy. ``ReasoningTracker`` holds the
-per-(vocabulary, config) tables and the transition function.
+per-(vocabulary, config) tables and the transition function; ``ReasoningPhase`` is one sequence's
+phase (thinking, the gap, answering), owned by its ``SequenceState``, never by a backend.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from .backend import Matcher
 from .errors import GuideError, InvalidGuideError
 from .vocabulary import Vocabulary
 
-__all__ = ["ReasoningConfig", "ReasoningTracker", "ThinkState", "ThinkingMatcher", "open_step", "tracker_for"]
+__all__ = ["ReasoningConfig", "ReasoningTracker", "ReasoningPhase", "ThinkState", "open_step", "tracker_for"]
 
 MatchMode = Literal["ids", "text"]
 
@@ -190,6 +191,11 @@ class ThinkState:
     def thinking(self) -> bool:
         """Inside the thinking section (decided, not yet ended)."""
         return not self.done and not self.opening
+
+    @property
+    def preamble(self) -> bool:
+        """In a free section before the constrained output (an unfinished output is not a match)."""
+        return self.thinking or (self.opening and not self.answer_ok)
 
 
 DONE = ThinkState(True)
@@ -550,19 +556,24 @@ def tracker_for(vocab: Vocabulary, config: ReasoningConfig) -> ReasoningTracker:
     return vocab.cached_lru("reasoning:trackers", repr(config), lambda: ReasoningTracker(vocab, config))
 
 
-class ThinkingMatcher(Matcher):
-    """The matcher of a sequence that may think first: the thinking section's rules (free row,
-    no EOS, the cap, text-mode end marker) until the end marker, then the grammar's matcher.
+class ReasoningPhase:
+    """Where a think-first sequence stands, and the thinking section's rules (free row, no EOS,
+    the cap, the text-mode end marker) until the end marker; then the grammar's matcher.
 
-    The grammar's matcher is made by ``grammar()`` only when needed (undecided optional thinking
-    needs its row at once; a decided thinking section overlaps the compile and resolves it at
-    the end marker); ``grammar()`` raises the compile's ``GuideError``. While thinking,
-    ``failure()`` reports a compile that already failed, so a bad spec fails early.
+    The sequence owns it (``SequenceState.phase``) and sends its row here; this routes each fill,
+    accept and rollback to the tracker or to the grammar's matcher, so no backend ever sees a
+    thinking section. It answers the same calls a matcher does (fill / accept / rollback /
+    terminated / accepting / jump / validate), so the sequence's peeks (forced runs, jump-forward,
+    drafts, budgets) walk it as they walk a grammar. The grammar's matcher is the sequence's: the
+    phase borrows it through ``grammar()`` only when needed (undecided optional thinking needs its
+    row at once; a decided thinking section overlaps the compile and resolves it at the end
+    marker); ``grammar()`` raises the compile's ``GuideError``. While thinking, ``failure()``
+    reports a compile that already failed, so a bad spec fails early.
 
     Every accepted token pushes one undo record (previous ``ThinkState``, grammar tokens added or
     removed), so ``rollback(n)`` is exact across the start marker, the end marker and tentatively
     fed marker prefixes (speculative drafts, jump-forward). ``answer``: the tokens the grammar
-    holds (the constrained output so far).
+    holds (the constrained output so far). ``refusal``: why the last ``accept_token`` said no.
     """
 
     def __init__(self, tracker: ReasoningTracker, think: ThinkState, grammar: Callable[[], Matcher],
@@ -570,47 +581,31 @@ class ThinkingMatcher(Matcher):
         self.vocab = tracker.vocab
         self.tracker = tracker
         self.think = think
-        self._initial = think
         self._grammar = grammar
         self._failure = failure
         self.inner: Matcher | None = None
         self.answer: list[int] = []
         self._undo: list[tuple[ThinkState, int, tuple[int, ...]]] = []
-        self._refusal = "by the grammar"
+        self.refusal = "by the grammar"
 
     def _inner(self) -> Matcher:
         if self.inner is None:
             self.inner = self._grammar()
         return self.inner
 
-    # ---- where the sequence stands -------------------------------------------------------
-    @property
-    def answering(self) -> bool:
-        return self.think.done
-
-    @property
-    def thinking(self) -> bool:
-        return self.think.thinking
-
-    @property
-    def preamble(self) -> bool:
-        think = self.think
-        return think.thinking or (think.opening and not think.answer_ok)
-
-    @property
-    def in_gap(self) -> bool:
-        return self.think.done and self.think.gap is not None
-
-    def grammar_matcher(self) -> Matcher | None:
+    # ---- where the sequence stands (``think``) ---------------------------------------------
+    def handed_over(self) -> Matcher | None:
+        """The grammar's matcher once the phase adds nothing to the row (the answer began, the gap
+        is closed): a batched fill may group it with its class; else None."""
         return self._inner() if self.think.done and self.think.gap is None else None
 
     def rollback_limit(self) -> int:
+        """How many of the last tokens may be rolled back and re-tokenized: the answer's only."""
         return len(self.answer) if self.think.done else 0
 
-    def refusal(self) -> str:
-        return self._refusal
-
     def forced_prefix(self) -> list[int] | None:
+        """Before the answer: the tokens forced now (the end marker at the cap; ``[]``: none);
+        None once the answer began (the grammar decides what is forced)."""
         think = self.think
         if think.done:
             return None
@@ -624,7 +619,7 @@ class ThinkingMatcher(Matcher):
             think = nxt
         return ids
 
-    # ---- the Matcher contract ------------------------------------------------------------
+    # ---- the row --------------------------------------------------------------------------
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
         think = self.think
         if think.opening:
@@ -652,8 +647,8 @@ class ThinkingMatcher(Matcher):
         if think.opening:
             nxt, moved = open_step(self.tracker, self._inner(), think, tok)
             if nxt is None:
-                self._refusal = ("at the start of an optional thinking section (neither the start "
-                                 "marker nor the grammar allows it here)")
+                self.refusal = ("at the start of an optional thinking section (neither the start "
+                                "marker nor the grammar allows it here)")
                 return False
             dropped: tuple[int, ...] = ()
             if moved > 0:
@@ -667,9 +662,9 @@ class ThinkingMatcher(Matcher):
         if not think.done:
             nxt = self.tracker.advance(think, tok)
             if nxt is None:
-                self._refusal = ("while forcing the end of the thinking section" if self.tracker.forcing(think)
-                                 else "while thinking (EOS before the end marker, or bytes past the end "
-                                      "marker in the same token)")
+                self.refusal = ("while forcing the end of the thinking section" if self.tracker.forcing(think)
+                                else "while thinking (EOS before the end marker, or bytes past the end "
+                                     "marker in the same token)")
                 return False
             self._undo.append((think, 0, ()))
             self.think = nxt
@@ -682,11 +677,11 @@ class ThinkingMatcher(Matcher):
                     self._undo.append((think, 0, ()))
                     self.think = nxt
                     return True
-                self._refusal = ("by the grammar (after the end of the thinking section only "
-                                 f"{self.tracker.config.whitespace_after_end} bytes of whitespace may "
-                                 "precede the answer)")
+                self.refusal = ("by the grammar (after the end of the thinking section only "
+                                f"{self.tracker.config.whitespace_after_end} bytes of whitespace may "
+                                "precede the answer)")
                 return False
-            self._refusal = "by the grammar"
+            self.refusal = "by the grammar"
             return False
         self.answer.append(tok)
         self._undo.append((think, 1, ()))
@@ -721,17 +716,11 @@ class ThinkingMatcher(Matcher):
         return False
 
     def find_jump_forward_string(self) -> str:
-        # nothing is forced in the gap: the model may still write whitespace first
-        return self._inner().find_jump_forward_string() if self.think.done and self.think.gap is None else ""
+        grammar = self.handed_over()  # nothing is forced in the gap: the model may write whitespace
+        return grammar.find_jump_forward_string() if grammar is not None else ""
 
     def validate_tokens(self, tokens: Sequence[int]) -> int:
-        if self.think.done and self.think.gap is None:
-            return self._inner().validate_tokens(tokens)
-        return super().validate_tokens(tokens)
-
-    def reset(self) -> None:
-        if self.inner is not None:
-            self.inner.reset()
-        self.think = self._initial
-        self.answer.clear()
-        self._undo.clear()
+        grammar = self.handed_over()
+        if grammar is not None:
+            return grammar.validate_tokens(tokens)
+        return Matcher.validate_tokens(self, tokens)  # type: ignore[arg-type]  # the generic walk

@@ -10,10 +10,11 @@ matcher once it exists, the tokens accepted so far, its timings — and the tran
 * ``apply_jump``: roll back and accept forced tokens through the same ``accept`` as a sampled one;
 * ``finalize``: why the sequence ended and whether its output is a complete match.
 
-Nothing here knows about sessions, caches, engines or thinking sections: a think-first
-sequence's matcher is a ``reasoning.ThinkingMatcher`` (made by ``start_reasoning``) and the state
-asks it the ``Matcher`` contract's questions. The manager (manager.py) creates states and keeps
-the session table; the batched step (batch_step.py) fills and accepts many states.
+Nothing here knows about sessions, caches or engines. A think-first sequence has a phase
+(``reasoning.ReasoningPhase``, made by ``start_reasoning``): the state sends its row through it,
+and the phase hands the answer's tokens to the grammar's matcher, which stays a plain backend
+matcher. The manager (manager.py) creates states and keeps the session table; the batched step
+(batch_step.py) fills and accepts many states.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from .bitmask import eos_only_row
 from .budget import Budget, budget_table
 from .errors import GuideError, GuideLimitError, GuideTimeoutError, TokenRejectedError, detached_copy
 from .limits import GuideLimits
-from .reasoning import ReasoningConfig, ThinkingMatcher, tracker_for
+from .reasoning import ReasoningConfig, ReasoningPhase, tracker_for
 from .vocabulary import Vocabulary
 from .spec import GuideSpec
 
@@ -133,11 +134,11 @@ class GrammarFuture:
 class SequenceState:
     """Everything kept for one (session, sequence).
 
-    ``matcher`` is None until the grammar is needed (``grammar`` finishes the compile then) or
-    when ``error`` is set. A think-first sequence's matcher is a ``reasoning.ThinkingMatcher``
-    from the start (it resolves the grammar itself, at the end of the thinking section); the state
-    only asks any matcher the ``Matcher`` contract's questions.
-    ``history``: every token the matcher accepted, in order (jump-forward rolls back through it).
+    ``matcher``: the grammar's matcher, None until the grammar is needed (``grammar`` finishes the
+    compile then) or when ``error`` is set. ``phase``: a think-first sequence's reasoning phase
+    (thinking, the gap, answering), which takes the row's tokens and borrows ``matcher`` once the
+    grammar is needed (at the end of the thinking section, or at once while undecided).
+    ``history``: every token the row accepted, in order (jump-forward rolls back through it).
     """
 
     spec_key: str
@@ -152,20 +153,20 @@ class SequenceState:
     grammar: GrammarFuture | None = None
     ctx: RowContext | None = None
     budget: Budget | None = None
+    phase: ReasoningPhase | None = None
 
     # ---- reasoning --------------------------------------------------------------------------
     def start_reasoning(self, vocab: Vocabulary, config: ReasoningConfig,
                         prompt_token_ids: Sequence[int] | None = None, thinking_done: bool | None = None) -> None:
-        """Think first: the sequence's matcher becomes a ``ThinkingMatcher`` (see reasoning.py),
-        started where the prompt (or ``thinking_done``) says; a bad config or marker fails the
-        row (``error``)."""
+        """Think first: the sequence gets a ``ReasoningPhase`` (see reasoning.py), started where the
+        prompt (or ``thinking_done``) says; a bad config or marker fails the row (``error``)."""
         try:
             tracker = tracker_for(vocab, config)
             think = tracker.initial(prompt_token_ids, thinking_done)
         except GuideError as exc:
             self.error = exc
             return
-        self.matcher = ThinkingMatcher(tracker, think, self._new_grammar_matcher, self._grammar_failure)
+        self.phase = ReasoningPhase(tracker, think, self.compiled_matcher, self._grammar_failure)
 
     # ---- the token budget ------------------------------------------------------------------
     def start_budget(self, max_tokens: int, limits: GuideLimits | None = None) -> None:
@@ -183,11 +184,11 @@ class SequenceState:
                 guide = self.grammar.wait() if self.grammar is not None else None
             finally:
                 self.grammar_init_s += time.perf_counter() - start
-            matcher = self.matcher or self.resolve()
+            matcher = self.resolve()
             if matcher is None or guide is None:
                 return
-            tracker = getattr(matcher, "tracker", None)
-            budget = Budget(max_tokens, guide, budget_table(guide, limits), tracker)  # type: ignore[arg-type]
+            tracker = self.phase.tracker if self.phase is not None else None
+            budget = Budget(max_tokens, guide, budget_table(guide, limits), tracker)
             budget.check_fits(matcher)
         except GuideError as exc:
             self.error = exc
@@ -200,28 +201,32 @@ class SequenceState:
         return self.budget.max_tokens - len(self.history) - ahead
 
     # ---- the grammar future --------------------------------------------------------------
-    def _new_grammar_matcher(self) -> Matcher:
-        """A fresh matcher of the spec's compiled grammar (waits for the compile; raises its error)."""
-        assert self.grammar is not None, "a state without matcher needs its grammar future"
-        start = time.perf_counter()
-        try:
-            return self.grammar.wait().matcher()
-        finally:
-            self.grammar_init_s += time.perf_counter() - start
+    def compiled_matcher(self) -> Matcher:
+        """The grammar's matcher, made on first use (waits for the compile; raises its error)."""
+        if self.matcher is None:
+            assert self.grammar is not None, "a state without matcher needs its grammar future"
+            start = time.perf_counter()
+            try:
+                self.matcher = self.grammar.wait().matcher()
+            finally:
+                self.grammar_init_s += time.perf_counter() - start
+        return self.matcher
 
     def _grammar_failure(self) -> GuideError | None:
         """The compile's error if it already failed (a copy: the cached one stays unpinned)."""
         err = self.grammar.failure() if self.grammar is not None else None
         return detached_copy(err) if err is not None else None
 
-    def resolve(self) -> Matcher | None:
-        """The matcher, finishing a deferred compile (waits up to its deadline); None once failed."""
-        if self.matcher is not None or self.error is not None:
-            return self.matcher
-        try:
-            self.matcher = self._new_grammar_matcher()
-        except GuideError as exc:
-            self.error = exc
+    def resolve(self) -> Matcher | ReasoningPhase | None:
+        """What takes this row's tokens: its reasoning phase, else the grammar's matcher (finishing
+        a deferred compile: waits up to its deadline; None once failed)."""
+        if self.phase is not None:
+            return self.phase
+        if self.matcher is None and self.error is None:
+            try:
+                self.compiled_matcher()
+            except GuideError as exc:
+                self.error = exc
         return self.matcher
 
     def _fail(self, exc: GuideError) -> RowStatus:
@@ -232,29 +237,33 @@ class SequenceState:
     @property
     def answering(self) -> bool:
         """The constrained output has begun (always, without a thinking section)."""
-        return self.matcher is None or self.matcher.answering
+        return self.phase is None or self.phase.think.done
 
     @property
     def thinking(self) -> bool:
         """Inside a decided thinking section."""
-        return self.matcher is not None and self.matcher.thinking
+        return self.phase is not None and self.phase.think.thinking
 
     @property
     def in_gap(self) -> bool:
         """Right after a generated end-of-thinking marker, before the grammar's first token
         (whitespace may still come first: ``ReasoningConfig.whitespace_after_end``)."""
-        return self.matcher is not None and self.matcher.in_gap
+        return self.phase is not None and self.phase.think.gap is not None
+
+    def answer_start(self) -> int | None:
+        """Where the constrained output begins in ``history`` (0 without a thinking section; None
+        before it began: thinking, undecided, or in the gap after the end marker)."""
+        if self.phase is None:
+            return 0
+        return len(self.history) - len(self.phase.answer) if self.answering and not self.in_gap else None
 
     def batch_matcher(self) -> Matcher | None:
-        """The matcher a batched fill may fill for this row, else None (failed rows, and rows a
-        matcher wants filled alone: ``Matcher.grammar_matcher``)."""
+        """The grammar's matcher when a batched fill may fill this row with its class, else None
+        (failed rows, budget rows, and rows whose reasoning phase still shapes the row)."""
         if self.error is not None or self.budget is not None:  # a budget row is filled alone
             return None
-        matcher = self.matcher or self.resolve()
-        if matcher is None:
-            return None
         try:
-            return matcher.grammar_matcher()
+            return self.compiled_matcher() if self.phase is None else self.phase.handed_over()
         except GuideError as exc:
             self.error = exc
             return None
@@ -304,7 +313,7 @@ class SequenceState:
         if self.error is not None:
             # A failed row may only have emitted EOS (its mask allowed nothing else).
             return RowStatus(StepStatus.ERROR, self.error)
-        matcher = self.matcher or self.resolve()
+        matcher = self.resolve()
         if matcher is None:
             return RowStatus(StepStatus.ERROR, self.error)
         eos = self.ctx.eos if self.ctx is not None else frozenset()
@@ -320,7 +329,7 @@ class SequenceState:
         self.guided_time_s += time.perf_counter() - t0
         self.tokens += 1
         if not ok:
-            return self._reject(tok, matcher.refusal())
+            return self._reject(tok, self.phase.refusal if self.phase is not None else "by the grammar")
         self.history.append(tok)
         if tok in eos:
             return RowStatus(StepStatus.TERMINATED)
@@ -359,8 +368,12 @@ class SequenceState:
     def forced_prefix(self) -> list[int] | None:
         """Before the constrained output: the tokens forced now (``[]``: none); None once it
         began (the grammar decides what is forced)."""
-        matcher = self.matcher
-        return None if matcher is None else matcher.forced_prefix()
+        return None if self.phase is None else self.phase.forced_prefix()
+
+    def rollback_limit(self) -> int | None:
+        """How many of the last tokens may be rolled back and re-tokenized (None: all; never back
+        into a thinking section or an undecided start)."""
+        return None if self.phase is None else self.phase.rollback_limit()
 
     def apply_jump(self, rollback: int, token_ids: Sequence[int]) -> RowStatus:
         """Roll the output back ``rollback`` tokens, then accept ``token_ids`` exactly as sampled
@@ -372,7 +385,7 @@ class SequenceState:
         matcher = self.resolve()
         if matcher is None:
             return RowStatus(StepStatus.ERROR, self.error, accepted=0)
-        limit = matcher.rollback_limit()
+        limit = self.rollback_limit()
         if rollback and limit is not None and rollback > limit:
             raise ValueError("cannot roll back: the answer has not started (thinking, or the optional "
                              "thinking decision is still open), or the roll-back reaches into it")
@@ -387,7 +400,7 @@ class SequenceState:
         ``GuidedDecodingManager.finalize``)."""
         if self.error is not None:
             return Finalization("error", False, self.error)
-        matcher = self.matcher
+        matcher = self.phase or self.matcher
         if matcher is None:  # never compiled, never used
             return Finalization(f"{reason}_incomplete", False)
         closed = self.budget is not None and self.budget.closed
@@ -398,7 +411,8 @@ class SequenceState:
                 return Finalization(reason, True, budget_closed=closed)
         except GuideError:  # the grammar was never needed and cannot be had now
             pass
-        return Finalization(f"{reason}_incomplete", False, thinking=matcher.preamble, budget_closed=closed)
+        preamble = self.phase is not None and self.phase.think.preamble
+        return Finalization(f"{reason}_incomplete", False, thinking=preamble, budget_closed=closed)
 
     def may_end(self) -> bool:
         """Whether the output is complete now (EOS would be a valid end)."""
@@ -429,7 +443,7 @@ class Lookahead:
     def restore(self) -> None:
         """Put the sequence's matcher back where it was (idempotent)."""
         if self.advanced:
-            matcher = self.st.matcher
+            matcher = self.st.phase or self.st.matcher
             assert matcher is not None
             matcher.rollback(self.advanced)
             self.advanced = 0

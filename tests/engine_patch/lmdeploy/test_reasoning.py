@@ -304,7 +304,7 @@ def test_spec_decode_cursor_follows_thinking(lm, think_tokenizer, think_vocab):
     assert torch.isfinite(target[0, 0, letter]) and not torch.isfinite(target[0, 0, EOS])
     assert torch.isfinite(target[0, 2, digit]) and not torch.isfinite(target[0, 2, letter])
     st = mgr.core().sequence(10, (seq.seq_id, seq.output_start_pos))
-    assert st.matcher.think.done and st.matcher.answer == [digit, digit]
+    assert st.phase.think.done and st.phase.answer == [digit, digit]
 
 
 def _spec(rf):

@@ -162,7 +162,7 @@ def test_rollback_across_the_gap_is_exact(qwen3):
 
     def mask():
         m = torch.zeros((1, words), dtype=torch.int32)
-        st.matcher.fill_next_token_bitmask(m, 0)
+        st.phase.fill_next_token_bitmask(m, 0)
         return m.clone()
 
     at_gap = mask()
@@ -170,14 +170,14 @@ def test_rollback_across_the_gap_is_exact(qwen3):
     body = _ids(tok, '{"a": ')
     assert _feed(mgr, vocab, row, nl2 + body) == len(nl2 + body)
     after = mask()
-    st.matcher.rollback(len(body))
-    assert st.matcher.in_gap and st.matcher.answer == []
-    st.matcher.rollback(len(nl2))
-    assert st.matcher.in_gap and torch.equal(mask(), at_gap)
+    st.phase.rollback(len(body))
+    assert st.in_gap and st.phase.answer == []
+    st.phase.rollback(len(nl2))
+    assert st.in_gap and torch.equal(mask(), at_gap)
     assert _feed(mgr, vocab, row, nl2 + body) == len(nl2 + body)  # the same path again
     assert torch.equal(mask(), after)
-    st.matcher.rollback(len(nl2 + body) + 1)  # back before the end marker: thinking again
-    assert st.matcher.thinking
+    st.phase.rollback(len(nl2 + body) + 1)  # back before the end marker: thinking again
+    assert st.thinking
 
 
 def test_answer_first_has_no_gap(qwen3):

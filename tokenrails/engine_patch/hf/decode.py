@@ -20,13 +20,12 @@ from typing import Any, Sequence
 import torch
 
 from ...guided.budget import budget_spec
-from ...guided.sequence import GuidedRow, StepStatus
+from ...guided.sequence import GuidedRow, SequenceState, StepStatus
 from ...guided.errors import GuideError
 from ...guided.jump_forward import JumpForward, text_encoder
 from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
 from ..reasoning_settings import configs_for_rows, prompt_for_reading
-from .answer import AnswerTracker
 from .sampling import SamplingParams, choose_tokens
 from .validate import error_category, validate_output
 from .vocab import logits_width, manager_for, vocabulary_for
@@ -183,7 +182,7 @@ def generate_guided(
     configs = configs_for_rows(reasoning, n, vocab)
     rows = [GuidedRow(session, i, s, reasoning=c, max_tokens=row_budget) if s is not None else None
             for i, (s, c) in enumerate(zip(specs, configs))]
-    answers = AnswerTracker(n)
+    answers: dict[int, SequenceState] = {}  # the reasoning rows: their phase knows where the answer begins
     eos = set(vocab.eos_ids)
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     eos.update([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or []))
@@ -200,9 +199,9 @@ def generate_guided(
         prompt_ids = encode_prompts(tokenizer, prompts, chat)
         for i, row in enumerate(rows):
             if row is not None and row.reasoning is not None:
-                answers.watch(i, mgr.begin_sequence(
+                answers[i] = mgr.begin_sequence(
                     session, i, row.spec, reasoning=row.reasoning,
-                    prompt_token_ids=prompt_for_reading(prompt_ids[i], row.reasoning), max_tokens=row.max_tokens))
+                    prompt_token_ids=prompt_for_reading(prompt_ids[i], row.reasoning), max_tokens=row.max_tokens)
         logits = batch.feed(prompt_ids)
         prefill_s = time.perf_counter() - t_start
         while True:
@@ -212,9 +211,8 @@ def generate_guided(
             step_rows = [rows[i] if finish[i] is None else None for i in range(n)]
             statuses = mgr.fill_and_apply(logits, step_rows)
             tokens = choose_tokens(logits, params, gen).tolist()
-            answering = [answers.answering(i) for i in range(n)]  # before this token
+            answering = [answer_start(answers, i) is not None for i in range(n)]  # before this token
             accepted = mgr.accept_tokens(tokens, step_rows)
-            answers.after_accept([r is not None for r in step_rows])
             feed: list[list[int]] = [[] for _ in range(n)]
             for i in active:
                 tok = int(tokens[i])
@@ -259,6 +257,13 @@ def generate_guided(
     )
 
 
+def answer_start(states: dict[int, SequenceState], i: int) -> int | None:
+    """Index of row ``i``'s first answer token among its generated ones (``states``: the reasoning
+    rows' sequences, see ``SequenceState.answer_start``; any other row answers from its first)."""
+    state = states.get(i)
+    return 0 if state is None else state.answer_start()
+
+
 def budget_rows(specs: Sequence[GuideSpec | None], budget: str | None,
                 max_new_tokens: int | None) -> tuple[list[GuideSpec | None], int | None]:
     """The specs and per-row ``max_tokens`` for a ``budget`` setting (None or "close")."""
@@ -301,7 +306,7 @@ def _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, for
 
     for i, row in enumerate(rows):
         text = decode(out_ids[i])
-        start = answers.start(i)
+        start = answer_start(answers, i)
         answer = text if start == 0 else decode(out_ids[i][start:]) if start is not None else ""
         thinking = "" if start == 0 else decode(out_ids[i][:start] if start is not None else out_ids[i])
         res = GuidedResult(

@@ -35,8 +35,7 @@ from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
 from ...guided.vocabulary import Vocabulary
 from ..reasoning_settings import configs_for_rows, prompt_for_reading
-from .answer import AnswerTracker
-from .decode import budget_rows
+from .decode import answer_start, budget_rows
 from .validate import error_category, validate_output
 from .vocab import manager_for, vocabulary_for
 
@@ -110,7 +109,7 @@ class GuidedLogitsProcessor(_Base):
                                    len(self.specs), vocab)
         self.rows = [GuidedRow(self.session, i, s, reasoning=c, max_tokens=row_budget) if s is not None else None
                      for i, (s, c) in enumerate(zip(self.specs, configs))]
-        self.answers = AnswerTracker(len(self.rows))
+        self.answers: dict[int, Any] = {}  # the reasoning rows' sequence states
         self._done: list[str | None] = [None] * len(self.rows)  # "complete" | "rejected" | "error"
         self._errors: list[GuideError | None] = [None] * len(self.rows)
         # the history seen so far, as its length and last column: enough to tell a grown history
@@ -166,9 +165,8 @@ class GuidedLogitsProcessor(_Base):
         for i, row in enumerate(self.rows):
             if row is not None and row.reasoning is not None:
                 ids = prompt_for_reading(input_ids[i].tolist(), row.reasoning)
-                st = self.manager.begin_sequence(self.session, i, row.spec, reasoning=row.reasoning,
-                                                 prompt_token_ids=ids, max_tokens=row.max_tokens)
-                self.answers.watch(i, st)
+                self.answers[i] = self.manager.begin_sequence(self.session, i, row.spec, reasoning=row.reasoning,
+                                                              prompt_token_ids=ids, max_tokens=row.max_tokens)
 
     def _check_history(self, input_ids: torch.Tensor) -> None:
         last = self._prev_last
@@ -183,7 +181,6 @@ class GuidedLogitsProcessor(_Base):
     def _accept(self, tokens: Sequence[int]) -> None:
         step_rows = [r if self._done[i] is None else None for i, r in enumerate(self.rows)]
         statuses = self.manager.accept_tokens(tokens, step_rows)
-        self.answers.after_accept([r is not None for r in step_rows])
         for i, st in enumerate(statuses):
             if st is None:
                 continue
@@ -242,7 +239,7 @@ class GuidedLogitsProcessor(_Base):
             grammar_init_s=float(m.get("grammar_init_s", 0.0)),
             grammar_per_token_s=float(m.get("grammar_per_token_s", 0.0)),
             tokens=int(m.get("tokens", 0)),
-            answer_start=self.answers.start(i),
+            answer_start=answer_start(self.answers, i),
             budget_closed=m["budget_closed"] if "budget_closed" in m else None,
         )
         if self._errors[i] is not None:
