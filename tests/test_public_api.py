@@ -95,6 +95,9 @@ ADAPTERS = {
 }
 
 DEPRECATED_MODULES = {"tokenrails.models": "tokenrails.demo_model", "tokenrails.compat.requests": "tokenrails.requests"}
+# the reasoning phase's members the Matcher contract had, and what a grammar matcher answered
+MATCHER_PHASE_MEMBERS = {"answering": True, "thinking": False, "preamble": False, "in_gap": False,
+                         "rollback_limit()": None, "forced_prefix()": None, "refusal()": "by the grammar"}
 
 
 def _params(obj) -> list[inspect.Parameter]:
@@ -158,6 +161,20 @@ def test_guide_spec_from_request_is_a_working_deprecated_alias():
         assert tokenrails.GuideSpec.from_request({"type": "text"}) is None
 
 
+@pytest.mark.parametrize("member", [*MATCHER_PHASE_MEMBERS, "grammar_matcher()"])
+def test_matcher_phase_members_are_working_deprecated_aliases(member):
+    """A matcher written against the old contract (reading or subclassing these) still works."""
+    m = tokenrails.compile_guide(tokenrails.GuideSpec.regex("a"), _tiny_vocab()).matcher()
+    name = member.rstrip("()")
+    with pytest.warns(DeprecationWarning, match=rf"Matcher.{name} .* removed in tokenrails 0\.3\.0; use "):
+        got = getattr(m, name)() if member.endswith("()") else getattr(m, name)
+    assert got is m if name == "grammar_matcher" else got == MATCHER_PHASE_MEMBERS[member]
+
+
+def _tiny_vocab() -> tokenrails.Vocabulary:
+    return tokenrails.Vocabulary([b"a", b"b", b""], eos_ids=[2], special_ids=[2])
+
+
 @pytest.mark.parametrize("old,new", sorted(DEPRECATED_MODULES.items()))
 def test_moved_module_imports_warns_at_the_users_line_and_matches_the_new_one(old, new):
     """Run in a fresh interpreter: the warning fires once, at import, and Python's default filter
@@ -173,5 +190,6 @@ def test_moved_module_imports_warns_at_the_users_line_and_matches_the_new_one(ol
 
 def test_changelog_names_every_deprecated_alias():
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    for old in [*DEPRECATED_MODULES, "GuideSpec.from_request"]:
+    matcher = [f"Matcher.{m}" for m in [*MATCHER_PHASE_MEMBERS, "grammar_matcher()"]]
+    for old in [*DEPRECATED_MODULES, "GuideSpec.from_request", *matcher]:
         assert old in changelog, f"CHANGELOG.md does not mention the deprecated {old}"

@@ -33,7 +33,7 @@ def _guide_spec_from_request(cls: type, obj: Any) -> Any:
 _MATCHER_PHASE_MEMBERS: dict[str, tuple[str, Any, bool]] = {
     "answering": ("SequenceState.answering", True, True),
     "thinking": ("SequenceState.thinking", False, True),
-    "preamble": ("ThinkState.preamble", False, True),
+    "preamble": ("Finalization.thinking", False, True),
     "in_gap": ("SequenceState.in_gap", False, True),
     "grammar_matcher": ("SequenceState.batch_matcher", None, False),
     "rollback_limit": ("SequenceState.rollback_limit", None, False),

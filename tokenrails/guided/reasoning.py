@@ -192,11 +192,6 @@ class ThinkState:
         """Inside the thinking section (decided, not yet ended)."""
         return not self.done and not self.opening
 
-    @property
-    def preamble(self) -> bool:
-        """In a free section before the constrained output (an unfinished output is not a match)."""
-        return self.thinking or (self.opening and not self.answer_ok)
-
 
 DONE = ThinkState(True)
 AFTER_END = ThinkState(True, gap=0)
@@ -561,14 +556,12 @@ class ReasoningPhase:
     the cap, the text-mode end marker) until the end marker; then the grammar's matcher.
 
     The sequence owns it (``SequenceState.phase``) and sends its row here; this routes each fill,
-    accept and rollback to the tracker or to the grammar's matcher, so no backend ever sees a
-    thinking section. It answers the same calls a matcher does (fill / accept / rollback /
-    terminated / accepting / jump / validate), so the sequence's peeks (forced runs, jump-forward,
-    drafts, budgets) walk it as they walk a grammar. The grammar's matcher is the sequence's: the
-    phase borrows it through ``grammar()`` only when needed (undecided optional thinking needs its
-    row at once; a decided thinking section overlaps the compile and resolves it at the end
-    marker); ``grammar()`` raises the compile's ``GuideError``. While thinking, ``failure()``
-    reports a compile that already failed, so a bad spec fails early.
+    accept and rollback to the tracker or to the grammar's matcher, so no backend sees a thinking
+    section. It answers a matcher's calls, so forced runs, jump-forward, drafts and budgets walk it
+    like one. It borrows the sequence's grammar matcher through ``grammar()`` only when needed
+    (undecided optional thinking needs its row at once; a decided thinking section overlaps the
+    compile and resolves it at the end marker); ``grammar()`` raises the compile's ``GuideError``.
+    While thinking, ``failure()`` reports a compile that already failed, so a bad spec fails early.
 
     Every accepted token pushes one undo record (previous ``ThinkState``, grammar tokens added or
     removed), so ``rollback(n)`` is exact across the start marker, the end marker and tentatively

@@ -411,8 +411,9 @@ class SequenceState:
                 return Finalization(reason, True, budget_closed=closed)
         except GuideError:  # the grammar was never needed and cannot be had now
             pass
-        preamble = self.phase is not None and self.phase.think.preamble
-        return Finalization(f"{reason}_incomplete", False, thinking=preamble, budget_closed=closed)
+        think = self.phase.think if self.phase is not None else None  # still in a free section?
+        free = think is not None and (think.thinking or (think.opening and not think.answer_ok))
+        return Finalization(f"{reason}_incomplete", False, thinking=free, budget_closed=closed)
 
     def may_end(self) -> bool:
         """Whether the output is complete now (EOS would be a valid end)."""

@@ -182,7 +182,7 @@ def generate_guided(
     configs = configs_for_rows(reasoning, n, vocab)
     rows = [GuidedRow(session, i, s, reasoning=c, max_tokens=row_budget) if s is not None else None
             for i, (s, c) in enumerate(zip(specs, configs))]
-    answers: dict[int, SequenceState] = {}  # the reasoning rows: their phase knows where the answer begins
+    answers: dict[int, SequenceState] = {}  # reasoning rows (their phase knows where the answer begins)
     eos = set(vocab.eos_ids)
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     eos.update([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or []))
@@ -211,7 +211,8 @@ def generate_guided(
             step_rows = [rows[i] if finish[i] is None else None for i in range(n)]
             statuses = mgr.fill_and_apply(logits, step_rows)
             tokens = choose_tokens(logits, params, gen).tolist()
-            answering = [answer_start(answers, i) is not None for i in range(n)]  # before this token
+            answering = [i not in answers or answers[i].answer_start() is not None  # before this token
+                         for i in range(n)]
             accepted = mgr.accept_tokens(tokens, step_rows)
             feed: list[list[int]] = [[] for _ in range(n)]
             for i in active:
@@ -257,13 +258,6 @@ def generate_guided(
     )
 
 
-def answer_start(states: dict[int, SequenceState], i: int) -> int | None:
-    """Index of row ``i``'s first answer token among its generated ones (``states``: the reasoning
-    rows' sequences, see ``SequenceState.answer_start``; any other row answers from its first)."""
-    state = states.get(i)
-    return 0 if state is None else state.answer_start()
-
-
 def budget_rows(specs: Sequence[GuideSpec | None], budget: str | None,
                 max_new_tokens: int | None) -> tuple[list[GuideSpec | None], int | None]:
     """The specs and per-row ``max_tokens`` for a ``budget`` setting (None or "close")."""
@@ -306,7 +300,7 @@ def _results(tokenizer, mgr, session, rows, out_ids, finish, errors, passes, for
 
     for i, row in enumerate(rows):
         text = decode(out_ids[i])
-        start = answer_start(answers, i)
+        start = answers[i].answer_start() if i in answers else 0
         answer = text if start == 0 else decode(out_ids[i][start:]) if start is not None else ""
         thinking = "" if start == 0 else decode(out_ids[i][:start] if start is not None else out_ids[i])
         res = GuidedResult(

@@ -35,7 +35,7 @@ from ...guided.limits import GuideLimits
 from ...guided.spec import GuideSpec
 from ...guided.vocabulary import Vocabulary
 from ..reasoning_settings import configs_for_rows, prompt_for_reading
-from .decode import answer_start, budget_rows
+from .decode import budget_rows
 from .validate import error_category, validate_output
 from .vocab import manager_for, vocabulary_for
 
@@ -239,7 +239,7 @@ class GuidedLogitsProcessor(_Base):
             grammar_init_s=float(m.get("grammar_init_s", 0.0)),
             grammar_per_token_s=float(m.get("grammar_per_token_s", 0.0)),
             tokens=int(m.get("tokens", 0)),
-            answer_start=answer_start(self.answers, i),
+            answer_start=self.answers[i].answer_start() if i in self.answers else 0,
             budget_closed=m["budget_closed"] if "budget_closed" in m else None,
         )
         if self._errors[i] is not None:
