@@ -13,7 +13,7 @@ pytest.importorskip("llguidance")
 
 from tokenrails import GuideSpec, compile_guide
 from tokenrails.guided.errors import GuideError, UnsupportedGuideError
-from tokenrails.guided.schema_features import resolve_pointer
+from tokenrails.guided.schema_walk import resolve_pointer
 from tokenrails.guided.schema_policy import close_schema
 from tests.guided.helpers import adversarial_decode, decode_text
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import UnsupportedGuideError
 from .fsm.charset import negate, normalize, without_surrogates
+from .schema_walk import iter_subschemas
 
 # What ``\d \w \s`` stand for, as the inside of a character class, per dialect. The regex kind's
 # documented dialect is ASCII (xgrammar's, outlines'); JSON Schema patterns are ECMA-262, whose
@@ -103,8 +104,6 @@ def ecma_shorthands(pattern: str) -> str:
 
 def spell_out_schema_patterns(schema: Any) -> bool:
     """Rewrite every ``pattern`` and ``patternProperties`` key of ``schema`` in place; True if any changed."""
-    from .schema_features import iter_subschemas
-
     changed = False
     for _, sub, _ in iter_subschemas(schema):
         pattern = sub.get("pattern")

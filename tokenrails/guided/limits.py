@@ -71,3 +71,15 @@ class GuideLimits:
 
 
 DEFAULT_LIMITS = GuideLimits()
+
+
+def repeat_count(digits: str, bound: int, where: str) -> int:
+    """A ``{m,n}`` count read from client text. ``int()`` raises a bare ``ValueError`` past 4,300
+    digits (and is quadratic below that), so a count longer than any bound is refused on its text
+    (``max_repeat``, its value the digit count); shorter ones are compared by the caller."""
+    significant = digits.lstrip("0")
+    if len(significant) > max(18, len(str(bound))):
+        raise GuideLimitError(
+            f"limit max_repeat={bound} exceeded: a repetition count of {len(significant)} digits {where}",
+            limit="max_repeat", value=f"{len(significant)} digits")
+    return int(significant or "0")

@@ -96,7 +96,7 @@ def _run_ladder(spec: GuideSpec, vocab: Vocabulary, backend: str, limits: GuideL
     if backend == "auto" and spec.kind == "json_schema":
         # every backend checks these anyway; first, so an over-limit schema costs no routing
         # analysis (a second of Python for 28,000 properties)
-        from .schema_features import check_schema_limits
+        from .limit_checks import check_schema_limits
 
         check_schema_limits(spec.schema, limits)
     names = _backends_to_try(spec, vocab, limits, backend, auto_ladder)

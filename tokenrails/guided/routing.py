@@ -25,7 +25,8 @@ from collections import OrderedDict
 from .errors import GuideError
 from .limits import GuideLimits
 from .schema_policy import is_strict, policy_schema
-from .schema_features import scan_repeat_bounds, xgrammar_looser, xgrammar_stricter, xgrammar_unenforced
+from .backends.xgrammar_coverage import xgrammar_looser, xgrammar_stricter, xgrammar_unenforced
+from .limit_checks import scan_repeat_bounds
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
 

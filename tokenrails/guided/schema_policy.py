@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import GuideLimitError, UnsupportedGuideError
 from .ecma_patterns import spell_out_schema_patterns
 from .limits import DEFAULT_LIMITS
-from .schema_features import resolve_pointer
+from .schema_walk import resolve_pointer
 
 if TYPE_CHECKING:
     from .limits import GuideLimits

@@ -18,7 +18,7 @@ from typing import Callable
 from ...guided.errors import InvalidGuideError, UnsupportedGuideError
 from ...guided.fsm.charset import without_surrogates
 from ...guided.ecma_patterns import spell_shorthands
-from ...guided.schema_features import class_end
+from ...guided.regex_hazards import class_end
 from . import interegular_dialect
 
 _POSIX = {

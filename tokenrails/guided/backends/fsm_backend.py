@@ -15,7 +15,7 @@ from ..fsm.matcher import FSMMatcher, grammar_bytes
 from ..fsm.schema import schema_to_regex
 from ..fsm.token_index import TokenIndex
 from ..limits import GuideLimits
-from ..schema_features import check_schema_limits
+from ..limit_checks import check_schema_limits
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
 

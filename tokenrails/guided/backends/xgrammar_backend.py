@@ -13,22 +13,20 @@ from ..backend import CompiledGuide, GuideBackend, Matcher
 from ..errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
 from ..native_pools import NativePools
-from ..schema_features import (
-    XGRAMMAR_REGEX_HAZARDS,
-    XGRAMMAR_REGEX_KIND_HAZARDS,
+from ..limit_checks import (
     check_grammar_literals,
     check_literals,
     check_schema_limits,
     check_structural_tag,
-    refuse_regex_hazards,
     scan_repeat_bounds,
-    xgrammar_unenforced,
 )
+from ..regex_hazards import refuse_regex_hazards
 from ..schema_policy import is_strict, policy_payload, policy_schema
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
 from . import xgrammar_markers as markers_mod
 from ..pattern_lengths import fold_tag_lengths
+from .xgrammar_coverage import XGRAMMAR_REGEX_KIND_HAZARDS, refuse_unenforced_tag_schema, xgrammar_unenforced
 from .xgrammar_lengths import exact_string_lengths, has_length_bounds
 from .xgrammar_markers import ebnf_string_literal
 
@@ -187,7 +185,7 @@ class XGrammarBackend(GuideBackend):
         try:
             self._check(spec, tight)
         except GuideLimitError as exc:
-            if exc.limit == "max_repeat" and isinstance(exc.value, int) and exc.value > configured.max_repeat:
+            if exc.limit == "max_repeat" and (not isinstance(exc.value, int) or exc.value > configured.max_repeat):
                 raise GuideLimitError(f"limit max_repeat={configured.max_repeat} exceeded: got {exc.value}",
                                       limit="max_repeat", value=exc.value) from exc
             if exc.limit == "max_repeat" and tight.max_repeat < configured.max_repeat:
@@ -227,7 +225,7 @@ class XGrammarBackend(GuideBackend):
             scan_repeat_bounds(spec.ebnf, limits, grammar=True)
             check_grammar_literals(spec.ebnf, limits)
         elif spec.kind == "structural_tag":
-            check_structural_tag(fold_tag_lengths(spec.tag), limits)  # what compile() compiles
+            check_structural_tag(fold_tag_lengths(spec.tag), limits, refuse_unenforced_tag_schema)  # what compile() compiles
 
     def compile(self, spec: GuideSpec) -> XGrammarGuide:
         try:

@@ -24,7 +24,7 @@ import json
 import math
 from typing import Any
 
-from ..schema_features import _LIST_KEYS, _MAP_KEYS, _ONE_KEYS
+from ..schema_walk import LIST_KEYS, MAP_KEYS, ONE_KEYS
 
 __all__ = ["integer_regex", "number_regex", "nonneg_range", "rewrite_bounds", "restore_bounds"]
 
@@ -199,11 +199,11 @@ def rewrite_bounds(schema: Any) -> tuple[Any, dict[str, str]]:
             return {"const": name}
         new = dict(node)
         for key, value in node.items():
-            if key in _MAP_KEYS and isinstance(value, dict):
+            if key in MAP_KEYS and isinstance(value, dict):
                 new[key] = {k: visit(v) for k, v in value.items()}
-            elif key in _ONE_KEYS and isinstance(value, dict):
+            elif key in ONE_KEYS and isinstance(value, dict):
                 new[key] = visit(value)
-            elif key in _LIST_KEYS and isinstance(value, list):
+            elif key in LIST_KEYS and isinstance(value, list):
                 new[key] = [visit(v) for v in value]
         return new
 

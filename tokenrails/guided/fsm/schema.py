@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..limits import DEFAULT_LIMITS, GuideLimits
-from ..schema_features import (
+from ..schema_walk import (
     ANNOTATIONS,
     allof_with_parts_or_siblings,
     constrains_nothing,
