@@ -3,7 +3,7 @@
 Each backend reads the shorthand classes in its own dialect (measured): the fsm backend's parser
 reads Python's (``^\\d+$`` accepted "٣", Arabic-Indic three), llguidance's ``\\s`` is Unicode
 White_Space (accepts U+0085, refuses U+FEFF), xgrammar's is ASCII (refuses U+00A0). So the
-policy schema every backend compiles (``schema_policy``) spells them out as ECMA-262 defines them,
+policy schema every backend compiles (``schema_semantics``) spells them out as ECMA-262 defines them,
 and the three backends read one language.
 """
 from __future__ import annotations
@@ -105,7 +105,7 @@ def ecma_shorthands(pattern: str) -> str:
 def spell_out_schema_patterns(schema: Any) -> bool:
     """Rewrite every ``pattern`` and ``patternProperties`` key of ``schema`` in place; True if any changed."""
     changed = False
-    for _, sub, _ in iter_subschemas(schema):
+    for _, sub in iter_subschemas(schema):
         pattern = sub.get("pattern")
         if isinstance(pattern, str) and "\\" in pattern:
             spelled = ecma_shorthands(pattern)

@@ -25,25 +25,25 @@ _NESTING_KEYS = ("properties", "patternProperties", "items", "additionalProperti
 def check_schema_limits(schema: Any, limits: GuideLimits) -> None:
     """Depth, ``$ref`` chains/loops, enum size, fan-out, pattern bounds — before any compiler."""
     _check_json_depth(schema, limits.max_json_depth)
-    for path, sub, _ in iter_subschemas(schema):
+    for path, sub in iter_subschemas(schema):
         enum = sub.get("enum")
         if isinstance(enum, list):
-            _check_at(limits, "max_enum_values", len(enum), path)
+            limits.check("max_enum_values", len(enum), path)
             for value in enum:
                 _check_literal(limits, value, path)
         if "const" in sub:
             _check_literal(limits, sub["const"], path)
         for key in ("anyOf", "oneOf", "allOf"):
             if isinstance(sub.get(key), list):
-                _check_at(limits, "max_any_of", len(sub[key]), path)
+                limits.check("max_any_of", len(sub[key]), path)
         if isinstance(sub.get("properties"), dict):
-            _check_at(limits, "max_object_properties", len(sub["properties"]), path)
+            limits.check("max_object_properties", len(sub["properties"]), path)
         pattern = sub.get("pattern")
         if isinstance(pattern, str):
-            _check_at(limits, "max_regex_length", len(pattern), path)
+            limits.check("max_regex_length", len(pattern), path)
             scan_repeat_bounds(pattern, limits)
         for name in (sub.get("patternProperties") or {}) if isinstance(sub.get("patternProperties"), dict) else ():
-            _check_at(limits, "max_regex_length", len(name), path)
+            limits.check("max_regex_length", len(name), path)
             scan_repeat_bounds(name, limits)
     check_refs(schema, limits)
 
@@ -51,7 +51,7 @@ def check_schema_limits(schema: Any, limits: GuideLimits) -> None:
 def _check_literal(limits: GuideLimits, value: Any, path: str) -> None:
     size = len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else (
         len(json_key(value)) if isinstance(value, (dict, list)) else 0)
-    _check_at(limits, "max_literal_bytes", size, path)
+    limits.check("max_literal_bytes", size, path)
 
 
 def check_literals(texts: Any, limits: GuideLimits) -> None:
@@ -70,19 +70,12 @@ def check_grammar_literals(grammar: str, limits: GuideLimits) -> None:
         if grammar[i] in "\"'":
             end = _skip_quoted(grammar, i)
             size = len(grammar[i + 1:end - 1].encode("utf-8", "surrogatepass"))
-            _check_at(limits, "max_literal_bytes", size, f"grammar offset {i}")
+            limits.check("max_literal_bytes", size, f"grammar offset {i}")
             total += size
-            _check_at(limits, "max_grammar_literal_bytes", total, f"grammar offset {i} (all literals so far)")
+            limits.check("max_grammar_literal_bytes", total, f"grammar offset {i} (all literals so far)")
             i = end
         else:
             i += 1
-
-
-def _check_at(limits: GuideLimits, name: str, value: int, path: str) -> None:
-    bound = getattr(limits, name)
-    if value > bound:
-        raise GuideLimitError(f"limit {name}={bound} exceeded at {path}: got {value}",
-                              limit=name, value=value)
 
 
 def _check_json_depth(value: Any, bound: int) -> None:
@@ -114,7 +107,7 @@ def check_refs(schema: Any, limits: GuideLimits) -> None:
     edges: dict[str, set[str]] = {}
     refs_seen = 0
     targets: dict[str, Any] = {"#": schema}
-    for path, sub, _ in iter_subschemas(schema):
+    for path, sub in iter_subschemas(schema):
         ref = sub.get("$ref")
         if isinstance(ref, str):
             refs_seen += 1
@@ -304,7 +297,7 @@ def check_structural_tag(tag: Any, limits: GuideLimits,
         if isinstance(node, dict):
             for key in _TAG_FANOUT_KEYS:  # one alternative per tag: 3,000 tags compiled 17 s
                 if isinstance(node.get(key), list):
-                    _check_at(limits, "max_any_of", len(node[key]), f"structural tag {key!r}")
+                    limits.check("max_any_of", len(node[key]), f"structural tag {key!r}")
             for key, value in node.items():
                 if key in ("schema", "json_schema") and isinstance(value, (dict, bool)):
                     schema = value if isinstance(value, dict) else ({} if value else {"not": {}})

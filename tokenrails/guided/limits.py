@@ -61,13 +61,13 @@ class GuideLimits:
     def replace(self, **changes: object) -> "GuideLimits":
         return dataclasses.replace(self, **changes)
 
-    def check(self, name: str, value: int | float) -> None:
-        """Raise ``GuideLimitError`` when ``value`` exceeds the limit called ``name``."""
+    def check(self, name: str, value: int | float, where: str = "") -> None:
+        """Raise ``GuideLimitError`` when ``value`` exceeds the limit called ``name`` (``where``: the
+        place in the constraint, for the message)."""
         bound = getattr(self, name)
         if value > bound:
-            raise GuideLimitError(
-                f"limit {name}={bound} exceeded: got {value}", limit=name, value=value
-            )
+            at = f" at {where}" if where else ""
+            raise GuideLimitError(f"limit {name}={bound} exceeded{at}: got {value}", limit=name, value=value)
 
 
 DEFAULT_LIMITS = GuideLimits()

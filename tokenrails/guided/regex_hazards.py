@@ -206,7 +206,7 @@ def _quantifier_at(pattern: str, i: int) -> bool:
 def schema_pattern_hazards(schema: Any, hazards: frozenset[str]) -> list[str]:
     """``pattern`` values and ``patternProperties`` keys of a schema holding one of ``hazards``."""
     findings = []
-    for path, sub, _ in iter_subschemas(schema):
+    for path, sub in iter_subschemas(schema):
         patterns = [sub.get("pattern")]
         if isinstance(sub.get("patternProperties"), dict):
             patterns.extend(sub["patternProperties"])

@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 from .errors import GuideError
 from .limits import GuideLimits
-from .schema_policy import is_strict, policy_schema
+from .schema_semantics import is_strict, policy_schema
 from .backends.xgrammar_coverage import xgrammar_looser, xgrammar_stricter, xgrammar_unenforced
 from .limit_checks import scan_repeat_bounds
 from .spec import GuideSpec
@@ -55,7 +55,7 @@ def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list
     if kind == "structural_tag":
         return ["xgrammar"], "structural_tag: xgrammar only"
     if kind == "json_schema":
-        try:  # analyse what the backends compile: keyword-implied types explicit (schema_policy)
+        try:  # analyse what the backends compile: keyword-implied types explicit (schema_semantics)
             schema = policy_schema(spec, limits)
             dropped = xgrammar_unenforced(schema, is_strict(spec))
         except (RecursionError, GuideError):  # pathological nesting: let the checks report it

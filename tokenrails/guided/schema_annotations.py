@@ -12,14 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schema_walk import LIST_KEYS, MAP_KEYS, ONE_KEYS
-
-# keywords whose value is free JSON that no backend interprets (a subset of schema_walk.ANNOTATIONS:
-# $defs, discriminator, x-guidance... carry schemas or backend options and are kept)
-FREE_ANNOTATIONS: frozenset[str] = frozenset({
-    "title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",
-    "contentEncoding", "contentMediaType",
-})
+from .schema_walk import FREE_ANNOTATIONS, LIST_KEYS, MAP_KEYS, ONE_KEYS
 
 
 def drop_container_annotations(schema: Any) -> Any:

@@ -12,12 +12,15 @@ from urllib.parse import unquote
 
 from .errors import InvalidGuideError
 
-# Keywords that only annotate (never constrain an instance) — allowed next to $ref / allOf.
-ANNOTATIONS: frozenset[str] = frozenset({
-    "title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
-    "writeOnly", "$schema", "$id", "$anchor", "$defs", "definitions", "contentEncoding",
-    "contentMediaType", "nullable", "discriminator", "x-guidance",
+# Keywords whose value is free JSON that no backend interprets.
+FREE_ANNOTATIONS: frozenset[str] = frozenset({
+    "title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",
+    "contentEncoding", "contentMediaType",
 })
+# Keywords that never constrain an instance (allowed next to $ref / allOf): the free ones, and those
+# that carry schemas or backend options.
+ANNOTATIONS: frozenset[str] = FREE_ANNOTATIONS | {"$schema", "$id", "$anchor", "$defs", "definitions", "nullable",
+                                                  "discriminator", "x-guidance"}
 
 # Keys whose value is a map name -> subschema, a single subschema, or a list of subschemas.
 MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -27,27 +30,23 @@ ONE_KEYS = ("items", "additionalProperties", "not", "if", "then", "else", "conta
 LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 
-def iter_subschemas(schema: Any, path: str = "#", depth: int = 0) -> Iterator[tuple[str, dict, int]]:
-    """Yield ``(json_pointer, subschema, depth)`` for every schema object in the document."""
-    stack: list[tuple[Any, str, int]] = [(schema, path, depth)]
+def iter_subschemas(schema: Any) -> Iterator[tuple[str, dict]]:
+    """Yield ``(json_pointer, subschema)`` for every schema object in the document (iterative: a
+    deep client schema never reaches Python's recursion limit here)."""
+    stack: list[tuple[Any, str]] = [(schema, "#")]
     while stack:
-        node, p, d = stack.pop()
+        node, p = stack.pop()
         if not isinstance(node, dict):
             continue
-        yield p, node, d
+        yield p, node
         for key, value in node.items():
-            if key in MAP_KEYS and isinstance(value, dict):
-                for name, sub in value.items():
-                    stack.append((sub, f"{p}/{key}/{_escape(name)}", d + 1))
+            if (key in MAP_KEYS or key == "dependencies") and isinstance(value, dict):
+                stack.extend((sub, f"{p}/{key}/{_escape(name)}") for name, sub in value.items())
             elif key in ONE_KEYS or key in LIST_KEYS:
                 if isinstance(value, dict):
-                    stack.append((value, f"{p}/{key}", d + 1))
+                    stack.append((value, f"{p}/{key}"))
                 elif isinstance(value, list):
-                    for i, sub in enumerate(value):
-                        stack.append((sub, f"{p}/{key}/{i}", d + 1))
-            elif key == "dependencies" and isinstance(value, dict):
-                for name, sub in value.items():
-                    stack.append((sub, f"{p}/{key}/{_escape(name)}", d + 1))
+                    stack.extend((sub, f"{p}/{key}/{i}") for i, sub in enumerate(value))
 
 
 def _escape(name: str) -> str:

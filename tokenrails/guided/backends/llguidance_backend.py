@@ -22,7 +22,7 @@ from ..errors import GuideError, GuideLimitError, InvalidGuideError, Unsupported
 from ..limits import GuideLimits
 from ..native_pools import NativePools
 from ..policy import find_token_reference
-from ..schema_policy import close_schema, is_strict, policy_schema
+from ..schema_semantics import close_schema, is_strict, policy_schema
 from ..limit_checks import check_grammar_literals, check_literals, check_schema_limits, scan_repeat_bounds
 from ..regex_hazards import refuse_regex_hazards, schema_pattern_hazards
 from ..schema_walk import iter_subschemas
@@ -434,7 +434,7 @@ class LLGuidanceBackend(GuideBackend):
         kind = spec.kind
         try:
             if kind in ("json_schema", "json_object"):
-                # One policy across backends (schema_policy.py): keyword-implied types explicit,
+                # One policy across backends (schema_semantics.py): keyword-implied types explicit,
                 # and (unless strict=False) closed objects/tuples, as xgrammar's strict_mode.
                 schema: Any = {"type": "object"}
                 if kind == "json_schema":
@@ -464,7 +464,7 @@ class LLGuidanceBackend(GuideBackend):
         """Properties per object *after* closing (allOf parts' names are hoisted into one object),
         against the same bound the parser's row limit was sized for: refused before acceptance,
         never mid-generation."""
-        for path, sub, _ in iter_subschemas(schema):
+        for path, sub in iter_subschemas(schema):
             props = sub.get("properties")
             if isinstance(props, dict) and len(props) > self.limits.max_object_properties:
                 raise GuideLimitError(

@@ -13,15 +13,10 @@ from ..backend import CompiledGuide, GuideBackend, Matcher
 from ..errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
 from ..native_pools import NativePools
-from ..limit_checks import (
-    check_grammar_literals,
-    check_literals,
-    check_schema_limits,
-    check_structural_tag,
-    scan_repeat_bounds,
-)
+from ..limit_checks import (check_grammar_literals, check_literals, check_schema_limits, check_structural_tag,
+                            scan_repeat_bounds)
 from ..regex_hazards import refuse_regex_hazards
-from ..schema_policy import is_strict, policy_payload, policy_schema
+from ..schema_semantics import is_strict, policy_payload, policy_schema
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
 from . import xgrammar_markers as markers_mod
@@ -298,7 +293,7 @@ class XGrammarBackend(GuideBackend):
     def _compile(self, spec: GuideSpec) -> xgr.CompiledGrammar:
         c = self.compiler
         if spec.kind == "json_schema":
-            # One policy across backends (schema_policy.py): keyword-implied types made explicit;
+            # One policy across backends (schema_semantics.py): keyword-implied types made explicit;
             # strict_mode is the closed-object rule, off only for strict=False specs.
             return c.compile_json_schema(
                 policy_payload(spec), any_whitespace=bool(spec.option("any_whitespace", True)),

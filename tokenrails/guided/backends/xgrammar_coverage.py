@@ -18,15 +18,8 @@ from ..fsm.regex_ast import Alt, CharSet, Concat, Empty, Repeat
 from ..fsm.regex_parser import parse_regex
 from ..limits import GuideLimits
 from ..regex_hazards import class_end, schema_pattern_hazards
-from ..schema_walk import (
-    allof_with_parts_or_siblings,
-    constraining_siblings,
-    constrains_nothing,
-    is_int,
-    iter_subschemas,
-    json_key,
-    required_without_property,
-)
+from ..schema_walk import (allof_with_parts_or_siblings, constraining_siblings, constrains_nothing, is_int,
+                           iter_subschemas, json_key, required_without_property)
 
 # Keywords that constrain instances but that xgrammar 0.2.8 does not enforce (it accepts and drops
 # them) — found with bench/conformance.py on MaskBench and confirmed by tests/backends. Values: a
@@ -89,7 +82,7 @@ def xgrammar_unenforced(schema: Any, strict: bool = True, exact_lengths: bool = 
     (backends/xgrammar_lengths.py, done for structural tags), so plain min/maxLength is enforced.
     """
     findings: list[str] = []
-    for path, sub, _ in iter_subschemas(schema):
+    for path, sub in iter_subschemas(schema):
         if strict:
             findings.extend(_strict_mode_refusals(path, sub))
         for key, reason in XGRAMMAR_IGNORED.items():
@@ -238,13 +231,8 @@ def _positive_parts(pattern: str) -> str:
             out.append("a" if pair[1:] in ("s", "S", "d", "D", "w", "W") else pair)
             i += 2
         elif c == "[" and pattern[i + 1: i + 2] == "^":
-            j = i + 2
-            if pattern[j: j + 1] == "]":  # a leading ']' is a literal
-                j += 1
-            while j < n and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
             out.append("a")
-            i = j + 1
+            i = class_end(pattern, i)
         elif c == "[":
             j = i + 1
             body = ["["]
@@ -288,7 +276,7 @@ def _strict_mode_refusals(path: str, sub: dict) -> list[str]:
 def xgrammar_looser(schema: Any) -> list[str]:
     """Where xgrammar's language is an approximation llguidance makes tighter (routing only)."""
     return [f"{path}: format {sub['format']!r} admits impossible days"
-            for path, sub, _ in iter_subschemas(schema)
+            for path, sub in iter_subschemas(schema)
             if isinstance(sub.get("format"), str) and sub["format"] in XGRAMMAR_LOOSER_FORMATS]
 
 
@@ -299,7 +287,7 @@ def xgrammar_stricter(schema: Any, strict: bool = True) -> list[str]:
     the spec's policy (xgrammar's ``strict_mode``); without it item-less arrays stay open.
     """
     findings: list[str] = []
-    for path, sub, _ in iter_subschemas(schema):
+    for path, sub in iter_subschemas(schema):
         pattern = sub.get("pattern")
         if isinstance(pattern, str) and not _anchored(pattern):
             findings.append(f"{path}: unanchored pattern is matched as a full match")
@@ -314,7 +302,7 @@ def xgrammar_stricter(schema: Any, strict: bool = True) -> list[str]:
         if isinstance(names, dict) and isinstance(names.get("pattern"), str) and not _anchored(names["pattern"]):
             findings.append(f"{path}: unanchored propertyNames pattern is matched as a full match")
         # Unlisted properties and items beyond prefixItems are refused by both backends (one strict
-        # policy, see schema_policy.py); xgrammar alone also closes item-less arrays with a bound.
+        # policy, see schema_semantics.py); xgrammar alone also closes item-less arrays with a bound.
         if strict and sub.get("type") == "array" and "items" not in sub and "prefixItems" not in sub and (
             "minItems" in sub or "maxItems" in sub
         ):
