@@ -8,18 +8,38 @@ walk and a typed ``GuideLimitError``.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import GuideLimitError, UnsupportedGuideError
 from .limits import GuideLimits, repeat_count
 from .regex_hazards import class_end
 from .schema_walk import iter_subschemas, json_key, resolve_pointer
 
+if TYPE_CHECKING:
+    from .spec import GuideSpec
+
 # Keys under which a subschema describes a nested *value* (so recursion through them produces
 # output and terminates); refs reached through anything else are chained without progress.
 _NESTING_KEYS = ("properties", "patternProperties", "items", "additionalProperties", "contains",
                  "additionalItems", "prefixItems", "unevaluatedItems", "unevaluatedProperties",
                  "dependentSchemas", "propertyNames")
+
+
+def check_spec_limits(spec: "GuideSpec", limits: GuideLimits) -> None:
+    """The size checks of ``spec``'s kind, the same for every backend (each adds what it alone
+    cannot enforce); structural tags are checked by the one backend that compiles them."""
+    if spec.kind == "json_schema":
+        check_schema_limits(spec.schema, limits)
+    elif spec.kind == "regex":
+        limits.check("max_regex_length", len(spec.pattern))
+        scan_repeat_bounds(spec.pattern, limits)
+    elif spec.kind == "choice":
+        limits.check("max_enum_values", len(spec.choices))
+        check_literals(spec.choices, limits)
+    elif spec.kind == "grammar":
+        limits.check("max_grammar_bytes", len(spec.ebnf.encode()))
+        scan_repeat_bounds(spec.ebnf, limits, grammar=True)
+        check_grammar_literals(spec.ebnf, limits)
 
 
 def check_schema_limits(schema: Any, limits: GuideLimits) -> None:

@@ -17,7 +17,7 @@ from .errors import GuideError, UnsupportedGuideError
 from .limits import GuideLimits
 from .schema_semantics import is_strict, policy_schema
 from .backends.xgrammar_coverage import xgrammar_looser, xgrammar_stricter, xgrammar_unenforced
-from .limit_checks import check_schema_limits, scan_repeat_bounds
+from .limit_checks import check_spec_limits
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
 
@@ -44,8 +44,8 @@ def backends_for(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits, backen
         return [backend]
     if wanted is not None and not fallback:
         return [wanted]
-    if spec.kind == "json_schema":  # every backend checks these: an over-limit schema costs no
-        check_schema_limits(spec.schema, limits)  # analysis (a second of Python for 28,000 properties)
+    # every backend checks these: an over-limit spec costs no routing analysis (a second of Python
+    check_spec_limits(spec, limits)  # for 28,000 properties) and no compile (fsm is tried last)
     ladder = route(spec, vocab, limits)[0]
     if wanted is not None:
         ladder = [wanted] + [name for name in ladder if name != wanted]
@@ -55,8 +55,6 @@ def backends_for(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits, backen
 def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list[str], str]:
     """``(ladder, reason)``; the reason is for logs and the conformance report."""
     kind = spec.kind
-    if kind == "regex":  # bounds every backend checks: before any of them runs (fsm is last)
-        scan_repeat_bounds(spec.pattern, limits)
     if kind == "regex" and repeat_total(spec.pattern) > FSM_REPEAT_TOTAL:
         return ["llguidance", "xgrammar", "fsm"], "regex: many bounded repeats, lazy DFA first"
     if kind in ("regex", "choice"):

@@ -23,7 +23,7 @@ from ..limits import GuideLimits
 from ..native_pools import NativePools
 from ..policy import find_token_reference
 from ..schema_semantics import close_schema, is_strict, policy_schema
-from ..limit_checks import check_grammar_literals, check_literals, check_schema_limits, scan_repeat_bounds
+from ..limit_checks import check_spec_limits
 from ..regex_hazards import refuse_regex_hazards, schema_pattern_hazards
 from ..schema_walk import iter_subschemas
 from .llguidance_lowering import lower_dependencies
@@ -403,24 +403,15 @@ class LLGuidanceBackend(GuideBackend):
 
     def check(self, spec: GuideSpec) -> None:
         super().check(spec)
-        lim = self.limits
+        check_spec_limits(spec, self.limits)
         if spec.kind == "json_schema":
-            check_schema_limits(spec.schema, lim)
             findings = schema_pattern_hazards(spec.schema, REGEX_HAZARDS)
             if findings:
                 raise UnsupportedGuideError("llguidance misreads " + "; ".join(findings[:3]),
                                             feature=findings[0], backend=self.name)
         elif spec.kind == "regex":
-            lim.check("max_regex_length", len(spec.pattern))
-            scan_repeat_bounds(spec.pattern, lim)
             refuse_regex_hazards(spec.pattern, REGEX_HAZARDS, self.name)
-        elif spec.kind == "choice":
-            lim.check("max_enum_values", len(spec.choices))
-            check_literals(spec.choices, lim)
         elif spec.kind == "grammar":
-            lim.check("max_grammar_bytes", len(spec.ebnf.encode()))
-            scan_repeat_bounds(spec.ebnf, lim, grammar=True)
-            check_grammar_literals(spec.ebnf, lim)
             ref = find_token_reference(spec.ebnf)
             if ref is not None:
                 raise UnsupportedGuideError(

@@ -13,8 +13,7 @@ from ..backend import CompiledGuide, GuideBackend, Matcher
 from ..errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
 from ..native_pools import NativePools
-from ..limit_checks import (check_grammar_literals, check_literals, check_schema_limits, check_structural_tag,
-                            scan_repeat_bounds)
+from ..limit_checks import check_spec_limits, check_structural_tag
 from ..regex_hazards import refuse_regex_hazards
 from ..schema_semantics import is_strict, policy_payload, policy_schema
 from ..spec import GuideSpec
@@ -192,8 +191,8 @@ class XGrammarBackend(GuideBackend):
 
     def _check(self, spec: GuideSpec, limits: GuideLimits) -> None:
         super().check(spec)
+        check_spec_limits(spec, limits)
         if spec.kind == "json_schema":
-            check_schema_limits(spec.schema, limits)
             findings = xgrammar_unenforced(policy_schema(spec), is_strict(spec))  # what _compile compiles
             if findings:
                 raise UnsupportedGuideError(
@@ -206,19 +205,10 @@ class XGrammarBackend(GuideBackend):
                     feature="whitespace_pattern", backend=self.name,
                 )
         elif spec.kind == "regex":
-            limits.check("max_regex_length", len(spec.pattern))
-            scan_repeat_bounds(spec.pattern, limits)  # C++ compile cannot be interrupted
             refuse_regex_hazards(spec.pattern, XGRAMMAR_REGEX_KIND_HAZARDS, self.name)
-        elif spec.kind == "choice":
-            limits.check("max_enum_values", len(spec.choices))
-            check_literals(spec.choices, limits)
-        elif spec.kind == "grammar":
-            if spec.option("dialect") == "lark":
-                raise UnsupportedGuideError("xgrammar takes EBNF; Lark grammars compile on llguidance",
-                                            feature="lark", backend=self.name)
-            limits.check("max_grammar_bytes", len(spec.ebnf.encode()))
-            scan_repeat_bounds(spec.ebnf, limits, grammar=True)
-            check_grammar_literals(spec.ebnf, limits)
+        elif spec.kind == "grammar" and spec.option("dialect") == "lark":
+            raise UnsupportedGuideError("xgrammar takes EBNF; Lark grammars compile on llguidance",
+                                        feature="lark", backend=self.name)
         elif spec.kind == "structural_tag":
             check_structural_tag(fold_tag_lengths(spec.tag), limits, refuse_unenforced_tag_schema)  # what compile() compiles
 
