@@ -29,7 +29,7 @@ import tool_corpus  # noqa: E402
 from tokenrails import GuideSpec  # noqa: E402
 from tokenrails.guided.errors import GuideError  # noqa: E402
 from tokenrails.guided.fsm.schema import outlines_unenforced, schema_to_regex  # noqa: E402
-from tokenrails.guided.schema_policy import policy_payload  # noqa: E402
+from tokenrails.guided.schema_semantics import policy_payload  # noqa: E402
 
 
 def corpus(per_subset: int, seed: int, bfcl: int) -> list[tuple[str, object]]:

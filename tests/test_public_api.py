@@ -47,6 +47,7 @@ TOP = {
     'allocate_token_bitmask': ('rows', 'vocab_size', 'device'),
     'apply_token_bitmask_inplace': ('logits', 'bitmask', 'indices', 'vocab_size'),
     'compile_guide': ('spec', 'vocab', 'backend', 'limits'),
+    'get_backend': ('name', 'vocab', 'limits'),
     'parse_request': ('obj',),
     'spec_from_request': ('obj',),
 }

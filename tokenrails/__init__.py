@@ -11,7 +11,7 @@ from .guided.errors import (
 )
 from .guided.limits import GuideLimits
 from .guided.policy import GuidePolicy
-from .guided.registry import compile_guide
+from .guided.registry import compile_guide, get_backend
 from .guided.spec import GuideSpec
 from .guided.vocabulary import Vocabulary
 from .kernels import allocate_token_bitmask, apply_token_bitmask_inplace
@@ -67,6 +67,7 @@ __all__ = [
     "allocate_token_bitmask",
     "apply_token_bitmask_inplace",
     "compile_guide",
+    "get_backend",
     "parse_request",
     "spec_from_request",
 ]

@@ -55,7 +55,6 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_MAX_TOOL_BYTES",
     "TOKENRAILS_NATIVE",                 # native: 0 forces the numpy paths
     "TOKENRAILS_OUTLINES_API",           # compat/outlines: the outlines API version served
-    "TOKENRAILS_OUTLINES_REGEX_BACKEND", # compat/outlines: the regex backend
     "TOKENRAILS_OVERLAP",                # step/overlap: mask fill during the forward
     "TOKENRAILS_REASONING",              # engine_patch/reasoning_settings: the engine-wide default
     "TOKENRAILS_TOOL_CALLS",             # server/tool_calls: constrained tool calls

@@ -13,8 +13,8 @@ pytest.importorskip("llguidance")
 
 from tokenrails import GuideSpec, compile_guide
 from tokenrails.guided.errors import GuideError, UnsupportedGuideError
-from tokenrails.guided.schema_features import resolve_pointer
-from tokenrails.guided.schema_policy import close_schema
+from tokenrails.guided.schema_walk import resolve_pointer
+from tokenrails.guided.schema_semantics import close_schema
 from tests.guided.helpers import adversarial_decode, decode_text
 
 V = jsonschema.Draft202012Validator
@@ -271,7 +271,7 @@ OPEN_PARITY = {
 
 @pytest.mark.parametrize("name", sorted(OPEN_PARITY))
 def test_non_strict_outputs_are_accepted_by_the_other_backend(vocab, name):
-    from tokenrails.guided.schema_policy import infer_types
+    from tokenrails.guided.schema_semantics import infer_types
 
     schema = OPEN_PARITY[name]
     spec = GuideSpec.json_schema(schema, any_whitespace=False, strict=False)

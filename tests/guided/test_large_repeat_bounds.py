@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from tokenrails import GuideLimitError, GuideSpec, compile_guide
+from tokenrails import GuideLimitError, GuideSpec, Vocabulary, compile_guide
 from tokenrails.guided.limits import GuideLimits
 
 
@@ -77,3 +77,39 @@ def test_xgrammar_keeps_its_own_bound_and_the_limits_stay_configurable(vocab):
     with pytest.raises(GuideLimitError) as err:
         compile_guide(GuideSpec.regex("a.{0,1200}"), vocab, limits=GuideLimits(max_repeat=1000))
     assert err.value.limit == "max_repeat"
+
+
+_HUGE = "9" * 5000  # past Python's 4,300-digit int-from-string limit
+
+
+def _byte_vocab() -> Vocabulary:
+    return Vocabulary(token_bytes=[bytes([i]) for i in range(256)] + [b""], eos_ids=(256,))
+
+
+@pytest.mark.parametrize("backend", ["auto", "fsm", "llguidance", "xgrammar"])
+@pytest.mark.parametrize("text", [f"a{{{_HUGE}}}", f"a{{1,{_HUGE}}}", f"a{{{_HUGE},}}", f"(a{{2}}){{{_HUGE}}}"],
+                         ids=["exact", "upper", "lower", "nested"])
+@pytest.mark.parametrize("kind", ["regex", "pattern"])
+def test_a_count_of_thousands_of_digits_is_a_repeat_limit_error(vocab, backend, text, kind):
+    """The count is refused as over ``max_repeat`` (typed, naming the limit), not as a bare
+    ValueError from int() that the compile boundary can only report as an unknown failure."""
+    spec = GuideSpec.regex(text) if kind == "regex" else \
+        GuideSpec.json_schema({"type": "string", "pattern": f"^{text}$"})
+    with pytest.raises(GuideLimitError) as err:
+        compile_guide(spec, vocab, backend=backend)
+    assert err.value.limit == "max_repeat", err.value
+    assert "ValueError" not in str(err.value)
+
+
+def test_the_regex_parser_refuses_a_huge_count_with_a_typed_error_and_reads_leading_zeros():
+    from tokenrails.guided.fsm.regex_parser import parse_regex
+
+    with pytest.raises(GuideLimitError) as err:
+        parse_regex(f"a{{{_HUGE}}}", 10_000)
+    assert err.value.limit == "max_repeat"
+    padded = "a{" + "0" * 5000 + "3}"  # three, spelled with 5,000 leading zeros
+    guide = compile_guide(GuideSpec.regex(padded), _byte_vocab(), backend="fsm")
+    for n in (2, 3, 4):
+        m = guide.matcher()
+        accepted = all(m.accept_token(ord("a")) for _ in range(n)) and m.accept_token(256)
+        assert accepted == (re.fullmatch("a{3}", "a" * n) is not None), n

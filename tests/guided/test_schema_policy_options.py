@@ -22,7 +22,7 @@ from tokenrails.requests import normalize_request
 from tokenrails.guided.errors import GuideError, UnsupportedGuideError
 from tokenrails.guided.routing import route
 from tokenrails.guided.limits import DEFAULT_LIMITS
-from tokenrails.guided.schema_policy import already_closed, close_schema, infer_types
+from tokenrails.guided.schema_semantics import already_closed, close_schema, infer_types
 from tests.guided.helpers import adversarial_decode, decode_text
 
 V = jsonschema.Draft202012Validator

@@ -17,7 +17,7 @@ import pytest
 import tokenrails as tr
 from tokenrails.guided.errors import GuideLimitError
 from tokenrails.guided.limits import DEFAULT_LIMITS, GuideLimits
-from tokenrails.guided.schema_policy import close_schema, infer_types
+from tokenrails.guided.schema_semantics import close_schema, infer_types
 from tokenrails.guided.vocabulary import Vocabulary
 
 WALL_S = 20.0  # generous (a shared 2-core machine); the budgeted walk takes well under a second

@@ -14,12 +14,8 @@ from tokenrails.guided.errors import GuideError
 from tokenrails.guided.limits import GuideLimits
 from tokenrails.guided.registry import available_backends
 from tokenrails.guided.routing import route
-from tokenrails.guided.schema_features import (
-    check_schema_limits,
-    scan_repeat_bounds,
-    xgrammar_stricter,
-    xgrammar_unenforced,
-)
+from tokenrails.guided.backends.xgrammar_coverage import xgrammar_stricter, xgrammar_unenforced
+from tokenrails.guided.limit_checks import check_schema_limits, scan_repeat_bounds
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 SMALL = GuideLimits(max_repeat=50, max_enum_values=50, max_any_of=16, max_json_depth=12,

@@ -28,7 +28,8 @@ from tokenrails.guided.sequence import GuidedRow, StepStatus
 from tokenrails.guided.errors import GuideError, InvalidGuideError
 from tokenrails.guided.manager import GuidedDecodingManager
 from tokenrails.guided.reasoning import ReasoningConfig, tracker_for
-from tokenrails.guided.schema_features import _pattern_may_find, regex_hazards
+from tokenrails.guided.backends.xgrammar_coverage import _pattern_may_find
+from tokenrails.guided.regex_hazards import regex_hazards
 from tokenrails.kernels.reference import unpack_bitmask
 
 BACKENDS = ["auto", "xgrammar", "llguidance", "fsm"]

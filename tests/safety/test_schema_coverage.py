@@ -12,7 +12,7 @@ import pytest
 from tokenrails import GuideSpec, compile_guide
 from tokenrails.guided.errors import GuideError, UnsupportedGuideError
 from tokenrails.guided.registry import available_backends
-from tokenrails.guided.schema_features import xgrammar_stricter, xgrammar_unenforced
+from tokenrails.guided.backends.xgrammar_coverage import xgrammar_stricter, xgrammar_unenforced
 
 # (schema, valid instance or None, invalid instance)
 CASES = [
@@ -165,7 +165,7 @@ def test_analysis_flags_exactly_the_dropped_keywords():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tokenrails.guided.schema_features import lower_dependencies  # noqa: E402
+from tokenrails.guided.backends.llguidance_lowering import lower_dependencies  # noqa: E402
 
 _keys = st.sampled_from(["a", "b", "c"])
 _small = st.one_of(

@@ -3,7 +3,7 @@
 Each backend reads the shorthand classes in its own dialect (measured): the fsm backend's parser
 reads Python's (``^\\d+$`` accepted "٣", Arabic-Indic three), llguidance's ``\\s`` is Unicode
 White_Space (accepts U+0085, refuses U+FEFF), xgrammar's is ASCII (refuses U+00A0). So the
-policy schema every backend compiles (``schema_policy``) spells them out as ECMA-262 defines them,
+policy schema every backend compiles (``schema_semantics``) spells them out as ECMA-262 defines them,
 and the three backends read one language.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import UnsupportedGuideError
 from .fsm.charset import negate, normalize, without_surrogates
+from .schema_walk import iter_subschemas
 
 # What ``\d \w \s`` stand for, as the inside of a character class, per dialect. The regex kind's
 # documented dialect is ASCII (xgrammar's, outlines'); JSON Schema patterns are ECMA-262, whose
@@ -103,10 +104,8 @@ def ecma_shorthands(pattern: str) -> str:
 
 def spell_out_schema_patterns(schema: Any) -> bool:
     """Rewrite every ``pattern`` and ``patternProperties`` key of ``schema`` in place; True if any changed."""
-    from .schema_features import iter_subschemas
-
     changed = False
-    for _, sub, _ in iter_subschemas(schema):
+    for _, sub in iter_subschemas(schema):
         pattern = sub.get("pattern")
         if isinstance(pattern, str) and "\\" in pattern:
             spelled = ecma_shorthands(pattern)

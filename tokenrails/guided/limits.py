@@ -61,13 +61,25 @@ class GuideLimits:
     def replace(self, **changes: object) -> "GuideLimits":
         return dataclasses.replace(self, **changes)
 
-    def check(self, name: str, value: int | float) -> None:
-        """Raise ``GuideLimitError`` when ``value`` exceeds the limit called ``name``."""
+    def check(self, name: str, value: int | float, where: str = "") -> None:
+        """Raise ``GuideLimitError`` when ``value`` exceeds the limit called ``name`` (``where``: the
+        place in the constraint, for the message)."""
         bound = getattr(self, name)
         if value > bound:
-            raise GuideLimitError(
-                f"limit {name}={bound} exceeded: got {value}", limit=name, value=value
-            )
+            at = f" at {where}" if where else ""
+            raise GuideLimitError(f"limit {name}={bound} exceeded{at}: got {value}", limit=name, value=value)
 
 
 DEFAULT_LIMITS = GuideLimits()
+
+
+def repeat_count(digits: str, bound: int, where: str) -> int:
+    """A ``{m,n}`` count read from client text. ``int()`` raises a bare ``ValueError`` past 4,300
+    digits (and is quadratic below that), so a count longer than any bound is refused on its text
+    (``max_repeat``, its value the digit count); shorter ones are compared by the caller."""
+    significant = digits.lstrip("0")
+    if len(significant) > max(18, len(str(bound))):
+        raise GuideLimitError(
+            f"limit max_repeat={bound} exceeded: a repetition count of {len(significant)} digits {where}",
+            limit="max_repeat", value=f"{len(significant)} digits")
+    return int(significant or "0")

@@ -44,7 +44,9 @@ def _load_class(name: str) -> type[GuideBackend] | None:
 
 
 def get_backend(name: str, vocab: Vocabulary, limits: GuideLimits = DEFAULT_LIMITS) -> GuideBackend:
-    """The backend instance for this vocabulary and limits (built once, then reused)."""
+    """The backend instance for this vocabulary and limits (built once, then reused): for code that
+    hands a backend library's own objects to it (the outlines shim: llguidance's ``LLTokenizer`` and
+    grammar form, xgrammar's ``GrammarCompiler``); constraints compile through ``compile_guide``."""
     if name not in _BACKENDS:
         raise InvalidGuideError(f"unknown backend {name!r}; known: {sorted(_BACKENDS)} or 'auto'")
     cls = _load_class(name)
@@ -72,14 +74,9 @@ def compile_guide(
     *,
     limits: GuideLimits | None = None,
 ) -> CompiledGuide:
-    """Compile ``spec`` for ``vocab``. ``backend="auto"`` picks per request, at compile time.
-
-    A request's routing options (``GuideSpec.with_routing``, from a client's backend hint): under
-    ``auto``, ``backend`` is tried first and the auto ladder follows unless ``fallback`` is False
-    (then only the first backend is tried). A caller that pinned one backend compiles only with
-    it, and a request naming another backend is refused (``UnsupportedGuideError``), never
-    silently compiled by the pinned one.
-    """
+    """Compile ``spec`` for ``vocab`` with the first backend, in the order of the one routing rule
+    (``routing.backends_for``: the pinned ``backend``, or under ``auto`` the request's routing
+    options then the ladder), whose check passes."""
     return _run_ladder(spec, vocab, backend, limits, compile=True)
 
 
@@ -87,19 +84,13 @@ def _run_ladder(spec: GuideSpec, vocab: Vocabulary, backend: str, limits: GuideL
                 compile: bool) -> CompiledGuide | None:
     """``compile_guide``'s ladder; with ``compile=False`` only each backend's ``check()`` (the
     first backend whose check passes ends it)."""
-    from .routing import auto_ladder
+    from .routing import backends_for
 
     if not isinstance(spec, GuideSpec):
         raise InvalidGuideError(f"expected a GuideSpec, got {type(spec).__name__}")
     limits = limits or DEFAULT_LIMITS
     limits.check("max_spec_bytes", len(spec.payload.encode()))
-    if backend == "auto" and spec.kind == "json_schema":
-        # every backend checks these anyway; first, so an over-limit schema costs no routing
-        # analysis (a second of Python for 28,000 properties)
-        from .schema_features import check_schema_limits
-
-        check_schema_limits(spec.schema, limits)
-    names = _backends_to_try(spec, vocab, limits, backend, auto_ladder)
+    names = backends_for(spec, vocab, limits, backend)
     if len(names) == 1:
         backend = names[0]  # one backend: its own error is the answer, as for a pinned backend
     reasons: list[str] = []
@@ -132,28 +123,6 @@ def _run_ladder(spec: GuideSpec, vocab: Vocabulary, backend: str, limits: GuideL
     raise UnsupportedGuideError(
         "no backend can enforce this constraint exactly: " + "; ".join(reasons), feature=spec.kind
     )
-
-
-
-
-def _backends_to_try(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits, backend: str,
-                     auto_ladder) -> list[str]:
-    """The caller's backend, or the auto ladder reordered/cut by the request's routing options."""
-    wanted = spec.option("backend")
-    fallback = spec.option("fallback", True)
-    if backend != "auto":
-        if wanted is not None and wanted != backend:
-            raise UnsupportedGuideError(
-                f"the request asks for backend {wanted!r}; this engine compiles with {backend!r} only",
-                backend=wanted,
-            )
-        return [backend]
-    if wanted is not None and wanted not in _BACKENDS:
-        raise InvalidGuideError(f"unknown backend {wanted!r}; known: {sorted(_BACKENDS)} or 'auto'")
-    ladder = auto_ladder(spec, vocab, limits)
-    if wanted is not None:
-        ladder = [wanted] + [name for name in ladder if name != wanted]
-    return ladder if fallback else ladder[:1]
 
 
 LADDER_SHARE = 4  # a backend with fallbacks after it gets 1/4 of the compile deadline

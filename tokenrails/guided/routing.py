@@ -1,20 +1,11 @@
-"""How ``backend="auto"`` orders backends for a request (the table is in docs/backends.md).
+"""The one routing rule: which backends may serve a spec, in what order (the table and its reasons
+are in docs/backends.md).
 
-The order is decided once per request, at compile time, never mid-generation. Each backend's
-``check()`` still refuses (``UnsupportedGuideError``) what it cannot enforce exactly, so the
-ladder is an optimisation: correctness never depends on it.
-
-* regex / choice → ``fsm`` (exact DFA, token index) → llguidance (lazy DFA: no state blow-up on
-  ``(a|b)*a(a|b){30}``) → xgrammar.
-* grammar → xgrammar (its EBNF dialect is the documented one) → llguidance (Lark/GBNF).
-* structural_tag → xgrammar only.
-* json_schema / json_object → by features, then cost:
-  - a keyword xgrammar drops (``xgrammar_unenforced``) or a place where it is stricter than
-    JSON Schema (``xgrammar_stricter``: unanchored patterns, strict mode) → llguidance first;
-  - a schema seen before on this vocabulary → xgrammar first: its compile is cached and its
-    per-token mask is cheapest over a long generation;
-  - a one-off schema → llguidance first: ~1 ms to the first mask instead of xgrammar's
-    (sometimes multi-second) compile.
+Every caller asks ``backends_for``: ``compile_guide`` and ``check_guide``, the engines' managers
+and front checks (with the engine's backend setting), the outlines shim (whose language needs are
+the spec's routing options, ``GuideSpec.with_routing``). Decided once per request, at compile
+time. Each backend's ``check()`` still refuses (``UnsupportedGuideError``) what it cannot enforce
+exactly, so the order is an optimisation: correctness never depends on it.
 """
 from __future__ import annotations
 
@@ -22,10 +13,11 @@ import re
 import threading
 from collections import OrderedDict
 
-from .errors import GuideError
+from .errors import GuideError, UnsupportedGuideError
 from .limits import GuideLimits
-from .schema_policy import is_strict, policy_schema
-from .schema_features import scan_repeat_bounds, xgrammar_looser, xgrammar_stricter, xgrammar_unenforced
+from .schema_semantics import is_strict, policy_schema
+from .backends.xgrammar_coverage import xgrammar_looser, xgrammar_stricter, xgrammar_unenforced
+from .limit_checks import check_spec_limits
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
 
@@ -33,16 +25,36 @@ _SEEN_MAX = 4096  # remembered spec keys per vocabulary (bounded: an LRU of keys
 _SEEN_LOCK = threading.Lock()
 
 
-def auto_ladder(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> list[str]:
-    """Backends to try, best first. Each refuses (UnsupportedGuideError) what it cannot enforce."""
-    return route(spec, vocab, limits)[0]
+def backends_for(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits, backend: str = "auto") -> list[str]:
+    """Backends to try for ``spec``, best first; each refuses (``UnsupportedGuideError``) what it
+    cannot enforce exactly.
+
+    A caller that pinned ``backend`` gets only it, and a request naming another backend is
+    refused, never compiled by the pinned one. Under ``auto`` the request's routing options put
+    its backend first, then ``route``'s ladder; ``fallback=False`` keeps the first only.
+    """
+    wanted = spec.option("backend")
+    fallback = spec.option("fallback", True)
+    if backend != "auto":
+        if wanted is not None and wanted != backend:
+            raise UnsupportedGuideError(
+                f"the request asks for backend {wanted!r}; this engine compiles with {backend!r} only",
+                backend=wanted,
+            )
+        return [backend]
+    if wanted is not None and not fallback:
+        return [wanted]
+    # every backend checks these: an over-limit spec costs no routing analysis (a second of Python
+    check_spec_limits(spec, limits)  # for 28,000 properties) and no compile (fsm is tried last)
+    ladder = route(spec, vocab, limits)[0]
+    if wanted is not None:
+        ladder = [wanted] + [name for name in ladder if name != wanted]
+    return ladder if fallback else ladder[:1]
 
 
 def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list[str], str]:
     """``(ladder, reason)``; the reason is for logs and the conformance report."""
     kind = spec.kind
-    if kind == "regex":  # bounds every backend checks: before any of them runs (fsm is last)
-        scan_repeat_bounds(spec.pattern, limits)
     if kind == "regex" and repeat_total(spec.pattern) > FSM_REPEAT_TOTAL:
         return ["llguidance", "xgrammar", "fsm"], "regex: many bounded repeats, lazy DFA first"
     if kind in ("regex", "choice"):
@@ -54,7 +66,7 @@ def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list
     if kind == "structural_tag":
         return ["xgrammar"], "structural_tag: xgrammar only"
     if kind == "json_schema":
-        try:  # analyse what the backends compile: keyword-implied types explicit (schema_policy)
+        try:  # analyse what the backends compile: keyword-implied types explicit (schema_semantics)
             schema = policy_schema(spec, limits)
             dropped = xgrammar_unenforced(schema, is_strict(spec))
         except (RecursionError, GuideError):  # pathological nesting: let the checks report it

@@ -12,14 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schema_features import _LIST_KEYS, _MAP_KEYS, _ONE_KEYS
-
-# keywords whose value is free JSON that no backend interprets (a subset of schema_features.ANNOTATIONS:
-# $defs, discriminator, x-guidance... carry schemas or backend options and are kept)
-FREE_ANNOTATIONS: frozenset[str] = frozenset({
-    "title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",
-    "contentEncoding", "contentMediaType",
-})
+from .schema_walk import FREE_ANNOTATIONS, LIST_KEYS, MAP_KEYS, ONE_KEYS
 
 
 def drop_container_annotations(schema: Any) -> Any:
@@ -36,9 +29,9 @@ def drop_container_annotations(schema: Any) -> Any:
             if key in FREE_ANNOTATIONS:
                 if isinstance(value, (dict, list)):
                     del node[key]
-            elif (key in _MAP_KEYS or key == "dependencies") and isinstance(value, dict):
+            elif (key in MAP_KEYS or key == "dependencies") and isinstance(value, dict):
                 node[key] = {name: _fresh(sub, stack) for name, sub in value.items()}
-            elif key in _ONE_KEYS or key in _LIST_KEYS:
+            elif key in ONE_KEYS or key in LIST_KEYS:
                 if isinstance(value, dict):
                     node[key] = _fresh(value, stack)
                 elif isinstance(value, list):

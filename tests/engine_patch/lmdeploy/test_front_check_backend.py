@@ -79,3 +79,20 @@ def test_preprocess_refuses_with_400_what_the_engine_backend_cannot_enforce(upgr
     result = asyncio.run(main())
     assert isinstance(result, RequestError), result
     assert "fsm" in str(result)
+
+
+def test_the_budget_check_compiles_as_the_engine_does(smollm2_tokenizer, monkeypatch):
+    """The up-front budget check asks the same routing rule as the engine, with the engine's
+    backend: a budget spec (fsm only) on an xgrammar engine is the engine's refusal, not a count
+    computed on a backend the engine will not use."""
+    from tokenrails.engine_patch.lmdeploy.boot import settings
+    from tokenrails.engine_patch.lmdeploy.server import budget_front
+    from tokenrails.guided.budget import budget_spec
+
+    monkeypatch.setattr(budget_front, "_SHORTEST", type(budget_front._SHORTEST)())
+    spec = budget_spec(GuideSpec.regex(f"[ab]{{2,4}}-{_nonce()}"))
+    monkeypatch.setitem(settings.CONFIG, "backend", "fsm")
+    assert budget_front.shortest_tokens(spec, smollm2_tokenizer, GuideLimits()) >= 3  # "ab-N" and EOS
+    budget_front._SHORTEST.clear()
+    monkeypatch.setitem(settings.CONFIG, "backend", "xgrammar")
+    assert isinstance(budget_front.shortest_tokens(spec, smollm2_tokenizer, GuideLimits()), UnsupportedGuideError)

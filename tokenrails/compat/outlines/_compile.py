@@ -1,31 +1,19 @@
-"""Specs → compiled guides with outlines' language: regex, choice and JSON on the FSM backend."""
+"""Specs → compiled guides in outlines' languages, through tokenrails' public API."""
 from __future__ import annotations
 
-import importlib.util
-import os
 from typing import Any
 
-from ...guided.backend import CompiledGuide
-from ...guided.registry import compile_guide
-from ...guided.spec import GuideSpec
+from ... import CompiledGuide, GuideSpec, compile_guide
 from ._vocabulary import vocabulary_for
 
 
-def fsm_available() -> bool:
-    """Whether the FSM backend (outlines' exact regex/JSON language) is installed and not
-    switched off with ``TOKENRAILS_OUTLINES_REGEX_BACKEND=xgrammar``."""
-    if os.environ.get("TOKENRAILS_OUTLINES_REGEX_BACKEND", "fsm") == "xgrammar":
-        return False
-    return importlib.util.find_spec("tokenrails.guided.backends.fsm_backend") is not None
-
-
-def backend_for(spec: GuideSpec) -> str:
-    """Regex/choice/JSON → the FSM backend (outlines' language); CFG/EBNF → xgrammar."""
-    if spec.kind == "grammar":
-        return "llguidance" if spec.option("dialect") == "lark" else "xgrammar"
+def outlines_routing(spec: GuideSpec) -> GuideSpec:
+    """``spec`` with outlines' language stated as routing options (``GuideSpec.with_routing``), so
+    the one routing rule serves it: regex, choice and JSON on the fsm backend only (its DFA numbers
+    states as outlines did; its lenient lowering is outlines' JSON); the rest as ``auto`` routes it."""
     if spec.kind in ("regex", "choice", "json_schema"):
-        return "fsm" if fsm_available() else "xgrammar"
-    return "auto"
+        return spec.with_routing("fsm", fallback=False)
+    return spec
 
 
 def compile_for(spec: GuideSpec, tokenizer: Any, backend: str | None = None,
@@ -39,4 +27,6 @@ def compile_for(spec: GuideSpec, tokenizer: Any, backend: str | None = None,
         vocab = outlines_core_vocabulary(tokenizer)
     else:
         vocab = vocabulary_for(tokenizer)
-    return compile_guide(spec, vocab, backend=backend or backend_for(spec))
+    if backend is None:
+        return compile_guide(outlines_routing(spec), vocab)
+    return compile_guide(spec, vocab, backend=backend)

@@ -6,9 +6,7 @@ import json
 import warnings
 from typing import Any
 
-from ...guided.errors import InvalidGuideError
-from ...guided.spec import GuideSpec
-from ._compile import fsm_available
+from ... import GuideSpec, InvalidGuideError
 
 
 def schema_to_str(json_schema: Any) -> str:
@@ -32,26 +30,16 @@ class UnenforcedSchemaWarning(UserWarning):
 
 
 def json_spec(schema: Any, whitespace_pattern: str | None = None) -> GuideSpec:
-    """outlines' JSON language: ``build_regex_from_schema(schema, whitespace_pattern)``.
-
-    With the FSM backend this is a ``json_schema`` spec that asks it for outlines' lenient
-    lowering (``fsm_ignore_unenforced``); without it, the very regex outlines-core builds.
-    Either way the accepted language is outlines'; keywords outlines ignored raise an
-    ``UnenforcedSchemaWarning`` naming them instead of passing silently.
+    """outlines' JSON language: ``build_regex_from_schema(schema, whitespace_pattern)``, as a
+    ``json_schema`` spec that asks the fsm backend for outlines' lenient lowering
+    (``fsm_ignore_unenforced``). Keywords outlines ignored raise an ``UnenforcedSchemaWarning``
+    naming them instead of passing silently.
     """
-    from outlines_core.json_schema import build_regex_from_schema
-
     text = schema_to_str(schema)
     base = GuideSpec.json_schema(text, whitespace_pattern=whitespace_pattern)
     _warn_unenforced(base.schema)
-    if fsm_available():
-        options = dict(base.options, fsm_ignore_unenforced=True)
-        return GuideSpec("json_schema", base.payload, tuple(sorted(options.items())))
-    try:
-        regex = build_regex_from_schema(text, whitespace_pattern)
-    except (ValueError, TypeError, RuntimeError) as exc:
-        raise InvalidGuideError(f"outlines-core rejected the JSON schema: {exc}") from exc
-    return GuideSpec.regex(regex)
+    options = dict(base.options, fsm_ignore_unenforced=True)
+    return GuideSpec("json_schema", base.payload, tuple(sorted(options.items())))
 
 
 def outlines_regex(spec: GuideSpec) -> str:
@@ -66,10 +54,8 @@ def outlines_regex(spec: GuideSpec) -> str:
 
 
 def _warn_unenforced(schema: dict) -> None:
-    try:
-        from ...guided.fsm.schema import outlines_unenforced
-    except ImportError:  # the FSM backend is optional
-        return
+    from ...guided.fsm.schema import outlines_unenforced
+
     findings = outlines_unenforced(schema)
     if findings:
         warnings.warn(

@@ -11,8 +11,7 @@ import threading
 import weakref
 from typing import Any
 
-from ...guided.errors import InvalidGuideError
-from ...guided.vocabulary import Vocabulary
+from ... import InvalidGuideError, Vocabulary
 from .models.transformer_tokenizer import TransformerTokenizer
 
 _LOCK = threading.Lock()

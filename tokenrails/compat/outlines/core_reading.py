@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ...guided.vocabulary import HF_TOKENIZER_KEY, Vocabulary
+from ... import Vocabulary
+from ...guided.vocabulary import HF_TOKENIZER_KEY
 from ._vocabulary import hf_tokenizer_of, vocabulary_for
 from .models.transformer_tokenizer import TransformerTokenizer, token_string
 

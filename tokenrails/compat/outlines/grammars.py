@@ -12,10 +12,10 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-from ...guided.errors import InvalidGuideError
+from ... import InvalidGuideError
 
 if TYPE_CHECKING:
-    from ...guided.spec import GuideSpec
+    from ... import GuideSpec
 
 # where outlines' grammar imports resolve (Lark's own ``common`` grammar is found by Lark itself)
 GRAMMAR_PATH = os.path.dirname(os.path.abspath(__file__))
@@ -101,7 +101,7 @@ def grammar_spec(grammar: str, *, lark_guide: bool = False) -> "GuideSpec":
       string can come next) llguidance would allow only that text's canonical tokenization
       (llguidance's ``no_forcing``; xgrammar always allows every tokenization).
     """
-    from ...guided.spec import GuideSpec
+    from ... import GuideSpec
 
     if not isinstance(grammar, str) or not grammar.strip():
         raise InvalidGuideError("grammar must be a non-empty Lark or EBNF string")

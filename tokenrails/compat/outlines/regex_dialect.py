@@ -15,10 +15,10 @@ import functools
 import re
 from typing import Callable
 
-from ...guided.errors import InvalidGuideError, UnsupportedGuideError
+from ... import InvalidGuideError, UnsupportedGuideError
 from ...guided.fsm.charset import without_surrogates
 from ...guided.ecma_patterns import spell_shorthands
-from ...guided.schema_features import class_end
+from ...guided.regex_hazards import class_end
 from . import interegular_dialect
 
 _POSIX = {
@@ -222,7 +222,7 @@ def xgrammar_regex_spec(pattern: str) -> "GuideSpec":
     """The spec of an outlines regex on the xgrammar backend: the pattern unchanged, for xgrammar
     to read (outlines 1.x's xgrammar backend passes it to ``compile_regex`` as is), so the shim's
     xgrammar backend admits exactly what xgrammar admits: ASCII ``\\d \\w``, xgrammar's ``\\s``."""
-    from ...guided.spec import GuideSpec
+    from ... import GuideSpec
 
     return GuideSpec.regex(pattern)
 

@@ -15,7 +15,7 @@ from ..fsm.matcher import FSMMatcher, grammar_bytes
 from ..fsm.schema import schema_to_regex
 from ..fsm.token_index import TokenIndex
 from ..limits import GuideLimits
-from ..schema_features import check_schema_limits
+from ..limit_checks import check_spec_limits
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
 
@@ -66,12 +66,7 @@ class FSMBackend(GuideBackend):
                 feature=spec.kind, backend=self.name,
             )
         super().check(spec)
-        if spec.kind == "regex":
-            self.limits.check("max_regex_length", len(spec.pattern))
-        elif spec.kind == "choice":
-            self.limits.check("max_enum_values", len(spec.choices))
-        elif spec.kind == "json_schema":
-            check_schema_limits(spec.schema, self.limits)
+        check_spec_limits(spec, self.limits)
 
     def compile(self, spec: GuideSpec) -> FSMGuide:
         if spec.option("budget") == "close":

@@ -22,17 +22,11 @@ from ..errors import GuideError, GuideLimitError, InvalidGuideError, Unsupported
 from ..limits import GuideLimits
 from ..native_pools import NativePools
 from ..policy import find_token_reference
-from ..schema_policy import close_schema, is_strict, policy_schema
-from ..schema_features import (
-    LLGUIDANCE_REGEX_HAZARDS,
-    check_grammar_literals,
-    check_literals,
-    check_schema_limits,
-    lower_dependencies,
-    refuse_regex_hazards,
-    scan_repeat_bounds,
-    schema_pattern_hazards,
-)
+from ..schema_semantics import close_schema, is_strict, policy_schema
+from ..limit_checks import check_spec_limits
+from ..regex_hazards import refuse_regex_hazards, schema_pattern_hazards
+from ..schema_walk import iter_subschemas
+from .llguidance_lowering import lower_dependencies
 from ..spec import GuideSpec
 from ..vocabulary import HF_TOKENIZER_KEY, Vocabulary, whole_utf8_prefix
 
@@ -40,6 +34,10 @@ from ..vocabulary import HF_TOKENIZER_KEY, Vocabulary, whole_utf8_prefix
 # a grammar cannot refer to them by their real text (``<|im_start|>`` is then plain text).
 _SPECIAL_NAME = b"\xff<|tokenrails_special_%d|>"
 _TABLES_LOCK = threading.Lock()
+# Regex constructs llguidance misreads (measured on llguidance 1.x): it reads ``a*+a`` as ``(a*)+a``
+# (accepts "aa"; Python's possessive reading matches nothing); refused, never narrowed silently.
+REGEX_HAZARDS = frozenset({"possessive quantifier", "lookaround", "backreference", "atomic group",
+                           "lone surrogate"})
 
 
 def _greedy_encoder(token_bytes: Sequence[bytes], eos: int) -> Callable[[Any], list[int]]:
@@ -405,24 +403,15 @@ class LLGuidanceBackend(GuideBackend):
 
     def check(self, spec: GuideSpec) -> None:
         super().check(spec)
-        lim = self.limits
+        check_spec_limits(spec, self.limits)
         if spec.kind == "json_schema":
-            check_schema_limits(spec.schema, lim)
-            findings = schema_pattern_hazards(spec.schema, LLGUIDANCE_REGEX_HAZARDS)
+            findings = schema_pattern_hazards(spec.schema, REGEX_HAZARDS)
             if findings:
                 raise UnsupportedGuideError("llguidance misreads " + "; ".join(findings[:3]),
                                             feature=findings[0], backend=self.name)
         elif spec.kind == "regex":
-            lim.check("max_regex_length", len(spec.pattern))
-            scan_repeat_bounds(spec.pattern, lim)
-            refuse_regex_hazards(spec.pattern, LLGUIDANCE_REGEX_HAZARDS, self.name)
-        elif spec.kind == "choice":
-            lim.check("max_enum_values", len(spec.choices))
-            check_literals(spec.choices, lim)
+            refuse_regex_hazards(spec.pattern, REGEX_HAZARDS, self.name)
         elif spec.kind == "grammar":
-            lim.check("max_grammar_bytes", len(spec.ebnf.encode()))
-            scan_repeat_bounds(spec.ebnf, lim, grammar=True)
-            check_grammar_literals(spec.ebnf, lim)
             ref = find_token_reference(spec.ebnf)
             if ref is not None:
                 raise UnsupportedGuideError(
@@ -436,7 +425,7 @@ class LLGuidanceBackend(GuideBackend):
         kind = spec.kind
         try:
             if kind in ("json_schema", "json_object"):
-                # One policy across backends (schema_policy.py): keyword-implied types explicit,
+                # One policy across backends (schema_semantics.py): keyword-implied types explicit,
                 # and (unless strict=False) closed objects/tuples, as xgrammar's strict_mode.
                 schema: Any = {"type": "object"}
                 if kind == "json_schema":
@@ -466,9 +455,7 @@ class LLGuidanceBackend(GuideBackend):
         """Properties per object *after* closing (allOf parts' names are hoisted into one object),
         against the same bound the parser's row limit was sized for: refused before acceptance,
         never mid-generation."""
-        from ..schema_features import iter_subschemas
-
-        for path, sub, _ in iter_subschemas(schema):
+        for path, sub in iter_subschemas(schema):
             props = sub.get("properties")
             if isinstance(props, dict) and len(props) > self.limits.max_object_properties:
                 raise GuideLimitError(

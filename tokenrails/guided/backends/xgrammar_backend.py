@@ -13,22 +13,14 @@ from ..backend import CompiledGuide, GuideBackend, Matcher
 from ..errors import GuideError, GuideLimitError, InvalidGuideError, UnsupportedGuideError
 from ..limits import GuideLimits
 from ..native_pools import NativePools
-from ..schema_features import (
-    XGRAMMAR_REGEX_HAZARDS,
-    XGRAMMAR_REGEX_KIND_HAZARDS,
-    check_grammar_literals,
-    check_literals,
-    check_schema_limits,
-    check_structural_tag,
-    refuse_regex_hazards,
-    scan_repeat_bounds,
-    xgrammar_unenforced,
-)
-from ..schema_policy import is_strict, policy_payload, policy_schema
+from ..limit_checks import check_spec_limits, check_structural_tag
+from ..regex_hazards import refuse_regex_hazards
+from ..schema_semantics import is_strict, policy_payload, policy_schema
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
 from . import xgrammar_markers as markers_mod
 from ..pattern_lengths import fold_tag_lengths
+from .xgrammar_coverage import XGRAMMAR_REGEX_KIND_HAZARDS, refuse_unenforced_tag_schema, xgrammar_unenforced
 from .xgrammar_lengths import exact_string_lengths, has_length_bounds
 from .xgrammar_markers import ebnf_string_literal
 
@@ -187,7 +179,7 @@ class XGrammarBackend(GuideBackend):
         try:
             self._check(spec, tight)
         except GuideLimitError as exc:
-            if exc.limit == "max_repeat" and isinstance(exc.value, int) and exc.value > configured.max_repeat:
+            if exc.limit == "max_repeat" and (not isinstance(exc.value, int) or exc.value > configured.max_repeat):
                 raise GuideLimitError(f"limit max_repeat={configured.max_repeat} exceeded: got {exc.value}",
                                       limit="max_repeat", value=exc.value) from exc
             if exc.limit == "max_repeat" and tight.max_repeat < configured.max_repeat:
@@ -199,8 +191,8 @@ class XGrammarBackend(GuideBackend):
 
     def _check(self, spec: GuideSpec, limits: GuideLimits) -> None:
         super().check(spec)
+        check_spec_limits(spec, limits)
         if spec.kind == "json_schema":
-            check_schema_limits(spec.schema, limits)
             findings = xgrammar_unenforced(policy_schema(spec), is_strict(spec))  # what _compile compiles
             if findings:
                 raise UnsupportedGuideError(
@@ -213,21 +205,12 @@ class XGrammarBackend(GuideBackend):
                     feature="whitespace_pattern", backend=self.name,
                 )
         elif spec.kind == "regex":
-            limits.check("max_regex_length", len(spec.pattern))
-            scan_repeat_bounds(spec.pattern, limits)  # C++ compile cannot be interrupted
             refuse_regex_hazards(spec.pattern, XGRAMMAR_REGEX_KIND_HAZARDS, self.name)
-        elif spec.kind == "choice":
-            limits.check("max_enum_values", len(spec.choices))
-            check_literals(spec.choices, limits)
-        elif spec.kind == "grammar":
-            if spec.option("dialect") == "lark":
-                raise UnsupportedGuideError("xgrammar takes EBNF; Lark grammars compile on llguidance",
-                                            feature="lark", backend=self.name)
-            limits.check("max_grammar_bytes", len(spec.ebnf.encode()))
-            scan_repeat_bounds(spec.ebnf, limits, grammar=True)
-            check_grammar_literals(spec.ebnf, limits)
+        elif spec.kind == "grammar" and spec.option("dialect") == "lark":
+            raise UnsupportedGuideError("xgrammar takes EBNF; Lark grammars compile on llguidance",
+                                        feature="lark", backend=self.name)
         elif spec.kind == "structural_tag":
-            check_structural_tag(fold_tag_lengths(spec.tag), limits)  # what compile() compiles
+            check_structural_tag(fold_tag_lengths(spec.tag), limits, refuse_unenforced_tag_schema)  # what compile() compiles
 
     def compile(self, spec: GuideSpec) -> XGrammarGuide:
         try:
@@ -300,7 +283,7 @@ class XGrammarBackend(GuideBackend):
     def _compile(self, spec: GuideSpec) -> xgr.CompiledGrammar:
         c = self.compiler
         if spec.kind == "json_schema":
-            # One policy across backends (schema_policy.py): keyword-implied types made explicit;
+            # One policy across backends (schema_semantics.py): keyword-implied types made explicit;
             # strict_mode is the closed-object rule, off only for strict=False specs.
             return c.compile_json_schema(
                 policy_payload(spec), any_whitespace=bool(spec.option("any_whitespace", True)),

@@ -24,15 +24,12 @@ import json
 import math
 from typing import Any
 
-from ..schema_features import _LIST_KEYS, _MAP_KEYS, _ONE_KEYS
+from ..schema_walk import FREE_ANNOTATIONS, LIST_KEYS, MAP_KEYS, ONE_KEYS
 
 __all__ = ["integer_regex", "number_regex", "nonneg_range", "rewrite_bounds", "restore_bounds"]
 
 MAX_DIGITS = 30
 BOUND_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-# keys a bounded leaf may carry besides its type and bounds: annotations only, nothing it constrains
-_ANNOTATIONS = frozenset({"type", "title", "description", "default", "examples", "$comment", "deprecated",
-                          "readOnly", "writeOnly"})
 _PLACEHOLDER = "zqTRBOUND{}zq"
 FRAC_ANY = r"(\.[0-9]+)?"
 FRAC_ZERO = r"(\.0+)?"
@@ -169,7 +166,7 @@ def number_regex(sub: dict) -> str | None:
 
 # ---- the schema rewrite ---------------------------------------------------------------------
 def _leaf_regex(sub: dict) -> str | None:
-    if not (BOUND_KEYS & sub.keys()) or not set(sub) <= _ANNOTATIONS | BOUND_KEYS:
+    if not (BOUND_KEYS & sub.keys()) or not set(sub) <= FREE_ANNOTATIONS | BOUND_KEYS | {"type"}:
         return None
     t = sub.get("type")
     nullable = isinstance(t, list) and len(t) == 2 and "null" in t
@@ -199,11 +196,11 @@ def rewrite_bounds(schema: Any) -> tuple[Any, dict[str, str]]:
             return {"const": name}
         new = dict(node)
         for key, value in node.items():
-            if key in _MAP_KEYS and isinstance(value, dict):
+            if key in MAP_KEYS and isinstance(value, dict):
                 new[key] = {k: visit(v) for k, v in value.items()}
-            elif key in _ONE_KEYS and isinstance(value, dict):
+            elif key in ONE_KEYS and isinstance(value, dict):
                 new[key] = visit(value)
-            elif key in _LIST_KEYS and isinstance(value, list):
+            elif key in LIST_KEYS and isinstance(value, list):
                 new[key] = [visit(v) for v in value]
         return new
 

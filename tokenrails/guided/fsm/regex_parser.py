@@ -19,6 +19,7 @@ import re
 import unicodedata
 
 from ..errors import GuideLimitError, InvalidGuideError, UnsupportedGuideError
+from ..limits import repeat_count
 from .charset import MAX_CODE_POINT, Ranges, negate, normalize, union
 from .regex_ast import EMPTY, Alt, Anchor, CharSet, Concat, Empty, Node, Repeat
 from .unicode_classes import class_ranges
@@ -252,7 +253,9 @@ class _Parser:
                 if not lo_txt:
                     return None
                 hi_txt = lo_txt
-            bounds = (int(lo_txt) if lo_txt else 0, int(hi_txt) if hi_txt else None)
+            where = f"at position {start}"
+            bounds = (repeat_count(lo_txt, self.max_repeat, where),
+                      repeat_count(hi_txt, self.max_repeat, where) if hi_txt else None)
             if bounds[1] is not None and bounds[1] < bounds[0]:
                 raise self.error("min repeat greater than max repeat", start + 1)
             end = m.end() - 1

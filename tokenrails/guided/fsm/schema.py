@@ -21,14 +21,9 @@ from typing import Any
 
 from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ..limits import DEFAULT_LIMITS, GuideLimits
-from ..schema_features import (
-    ANNOTATIONS,
-    allof_with_parts_or_siblings,
-    constrains_nothing,
-    iter_subschemas,
-    required_without_property,
-)
-from ..schema_policy import already_closed, is_strict, policy_payload
+from ..schema_walk import (allof_with_parts_or_siblings, constraining_siblings, constrains_nothing,
+                           iter_subschemas, required_without_property)
+from ..schema_semantics import already_closed, is_strict, policy_payload
 from ..spec import GuideSpec
 from .lowering import IN_PROCESS_ESTIMATE, lower_in_worker, lowered_size_estimate
 from .json_string_safety import unsafe_in_json_string
@@ -68,7 +63,7 @@ DEFAULT_COMPACT_WHITESPACE = ""  # any_whitespace=False: no whitespace between J
 def outlines_unenforced(schema: Any) -> list[str]:
     """Findings (``"#/path: reason"``) for keywords outlines-core would drop from ``schema``."""
     findings = []
-    for path, sub, _ in iter_subschemas(schema):
+    for path, sub in iter_subschemas(schema):
         for key, reason in OUTLINES_IGNORED.items():
             if key in sub and not constrains_nothing(key, sub[key]):
                 findings.append(f"{path}: {reason}")
@@ -106,7 +101,7 @@ def _lowered_differently(path: str, sub: dict) -> list[str]:
         if sub.get("items", False) is not False or not (isinstance(min_items, int) and min_items >= len(prefix)):
             out.append(f"{path}: prefixItems is lowered as a fixed-length tuple (shorter arrays and "
                        "items beyond it are refused)")
-    if "$ref" in sub and ref_with_siblings(sub):
+    if "$ref" in sub and constraining_siblings(sub, "$ref"):  # outlines-core lowers one of the two
         out.append(f"{path}: $ref next to constraining keywords (outlines keeps one side: properties or enum "
                    "over the $ref, the $ref over type and the rest)")
     if allof_with_parts_or_siblings(sub):
@@ -123,11 +118,6 @@ def _lowered_differently(path: str, sub: dict) -> list[str]:
     ):
         out.append(f"{path}: a type list with object keywords keeps only the object branch")
     return out
-
-
-def ref_with_siblings(sub: dict) -> bool:
-    """A ``$ref`` beside keywords that constrain: outlines-core lowers only one of the two."""
-    return any(k != "$ref" and k not in ANNOTATIONS for k in sub)
 
 
 def whitespace_pattern(spec: GuideSpec) -> str | None:

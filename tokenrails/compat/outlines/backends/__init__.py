@@ -5,8 +5,8 @@ outlines 1.x names three backends; the shim keeps the names and classes and adds
 * ``"outlines_core"`` — an ``outlines_core.Index`` walked by ``OutlinesCoreLogitsProcessor``
   (outlines-core's own DFA, masks applied with tokenrails' kernels);
 * ``"xgrammar"`` / ``"llguidance"`` — tokenrails' xgrammar / llguidance backends;
-* ``"tokenrails"`` — tokenrails' routing for outlines' languages (its FSM backend for regex and
-  JSON, llguidance for Lark, xgrammar for EBNF).
+* ``"tokenrails"`` — tokenrails' routing rule for outlines' languages (its FSM backend for regex
+  and JSON; grammars as ``auto`` routes them).
 """
 from __future__ import annotations
 

@@ -10,9 +10,7 @@ import weakref
 from functools import cached_property
 from typing import Any
 
-from ....guided.registry import get_backend
-from ....guided.spec import GuideSpec
-from ....guided.vocabulary import Vocabulary
+from .... import GuideSpec, Vocabulary, get_backend
 from ..fsm.guide import TokenrailsGuide
 from ..processors.structured import GuideLogitsProcessor
 from .._vocabulary import vocabulary_for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ....guided.spec import GuideSpec
+from .... import GuideSpec
 from ..fsm.guide import TokenrailsGuide
 from ..grammars import grammar_spec
 from ..processors.structured import GuideLogitsProcessor

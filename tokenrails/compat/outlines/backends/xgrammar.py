@@ -12,13 +12,10 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from ....guided.errors import InvalidGuideError, UnsupportedGuideError
-from ....guided.spec import GuideSpec
-from ....guided.vocabulary import Vocabulary
+from .... import GuideSpec, InvalidGuideError, UnsupportedGuideError, Vocabulary, get_backend
 from ..fsm.guide import TokenrailsGuide
 from ..regex_dialect import xgrammar_regex_spec
 from ..processors.structured import GuideLogitsProcessor
-from ....guided.registry import get_backend
 from .._vocabulary import hf_tokenizer_of, vocabulary_for
 from .tokenrails import TokenrailsBackend
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Hashable, List, Optional
 
-from ....guided.errors import UnsupportedGuideError
+from .... import UnsupportedGuideError
 
 MAX_STATES = 256
 MAX_REGEX_CHARS = 200_000

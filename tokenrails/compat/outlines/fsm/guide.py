@@ -14,9 +14,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from ....guided.backend import CompiledGuide
-from ....guided.errors import InvalidGuideError
-from ....guided.spec import GuideSpec
+from .... import CompiledGuide, GuideSpec, InvalidGuideError
 from .._compile import compile_for
 from .._vocabulary import vocabulary_for
 from ..regex_dialect import outlines_dialect

@@ -47,10 +47,6 @@ def get_schema_from_enum(myenum: type[Enum]) -> dict:
     return {"title": myenum.__name__, "oneOf": choices}
 
 
-def to_json_text(schema: Any) -> str:
-    return schema if isinstance(schema, str) else json.dumps(schema)
-
-
 def to_regex(resolver: Any, instance: dict, whitespace_pattern: Optional[str] = None) -> str:
     """outlines 0.0.x: the regex of one schema node (``resolver`` — a ``referencing`` resolver for
     ``$ref`` — is not needed: a node's ``$ref``s must resolve inside the node itself)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....guided.errors import UnsupportedGuideError
+from .... import UnsupportedGuideError
 from .regex import fsm_union, get_sub_fsms_from_seq, walk_fsm
 
 

@@ -19,8 +19,7 @@ from typing import Callable
 
 import torch
 
-from ....guided.backend import CompiledGuide, Matcher
-from ....kernels import allocate_token_bitmask
+from .... import CompiledGuide, Matcher, allocate_token_bitmask
 
 FINAL = -1
 

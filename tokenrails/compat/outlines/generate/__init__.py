@@ -18,7 +18,7 @@ from ..processors.structured import (
     RegexLogitsProcessor,
     processor_for_spec,
 )
-from ....guided.spec import GuideSpec
+from .... import GuideSpec
 from .api import SequenceGeneratorAdapter
 
 

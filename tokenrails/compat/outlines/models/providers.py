@@ -10,7 +10,7 @@ import sys
 import types
 from typing import Any, Callable, NoReturn
 
-from ....guided.errors import UnsupportedGuideError
+from .... import UnsupportedGuideError
 
 
 class UnsupportedProviderError(UnsupportedGuideError, NotImplementedError):

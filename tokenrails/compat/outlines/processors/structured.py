@@ -12,8 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from ....guided.spec import GuideSpec
-from ....kernels import allocate_token_bitmask, apply_token_bitmask_inplace
+from .... import GuideSpec, allocate_token_bitmask, apply_token_bitmask_inplace
 from .._json_language import json_spec
 from ..fsm.guide import CFGGuide, Guide, RegexGuide, TokenrailsGuide
 from .base_logits_processor import OutlinesLogitsProcessor

@@ -9,8 +9,7 @@ import re
 import typing
 from typing import Any, Literal, get_args, get_origin
 
-from ....guided.errors import GuideError, UnsupportedGuideError
-from ....guided.spec import GuideSpec
+from .... import GuideError, GuideSpec, UnsupportedGuideError
 from .._json_language import json_spec
 from ..regex_dialect import outlines_dialect
 from ..grammars import grammar_spec

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, List
 
-from ....guided.errors import InvalidGuideError
+from .... import InvalidGuideError
 
 
 class Term:

@@ -42,10 +42,11 @@ def shortest_tokens(spec: GuideSpec, tokenizer: Any, limits: GuideLimits) -> int
     if hit is not None:
         return hit
     from ....guided.registry import compile_guide
+    from ..boot.settings import backend
     from ..tokenizer_vocab import build_vocabulary
 
-    try:
-        guide = compile_guide(spec, build_vocabulary(tokenizer, None), "auto", limits=limits)
+    try:  # the engine's backend setting: the routing the engine itself will apply
+        guide = compile_guide(spec, build_vocabulary(tokenizer, None), backend(), limits=limits)
         value: int | GuideError = budget_table(guide, limits).start
     except GuideError as exc:
         value = detached_copy(exc)

@@ -1,4 +1,4 @@
-"""One JSON-Schema policy for every backend: objects and tuples are *closed* unless the schema
+"""The JSON-Schema language every backend compiles: objects and tuples are *closed* unless the schema
 says otherwise (xgrammar's ``strict_mode``, OpenAI strict mode, outlines, vLLM's
 ``disable-additional-properties`` for guidance).
 
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import GuideLimitError, UnsupportedGuideError
 from .ecma_patterns import spell_out_schema_patterns
 from .limits import DEFAULT_LIMITS
-from .schema_features import resolve_pointer
+from .schema_walk import resolve_pointer
 
 if TYPE_CHECKING:
     from .limits import GuideLimits
@@ -347,12 +347,6 @@ _PART_ONE = ("then", "else")
 _PART_MAPS = ("dependentSchemas",)
 
 
-def implied_types(node: dict) -> list[str]:
-    """Types the keywords of ``node`` itself (not its subschemas) apply to, in a fixed order."""
-    found = {IMPLIED_TYPES[k] for k in node if k in IMPLIED_TYPES}
-    return [t for t in _TYPE_ORDER if t in found]
-
-
 def infer_types(schema: Any, max_visits: int | None = None) -> Any:
     """A copy of ``schema`` where every node evaluated as a whole that has no ``type`` but uses
     type-specific keywords gets ``type`` = the types those keywords imply (``["object",
@@ -437,7 +431,7 @@ class _Typer:
         """Implied types of ``node`` and its ``allOf`` parts (recursively; $refs not followed:
         their targets are points with their own type)."""
         self.visits.spend()
-        acc.update(dict.fromkeys(implied_types(node)))
+        acc.update(dict.fromkeys(IMPLIED_TYPES[k] for k in node if k in IMPLIED_TYPES))
         if depth < 64:
             for part in node.get("allOf", []) if isinstance(node.get("allOf"), list) else []:
                 if isinstance(part, dict):
