@@ -11,9 +11,9 @@ can be killed: the operating system takes back its memory at once, and a fresh w
 * The result comes back in each backend's portable form (``export``/``restore``: xgrammar's JSON
   serialization, llguidance's grammar text, the fsm DFA's arrays) and is rebuilt here; errors come
   back as the typed ``GuideError`` the in-process compile would have raised.
-* Workers run at a lower CPU priority (``TOKENRAILS_COMPILE_NICE``, default 10): where compiles
-  and decoding share the cores, a long compile takes the cycles decoding leaves, so one client's
-  expensive spec does not slow every running request.
+* Workers compile at a lower CPU priority (``TOKENRAILS_COMPILE_NICE``, default 10; they boot at
+  full priority): where compiles and decoding share the cores, a long compile takes the cycles
+  decoding leaves, so one client's expensive spec does not slow every running request.
 * A worker whose RSS stays past ``worker_max_rss_mb`` after a compile (its heap grew for a large
   spec and could not shrink) is replaced, so the workers' memory returns to its idle size.
 * Only specs whose cost estimate (``compile_cost``) passes ``PROCESS_MIN_COST`` go to a worker: a
@@ -93,7 +93,6 @@ class _Worker:
             [sys.executable, "-m", "tokenrails.guided.compile_worker", setup_path],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
         )  # same process group: whoever stops the server's group stops its workers too
-        _lower_priority(self.proc.pid)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.out = self.proc.stdin.fileno()
         self.inp = self.proc.stdout.fileno()
@@ -234,15 +233,17 @@ class ProcessCompiler:
 DEFAULT_NICE = 10
 
 
-def _lower_priority(pid: int) -> None:
+def lower_priority() -> None:
+    """Called by a worker once booted (its interpreter starts at full priority, so a replacement
+    is ready soon even on a busy machine): ``TOKENRAILS_COMPILE_NICE`` steps below its parent."""
     raw = os.environ.get("TOKENRAILS_COMPILE_NICE", "").strip()
     try:
         nice = int(raw) if raw else DEFAULT_NICE
     except ValueError:
         nice = DEFAULT_NICE
-    if nice > 0 and hasattr(os, "setpriority"):
+    if nice > 0 and hasattr(os, "nice"):
         try:
-            os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+            os.nice(nice)
         except OSError:
             pass
 

@@ -6,7 +6,7 @@ with ``("ok", (backend, portable state, seconds))`` or ``("error", GuideError)``
 protocol owns the real stdout: anything a library prints goes to stderr.
 
 After each compile the heap's free pages go back to the OS (``memory_return.trim``), so an idle
-worker is small again (its parent also lowers its CPU priority: see compile_procs.py).
+worker is small again. Once booted it lowers its CPU priority (see compile_procs.py).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from .compile_procs import export_guide, read_frame, write_frame
+    from .compile_procs import export_guide, lower_priority, read_frame, write_frame
     from .errors import GuideError, InvalidGuideError, detached_copy
     from .gc_pause import gc_paused
     from .memory_return import trim
@@ -38,6 +38,7 @@ def main() -> None:
         return  # the pool that started this worker closed before it booted: nothing to serve
 
     vocab = Vocabulary(tokens, tuple(eos), frozenset(special), size, name)
+    lower_priority()
     while True:
         try:
             spec = read_frame(inp)
