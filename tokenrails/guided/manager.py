@@ -63,6 +63,7 @@ class _InFlight:
     future: Future
     deadline: float
     waiters: Waiters = field(default_factory=Waiters)  # held rows told of a timeout (compile_timeouts.py)
+    heavy: bool = False  # in a worker process, which ends with the deadline: never joined after it
 
 
 def _serialized(method):
@@ -93,6 +94,14 @@ def _unpinned(err: GuideError) -> GuideError:
     err.__cause__ = None
     err.__suppress_context__ = True
     return err
+
+
+def _finished() -> Future:
+    """A done future: what the timeout book keeps for a worker's compile (stopped at its deadline),
+    so a retry starts a new compile instead of joining one that is ending."""
+    done: Future = Future()
+    done.set_result(None)
+    return done
 
 
 def _closed_error() -> GuideLimitError:
@@ -211,7 +220,7 @@ class GuidedDecodingManager:
                 return _unpinned(exc)
             except RuntimeError:  # closed: the engine is shutting down
                 return _closed_error()
-            entry = self._inflight[spec.key] = _InFlight(future, deadline)
+            entry = self._inflight[spec.key] = _InFlight(future, deadline, heavy=heavy)
             if waiter:
                 entry.waiters.add(spec)
             return entry
@@ -245,7 +254,7 @@ class GuidedDecodingManager:
         # before the cache entry is allocated — see _unpinned
         if isinstance(err, GuideTimeoutError):  # its worker was stopped: a retry compiles again
             def remembered(entry: _InFlight | None) -> None:
-                self._timeouts.record(spec.key, err, self._own_future(entry), entry.waiters if entry else Waiters())
+                self._timeouts.record(spec.key, err, _finished(), entry.waiters if entry else Waiters())
         else:
             def remembered(entry: _InFlight | None) -> None:
                 self._cache.put_error(spec.key, err)
@@ -264,16 +273,6 @@ class GuidedDecodingManager:
         with self._lock:
             self.counters[counter] += 1
             publish(self._inflight.pop(key, None))
-
-    @staticmethod
-    def _own_future(entry: _InFlight | None) -> Future:
-        """The compile's future as the timeout book keeps it (a worker's compile ends with its
-        error: done, so a retry starts a new one)."""
-        if entry is not None:
-            return entry.future
-        done: Future = Future()
-        done.set_result(None)
-        return done
 
     def get_compiled(self, spec: GuideSpec, timeout: float | None = None) -> CompiledGuide:
         """The compiled guide for ``spec``, waiting for its compile up to its deadline."""
@@ -341,7 +340,7 @@ class GuidedDecodingManager:
             self._timeouts.record(key, GuideTimeoutError(
                 f"limit compile_timeout_s={self.limits.compile_timeout_s} exceeded: compiling this "
                 "constraint did not finish in time", limit="compile_timeout_s", value=self.limits.compile_timeout_s,
-            ), entry.future, entry.waiters)
+            ), _finished() if entry.heavy else entry.future, entry.waiters)
 
     def poll(self, spec: GuideSpec) -> bool:
         """Start ``spec``'s compile if needed and say whether a fill of it would run without
