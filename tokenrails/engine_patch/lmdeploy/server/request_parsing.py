@@ -170,13 +170,11 @@ def probe_manager(limits: GuideLimits | None = None, backend: str | None = None)
         if mgr is not None:
             _PROBES.move_to_end(slot)
             return mgr
-    # the workers boot with the manager (the first guided request), so the first large spec does not
-    # spend its deadline waiting for an interpreter to start on a busy machine
     mgr = GuidedDecodingManager(
         _probe_vocab(), backend=backend, limits=limits.replace(cache_max_bytes=min(limits.cache_max_bytes,
                                                                                  PROBE_CACHE_BYTES)),
         compile_workers=settings.FRONT_WORKERS, per_client=1, fill_threads=1,
-        compile_processes=settings.compile_processes(), warm_workers=True)
+        compile_processes=settings.compile_processes())
     with _PROBE_LOCK:
         kept = _PROBES.setdefault(slot, mgr)
         while len(_PROBES) > PROBE_MANAGERS:
