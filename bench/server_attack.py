@@ -48,14 +48,15 @@ def measure(name: str, model, args) -> dict:
     try:
         shapes = {"compile": atk.compile_shapes(), "quick": atk.compile_shapes() + atk.hostile_shapes(quick=True),
                   "all": atk.compile_shapes() + atk.hostile_shapes()}[args.shapes]
-        rss_before = atk.tree_rss_mb(proc.pid, workers=False)
         load_before = os.getloadavg()
         cpu_before = os.times()
         start = time.monotonic()
         timeout = args.hostile_timeout if name == "upgraded" else args.stock_hostile_timeout
         run = atk.run_attack(base, model_id, shapes, baseline_requests=args.baseline, min_attack_benign=args.baseline,
-                             hostile_timeout=timeout, budget_s=args.budget, benign_timeout=timeout)
-        out = {"server": name, "seconds": time.monotonic() - start, "baseline": run.baseline,
+                             hostile_timeout=timeout, budget_s=args.budget, benign_timeout=timeout,
+                             after_requests=args.baseline,
+                             rss_of=lambda: (atk.tree_rss_mb(proc.pid, workers=False), atk.rss_mb(proc.pid)))
+        out = {"server": name, "seconds": time.monotonic() - start, "baseline": run.baseline, "after": run.after,
                "under_attack": run.under_attack, "pings": [lat for _, lat in run.pings],
                "pings_quiet": run.ping_latencies(attack=False), "pings_in_flight": run.pings_in_flight(),
                "ping_failures": run.ping_failures, "benign_invalid": run.benign_invalid,
@@ -64,7 +65,9 @@ def measure(name: str, model, args) -> dict:
                "load": (load_before, os.getloadavg()),
                "client_cpu_s": sum(os.times()[:2]) - sum(cpu_before[:2])}
         time.sleep(5)  # killed compile workers replaced, abandoned work ended
+        rss_before, api_before = run.rss_at_start  # when the attack started, after the warm-up and baseline
         out["rss_mb"] = (rss_before, atk.tree_rss_mb(proc.pid, workers=False))
+        out["api_rss_mb"] = (api_before, atk.rss_mb(proc.pid))  # the api_server alone; the rest: the engine
         out["workers_rss_mb"] = atk.tree_rss_mb(proc.pid, workers=True)
         if args.refused and (name == "upgraded" or args.refused_stock):
             growth, refused = atk.refused_payload_growth(base, model_id, proc.pid, args.refused, mb=0.9)
@@ -100,6 +103,10 @@ def print_table(results: list[dict]) -> None:
               f"(hostile in flight), max {_fmt(max(r['pings'], default=float('nan')))} s, "
               f"failed {r['ping_failures']}/{len(r['pings'])}; benign invalid {r['benign_invalid']}, "
               f"errors {len(r['benign_errors'])}; run {r['seconds']:.0f} s")
+        if r.get("after"):
+            f50, f99 = atk.percentile(r["after"], 0.5), atk.percentile(r["after"], 0.99)
+            print(f"{'':>11}benign after the attack (no attack, load drift): p50 {_fmt(f50)}, p99 {_fmt(f99)} s; "
+                  f"under-attack p99 / the larger no-attack p99: x{_fmt(a99 / max(b99, f99))}")
         fresh = r.get("fresh_client")
         if fresh:
             print(f"{'':>11}another client's fresh schema after the attack: {fresh[0]} in {fresh[1]:.2f} s")
@@ -107,6 +114,9 @@ def print_table(results: list[dict]) -> None:
             print(f"{'':>11}server process tree RSS {r['rss_mb'][0]:.0f} -> {r['rss_mb'][1]:.0f} MB "
                   f"({r['rss_mb'][1] - r['rss_mb'][0]:+.0f} MB, 5 s after the attack; compile workers apart: "
                   f"{r.get('workers_rss_mb', 0):.0f} MB)")
+        if "api_rss_mb" in r:
+            api = r["api_rss_mb"][1] - r["api_rss_mb"][0]
+            print(f"{'':>11}of which the api_server {api:+.0f} MB, the engine {r['rss_mb'][1] - r['rss_mb'][0] - api:+.0f} MB")
         if "load" in r:
             print(f"{'':>11}load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in r['load'][0])} at start, "
                   f"{'/'.join(f'{x:.1f}' for x in r['load'][1])} at end (2 cores)")

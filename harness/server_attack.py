@@ -224,6 +224,7 @@ class HostileResult:
 class AttackRun:
     baseline: list[float] = field(default_factory=list)        # benign latencies, no attack
     under_attack: list[float] = field(default_factory=list)    # benign latencies during the attack
+    after: list[float] = field(default_factory=list)           # benign latencies once the attack ended
     pings: list[tuple[float, float]] = field(default_factory=list)  # (start, latency) of each ping
     ping_failures: int = 0
     benign_invalid: int = 0
@@ -232,6 +233,7 @@ class AttackRun:
     attack_start: float = float("inf")  # perf_counter() when the first hostile request was sent
     fresh_client: tuple[int | None, float] | None = None  # another client's fresh schema right after
     rss_mb: tuple[float, float] | None = None  # the server's process tree before / after the attack
+    rss_at_start: Any = None  # what ``run_attack``'s ``rss_of`` read when the attack started
 
     windows: list[tuple[float, float]] = field(default_factory=list)  # each hostile request's (start, end)
 
@@ -329,9 +331,14 @@ def _send_hostile(client: httpx.Client, base: str, model_id: str, shape: Shape, 
 
 def run_attack(base: str, model_id: str, shapes: list[Shape], *, baseline_requests: int = 5,
                min_attack_benign: int = 5, hostile_timeout: float = 60.0, ping_period: float = 0.25,
-               ping_timeout: float = 5.0, budget_s: float = 600.0, benign_timeout: float = 120.0) -> AttackRun:
+               ping_timeout: float = 5.0, budget_s: float = 600.0, benign_timeout: float = 120.0,
+               after_requests: int = 0, rss_of: Callable[[], float] | None = None) -> AttackRun:
     """Baseline benign latencies, then every shape (one at a time, fresh nonce) while benign
-    requests and pings continue. Past ``budget_s`` no new request starts (a bounded run)."""
+    requests and pings continue, then ``after_requests`` benign ones with no attack (on a shared
+    machine the load drifts: a baseline on both sides of the attack bounds what the drift did).
+    ``rss_of``: the server's RSS, read when the attack starts (warm: the first requests' own
+    allocations are not the attack's) into ``run.rss_at_start``.
+    Past ``budget_s`` no new request starts (a bounded run)."""
     run = AttackRun()
     give_up = time.monotonic() + budget_s
     pinger = _Pinger(base, run, ping_period, ping_timeout)
@@ -362,6 +369,8 @@ def run_attack(base: str, model_id: str, shapes: list[Shape], *, baseline_reques
             attack_done.set()
 
         thread = threading.Thread(target=attacker, daemon=True)
+        if rss_of is not None:
+            run.rss_at_start = rss_of()
         run.attack_start = time.perf_counter()
         thread.start()
         with httpx.Client(timeout=benign_timeout) as client:
@@ -373,6 +382,11 @@ def run_attack(base: str, model_id: str, shapes: list[Shape], *, baseline_reques
                     break
         thread.join()
         run.fresh_client = fresh_schema(base, model_id)
+        with httpx.Client(timeout=benign_timeout) as client:
+            for _ in range(after_requests):
+                seconds = _benign_once(client, base, model_id, run)
+                if seconds is not None:
+                    run.after.append(seconds)
     finally:
         pinger.stop.set()
         pinger.join(timeout=10)

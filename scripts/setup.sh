@@ -33,5 +33,7 @@ if [ "${1:-}" = "--dev" ]; then
     "litellm==1.110.2" "fastuuid==0.14.0" "python-dotenv==1.2.4" "importlib_metadata==8.9.0" "zipp==4.1.2" \
     "pydantic-settings==2.16.3" "h2==4.4.1" "hpack==4.2.0" "hyperframe==6.1.0"
   "${PIP[@]}" "tenacity>=8.2.3" "rich>=13.7" "typer>=0.9" "tiktoken>=0.8"
+  # py-spy: sampling profiles of the api_server and engine processes under attack (docs/safety.md)
+  "${PIP[@]}" --no-deps "py-spy==0.4.3"
 fi
 .venv/bin/python -c "import torch, tokenrails; print('tokenrails', tokenrails.__version__, 'torch', torch.__version__)"

@@ -3,6 +3,7 @@ stopped (its process killed, a fresh one takes the next spec), errors come back 
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -153,5 +154,26 @@ def test_a_large_spec_over_a_limit_is_refused_without_a_worker(byte_vocab):
             mgr.get_compiled(tr.GuideSpec.grammar(grammar))
         assert time.perf_counter() - start < 1.0
         assert mgr._procs.counters["started"] == 0
+    finally:
+        mgr.close()
+
+
+# ---- workers yield the CPU to decoding and give memory back ------------------------------------
+def _nice(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+def test_workers_run_below_the_engine_and_one_grown_past_its_bound_is_replaced(byte_vocab, every_spec_in_a_worker):
+    mgr = GuidedDecodingManager(byte_vocab, backend="fsm", compile_processes=1)
+    mgr._procs.worker_max_rss_mb = 1.0  # every worker is past it after a compile
+    try:
+        guide = mgr.get_compiled(tr.GuideSpec.regex("[ab]{2}"))
+        assert _accepts(guide, "ab") and not _accepts(guide, "ac")
+        assert mgr._procs.counters["recycled"] == 1 and mgr._procs.counters["killed"] == 0
+        mgr._procs.worker_max_rss_mb = 1e9
+        mgr._procs.compile(tr.GuideSpec.regex("x"), time.monotonic() + 120)  # its replacement, booted
+        (worker,) = mgr._procs._idle
+        assert _nice(worker.proc.pid) >= _nice(os.getpid()) + 10  # compiles below the engine's priority
     finally:
         mgr.close()

@@ -1,7 +1,8 @@
 """A thread-safe LRU of compiled guides, bounded in entries and bytes, plus a negative cache.
 
 The negative cache remembers specs that failed to compile so a client repeating a bad request
-costs a dict lookup, not a compile.
+costs a dict lookup, not a compile. An eviction asks for the freed heap pages to go back to the
+OS (``memory_return``): without it a process keeps the RSS of the largest guides it ever held.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections import OrderedDict
 
 from .backend import CompiledGuide
 from .errors import GuideError, detached_copy
+from .memory_return import trim_soon
 
 
 class CompileCache:
@@ -32,6 +34,7 @@ class CompileCache:
 
     def put(self, key: str, guide: CompiledGuide) -> None:
         size = guide.memory_bytes
+        evicted = False
         with self._lock:
             if key in self._ok:
                 return
@@ -43,6 +46,10 @@ class CompileCache:
             while len(self._ok) > 1 and (len(self._ok) > self.max_entries or self._bytes > self.max_bytes):
                 _, old = self._ok.popitem(last=False)
                 self._bytes -= old.memory_bytes
+                evicted = True
+        if evicted:
+            del old
+            trim_soon()
 
     def put_error(self, key: str, error: GuideError) -> None:
         """Remember a failure by its message only (see ``detached_copy``: no traceback, no payload)."""

@@ -11,6 +11,11 @@ can be killed: the operating system takes back its memory at once, and a fresh w
 * The result comes back in each backend's portable form (``export``/``restore``: xgrammar's JSON
   serialization, llguidance's grammar text, the fsm DFA's arrays) and is rebuilt here; errors come
   back as the typed ``GuideError`` the in-process compile would have raised.
+* Workers compile at a lower CPU priority (``TOKENRAILS_COMPILE_NICE``, default 10; they boot at
+  full priority): where compiles and decoding share the cores, a long compile takes the cycles
+  decoding leaves, so one client's expensive spec does not slow every running request.
+* A worker whose RSS stays past ``worker_max_rss_mb`` after a compile (its heap grew for a large
+  spec and could not shrink) is replaced, so the workers' memory returns to its idle size.
 * Only specs whose cost estimate (``compile_cost``) passes ``PROCESS_MIN_COST`` go to a worker: a
   small spec compiles in-process in well under the round trip's cost (measured in docs/safety.md).
 """
@@ -31,6 +36,7 @@ from typing import Any
 from .backend import CompiledGuide
 from .errors import GuideError, GuideTimeoutError, InvalidGuideError
 from .limits import GuideLimits
+from .memory_return import rss_mb, trim_soon
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
 
@@ -39,6 +45,7 @@ from .vocabulary import Vocabulary
 # parser is rebuilt here), so the bound is about risk: the compiles that ran past deadlines were
 # 36 KB (a 6,000-class grammar) and larger; a 600-property schema (17 KB) compiles in-process.
 PROCESS_MIN_COST = 32 << 10
+WORKER_MAX_RSS_MB = 512  # an idle worker holds ~230-320 MB (interpreter, torch, the vocabulary)
 PORTABLE_BACKENDS = frozenset({"auto", "xgrammar", "llguidance", "fsm"})
 _HEADER = struct.Struct("!Q")
 
@@ -116,8 +123,10 @@ class _Worker:
 class ProcessCompiler:
     """Worker processes compiling for one (vocabulary, backend, limits); see the module doc."""
 
-    def __init__(self, vocab: Vocabulary, backend: str, limits: GuideLimits, *, workers: int = 2):
+    def __init__(self, vocab: Vocabulary, backend: str, limits: GuideLimits, *, workers: int = 2,
+                 worker_max_rss_mb: float = WORKER_MAX_RSS_MB):
         self.vocab = vocab
+        self.worker_max_rss_mb = worker_max_rss_mb
         self.backend = backend
         self.limits = limits
         self.workers = max(1, workers)
@@ -132,7 +141,7 @@ class ProcessCompiler:
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
         self._closed = False
-        self.counters = {"started": 0, "killed": 0, "compiles": 0}
+        self.counters = {"started": 0, "killed": 0, "compiles": 0, "recycled": 0}
 
     def warm(self) -> None:
         """Start the idle workers now (in the background), so the first large compile finds one."""
@@ -157,7 +166,12 @@ class ProcessCompiler:
         except (EOFError, OSError, pickle.UnpicklingError):
             self._kill(worker)  # killed from outside, out of memory: this request fails, typed
             raise InvalidGuideError(f"compiling the {spec.kind} constraint failed: its compile worker ended") from None
-        self._give_back(worker)
+        if rss_mb(worker.proc.pid) > self.worker_max_rss_mb:  # grown for a large spec: a fresh one instead
+            with self._lock:
+                self.counters["recycled"] += 1
+            self._kill(worker, count=False)
+        else:
+            self._give_back(worker)
         with self._lock:
             self.counters["compiles"] += 1
         if status == "error":
@@ -166,6 +180,8 @@ class ProcessCompiler:
         from .registry import get_backend
 
         guide = get_backend(name, self.vocab, self.limits).restore(spec, state)  # type: ignore[attr-defined]
+        del state, payload
+        trim_soon()  # a large spec's frame (megabytes of serialized grammar) is free again
         guide.compile_s = compile_s
         return guide
 
@@ -204,14 +220,32 @@ class ProcessCompiler:
                 return
         worker.kill()
 
-    def _kill(self, worker: _Worker) -> None:
+    def _kill(self, worker: _Worker, *, count: bool = True) -> None:
         worker.kill()
         with self._lock:
-            self.counters["killed"] += 1
+            self.counters["killed"] += count
             closed = self._closed
         if not closed:  # the replacement boots while nobody waits for it
             threading.Thread(target=lambda: self._give_back(self._start()), daemon=True,
                              name="tokenrails-compile-worker-start").start()
+
+
+DEFAULT_NICE = 10
+
+
+def lower_priority() -> None:
+    """Called by a worker once booted (its interpreter starts at full priority, so a replacement
+    is ready soon even on a busy machine): ``TOKENRAILS_COMPILE_NICE`` steps below its parent."""
+    raw = os.environ.get("TOKENRAILS_COMPILE_NICE", "").strip()
+    try:
+        nice = int(raw) if raw else DEFAULT_NICE
+    except ValueError:
+        nice = DEFAULT_NICE
+    if nice > 0 and hasattr(os, "nice"):
+        try:
+            os.nice(nice)
+        except OSError:
+            pass
 
 
 def _remove(path: str) -> None:

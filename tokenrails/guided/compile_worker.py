@@ -4,6 +4,9 @@ Reads its setup (vocabulary, backend, limits) from the file named by its argumen
 per frame from stdin, and answers each
 with ``("ok", (backend, portable state, seconds))`` or ``("error", GuideError)`` on stdout. The
 protocol owns the real stdout: anything a library prints goes to stderr.
+
+After each compile the heap's free pages go back to the OS (``memory_return.trim``), so an idle
+worker is small again. Once booted it lowers its CPU priority (see compile_procs.py).
 """
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from .compile_procs import export_guide, read_frame, write_frame
+    from .compile_procs import export_guide, lower_priority, read_frame, write_frame
     from .errors import GuideError, InvalidGuideError, detached_copy
     from .gc_pause import gc_paused
+    from .memory_return import trim
     from .registry import compile_guide
     from .vocabulary import Vocabulary
 
@@ -34,6 +38,7 @@ def main() -> None:
         return  # the pool that started this worker closed before it booted: nothing to serve
 
     vocab = Vocabulary(tokens, tuple(eos), frozenset(special), size, name)
+    lower_priority()
     while True:
         try:
             spec = read_frame(inp)
@@ -49,7 +54,8 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - a backend bug fails this request, typed
             reply = ("error", InvalidGuideError(f"compiling the {spec.kind} constraint failed: {exc!r}"[:2000]))
         write_frame(out, reply)
-        del guide, reply  # drop the compiled grammar before waiting for the next spec
+        del guide, reply, spec  # drop the compiled grammar before waiting for the next spec
+        trim()
 
 
 if __name__ == "__main__":

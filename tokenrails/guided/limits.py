@@ -53,7 +53,9 @@ class GuideLimits:
     max_abandoned_compiles: int = 16       # compiles past their deadline still running; new compiles
                                            # are refused while this many are (see compile_pool.py)
     cache_max_entries: int = 512           # compiled-guide LRU entries
-    cache_max_bytes: int = 2 << 30         # compiled-guide LRU bytes
+    cache_max_bytes: int = 32 << 20        # compiled-guide LRU bytes (also xgrammar's own cache): a
+                                           # server's memory after a flood of fresh specs grows by
+                                           # about this much; raise it for many large guides
     max_budget_states: int = 20_000        # fsm: DFA states of a budget="close" guide (its distance
                                            # table walks the token trie once per state: 768 states of
                                            # a permissive regex ~0.1 s on a 49k vocabulary)

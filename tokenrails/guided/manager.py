@@ -7,7 +7,9 @@ knows which backend it talks to.
   overlaps the prefill forward; it is awaited with a deadline (``GuideTimeoutError``).
 * A spec whose cost estimate is large compiles in a worker process that is killed at the deadline
   (``compile_processes``; compile_procs.py): its memory comes back and nothing keeps running.
-* Compiled guides sit in a byte-bounded LRU; failures in a negative cache.
+* Compiled guides sit in a byte-bounded LRU; failures in a negative cache. A compile past its
+  deadline is no failure of the spec: only the requests that waited for it see the timeout
+  (compile_timeouts.py); the same spec sent again is compiled again.
 * Matchers are keyed by (session_id, seq_id) *and* the spec key: a new spec on the same sequence
   never reuses a stale matcher.
 """
@@ -19,7 +21,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
@@ -31,6 +33,7 @@ from .compile_cache import CompileCache
 from .compile_pool import CompilePool
 from .compile_store import CompileStore
 from .compile_procs import PORTABLE_BACKENDS, PROCESS_MIN_COST, ProcessCompiler, compile_cost
+from .compile_timeouts import TimeoutBook, Waiters
 from .errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .forced import NOTHING, ForcedRun, forced_tokens
 from .gc_pause import gc_paused
@@ -59,6 +62,8 @@ STORE_MIN_SECONDS = 0.05  # compiles cheaper than a disk read and restore are no
 class _InFlight:
     future: Future
     deadline: float
+    waiters: Waiters = field(default_factory=Waiters)  # held rows told of a timeout (compile_timeouts.py)
+    heavy: bool = False  # in a worker process, which ends with the deadline: never joined after it
 
 
 def _serialized(method):
@@ -89,6 +94,14 @@ def _unpinned(err: GuideError) -> GuideError:
     err.__cause__ = None
     err.__suppress_context__ = True
     return err
+
+
+def _finished() -> Future:
+    """A done future: what the timeout book keeps for a worker's compile (stopped at its deadline),
+    so a retry starts a new compile instead of joining one that is ending."""
+    done: Future = Future()
+    done.set_result(None)
+    return done
 
 
 def _closed_error() -> GuideLimitError:
@@ -129,6 +142,7 @@ class GuidedDecodingManager:
         self.policy = policy or DEFAULT_POLICY
         self._cache = CompileCache(self.limits.cache_max_entries, self.limits.cache_max_bytes)
         self._inflight: dict[str, _InFlight] = {}
+        self._timeouts = TimeoutBook()
         self._lock = threading.Lock()
         # One step at a time: the batched step writes a shared host bitmask and the matchers are
         # not thread-safe, so concurrent callers (4 threads on disjoint sessions got each other's
@@ -163,10 +177,16 @@ class GuidedDecodingManager:
         if spec is not None:
             self._lookup(spec)
 
-    def _lookup(self, spec: GuideSpec, *, count_hit: bool = False) -> CompiledGuide | GuideError | _InFlight:
+    def _lookup(self, spec: GuideSpec, *, count_hit: bool = False,
+                waiter: bool = False) -> CompiledGuide | GuideError | _InFlight:
         """The cached result, the running compile, or a compile started now, in one look under
         the lock. ``_finish`` leaves the in-flight table and publishes to the cache under the same
         lock, so a finished compile is never missed between two looks.
+
+        ``waiter``: ``spec`` is a request that will read the outcome later without waiting (a held
+        row, a sequence's state): if the compile passes its deadline, this request alone gets the
+        timeout from then on. Any other request for a timed-out spec compiles it again, or joins
+        its compile still running on an abandoned thread, with a deadline of its own.
 
         A refusal to start (too many abandoned compiles, or a closed pool) is returned as this
         request's error and remembered nowhere: it says nothing about the spec, and a refused
@@ -179,9 +199,20 @@ class GuidedDecodingManager:
                 return hit
             entry = self._inflight.get(spec.key)
             if entry is not None:
+                if waiter:
+                    entry.waiters.add(spec)
                 return entry
+            timed_out = self._timeouts.get(spec.key)
+            if timed_out is not None and spec in timed_out.waiters:
+                return timed_out.error
             self.counters["cache_misses"] += 1
             deadline = time.monotonic() + self.limits.compile_timeout_s
+            if timed_out is not None:
+                if not timed_out.future.done():  # still compiling on its abandoned thread: join it
+                    entry = self._inflight[spec.key] = _InFlight(timed_out.future, deadline)
+                    if waiter:
+                        entry.waiters.add(spec)
+                    return entry
             heavy = self._procs is not None and compile_cost(spec) >= PROCESS_MIN_COST
             try:
                 future = self._pool.submit(self._compile, spec, deadline if heavy else None, heavy=heavy)
@@ -189,7 +220,9 @@ class GuidedDecodingManager:
                 return _unpinned(exc)
             except RuntimeError:  # closed: the engine is shutting down
                 return _closed_error()
-            entry = self._inflight[spec.key] = _InFlight(future, deadline)
+            entry = self._inflight[spec.key] = _InFlight(future, deadline, heavy=heavy)
+            if waiter:
+                entry.waiters.add(spec)
             return entry
 
     def _compile(self, spec: GuideSpec, deadline: float | None = None) -> CompiledGuide:
@@ -211,11 +244,21 @@ class GuidedDecodingManager:
         except Exception as exc:  # a backend bug must fail this request, not the engine
             err = _unpinned(InvalidGuideError(f"compiling the {spec.kind} constraint failed: {exc!r}"))
         else:
-            self._finish(spec.key, "compiles", lambda: self._cache.put(spec.key, guide))
+            def published(entry: _InFlight | None) -> None:
+                self._cache.put(spec.key, guide)
+                self._timeouts.discard(spec.key)
+
+            self._finish(spec.key, "compiles", published)
             return guide
         # outside the except blocks: the failing frames (and the payload they parsed) are gone
         # before the cache entry is allocated — see _unpinned
-        self._finish(spec.key, "compile_failures", lambda: self._cache.put_error(spec.key, err))
+        if isinstance(err, GuideTimeoutError):  # its worker was stopped: a retry compiles again
+            def remembered(entry: _InFlight | None) -> None:
+                self._timeouts.record(spec.key, err, _finished(), entry.waiters if entry else Waiters())
+        else:
+            def remembered(entry: _InFlight | None) -> None:
+                self._cache.put_error(spec.key, err)
+        self._finish(spec.key, "compile_failures", remembered)
         raise err
 
     def _count(self, counter: str) -> None:
@@ -224,17 +267,19 @@ class GuidedDecodingManager:
         with self._lock:
             self.counters[counter] += 1
 
-    def _finish(self, key: str, counter: str, publish: Any) -> None:
-        """Count, leave the in-flight table, then publish to the cache — atomically for
+    def _finish(self, key: str, counter: str, publish: Callable[[_InFlight | None], None]) -> None:
+        """Count, leave the in-flight table, then publish (given the entry left) — atomically for
         ``prefetch`` and in that order for lock-free cache readers (stats never lag a hit)."""
         with self._lock:
             self.counters[counter] += 1
-            self._inflight.pop(key, None)
-            publish()
+            publish(self._inflight.pop(key, None))
 
     def get_compiled(self, spec: GuideSpec, timeout: float | None = None) -> CompiledGuide:
         """The compiled guide for ``spec``, waiting for its compile up to its deadline."""
-        entry = self._lookup(spec, count_hit=True)
+        return self._get(spec, timeout)
+
+    def _get(self, spec: GuideSpec, timeout: float | None = None, *, waiter: bool = False) -> CompiledGuide:
+        entry = self._lookup(spec, count_hit=True, waiter=waiter)
         if isinstance(entry, CompiledGuide):
             return entry
         if isinstance(entry, GuideError):
@@ -285,23 +330,23 @@ class GuidedDecodingManager:
             self._pool.abandon(future)
 
     def _abandon(self, key: str, entry: _InFlight) -> None:
-        """Past its deadline: the compile keeps running on its own thread but takes no slot, and
-        the spec fails by timeout (negative cache, no new thread) until the compile ends; a late
-        success is then served from the cache like any other."""
+        """Past its deadline: the compile keeps running on its own thread but takes no slot; its
+        waiters fail by timeout; a new request for the spec joins the running compile (no new
+        thread), and a late success is served from the cache like any other."""
         self._pool.abandon(entry.future)
         with self._lock:
             if self._inflight.get(key) is entry:
                 del self._inflight[key]
-            self._cache.put_error(key, GuideTimeoutError(
+            self._timeouts.record(key, GuideTimeoutError(
                 f"limit compile_timeout_s={self.limits.compile_timeout_s} exceeded: compiling this "
                 "constraint did not finish in time", limit="compile_timeout_s", value=self.limits.compile_timeout_s,
-            ))
+            ), _finished() if entry.heavy else entry.future, entry.waiters)
 
     def poll(self, spec: GuideSpec) -> bool:
         """Start ``spec``'s compile if needed and say whether a fill of it would run without
         waiting (compiled, failed, refused, or past its deadline, which fails it now): an engine
         keeps a sequence out of its batch until this is True, so no step waits for a compile."""
-        entry = self._lookup(spec)
+        entry = self._lookup(spec, waiter=True)
         if not isinstance(entry, _InFlight):
             return True
         if entry.future.done() or time.monotonic() < entry.deadline:
@@ -310,14 +355,18 @@ class GuidedDecodingManager:
         self._abandon(spec.key, entry)
         return True
 
-    def _failure(self, key: str) -> GuideError | None:
-        hit = self._cache.get(key)
-        return hit if isinstance(hit, GuideError) else None
+    def _failure(self, spec: GuideSpec) -> GuideError | None:
+        hit = self._cache.get(spec.key)
+        if isinstance(hit, GuideError):
+            return hit
+        with self._lock:
+            return self._timeouts.error_for(spec.key, spec)
 
     def _grammar(self, spec: GuideSpec) -> GrammarFuture:
-        """The state's handle on its spec's compile (this manager's cache and pool)."""
-        return GrammarFuture(functools.partial(self.get_compiled, spec),
-                             functools.partial(self._failure, spec.key))
+        """The state's handle on its spec's compile (this manager's cache and pool); the state
+        waits as a waiter (``_lookup``): its request sees its own compile's timeout."""
+        return GrammarFuture(functools.partial(self._get, spec, waiter=True),
+                             functools.partial(self._failure, spec))
 
     # ---- sequences -----------------------------------------------------------------------
     @_serialized
@@ -394,7 +443,7 @@ class GuidedDecodingManager:
             if state.answering:
                 state.resolve()  # the grammar's first row is needed now
             else:
-                self.prefetch(spec)  # the compile overlaps thinking; the matcher resolves it when needed
+                self._lookup(spec, waiter=True)  # the compile overlaps thinking; the matcher resolves it when needed
         if max_tokens is not None:
             state.start_budget(max_tokens, self.limits)
         state.grammar_init_s = time.perf_counter() - start
@@ -438,7 +487,7 @@ class GuidedDecodingManager:
         a fill or accept of these rows then never waits for a compile, so an engine may run it
         on its own thread instead of handing it to a worker (a thread hop per step)."""
         cache = self._cache
-        return all(r is None or cache.get(r.spec.key) is not None for r in rows)
+        return all(r is None or cache.get(r.spec.key) is not None or self._failure(r.spec) is not None for r in rows)
 
     # ---- the batched step (see batch_step.py) ---------------------------------------------
     @_serialized
