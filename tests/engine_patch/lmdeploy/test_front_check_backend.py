@@ -33,7 +33,7 @@ def _verdict(spec, limits=None):
 def test_the_check_uses_the_engine_backend(upgraded, monkeypatch):
     from tokenrails.engine_patch.lmdeploy.boot import settings
 
-    monkeypatch.setitem(settings.CONFIG, "backend", "fsm")
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings(backend="fsm"))
     spec = GuideSpec.grammar(f'root ::= "yes-{_nonce()}" | "no"')  # a grammar: fsm refuses it
     err = _verdict(spec)
     assert isinstance(err, UnsupportedGuideError), err
@@ -44,9 +44,9 @@ def test_a_verdict_under_one_backend_is_not_reused_under_another(upgraded, monke
     from tokenrails.engine_patch.lmdeploy.boot import settings
 
     spec = GuideSpec.grammar(f'root ::= "yes-{_nonce()}" | "no"')
-    monkeypatch.setitem(settings.CONFIG, "backend", "auto")
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings(backend="auto"))
     assert _verdict(spec) is None  # xgrammar compiles it
-    monkeypatch.setitem(settings.CONFIG, "backend", "fsm")
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings(backend="fsm"))
     assert isinstance(_verdict(spec), UnsupportedGuideError)
 
 
@@ -65,7 +65,7 @@ def test_preprocess_refuses_with_400_what_the_engine_backend_cannot_enforce(upgr
 
     from tokenrails.engine_patch.lmdeploy.boot import settings
 
-    monkeypatch.setitem(settings.CONFIG, "backend", "fsm")
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings(backend="fsm"))
     fmt = {"type": "grammar", "grammar": f'root ::= "ok-{_nonce()}"'}
     fake = SimpleNamespace(backend="pytorch", session_mgr=None)
 
