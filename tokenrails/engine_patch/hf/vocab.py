@@ -19,15 +19,6 @@ _lock = threading.Lock()
 _MANAGERS: "OrderedDict[tuple[str, str, int], Any]" = OrderedDict()
 
 
-def _remember(memo: OrderedDict, key: Any, value: Any) -> None:
-    """Store as most recently used; drop the least recently used past ``MAX_MEMOIZED`` (under ``_lock``).
-    A dropped manager is not closed: a processor may still use it, and it holds no idle thread."""
-    memo[key] = value
-    memo.move_to_end(key)
-    while len(memo) > MAX_MEMOIZED:
-        memo.popitem(last=False)
-
-
 def logits_width(model: Any) -> int:
     """Width of the model's logits (may exceed ``len(tokenizer)``: padded ids are never allowed)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -55,7 +46,9 @@ def manager_for(vocab: Vocabulary, backend: str = "auto", limits: GuideLimits | 
     key = (vocab.fingerprint, backend, hash(limits))
     with _lock:
         mgr = _MANAGERS.get(key)
-        if mgr is None or mgr.vocab is not vocab:
-            mgr = GuidedDecodingManager(vocab, backend=backend, limits=limits, fill_threads=1)
-        _remember(_MANAGERS, key, mgr)
+        if mgr is None or mgr.vocab is not vocab:  # a dropped manager is not closed: a processor may use it
+            mgr = _MANAGERS[key] = GuidedDecodingManager(vocab, backend=backend, limits=limits, fill_threads=1)
+        _MANAGERS.move_to_end(key)
+        while len(_MANAGERS) > MAX_MEMOIZED:
+            _MANAGERS.popitem(last=False)
         return mgr

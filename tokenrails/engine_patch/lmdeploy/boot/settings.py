@@ -81,42 +81,23 @@ def _reasoning_text(value: Any) -> str | None:
 
 @functools.lru_cache(maxsize=16)
 def _parsed(raw: tuple[tuple[str, str | None], ...]) -> Settings:
-    """``Settings`` of the variables' text (cached: the front reads the record on every request)."""
+    """``Settings`` of the variables' text (cached: the front reads the record on every request).
+    Malformed limits or fill threads fail loudly, naming the variable; malformed drafts are ignored."""
     text = dict(raw)
-    return Settings(backend=text[ENV_BACKEND], limits=_limits(text[ENV_LIMITS]),
-                    fill_threads=_fill_threads(text[ENV_FILL_THREADS]), reasoning=text[ENV_REASONING],
-                    tool_calls=None if text[ENV_TOOL_CALLS] is None else
-                    text[ENV_TOOL_CALLS].strip().lower() not in OFF_VALUES,
-                    grammar_drafts=_drafts(text[ENV_DRAFTS]), budget=check_budget(text[ENV_BUDGET], ENV_BUDGET))
-
-
-def _limits(text: str | None) -> GuideLimits | None:
-    if text is None:
-        return None
+    drafts = text[ENV_DRAFTS]
+    if drafts is not None and not drafts.strip().isdigit():
+        logger.warning("tokenrails: ignoring %s=%r (not a non-negative integer)", ENV_DRAFTS, drafts)
+        drafts = None
     try:
-        return GuideLimits(**json.loads(text))
+        limits = None if text[ENV_LIMITS] is None else GuideLimits(**json.loads(text[ENV_LIMITS]))
+        threads = None if text[ENV_FILL_THREADS] is None else int(text[ENV_FILL_THREADS])
     except (TypeError, ValueError) as exc:
-        raise RuntimeError(f"tokenrails: {ENV_LIMITS} is not a GuideLimits: {exc}") from exc
-
-
-def _fill_threads(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise RuntimeError(f"tokenrails: {ENV_FILL_THREADS} is not an integer: {text!r}") from exc
-    return value if value > 0 else None
-
-
-def _drafts(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return max(0, int(text))
-    except ValueError:
-        logger.warning("tokenrails: ignoring %s=%r (not an integer)", ENV_DRAFTS, text)
-        return None
+        raise RuntimeError(f"tokenrails: {ENV_LIMITS} or {ENV_FILL_THREADS} is malformed: {exc}") from exc
+    tool_calls = text[ENV_TOOL_CALLS]
+    return Settings(backend=text[ENV_BACKEND], limits=limits, fill_threads=threads if threads and threads > 0 else None,
+                    reasoning=text[ENV_REASONING], budget=check_budget(text[ENV_BUDGET], ENV_BUDGET),
+                    tool_calls=None if tool_calls is None else tool_calls.strip().lower() not in OFF_VALUES,
+                    grammar_drafts=None if drafts is None else int(drafts))
 
 
 def configure(**options: Any) -> Settings:
@@ -172,16 +153,6 @@ def manager_limits() -> GuideLimits | None:
 
 def manager_fill_threads() -> int | None:
     return current().fill_threads
-
-
-def tool_calls_enabled() -> bool:
-    """Constrained tool calls for ``auto`` and named ``tool_choice`` (default on)."""
-    return current().tool_calls is not False
-
-
-def grammar_drafts() -> int:
-    """Grammar drafts per step for engines built now (0: off)."""
-    return current().grammar_drafts or 0
 
 
 FRONT_WORKERS = 2  # the api_server's probe compiles at once (a few cores; a hostile flood queues)

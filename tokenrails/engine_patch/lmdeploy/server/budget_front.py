@@ -20,14 +20,9 @@ from ....guided.errors import GuideError, GuideLimitError, GuideTimeoutError
 from ....guided.limits import GuideLimits
 from ....guided.spec import GuideSpec
 
-Compiled = Callable[..., Awaitable[Any]]  # FrontCheck.compiled(spec, limits, tokenizer)
-
-
 def hf_tokenizer(engine: Any) -> Any:
     """The Hugging Face tokenizer behind LMDeploy's ``AsyncEngine.tokenizer`` (None if absent)."""
-    tok = getattr(engine, "tokenizer", None)
-    inner = getattr(getattr(tok, "model", None), "model", None)
-    return inner if inner is not None else None
+    return getattr(getattr(getattr(engine, "tokenizer", None), "model", None), "model", None)
 
 
 def too_small(need: int, max_tokens: int) -> GuideLimitError:
@@ -38,9 +33,9 @@ def too_small(need: int, max_tokens: int) -> GuideLimitError:
         "it) under this model's vocabulary", limit="max_tokens", value=need)
 
 
-async def refusal(compiled: Compiled, engine: Any, spec: GuideSpec | None, max_tokens: Any,
+async def refusal(compiled: Callable[..., Awaitable[Any]], engine: Any, spec: GuideSpec | None, max_tokens: Any,
                   limits: GuideLimits) -> GuideError | None:
-    """The typed error refusing this request up front, or None (not a budget request, no
+    """The typed error refusing this request up front (``compiled``: ``FrontCheck.compiled``), or None (not a budget request, no
     ``max_tokens``, no tokenizer here, the compile missed its deadline — the engine's own
     first-step check then decides — or the shortest output fits)."""
     if spec is None or not is_budget_spec(spec) or not isinstance(max_tokens, int) or max_tokens <= 0:

@@ -41,7 +41,10 @@ from typing import Any
 from ..boot import settings
 
 logger = logging.getLogger("tokenrails.lmdeploy")
-enabled = settings.tool_calls_enabled  # activate(tool_calls=...) / TOKENRAILS_TOOL_CALLS, default on
+
+
+def enabled() -> bool:
+    return settings.current().tool_calls is not False  # activate(tool_calls=...), default on
 
 
 def _tool_dicts(tools: list[Any]) -> list[dict]:

@@ -81,7 +81,7 @@ def pop_cli_option(argv: list[str]) -> tuple[list[str], int | None]:
 
 
 def configured_drafts() -> int:
-    return settings.grammar_drafts()
+    return settings.current().grammar_drafts or 0
 
 
 # ---- counters ------------------------------------------------------------------------------
