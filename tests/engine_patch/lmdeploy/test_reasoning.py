@@ -262,7 +262,8 @@ def test_activate_option_and_env_syntax_checked(lm, monkeypatch, think_tokenizer
     try:
         assert _mgr(think_tokenizer, think_vocab).reasoning_config() is None
     finally:
-        monkeypatch.setattr(settings, "_ACTIVATED", before)  # the fixture's options, without "off"
+        settings._ACTIVATED = before  # the fixture's options, without "off" (not monkeypatch: it
+        # would put "off" back after the fixture's deactivate())
     monkeypatch.setenv("TOKENRAILS_REASONING", "<think>,</think>,max=3")
     cfg = _mgr(think_tokenizer, think_vocab).reasoning_config()
     assert cfg.match == "ids" and cfg.max_thinking_tokens == 3 and not cfg.optional
