@@ -36,16 +36,16 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_DRAFTS_AHEAD",           # speculative/draft_ahead: next forced runs beside the forward (0: inline)
     "TOKENRAILS_EXIT_WAIT_S",            # guided/native_threads: exit's bound on running compiles
     "TOKENRAILS_FSM_PRECOMPUTE",         # guided/fsm/token_index: warm-up of the token index
-    "TOKENRAILS_GRAMMAR_DRAFTS",         # speculative/grammar_drafts: k forced drafts per step
+    "TOKENRAILS_GRAMMAR_DRAFTS",         # boot/settings: activate(grammar_drafts=), k forced drafts per step
     "TOKENRAILS_GRAMMAR_DRAFTS_FIXED",   # speculative/draft_shapes: verification shapes (0/1/buckets)
     "TOKENRAILS_GRAMMAR_EAGLE",          # speculative/grammar_eagle: grammar-aware draft models
     "TOKENRAILS_GUIDED_CPU_METER",       # step/guided_meter: per-process CPU time of guided calls
     "TOKENRAILS_KERNEL",                 # kernels/dispatch: the mask kernel forced
     "TOKENRAILS_LMDEPLOY",               # boot/startup: children come up upgraded
-    "TOKENRAILS_LMDEPLOY_BACKEND",       # boot/inherit: activate(backend=)
+    "TOKENRAILS_LMDEPLOY_BACKEND",       # boot/settings: activate(backend=)
     "TOKENRAILS_LMDEPLOY_CPU",           # boot/startup: the CPU device path
-    "TOKENRAILS_LMDEPLOY_FILL_THREADS",  # boot/inherit: activate(fill_threads=)
-    "TOKENRAILS_LMDEPLOY_LIMITS",        # boot/inherit: activate(limits=)
+    "TOKENRAILS_LMDEPLOY_FILL_THREADS",  # boot/settings: activate(fill_threads=)
+    "TOKENRAILS_LMDEPLOY_LIMITS",        # boot/settings: activate(limits=)
     "TOKENRAILS_MAX_BODY_BYTES",         # server/body_limits: the api_server's request bounds
     "TOKENRAILS_MAX_MESSAGES",
     "TOKENRAILS_MAX_MESSAGE_BYTES",
@@ -56,7 +56,7 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_NATIVE",                 # native: 0 forces the numpy paths
     "TOKENRAILS_OUTLINES_API",           # compat/outlines: the outlines API version served
     "TOKENRAILS_OVERLAP",                # step/overlap: mask fill during the forward
-    "TOKENRAILS_REASONING",              # engine_patch/reasoning_settings: the engine-wide default
-    "TOKENRAILS_TOOL_CALLS",             # server/tool_calls: constrained tool calls
+    "TOKENRAILS_REASONING",              # boot/settings, reasoning_settings: activate(reasoning=)
+    "TOKENRAILS_TOOL_CALLS",             # boot/settings: activate(tool_calls=), constrained tool calls
     "TOKENRAILS_TP_GUIDED_ALL_RANKS",    # step/tp_ranks: a manager on every TP rank
 )

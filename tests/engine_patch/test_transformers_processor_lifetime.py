@@ -1,15 +1,13 @@
 """The transformers processor's matchers end with it: after ``finalize``, after a ``generate``
-that raised (``with`` block), when the processor is dropped; the vocabulary memo is bounded."""
+that raised (``with`` block), when the processor is dropped (the vocabulary memo: tests/guided/test_vocabulary_memo.py)."""
 from __future__ import annotations
 
 import gc
-import weakref
 
 import pytest
 import torch
 
 from tokenrails import GuideSpec
-from tokenrails.engine_patch.hf import vocab as hf_vocab
 from tokenrails.engine_patch.transformers import GuidedLogitsProcessor
 from tokenrails.guided.manager import GuidedDecodingManager
 
@@ -75,24 +73,3 @@ def test_a_real_generate_that_raises_leaks_nothing(smollm2, manager):
     gc.collect()
     assert manager.stats()["active_sessions"] == 0
 
-
-def test_the_vocabulary_memo_is_bounded():
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-
-    def tiny(n):
-        words = {f"w{i}": i for i in range(n)} | {"</s>": n, "<unk>": n + 1}
-        return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(words, unk_token="<unk>")),
-                                       eos_token="</s>", unk_token="<unk>")
-
-    alive = []
-    for k in range(30):  # a process loading tokenizer after tokenizer
-        tok = tiny(20 + k)
-        hf_vocab.vocabulary_for(tok)
-        alive.append(weakref.ref(tok))
-        del tok
-    gc.collect()
-    kept = sum(r() is not None for r in alive)
-    assert kept <= 8, f"the memo pins {kept} of 30 tokenizers"
-    assert alive[-1]() is not None  # the most recent stays memoized

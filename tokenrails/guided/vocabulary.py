@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from .errors import InvalidGuideError
 
@@ -144,3 +145,33 @@ class Vocabulary:
         # backends that must tokenize text (jump-forward) use the model's own canonical encoding
         vocab.backend_cache[HF_TOKENIZER_KEY] = tokenizer
         return vocab
+
+
+# ---- the process's one tokenizer -> Vocabulary memo ------------------------------------------
+MEMO_SIZE = 8  # vocabularies kept (tens of MB each, each pinning its tokenizer); least recently used go
+_MEMO: "OrderedDict[Hashable, tuple[Any, Vocabulary]]" = OrderedDict()
+_MEMO_LOCK = threading.Lock()
+
+
+def shared_vocabulary(tokenizer: Any, key: Hashable, build: Callable[[], Vocabulary]) -> Vocabulary:
+    """``build()``'s vocabulary, built once per (``tokenizer`` object, ``key``) for every adapter.
+
+    Walking a tokenizer costs ~0.5 s and the result is tens of MB, so it is shared but bounded:
+    the ``MEMO_SIZE`` most recently used. An entry holds its tokenizer (a vocabulary keeps it for
+    jump-forward anyway), so the object's id stays unique while the entry lives. ``key`` names what
+    else the build depends on (the adapter's rule, the logits width); ``tokenizer=None`` keys by
+    ``key`` alone (a content digest).
+    """
+    slot = (id(tokenizer), key)
+    with _MEMO_LOCK:
+        hit = _MEMO.get(slot)
+        if hit is not None and hit[0] is tokenizer:
+            _MEMO.move_to_end(slot)
+            return hit[1]
+    vocab = build()
+    with _MEMO_LOCK:
+        _MEMO[slot] = (tokenizer, vocab)
+        _MEMO.move_to_end(slot)
+        while len(_MEMO) > MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    return vocab

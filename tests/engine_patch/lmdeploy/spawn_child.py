@@ -32,10 +32,9 @@ def report_settings_after_agent_import() -> dict:
 
     import tokenrails.engine_patch.lmdeploy as patch
     from tokenrails.engine_patch.lmdeploy.boot import settings
-    from tokenrails.engine_patch.lmdeploy.boot.inherit import limits_from_env
     from tokenrails.engine_patch.reasoning_settings import default_setting
 
-    limits = limits_from_env()
+    limits = settings.current().limits
     return {"active": patch.is_active(), "backend": settings.backend(),
             "max_enum_values": None if limits is None else limits.max_enum_values,
             "reasoning": default_setting().kind}
@@ -69,3 +68,10 @@ def report_fill_threads_after_agent_import() -> dict:
     tok = AutoTokenizer.from_pretrained(str(Path(__file__).resolve().parents[2] / "fixtures" / "smollm2"))
     mgr = agent.GuidedDecodingManager(tok, len(tok))
     return {"manager": type(mgr).__name__, "fill_threads": mgr.core().step.fill_threads}
+
+
+def report_settings_record():
+    """The settings record a spawned child reads (no LMDeploy import: the environment alone)."""
+    from tokenrails.engine_patch.lmdeploy.boot import settings
+
+    return settings.current()

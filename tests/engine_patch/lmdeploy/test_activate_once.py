@@ -160,6 +160,6 @@ def test_the_hook_firing_inside_activate_keeps_its_options():
     pytest.importorskip("lmdeploy")
     code = ("from tokenrails.engine_patch.lmdeploy import activate\nfrom tokenrails.engine_patch.lmdeploy.boot import settings\n"
             "activate(backend='fsm', reasoning='off', fill_threads=3)\n"
-            "import json; print('REPORT ' + json.dumps({k: settings.CONFIG[k] is not None for k in\n"
+            "import json; print('REPORT ' + json.dumps({k: getattr(settings.activated(), k) is not None for k in\n"
             "    ('backend', 'reasoning', 'fill_threads')}))\n")
     assert _run(code, TOKENRAILS_LMDEPLOY="1") == {"backend": True, "reasoning": True, "fill_threads": True}

@@ -31,7 +31,7 @@ TAG = {"type": "tag", "begin": BEGIN, "content": {"type": "json_schema", "json_s
 
 @pytest.fixture
 def default_close(monkeypatch):
-    monkeypatch.setitem(settings.CONFIG, "budget", None)
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings())
     monkeypatch.setenv(settings.ENV_BUDGET, "close")
     yield
 
@@ -48,7 +48,7 @@ def test_default_makes_budget_specs_and_the_request_key_wins(default_close):
 
 
 def test_without_a_default_nothing_changes(monkeypatch):
-    monkeypatch.setitem(settings.CONFIG, "budget", None)
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings())
     monkeypatch.delenv(settings.ENV_BUDGET, raising=False)
     assert not is_budget_spec(parse_format(FMT)[0])
     monkeypatch.setenv(settings.ENV_BUDGET, "sometimes")
@@ -63,8 +63,8 @@ def test_cli_option_and_child_env(monkeypatch):
         settings.pop_budget_option(["--budget", "always"])
     with pytest.raises(ValueError):
         settings.configure(budget="always")
-    monkeypatch.setenv(inherit.ENV_BUDGET, "close")
-    assert inherit.child_env()[inherit.ENV_BUDGET] == "close"
+    monkeypatch.setenv(settings.ENV_BUDGET, "close")
+    assert inherit.child_env()[settings.ENV_BUDGET] == "close"
 
 
 def test_named_and_required_calls_become_a_closable_regex():

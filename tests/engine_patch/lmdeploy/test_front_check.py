@@ -71,7 +71,7 @@ def front_backend(monkeypatch):
     _CountingBackend.calls = []
     _CountingBackend.delay = 0.3
     register_backend("front-test", _CountingBackend)
-    monkeypatch.setitem(settings.CONFIG, "backend", "front-test")
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings(backend="front-test"))
     _fresh_memo()
     yield _CountingBackend
     _fresh_memo()

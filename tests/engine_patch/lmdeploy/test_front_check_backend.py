@@ -33,7 +33,7 @@ def _verdict(spec, limits=None):
 def test_the_check_uses_the_engine_backend(upgraded, monkeypatch):
     from tokenrails.engine_patch.lmdeploy.boot import settings
 
-    monkeypatch.setitem(settings.CONFIG, "backend", "fsm")
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings(backend="fsm"))
     spec = GuideSpec.grammar(f'root ::= "yes-{_nonce()}" | "no"')  # a grammar: fsm refuses it
     err = _verdict(spec)
     assert isinstance(err, UnsupportedGuideError), err
@@ -44,9 +44,9 @@ def test_a_verdict_under_one_backend_is_not_reused_under_another(upgraded, monke
     from tokenrails.engine_patch.lmdeploy.boot import settings
 
     spec = GuideSpec.grammar(f'root ::= "yes-{_nonce()}" | "no"')
-    monkeypatch.setitem(settings.CONFIG, "backend", "auto")
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings(backend="auto"))
     assert _verdict(spec) is None  # xgrammar compiles it
-    monkeypatch.setitem(settings.CONFIG, "backend", "fsm")
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings(backend="fsm"))
     assert isinstance(_verdict(spec), UnsupportedGuideError)
 
 
@@ -65,7 +65,7 @@ def test_preprocess_refuses_with_400_what_the_engine_backend_cannot_enforce(upgr
 
     from tokenrails.engine_patch.lmdeploy.boot import settings
 
-    monkeypatch.setitem(settings.CONFIG, "backend", "fsm")
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings(backend="fsm"))
     fmt = {"type": "grammar", "grammar": f'root ::= "ok-{_nonce()}"'}
     fake = SimpleNamespace(backend="pytorch", session_mgr=None)
 
@@ -86,13 +86,18 @@ def test_the_budget_check_compiles_as_the_engine_does(smollm2_tokenizer, monkeyp
     backend: a budget spec (fsm only) on an xgrammar engine is the engine's refusal, not a count
     computed on a backend the engine will not use."""
     from tokenrails.engine_patch.lmdeploy.boot import settings
-    from tokenrails.engine_patch.lmdeploy.server import budget_front
+    from tokenrails.engine_patch.lmdeploy.server import budget_front, front_check
     from tokenrails.guided.budget import budget_spec
 
-    monkeypatch.setattr(budget_front, "_SHORTEST", type(budget_front._SHORTEST)())
     spec = budget_spec(GuideSpec.regex(f"[ab]{{2,4}}-{_nonce()}"))
-    monkeypatch.setitem(settings.CONFIG, "backend", "fsm")
-    assert budget_front.shortest_tokens(spec, smollm2_tokenizer, GuideLimits()) >= 3  # "ab-N" and EOS
-    budget_front._SHORTEST.clear()
-    monkeypatch.setitem(settings.CONFIG, "backend", "xgrammar")
-    assert isinstance(budget_front.shortest_tokens(spec, smollm2_tokenizer, GuideLimits()), UnsupportedGuideError)
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(model=SimpleNamespace(model=smollm2_tokenizer)))
+
+    def refusal(max_tokens):
+        return asyncio.run(budget_front.refusal(front_check.FRONT.compiled, engine, spec, max_tokens, GuideLimits()))
+
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings(backend="fsm"))
+    assert refusal(64) is None  # "ab-N" and EOS fit
+    too_small = refusal(2)
+    assert isinstance(too_small, GuideLimitError) and too_small.limit == "max_tokens" and too_small.value >= 3
+    monkeypatch.setattr(settings, "_ACTIVATED", settings.Settings(backend="xgrammar"))
+    assert isinstance(refusal(64), UnsupportedGuideError)

@@ -63,6 +63,6 @@ def test_cli_option_rejects_bad_values(argv):
 
 
 def test_negative_setting_is_refused():
-    from tokenrails.engine_patch.lmdeploy.speculative import grammar_drafts
+    from tokenrails.engine_patch.lmdeploy.boot import settings
     with pytest.raises(ValueError):
-        grammar_drafts.configure(-1)
+        settings.configure(grammar_drafts=-1)

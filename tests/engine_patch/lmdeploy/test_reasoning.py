@@ -253,13 +253,17 @@ def test_activate_option_and_env_syntax_checked(lm, monkeypatch, think_tokenizer
     import tokenrails.engine_patch.lmdeploy as patch
     from tokenrails.guided.errors import InvalidGuideError
 
+    from tokenrails.engine_patch.lmdeploy.boot import settings
+
     with pytest.raises(InvalidGuideError):
         patch.activate(reasoning="a,b,c")
+    before = settings.activated()
     patch.activate(reasoning="off")
     try:
         assert _mgr(think_tokenizer, think_vocab).reasoning_config() is None
     finally:
-        patch.activate(reasoning=None)
+        settings._ACTIVATED = before  # the fixture's options, without "off" (not monkeypatch: it
+        # would put "off" back after the fixture's deactivate())
     monkeypatch.setenv("TOKENRAILS_REASONING", "<think>,</think>,max=3")
     cfg = _mgr(think_tokenizer, think_vocab).reasoning_config()
     assert cfg.match == "ids" and cfg.max_thinking_tokens == 3 and not cfg.optional

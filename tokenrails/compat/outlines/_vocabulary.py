@@ -1,21 +1,18 @@
 """Outlines tokenizers → tokenrails ``Vocabulary``.
 
 Outlines objects take an outlines ``Tokenizer`` (or, in 1.x, a model); tokenrails needs a
-``Vocabulary``. Building one decodes the whole vocabulary, so it is memoized per tokenizer object.
+``Vocabulary``. Building one decodes the whole vocabulary, so it goes through the core memo
+(``shared_vocabulary``), per tokenizer object.
 """
 from __future__ import annotations
 
 import functools
 import re
-import threading
-import weakref
 from typing import Any
 
 from ... import InvalidGuideError, Vocabulary
+from ...guided.vocabulary import shared_vocabulary
 from .models.transformer_tokenizer import TransformerTokenizer
-
-_LOCK = threading.Lock()
-_VOCABS: dict[int, tuple[Any, Vocabulary]] = {}
 
 
 def hf_tokenizer_of(tokenizer: Any, _depth: int = 0) -> Any:
@@ -131,15 +128,4 @@ def vocabulary_for(tokenizer: Any) -> Vocabulary:
     if _is_outlines_tokenizer(tokenizer):
         return _vocabulary_from_outlines_tokenizer(tokenizer)
     hf = hf_tokenizer_of(tokenizer)
-    with _LOCK:
-        hit = _VOCABS.get(id(hf))
-        if hit is not None and hit[0]() is hf:
-            return hit[1]
-    vocab = Vocabulary.from_huggingface(hf)
-    with _LOCK:
-        try:
-            ref = weakref.ref(hf, lambda _r, k=id(hf): _VOCABS.pop(k, None))
-        except TypeError:  # not weak-referenceable: keep it alive with the entry
-            ref = (lambda obj=hf: obj)
-        _VOCABS[id(hf)] = (ref, vocab)
-    return vocab
+    return shared_vocabulary(hf, "outlines", lambda: Vocabulary.from_huggingface(hf))

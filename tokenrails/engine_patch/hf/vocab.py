@@ -1,9 +1,8 @@
-"""One ``Vocabulary`` and one ``GuidedDecodingManager`` per (tokenizer, logits width), reused.
+"""The transformers tokenizer's ``Vocabulary`` (the core memo, ``shared_vocabulary``) and one
+``GuidedDecodingManager`` per (vocabulary, backend, limits), reused.
 
-Building a vocabulary walks the whole tokenizer (~0.5 s) and a manager owns the compile cache,
-so both are memoized: repeated ``generate`` calls then hit the compiled-guide cache. The memos
-are small LRUs: a process that loads tokenizer after tokenizer (or varies the limits per call)
-keeps the last few, not every vocabulary (tens of MB each) and the tokenizer it pins.
+A manager owns the compile cache, so repeated ``generate`` calls hit the compiled-guide cache.
+The manager memo is a small LRU: a process that varies the limits per call keeps the last few.
 """
 from __future__ import annotations
 
@@ -12,22 +11,12 @@ from collections import OrderedDict
 from typing import Any
 
 from ...guided.limits import GuideLimits
-from ...guided.vocabulary import Vocabulary
+from ...guided.vocabulary import Vocabulary, shared_vocabulary
 
-MAX_MEMOIZED = 8  # vocabularies, and managers, kept for reuse (least recently used dropped)
+MAX_MEMOIZED = 8  # managers kept for reuse (least recently used dropped)
 
 _lock = threading.Lock()
-_VOCABS: "OrderedDict[tuple[int, int], tuple[Any, Vocabulary]]" = OrderedDict()
 _MANAGERS: "OrderedDict[tuple[str, str, int], Any]" = OrderedDict()
-
-
-def _remember(memo: OrderedDict, key: Any, value: Any) -> None:
-    """Store as most recently used; drop the least recently used past ``MAX_MEMOIZED`` (under ``_lock``).
-    A dropped manager is not closed: a processor may still use it, and it holds no idle thread."""
-    memo[key] = value
-    memo.move_to_end(key)
-    while len(memo) > MAX_MEMOIZED:
-        memo.popitem(last=False)
 
 
 def logits_width(model: Any) -> int:
@@ -41,21 +30,13 @@ def logits_width(model: Any) -> int:
 def vocabulary_for(tokenizer: Any, vocab_size: int | None = None) -> Vocabulary:
     """The (memoized) ``Vocabulary`` of ``tokenizer`` for logits of width ``vocab_size``."""
     width = int(vocab_size or len(tokenizer))
-    key = (id(tokenizer), width)
-    with _lock:
-        hit = _VOCABS.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            _VOCABS.move_to_end(key)
-            return hit[1]
-    vocab = Vocabulary.from_huggingface(tokenizer, vocab_size=max(width, len(tokenizer)))
-    if vocab.vocab_size != width:
+    if width < len(tokenizer):
         raise ValueError(
             f"tokenizer has {len(tokenizer)} tokens but the logits are {width} wide; "
             "pass the model's logits width"
         )
-    with _lock:
-        _remember(_VOCABS, key, (tokenizer, vocab))  # keeps the tokenizer alive so the id stays unique
-    return vocab
+    return shared_vocabulary(tokenizer, ("transformers", width),
+                             lambda: Vocabulary.from_huggingface(tokenizer, vocab_size=width))
 
 
 def manager_for(vocab: Vocabulary, backend: str = "auto", limits: GuideLimits | None = None) -> Any:
@@ -65,7 +46,9 @@ def manager_for(vocab: Vocabulary, backend: str = "auto", limits: GuideLimits | 
     key = (vocab.fingerprint, backend, hash(limits))
     with _lock:
         mgr = _MANAGERS.get(key)
-        if mgr is None or mgr.vocab is not vocab:
-            mgr = GuidedDecodingManager(vocab, backend=backend, limits=limits, fill_threads=1)
-        _remember(_MANAGERS, key, mgr)
+        if mgr is None or mgr.vocab is not vocab:  # a dropped manager is not closed: a processor may use it
+            mgr = _MANAGERS[key] = GuidedDecodingManager(vocab, backend=backend, limits=limits, fill_threads=1)
+        _MANAGERS.move_to_end(key)
+        while len(_MANAGERS) > MAX_MEMOIZED:
+            _MANAGERS.popitem(last=False)
         return mgr

@@ -272,17 +272,14 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
     out); "off" → only requests that ask; None → ``$TOKENRAILS_BUDGET`` → off.
     """
     global _ACTIVE, _APPLYING
-    from .boot.settings import configure
+    from .boot import settings
 
     with _LOCK:
         if _APPLYING:  # re-entered from the import hook while our own _apply imports LMDeploy
             return
-        configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning, budget=budget)
-        from .speculative import grammar_drafts as _drafts
-
-        _drafts.configure(grammar_drafts)
-        inherit.export(backend=backend, limits=limits, reasoning=reasoning,
-                       tool_calls=tool_calls, fill_threads=fill_threads, budget=budget)  # every child process too
+        record = settings.configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning,
+                                    tool_calls=tool_calls, grammar_drafts=grammar_drafts, budget=budget)
+        inherit.export(record)  # every child process too
         if _ACTIVE:
             return
         _APPLYING = True
@@ -306,9 +303,9 @@ def deactivate() -> None:
         _PATCHER.undo()
         _rebuild_server_models()
         inherit.restore()
-        from .speculative import grammar_drafts as _drafts
+        from .boot import settings
 
-        _drafts.restore_env()
+        settings.reset()
         _ACTIVE = False
 
 

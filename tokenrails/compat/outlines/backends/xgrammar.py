@@ -8,11 +8,10 @@ xgrammar directly; masks are applied with tokenrails' kernels either way.
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from .... import GuideSpec, InvalidGuideError, UnsupportedGuideError, Vocabulary, get_backend
+from ....guided.vocabulary import shared_vocabulary
 from ..fsm.guide import TokenrailsGuide
 from ..regex_dialect import xgrammar_regex_spec
 from ..processors.structured import GuideLogitsProcessor
@@ -20,30 +19,16 @@ from .._vocabulary import hf_tokenizer_of, vocabulary_for
 from .tokenrails import TokenrailsBackend
 
 
-_VOCABULARIES: "OrderedDict[str, Vocabulary]" = OrderedDict()  # TokenizerInfo digest -> vocabulary
-_VOCABULARIES_MAX = 4
-_VOCABULARIES_LOCK = threading.Lock()
-
-
 def _vocabulary_of_compiled(compiled: Any) -> Vocabulary:
     """The vocabulary of a compiled grammar's TokenizerInfo, remembered on the grammar and by the
-    info's content: reading ``decoded_vocab`` back from xgrammar costs ~150 ms at 49k tokens, and
-    callers build one processor per request from the same compiled grammar (and tokenizer)."""
+    info's content (the core memo): reading ``decoded_vocab`` back from xgrammar costs ~150 ms at
+    49k tokens, and callers build one processor per request from the same compiled grammar."""
     vocab = getattr(compiled, "_tokenrails_vocabulary", None)
     if vocab is not None:
         return vocab
     info = compiled.tokenizer_info
-    key = hashlib.sha256(info.serialize_json().encode()).hexdigest()  # ~40 ms, content-exact
-    with _VOCABULARIES_LOCK:
-        vocab = _VOCABULARIES.get(key)
-        if vocab is not None:
-            _VOCABULARIES.move_to_end(key)
-    if vocab is None:
-        vocab = _vocabulary_of(info)
-        with _VOCABULARIES_LOCK:
-            _VOCABULARIES[key] = vocab
-            while len(_VOCABULARIES) > _VOCABULARIES_MAX:
-                _VOCABULARIES.popitem(last=False)
+    digest = hashlib.sha256(info.serialize_json().encode()).hexdigest()  # ~40 ms, content-exact
+    vocab = shared_vocabulary(None, ("xgrammar.TokenizerInfo", digest), lambda: _vocabulary_of(info))
     try:
         compiled._tokenrails_vocabulary = vocab
     except AttributeError:  # a binding without instance attributes: the content cache still holds

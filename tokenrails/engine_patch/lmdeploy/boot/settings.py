@@ -1,30 +1,132 @@
-"""What ``activate(...)`` configured for managers built afterwards (one process-wide record).
+"""What ``activate(...)`` configured: one record (``Settings``) every process reads (``current()``).
 
-Kept apart from ``rank_manager.py`` so the request front (``request_parsing.py``, ``front_check.py``) reads the
-same limits without importing the manager, which itself parses requests (``stock_calls.py``).
+A setting has one path: ``activate()``'s arguments (``configure``) over the environment. ``activate``
+exports the record once (``inherit.export``: environment variables, inherited by the spawned engine
+and TP processes, handed to Ray workers by ``child_env``), and a child reads the same record back
+from its environment. Kept apart from ``rank_manager.py`` so the request front
+(``request_parsing.py``, ``front_check.py``) reads the same limits without importing the manager,
+which itself parses requests (``stock_calls.py``).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
+import logging
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from ....guided.limits import DEFAULT_LIMITS, GuideLimits
+from ...reasoning_settings import ENV_VAR as ENV_REASONING
 from ...reasoning_settings import parse_setting
-from .inherit import ENV_BUDGET, fill_threads_from_env, limits_from_env
 
-CONFIG: dict[str, Any] = {"backend": None, "limits": None, "fill_threads": None, "reasoning": None,
-                          "budget": None}
+ENV_BACKEND = "TOKENRAILS_LMDEPLOY_BACKEND"
+ENV_LIMITS = "TOKENRAILS_LMDEPLOY_LIMITS"
+ENV_FILL_THREADS = "TOKENRAILS_LMDEPLOY_FILL_THREADS"
+ENV_TOOL_CALLS = "TOKENRAILS_TOOL_CALLS"
+ENV_DRAFTS = "TOKENRAILS_GRAMMAR_DRAFTS"
+ENV_BUDGET = "TOKENRAILS_BUDGET"
 BUDGET_VALUES = ("close", "off")
+OFF_VALUES = ("0", "false", "off", "no")
+logger = logging.getLogger("tokenrails.lmdeploy")
 
 
-def configure(*, backend: str | None = None, limits: GuideLimits | None = None,
-              fill_threads: int | None = None, reasoning: Any = None, budget: str | None = None) -> None:
-    """Defaults for managers built after this call (``activate(...)`` forwards its options).
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """``activate()``'s options; None: not set here (the environment, then the default, decides).
 
-    ``reasoning`` and ``budget`` are parsed here so a bad value fails ``activate()`` at once.
-    """
-    CONFIG.update(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=parse_setting(reasoning),
-                  budget=check_budget(budget, "budget"))
+    ``reasoning`` is the setting's text or a ``ReasoningConfig`` (which stays in this process: its
+    token ids need the vocabulary)."""
+
+    backend: str | None = None
+    limits: GuideLimits | None = None
+    fill_threads: int | None = None
+    reasoning: Any = None
+    tool_calls: bool | None = None
+    grammar_drafts: int | None = None
+    budget: str | None = None
+
+    def over(self, base: "Settings") -> "Settings":
+        """This record's values, ``base``'s where this one has none."""
+        return Settings(**{f.name: getattr(base, f.name) if getattr(self, f.name) is None else getattr(self, f.name)
+                           for f in dataclasses.fields(self)})
+
+    def environment(self) -> dict[str, str]:
+        """The variables that carry this record to a child process (``from_environment`` reads them)."""
+        text = {ENV_BACKEND: self.backend, ENV_BUDGET: self.budget,
+                ENV_LIMITS: None if self.limits is None else json.dumps(dataclasses.asdict(self.limits)),
+                ENV_FILL_THREADS: None if self.fill_threads is None else str(int(self.fill_threads)),
+                ENV_REASONING: _reasoning_text(self.reasoning),
+                ENV_TOOL_CALLS: None if self.tool_calls is None else "1" if self.tool_calls else "0",
+                ENV_DRAFTS: None if self.grammar_drafts is None else str(int(self.grammar_drafts))}
+        return {name: value for name, value in text.items() if value is not None}
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        """The record a parent exported (malformed limits, fill threads or budget fail loudly)."""
+        env = os.environ if environ is None else environ
+        return _parsed(tuple((name, env.get(name) or None) for name in ENV_NAMES))
+
+
+ENV_NAMES = (ENV_BACKEND, ENV_LIMITS, ENV_FILL_THREADS, ENV_REASONING, ENV_TOOL_CALLS, ENV_DRAFTS, ENV_BUDGET)
+_ACTIVATED = Settings()  # activate()'s arguments in this process
+
+
+def _reasoning_text(value: Any) -> str | None:
+    """A reasoning setting as a child reads it back; None for an object (``ReasoningConfig``, dict)."""
+    if isinstance(value, bool):
+        return "auto" if value else "off"
+    return value if isinstance(value, str) else None
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(raw: tuple[tuple[str, str | None], ...]) -> Settings:
+    """``Settings`` of the variables' text (cached: the front reads the record on every request).
+    Malformed limits or fill threads fail loudly, naming the variable; malformed drafts are ignored."""
+    text = dict(raw)
+    drafts = text[ENV_DRAFTS]
+    if drafts is not None and not drafts.strip().isdigit():
+        logger.warning("tokenrails: ignoring %s=%r (not a non-negative integer)", ENV_DRAFTS, drafts)
+        drafts = None
+    try:
+        limits = None if text[ENV_LIMITS] is None else GuideLimits(**json.loads(text[ENV_LIMITS]))
+        threads = None if text[ENV_FILL_THREADS] is None else int(text[ENV_FILL_THREADS])
+    except (TypeError, ValueError) as exc:
+        raise RuntimeError(f"tokenrails: {ENV_LIMITS} or {ENV_FILL_THREADS} is malformed: {exc}") from exc
+    tool_calls = text[ENV_TOOL_CALLS]
+    return Settings(backend=text[ENV_BACKEND], limits=limits, fill_threads=threads if threads and threads > 0 else None,
+                    reasoning=text[ENV_REASONING], budget=check_budget(text[ENV_BUDGET], ENV_BUDGET),
+                    tool_calls=None if tool_calls is None else tool_calls.strip().lower() not in OFF_VALUES,
+                    grammar_drafts=None if drafts is None else int(drafts))
+
+
+def configure(**options: Any) -> Settings:
+    """Record ``activate()``'s options (None: unchanged from an earlier call) and return the
+    process's record. Values are checked here, so a bad one fails ``activate()`` at once."""
+    global _ACTIVATED
+    given = Settings(**options)
+    parse_setting(given.reasoning)
+    check_budget(given.budget, "budget")
+    if given.grammar_drafts is not None and int(given.grammar_drafts) < 0:
+        raise ValueError(f"grammar_drafts must be >= 0, got {given.grammar_drafts}")
+    _ACTIVATED = given.over(_ACTIVATED)
+    return _ACTIVATED
+
+
+def reset() -> None:
+    """``deactivate()``: no option recorded any more (the environment is restored by ``inherit``)."""
+    global _ACTIVATED
+    _ACTIVATED = Settings()
+
+
+def activated() -> Settings:
+    """What ``activate()`` was given in this process (what it exports)."""
+    return _ACTIVATED
+
+
+def current() -> Settings:
+    """The settings this process runs with: ``activate()``'s, else its environment's."""
+    return _ACTIVATED.over(Settings.from_environment())
 
 
 def check_budget(value: Any, where: str) -> str | None:
@@ -35,28 +137,22 @@ def check_budget(value: Any, where: str) -> str | None:
 
 
 def budget_default() -> str | None:
-    """The engine-wide budget setting: ``activate(budget=...)``, else (a child process, or the
-    variable set by hand) ``$TOKENRAILS_BUDGET``; None: off. A bad variable fails loudly."""
-    value = CONFIG["budget"]
-    if value is None:
-        value = os.environ.get(ENV_BUDGET) or None
-        check_budget(value, ENV_BUDGET)
-    return value
+    """The engine-wide budget setting (``activate(budget=...)``, ``--budget``); None: off."""
+    return current().budget
 
 
 def configured_limits() -> GuideLimits:
-    """The limits the engine's manager compiles with (``activate(limits=...)`` or the parent's
-    environment): the api_server's front-end check judges requests by the same bounds."""
-    return manager_limits() or DEFAULT_LIMITS
+    """The limits the engine's manager compiles with: the api_server's front-end check judges
+    requests by the same bounds."""
+    return current().limits or DEFAULT_LIMITS
 
 
 def manager_limits() -> GuideLimits | None:
-    """``activate(limits=...)``, else (a child process) the parent's; None: the manager's defaults."""
-    return CONFIG["limits"] or limits_from_env()
+    return current().limits
 
 
 def manager_fill_threads() -> int | None:
-    return CONFIG["fill_threads"] or fill_threads_from_env()  # a child process: the parent's
+    return current().fill_threads
 
 
 FRONT_WORKERS = 2  # the api_server's probe compiles at once (a few cores; a hostile flood queues)
@@ -80,11 +176,11 @@ def compile_cache_dir() -> str | None:
 
 
 def backend() -> str:
-    return CONFIG["backend"] or os.environ.get("TOKENRAILS_LMDEPLOY_BACKEND", "auto")
+    return current().backend or "auto"
 
 
 def reasoning_default() -> Any:
-    return CONFIG["reasoning"]
+    return current().reasoning
 
 
 def pop_budget_option(argv: list[str]) -> tuple[list[str], str | None]:

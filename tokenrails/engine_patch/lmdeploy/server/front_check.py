@@ -97,20 +97,27 @@ class FrontCheck:
         # one asyncio view of each in-flight check per event loop: its waiters all wake in the same
         # turn of the loop, so a batch's requests for a new format reach the engine together (one
         # wrapper per waiter woke them over several turns, and the engine prefilled part of the batch)
-        self._views: dict[tuple[str, int], tuple[asyncio.Future, Future, float]] = {}
+        self._views: dict[tuple[tuple[str, int], int], tuple[asyncio.Future, Future, float]] = {}
         self._builds: dict[tuple[Any, ...], asyncio.Future] = {}
 
     async def verdict(self, spec: Any, limits: GuideLimits) -> GuideError | None:
         """The typed error compiling ``spec`` raises (detached), or None; never blocks the loop."""
-        mgr = req.built_probe_manager(limits) or await self._build(limits)
-        pending = self._pending_view(spec.key)  # wake with the requests already waiting on it
+        outcome = await self.compiled(spec, limits)
+        return outcome if isinstance(outcome, GuideError) else None
+
+    async def compiled(self, spec: Any, limits: GuideLimits, tokenizer: Any = None) -> Any:
+        """``spec`` compiled by the front's manager (the probe vocabulary, or ``tokenizer``'s), or
+        its typed error (detached); never blocks the loop."""
+        mgr = req.built_probe_manager(limits, tokenizer=tokenizer) or await self._build(limits, tokenizer)
+        view_key = (spec.key, id(mgr))
+        pending = self._pending_view(view_key)  # wake with the requests already waiting on it
         if pending is not None:
             view, future, deadline = pending
         else:
             future, deadline = mgr.compile_future(spec)  # the manager's cache, in-flight table, fair pool
             if future.done():
-                return _verdict_of(future)
-            view = self._view(spec.key, future, deadline)
+                return _outcome(future)
+            view = self._view(view_key, future, deadline)
         try:
             await asyncio.wait_for(asyncio.shield(view), timeout=max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
@@ -120,24 +127,26 @@ class FrontCheck:
                 "did not finish in time", limit="compile_timeout_s", value=limits.compile_timeout_s)
         except Exception:  # noqa: BLE001 - the compile's own error, read from the future below
             pass
-        return _verdict_of(future)
+        return _outcome(future)
 
-    async def _build(self, limits: GuideLimits) -> Any:
+    async def _build(self, limits: GuideLimits, tokenizer: Any = None) -> Any:
         """The first check under these settings builds the probe manager off the loop; requests
         arriving meanwhile await the same build, so they resume together."""
         from ..boot.settings import backend
 
         loop = asyncio.get_running_loop()
-        slot = (backend(), limits, id(loop))
+        slot = (backend(), limits, id(tokenizer), id(loop))
         with self._lock:
             build = self._builds.get(slot)
             if build is None or build.get_loop() is not loop:
-                build = self._builds[slot] = loop.run_in_executor(None, req.probe_manager, limits)
+                build = self._builds[slot] = loop.run_in_executor(
+                    None, functools.partial(req.probe_manager, limits, tokenizer=tokenizer))
                 build.add_done_callback(lambda done: self._builds.pop(slot, None))
         return await build
 
-    def _pending_view(self, key: str) -> tuple[asyncio.Future, Future, float] | None:
-        """This loop's not yet finished view of a check of ``key``, if requests are waiting on one."""
+    def _pending_view(self, key: tuple[str, int]) -> tuple[asyncio.Future, Future, float] | None:
+        """This loop's not yet finished view of a check of ``key`` (spec key, manager), if requests
+        are waiting on one."""
         loop = asyncio.get_running_loop()
         with self._lock:
             entry = self._views.get((key, id(loop)))
@@ -145,7 +154,7 @@ class FrontCheck:
             return None
         return entry
 
-    def _view(self, key: str, future: Future, deadline: float) -> asyncio.Future:
+    def _view(self, key: tuple[str, int], future: Future, deadline: float) -> asyncio.Future:
         """This loop's one asyncio future of ``future`` (made by its first waiter)."""
         loop = asyncio.get_running_loop()
         slot = (key, id(loop))
@@ -158,18 +167,18 @@ class FrontCheck:
                 return view
             return entry[0]
 
-    def _forget_view(self, slot: tuple[str, int], view: asyncio.Future) -> None:
+    def _forget_view(self, slot: tuple[tuple[str, int], int], view: asyncio.Future) -> None:
         with self._lock:
             entry = self._views.get(slot)
             if entry is not None and entry[0] is view:
                 del self._views[slot]
 
 
-def _verdict_of(future: Future) -> GuideError | None:
-    """A finished compile's verdict: None, or its typed error detached from its traceback."""
+def _outcome(future: Future) -> Any:
+    """A finished compile's guide, or its typed error detached from its traceback."""
     exc = future.exception()
     if exc is None:
-        return None
+        return future.result()
     if isinstance(exc, GuideError):
         return detached_copy(exc)
     return InvalidGuideError(f"the constraint cannot be checked: {exc!r}"[:2000])
@@ -236,8 +245,8 @@ def checked_preprocess(original: Callable) -> Callable:
             if spec is not None:
                 err = await FRONT.verdict(spec, front_limits())
                 if err is None:  # a budget whose shortest output cannot fit: refused before generation
-                    err = await budget_front.refusal(self, spec, getattr(gen_config, "max_new_tokens", None),
-                                                     front_limits())
+                    err = await budget_front.refusal(FRONT.compiled, self, spec,
+                                                     getattr(gen_config, "max_new_tokens", None), front_limits())
                 token = req.FRONT_VERDICT.set((id(fmt), err))
         try:
             return await original(self, *args, **kwargs)

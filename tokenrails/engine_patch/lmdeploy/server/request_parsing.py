@@ -128,9 +128,24 @@ FRONT_VERDICT: contextvars.ContextVar[tuple[int, GuideError | None] | None] = co
     "tokenrails_front_verdict", default=None)
 _PROBE_VOCAB = None
 _PROBE_LOCK = threading.Lock()
-_PROBES: OrderedDict[tuple[str, GuideLimits], Any] = OrderedDict()
-PROBE_CACHE_BYTES = 64 << 20  # compiled probe guides kept (they are small: a 257-token vocabulary)
-PROBE_MANAGERS = 4  # (backend, limits) pairs kept: one in a server, a few in tests
+_PROBES: OrderedDict[tuple[str, GuideLimits, Any], Any] = OrderedDict()
+PROBE_CACHE_BYTES = 64 << 20  # compiled guides kept per manager (a probe guide is small)
+PROBE_MANAGERS = 4  # (backend, limits, vocabulary) kept: one or two in a server, a few in tests
+
+
+class _Same:
+    """A key equal only to the same object: a tokenizer need not be hashable."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
 
 
 def _probe_vocab():
@@ -145,34 +160,40 @@ def _probe_vocab():
         return _PROBE_VOCAB
 
 
-def built_probe_manager(limits: GuideLimits | None = None, backend: str | None = None) -> Any:
+def _slot(limits: GuideLimits | None, backend: str | None, tokenizer: Any) -> tuple[str, GuideLimits, Any]:
+    from ..boot import settings
+
+    return (backend or settings.backend(), limits or DEFAULT_LIMITS, None if tokenizer is None else _Same(tokenizer))
+
+
+def built_probe_manager(limits: GuideLimits | None = None, backend: str | None = None, tokenizer: Any = None) -> Any:
     """``probe_manager``'s manager if it exists already, else None (a look, never a build: the
     event loop must not build one, which imports and allocates for a good part of a second)."""
-    from ..boot import settings
-
+    slot = _slot(limits, backend, tokenizer)
     with _PROBE_LOCK:
-        return _PROBES.get((backend or settings.backend(), limits or DEFAULT_LIMITS))
+        return _PROBES.get(slot)
 
 
-def probe_manager(limits: GuideLimits | None = None, backend: str | None = None) -> Any:
-    """The core manager that checks specs for the api_server: the probe vocabulary, the engine's
-    backend setting and limits (a spec the engine would refuse is refused here, with the engine's
-    reason), its compile cache, in-flight table and killable workers. One per (backend, limits):
-    a verdict under one setting is never reused under another."""
+def probe_manager(limits: GuideLimits | None = None, backend: str | None = None, tokenizer: Any = None) -> Any:
+    """The core manager that checks specs for the api_server: the probe vocabulary (or, given
+    ``tokenizer``, the model's own, where token counts are the engine's), the engine's backend
+    setting and limits (a spec the engine would refuse is refused here, with the engine's reason),
+    its compile cache, in-flight table and killable workers. One per (backend, limits,
+    vocabulary): a verdict under one setting is never reused under another."""
     from ....guided.manager import GuidedDecodingManager
     from ..boot import settings
+    from ..tokenizer_vocab import build_vocabulary
 
-    limits = limits or DEFAULT_LIMITS
-    backend = backend or settings.backend()
-    slot = (backend, limits)
+    slot = _slot(limits, backend, tokenizer)
     with _PROBE_LOCK:
         mgr = _PROBES.get(slot)
         if mgr is not None:
             _PROBES.move_to_end(slot)
             return mgr
+    backend, limits = slot[0], slot[1]
+    vocab = _probe_vocab() if tokenizer is None else build_vocabulary(tokenizer, None)
     mgr = GuidedDecodingManager(
-        _probe_vocab(), backend=backend, limits=limits.replace(cache_max_bytes=min(limits.cache_max_bytes,
-                                                                                 PROBE_CACHE_BYTES)),
+        vocab, backend=backend, limits=limits.replace(cache_max_bytes=min(limits.cache_max_bytes, PROBE_CACHE_BYTES)),
         compile_workers=settings.FRONT_WORKERS, per_client=1, fill_threads=1,
         compile_processes=settings.compile_processes())
     with _PROBE_LOCK:

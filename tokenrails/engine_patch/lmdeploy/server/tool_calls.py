@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Any
 
-ENV_TOOL_CALLS = "TOKENRAILS_TOOL_CALLS"
+from ..boot import settings
+
 logger = logging.getLogger("tokenrails.lmdeploy")
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_TOOL_CALLS, "1").strip().lower() not in ("0", "false", "off", "no")
+    return settings.current().tool_calls is not False  # activate(tool_calls=...), default on
 
 
 def _tool_dicts(tools: list[Any]) -> list[dict]:

@@ -24,7 +24,6 @@ it on for engines built without a ``speculative_config`` of their own.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -38,47 +37,22 @@ from ..step.lmdeploy_step import report as report_row_errors
 from ....guided.sequence import GuidedRow
 from . import adaptive_drafts, draft_shapes
 from .._patching import Patcher, require_attrs
+from ..boot import settings
 from .adaptive_drafts import PAD
 
 logger = logging.getLogger(__name__)
 
 METHOD = "tokenrails_grammar"
-ENV_DRAFTS = "TOKENRAILS_GRAMMAR_DRAFTS"
+ENV_DRAFTS = settings.ENV_DRAFTS
 # verification shapes (draft_shapes.py): "0" ragged, "1" every row padded to k, "buckets", unset: per device
 ENV_FIXED = draft_shapes.ENV_SHAPE
 MAX_TRACKED_REQUESTS = 4096  # per-request counters kept after a request ends (oldest dropped)
 
-__all__ = ["METHOD", "ENV_DRAFTS", "ENV_FIXED", "DraftStats", "configure", "configured_drafts", "install",
+__all__ = ["METHOD", "ENV_DRAFTS", "ENV_FIXED", "DraftStats", "configured_drafts", "install",
            "request_stats", "totals", "reset_stats"]
 
 
-# ---- settings ------------------------------------------------------------------------------
-_SAVED_ENV: list[str | None] = []
-
-
-def configure(drafts: int | None) -> None:
-    """``activate(grammar_drafts=...)``: k > 0 drafts per step for engines built from now on
-    (in this process and its children, through the environment); 0 turns it off; None: unchanged."""
-    if drafts is None:
-        return
-    drafts = int(drafts)
-    if drafts < 0:
-        raise ValueError(f"grammar_drafts must be >= 0, got {drafts}")
-    if not _SAVED_ENV:
-        _SAVED_ENV.append(os.environ.get(ENV_DRAFTS))
-    os.environ[ENV_DRAFTS] = str(drafts)
-
-
-def restore_env() -> None:
-    """``deactivate()``: the variable as it was before the first ``configure``."""
-    if _SAVED_ENV:
-        old = _SAVED_ENV.pop()
-        if old is None:
-            os.environ.pop(ENV_DRAFTS, None)
-        else:
-            os.environ[ENV_DRAFTS] = old
-
-
+# ---- settings (the record in boot/settings.py: activate(grammar_drafts=...), its environment) ----
 def pop_cli_option(argv: list[str]) -> tuple[list[str], int | None]:
     """``--grammar-drafts K`` / ``--grammar-drafts=K`` taken out of an LMDeploy command line."""
     out: list[str] = []
@@ -107,11 +81,7 @@ def pop_cli_option(argv: list[str]) -> tuple[list[str], int | None]:
 
 
 def configured_drafts() -> int:
-    try:
-        return max(0, int(os.environ.get(ENV_DRAFTS, "0") or 0))
-    except ValueError:
-        logger.warning("tokenrails: ignoring %s=%r (not an integer)", ENV_DRAFTS, os.environ.get(ENV_DRAFTS))
-        return 0
+    return settings.current().grammar_drafts or 0
 
 
 # ---- counters ------------------------------------------------------------------------------
