@@ -23,12 +23,13 @@ it on for engines built without a ``speculative_config`` of their own.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
@@ -172,17 +173,28 @@ def reset_stats() -> None:
 
 
 # ---- the proposal ----------------------------------------------------------------------------
-def _encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
-    """Canonical tokenization of a forced string (the model's tokenizer, no special tokens)."""
+_ENCODERS: dict[int, tuple[Any, Callable[[str], Sequence[int]]]] = {}
+ENCODE_MEMO = 4096  # forced strings remembered per tokenizer
+
+
+def _encoder(tokenizer: Any) -> Callable[[str], Sequence[int]] | None:
+    """Canonical tokenization of a forced string (the model's tokenizer, no special tokens),
+    memoised per tokenizer: a grammar forces the same few strings (key names, separators) over
+    and over, and a tokenizer call costs tens of microseconds on the step's path."""
     if tokenizer is None or not hasattr(tokenizer, "encode"):
         return None
+    held = _ENCODERS.get(id(tokenizer))
+    if held is not None and held[0] is tokenizer:
+        return held[1]
 
-    def encode(text: str) -> list[int]:
+    @functools.lru_cache(maxsize=ENCODE_MEMO)
+    def encode(text: str) -> tuple[int, ...]:
         try:
-            return list(tokenizer.encode(text, add_special_tokens=False))
+            return tuple(tokenizer.encode(text, add_special_tokens=False))
         except TypeError:  # a tokenizer without the keyword
-            return list(tokenizer.encode(text))
+            return tuple(tokenizer.encode(text))
 
+    _ENCODERS[id(tokenizer)] = (tokenizer, encode)
     return encode
 
 
