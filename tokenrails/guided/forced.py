@@ -60,7 +60,7 @@ def single_allowed_token(row: torch.Tensor | np.ndarray, vocab_size: int) -> int
     r = row[:words]
     if np.count_nonzero(r) != 1:
         return None
-    word_index = int(np.flatnonzero(r)[0])
+    word_index = int(r.view(np.uint32).argmax())  # the one non-zero word is the largest unsigned one
     word = int(r[word_index]) & 0xFFFFFFFF
     if word & (word - 1):
         return None  # several bits in the one word

@@ -230,7 +230,7 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
     core = owner.core()
     encode = _encoder(getattr(owner, "_tokenizer", None))
     words = (core.vocab.vocab_size + 31) // 32
-    buf = torch.empty((1, words), dtype=torch.int32)
+    buf = _mask_buffer(words)
     guesses = guesses or {}
     failed = _failed_rows(helper)
     for idx, h in handles.items():
@@ -279,6 +279,16 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
 
 
 MAX_FAILED_ROWS = 4096
+_BUFFERS = threading.local()
+
+
+def _mask_buffer(words: int) -> torch.Tensor:
+    """A reusable ``(1, words)`` mask row per thread (engines in one process propose on their own
+    threads): a fresh allocation each step costs more than the peek it serves."""
+    buf = getattr(_BUFFERS, "row", None)
+    if buf is None or buf.shape[1] != words:
+        buf = _BUFFERS.row = torch.empty((1, words), dtype=torch.int32)
+    return buf
 
 
 def _failed_rows(helper: Any) -> "OrderedDict[Hashable, Any]":
