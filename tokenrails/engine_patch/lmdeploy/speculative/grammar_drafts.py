@@ -180,7 +180,7 @@ ENCODE_MEMO = 4096  # forced strings remembered per tokenizer
 def _encoder(tokenizer: Any) -> Callable[[str], Sequence[int]] | None:
     """Canonical tokenization of a forced string (the model's tokenizer, no special tokens),
     memoised per tokenizer: a grammar forces the same few strings (key names, separators) over
-    and over, and a tokenizer call costs tens of microseconds on the step's path."""
+    and over, and each tokenizer call would sit on the step's path."""
     if tokenizer is None or not hasattr(tokenizer, "encode"):
         return None
     held = _ENCODERS.get(id(tokenizer))
