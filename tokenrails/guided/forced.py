@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Collection, Sequence
 
+import numpy as np
 import torch
 
 from .backend import Matcher
@@ -50,13 +51,19 @@ class ForcedRun:
 NOTHING = ForcedRun()
 
 
-def single_allowed_token(row: torch.Tensor, vocab_size: int) -> int | None:
-    """The one token id whose bit is set in the int32 bitmask ``row`` (None: zero or several)."""
-    r = row[: (vocab_size + 31) // 32]
-    nz = torch.nonzero(r).flatten()
-    if nz.numel() != 1:
+def single_allowed_token(row: torch.Tensor | np.ndarray, vocab_size: int) -> int | None:
+    """The one token id whose bit is set in the int32 bitmask ``row`` (None: zero or several).
+    A CPU row is read through numpy, whose word count is far cheaper than ``torch.nonzero``:
+    the proposer asks this about every guided row each step."""
+    words = (vocab_size + 31) // 32
+    if isinstance(row, torch.Tensor):
+        if not row.is_cpu:
+            row = row.cpu()
+        row = row[:words].numpy()
+    r = row[:words]
+    if np.count_nonzero(r) != 1:
         return None
-    word_index = int(nz[0])
+    word_index = int(r.view(np.uint32).argmax())  # the one non-zero word is the largest unsigned one
     word = int(r[word_index]) & 0xFFFFFFFF
     if word & (word - 1):
         return None  # several bits in the one word
@@ -84,13 +91,14 @@ def forced_tokens(
     if bitmask is None or bitmask.dim() != 2 or bitmask.shape[1] < words:
         bitmask = torch.empty((1, words), dtype=torch.int32)
     stops = set(int(t) for t in stop_ids) | set(matcher.vocab.eos_ids)
+    row = bitmask[0, :words].numpy() if bitmask.is_cpu else bitmask[0]  # one view for every read below
     out: list[int] = []
     single = 0
     try:
         while len(out) < max_tokens and not matcher.is_terminated():
             tok = None
             if matcher.fill_next_token_bitmask(bitmask, 0):
-                tok = single_allowed_token(bitmask[0], vocab_size)
+                tok = single_allowed_token(row, vocab_size)
             if tok is not None:
                 if tok in stops or not matcher.accept_token(tok):
                     break

@@ -51,6 +51,39 @@ def test_cut_after_keeps_a_prefix_of_each_rows_sample():
     assert rej.tolist() == [1, 2, 0] and last.tolist() == [11, 20, 32]
 
 
+def test_greedy_cut_equals_lmdeploys_sampler_on_the_padded_block():
+    """The cutting sampler's greedy path (argmax only at real positions) gives what LMDeploy's own
+    rejection sampler gives on the whole padded block, cut per row: bfloat16 logits with ties."""
+    from types import SimpleNamespace
+
+    from lmdeploy.pytorch.spec_decode.reject_sampler import RejectionSampler
+
+    from tokenrails.engine_patch.lmdeploy.speculative.adaptive_drafts import (_CuttingSampler, cut_after,
+                                                                              greedy_targets, pad_logits)
+
+    from lmdeploy.pytorch.backends.default.op_backend import DefaultOpsBackend
+    from lmdeploy.pytorch.backends.rejection_sampling import RejectionSamplingBuildSpec
+
+    gen = torch.Generator().manual_seed(0)
+    sampler = RejectionSampler.__new__(RejectionSampler)  # the CPU path's: the default backend's op
+    torch.nn.Module.__init__(sampler)
+    sampler._impl = DefaultOpsBackend.build_op(RejectionSamplingBuildSpec())
+    q = torch.tensor([3, 1, 5, 2, 1])  # 1 + each row's forced run
+    width, vocab = 5, 4000
+    ragged = torch.randint(0, 4, (int(q.sum()), vocab), generator=gen).to(torch.bfloat16)  # many ties
+    logits = pad_logits(ragged, q, width).reshape(len(q), width, vocab)
+    assert torch.equal(greedy_targets(logits, q), logits.argmax(-1))
+    for trial in range(3):
+        drafts = logits.argmax(-1)[:, :-1].clone()  # drafts the target agrees with ...
+        flip = torch.rand(drafts.shape, generator=gen) < 0.3 * trial
+        drafts[flip] = (drafts[flip] + 1) % vocab  # ... and some it rejects
+        inputs = SimpleNamespace(max_top_k=1, batch_size=len(q) * width)
+        ours = _CuttingSampler(sampler, q)(logits, drafts, inputs)
+        theirs = cut_after(*sampler(logits, drafts, inputs)[:2], q)
+        for a, b in zip(ours, theirs):
+            assert torch.equal(a, b)
+
+
 # ---- the real engine: positions per step counted from the target forward's inputs --------------
 pytest_slow = pytest.mark.slow
 

@@ -37,7 +37,7 @@ from . import draft_shapes
 
 PAD = -1  # "no draft here": the end of a row's forced run in the proposer's [batch, k] tensor
 
-__all__ = ["PAD", "row_lengths", "pack_rows", "pad_logits", "cut_after", "install"]
+__all__ = ["PAD", "row_lengths", "pack_rows", "pad_logits", "cut_after", "greedy_targets", "install"]
 
 
 # ---- pure tensor helpers (unit-tested) ---------------------------------------------------------
@@ -241,14 +241,37 @@ def _agent_strategy_class():
 
 
 # ---- verification: LMDeploy's sampler on a padded block, cut per row ---------------------------
+def greedy_targets(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The ``[batch, width]`` argmax ids of a padded ``[batch, width, V]`` block, computed only at
+    each row's first ``keep[i]`` positions; a later position gets its row's last real id, as
+    its logits repeat that position's (``pad_logits``). ``max(-1).indices`` is the argmax with
+    the same tie rule (the first maximal index); on a CPU ``argmax`` has no fast bfloat16 kernel,
+    and the padded positions would be reduced for nothing."""
+    batch, width, vocab = logits.shape
+    keep = keep.to(logits.device).clamp(1, width)
+    pos = torch.arange(width, device=logits.device)[None, :]
+    real = pos < keep[:, None]
+    flat = (torch.arange(batch, device=logits.device)[:, None] * width + pos)[real]
+    ids = logits.reshape(batch * width, vocab).index_select(0, flat).max(-1).indices
+    src = row_starts(keep)[:, None] + torch.minimum(pos, keep[:, None] - 1)
+    return ids[src.reshape(-1)].reshape(batch, width)
+
+
 class _CuttingSampler:
-    """Calls LMDeploy's rejection sampler as is, then keeps ``keep[i]`` tokens of row ``i``."""
+    """LMDeploy's rejection sampler, then ``keep[i]`` tokens of row ``i`` kept. An all-greedy
+    block skips the sampler's argmax over every padded position: the target ids come from
+    ``greedy_targets`` and go to the sampler's own greedy verification (``forward_greedy``)."""
 
     def __init__(self, sampler: Callable, keep: torch.Tensor):
         self.sampler, self.keep = sampler, keep
 
-    def __call__(self, *args: Any, **kwargs: Any):
-        out, rejected, last = self.sampler(*args, **kwargs)
+    def __call__(self, logits: torch.Tensor, drafts: torch.Tensor, sampling_inputs: Any, *args: Any, **kwargs: Any):
+        impl = getattr(self.sampler, "_impl", None)
+        greedy = getattr(sampling_inputs, "max_top_k", None) == 1 and not args and kwargs.get("draft_probs") is None
+        if greedy and impl is not None and hasattr(impl, "forward_greedy") and logits.dim() == 3:
+            out, rejected, last = impl.forward_greedy(greedy_targets(logits, self.keep), drafts)
+        else:
+            out, rejected, last = self.sampler(logits, drafts, sampling_inputs, *args, **kwargs)
         return cut_after(out, rejected, self.keep)
 
 

@@ -23,11 +23,12 @@ it on for engines built without a ``speculative_config`` of their own.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
@@ -142,17 +143,28 @@ def reset_stats() -> None:
 
 
 # ---- the proposal ----------------------------------------------------------------------------
-def _encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
-    """Canonical tokenization of a forced string (the model's tokenizer, no special tokens)."""
+_ENCODERS: dict[int, tuple[Any, Callable[[str], Sequence[int]]]] = {}
+ENCODE_MEMO = 4096  # forced strings remembered per tokenizer
+
+
+def _encoder(tokenizer: Any) -> Callable[[str], Sequence[int]] | None:
+    """Canonical tokenization of a forced string (the model's tokenizer, no special tokens),
+    memoised per tokenizer: a grammar forces the same few strings (key names, separators) over
+    and over, and each tokenizer call would sit on the step's path."""
     if tokenizer is None or not hasattr(tokenizer, "encode"):
         return None
+    held = _ENCODERS.get(id(tokenizer))
+    if held is not None and held[0] is tokenizer:
+        return held[1]
 
-    def encode(text: str) -> list[int]:
+    @functools.lru_cache(maxsize=ENCODE_MEMO)
+    def encode(text: str) -> tuple[int, ...]:
         try:
-            return list(tokenizer.encode(text, add_special_tokens=False))
+            return tuple(tokenizer.encode(text, add_special_tokens=False))
         except TypeError:  # a tokenizer without the keyword
-            return list(tokenizer.encode(text))
+            return tuple(tokenizer.encode(text))
 
+    _ENCODERS[id(tokenizer)] = (tokenizer, encode)
     return encode
 
 
@@ -188,7 +200,7 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
     core = owner.core()
     encode = _encoder(getattr(owner, "_tokenizer", None))
     words = (core.vocab.vocab_size + 31) // 32
-    buf = torch.empty((1, words), dtype=torch.int32)
+    buf = _mask_buffer(words)
     guesses = guesses or {}
     failed = _failed_rows(helper)
     for idx, h in handles.items():
@@ -237,6 +249,16 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
 
 
 MAX_FAILED_ROWS = 4096
+_BUFFERS = threading.local()
+
+
+def _mask_buffer(words: int) -> torch.Tensor:
+    """A reusable ``(1, words)`` mask row per thread (engines in one process propose on their own
+    threads): a fresh allocation each step costs more than the peek it serves."""
+    buf = getattr(_BUFFERS, "row", None)
+    if buf is None or buf.shape[1] != words:
+        buf = _BUFFERS.row = torch.empty((1, words), dtype=torch.int32)
+    return buf
 
 
 def _failed_rows(helper: Any) -> "OrderedDict[Hashable, Any]":

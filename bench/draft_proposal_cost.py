@@ -1,0 +1,153 @@
+"""What one row's grammar-draft proposal costs, part by part, without an engine (CPU time, one thread).
+
+The proposer (engine_patch/lmdeploy/speculative/grammar_drafts.py) asks ``guided.forced.forced_tokens``
+for each guided row every step. This replays that on real states: the bench's two workloads (BFCL tool
+calls and JSONSchemaBench Glaiveai2K schemas, compact whitespace, the backends ``auto`` picks), each
+matcher walked a few steps along forced runs and allowed tokens, then per row:
+
+* ``forced run``: the whole ``forced_tokens`` call (k = 4), with the forced-string tokenizations
+  memoised as the proposer does, and without the memo (a tokenizer call per forced string);
+* its parts, each timed alone at the same states, with how often one run calls it: the mask fill,
+  the one-token check on the filled mask, the forced-string query, the tokenizer, accept + rollback.
+
+Per step the proposer pays ``rows x forced run`` plus a fixed part (row handles, the thread hop), which
+``bench/grammar_drafts.py`` prints as the proposer's time on the step's path.
+
+    python bench/draft_proposal_cost.py [--states 64] [--repeat 5]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._common import load_average, print_table  # noqa: E402  (also sets one torch thread)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--states", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--drafts", type=int, default=4)
+    args = ap.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from bench.grammar_drafts import DATA, load_schemas, tool_calls
+    from tokenrails import GuideSpec, Vocabulary, allocate_token_bitmask, compile_guide
+    from tokenrails.demo_model import resolve_model_dir
+    from tokenrails.guided import forced
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(quiet=True)[0]))
+    vocab = Vocabulary.from_huggingface(tok)
+    plain = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    memo = functools.lru_cache(4096)(lambda text: tuple(plain(text)))
+    specs = tool_calls(False)[1] + [GuideSpec.json_schema(json.dumps(s), any_whitespace=False)
+                                    for _, s in load_schemas(DATA, 8, vocab, False)]
+    guides = [compile_guide(s, vocab) for s in specs]
+    bm = allocate_token_bitmask(1, vocab.vocab_size)
+    row = bm[0].numpy()
+    rnd = random.Random(0)
+    k = args.drafts
+
+    states = []
+    for i in range(args.states):  # matchers walked to varied points of their outputs
+        m = guides[i % len(guides)].matcher()
+        for _ in range(rnd.randint(0, 6)):
+            for t in forced.forced_tokens(m, k, encode=memo, bitmask=bm).tokens:
+                m.accept_token(t)
+            if m.is_terminated() or not m.fill_next_token_bitmask(bm, 0):
+                break
+            ids = [w * 32 + b for w in range(len(row)) if row[w] for b in range(32)
+                   if (int(row[w]) >> b) & 1 and w * 32 + b not in vocab.eos_ids]
+            if ids:
+                m.accept_token(rnd.choice(ids[:50]))
+        if not m.is_terminated():
+            states.append(m)
+
+    def per_row(fn, prep=None) -> float:
+        """CPU microseconds per state of ``fn(matcher)``, after an untimed ``prep(matcher)``
+        (median of ``--repeat`` passes)."""
+        passes = []
+        for _ in range(args.repeat):
+            spent = 0.0
+            for m in states:
+                if prep is not None:
+                    prep(m)
+                t0 = time.process_time()
+                fn(m)
+                spent += time.process_time() - t0
+            passes.append(spent / len(states) * 1e6)
+        return sorted(passes)[len(passes) // 2]
+
+    # how often one forced run calls each part
+    counts = {"fill": 0, "jump": 0, "encode": 0, "accept": 0}
+    runs = []
+    for m in states:
+        cls = type(m)
+        fill, jump, acc = cls.fill_next_token_bitmask, cls.find_jump_forward_string, cls.accept_token
+
+        def cfill(self, *a, _f=fill):
+            counts["fill"] += 1
+            return _f(self, *a)
+
+        def cjump(self, _f=jump):
+            counts["jump"] += 1
+            return _f(self)
+
+        def cacc(self, t, _f=acc):
+            counts["accept"] += 1
+            return _f(self, t)
+
+        cls.fill_next_token_bitmask, cls.find_jump_forward_string, cls.accept_token = cfill, cjump, cacc
+        try:
+            runs.append(len(forced.forced_tokens(m, k, encode=lambda s: (counts.__setitem__("encode", counts["encode"] + 1), memo(s))[1], bitmask=bm)))
+        finally:
+            cls.fill_next_token_bitmask, cls.find_jump_forward_string, cls.accept_token = fill, jump, acc
+    n = len(states)
+
+    allowed: dict[int, int | None] = {}
+
+    def first_allowed(m):
+        m.fill_next_token_bitmask(bm, 0)
+        t = next((w * 32 + (int(row[w]) & -int(row[w])).bit_length() - 1 for w in range(len(row)) if row[w]), None)
+        allowed[id(m)] = None if t in vocab.eos_ids else t
+
+    def accept_rollback(m):
+        t = allowed[id(m)]
+        if t is not None and m.accept_token(t):
+            m.rollback(1)
+
+    texts = [m.find_jump_forward_string() or "}" for m in states]
+    it = iter(range(10 ** 9))
+    whole_memo = per_row(lambda m: forced.forced_tokens(m, k, encode=memo, bitmask=bm))
+    whole_plain = per_row(lambda m: forced.forced_tokens(m, k, encode=plain, bitmask=bm))
+    fill_us = per_row(lambda m: m.fill_next_token_bitmask(bm, 0))
+    check_us = per_row(lambda m: forced.single_allowed_token(row, vocab.vocab_size),
+                       prep=lambda m: m.fill_next_token_bitmask(bm, 0))
+    jump_us = per_row(lambda m: m.find_jump_forward_string())
+    enc_us = per_row(lambda m: plain(texts[next(it) % n]))
+    acc_us = per_row(accept_rollback, prep=first_allowed)
+    print(f"# {n} states over {len(guides)} grammars ({sorted({type(g).__name__ for g in guides})}), k={k}, "
+          f"mean run {sum(runs) / n:.2f} tokens, runs filling k: {sum(r == k for r in runs) / n:.0%}; "
+          f"load average {load_average():.1f}; CPU time, one thread\n")
+    rows = [["forced run, tokenizations memoised (the proposer)", f"{whole_memo:.0f}", "1", f"{whole_memo:.0f}"],
+            ["forced run, a tokenizer call per forced string", f"{whole_plain:.0f}", "1", f"{whole_plain:.0f}"],
+            ["  mask fill", f"{fill_us:.1f}", f"{counts['fill'] / n:.2f}", f"{fill_us * counts['fill'] / n:.0f}"],
+            ["  one-token check on the mask", f"{check_us:.1f}", f"{counts['fill'] / n:.2f}",
+             f"{check_us * counts['fill'] / n:.0f}"],
+            ["  forced-string query", f"{jump_us:.1f}", f"{counts['jump'] / n:.2f}", f"{jump_us * counts['jump'] / n:.0f}"],
+            ["  tokenizer call (without the memo)", f"{enc_us:.1f}", f"{counts['encode'] / n:.2f}",
+             f"{enc_us * counts['encode'] / n:.0f}"],
+            ["  accept + rollback of one token", f"{acc_us:.1f}", f"{counts['accept'] / n:.2f}",
+             f"{acc_us * counts['accept'] / n:.0f}"]]
+    print_table(["part", "us per call", "calls per row", "us per row"], rows)
+
+
+if __name__ == "__main__":
+    main()
