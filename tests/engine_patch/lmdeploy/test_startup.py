@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenrails.engine_patch.lmdeploy.boot import startup
+from tokenrails.engine_patch.lmdeploy import startup
 
 from . import spawn_child
 
