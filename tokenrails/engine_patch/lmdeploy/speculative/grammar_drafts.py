@@ -220,7 +220,6 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
     words = (core.vocab.vocab_size + 31) // 32
     buf = torch.empty((1, words), dtype=torch.int32)
     guesses = guesses or {}
-    failed = _failed_rows(helper)
     for idx, h in handles.items():
         if idx >= batch or h.error is not None:
             continue
@@ -230,10 +229,6 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
             if row is None:
                 continue
             key = (row.session_id, row.seq_id)
-            if key in failed:  # the engine runs a step ahead of its stop: fail the row again, never re-propose
-                if report is not None:
-                    report.errors[idx] = failed[key]
-                continue
             guess = guesses.get(key)
             if guess is not None and core.guess_holds(row, guess[0], guess[1]):
                 run = guess[2]
@@ -248,10 +243,6 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
             err = exc if isinstance(exc, GuideError) else GuideError(
                 f"grammar drafts: the proposal failed for this row: {type(exc).__name__}: {exc}")
             h.error = err
-            if key is not None:
-                failed[key] = err
-                while len(failed) > MAX_FAILED_ROWS:
-                    failed.popitem(last=False)
             if report is not None:
                 report.errors[idx] = err
             logger.warning("tokenrails: grammar-draft proposal failed for row %d: %r", idx, exc)
@@ -264,16 +255,6 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
     if report is not None:
         report.core, report.encode = core, encode
     return drafts, counts, singles
-
-
-MAX_FAILED_ROWS = 4096
-
-
-def _failed_rows(helper: Any) -> "OrderedDict[Hashable, Any]":
-    """Rows whose proposal raised, with their error (bounded): the engine stops a failed row one
-    step late, so the row is failed again then, never proposed again. Proposals of one helper run
-    one at a time (the agent's step)."""
-    return helper.__dict__.setdefault("_tokenrails_failed_drafts", OrderedDict())
 
 
 class _PlanReport:
