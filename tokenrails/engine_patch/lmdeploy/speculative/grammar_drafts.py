@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
 import torch
@@ -36,7 +33,7 @@ from ....guided.errors import GuideError
 from . import draft_ahead
 from ..step.lmdeploy_step import report as report_row_errors
 from ....guided.sequence import GuidedRow
-from . import adaptive_drafts, draft_shapes
+from . import adaptive_drafts, draft_metrics, draft_shapes
 from .._patching import Patcher, require_attrs
 from .adaptive_drafts import PAD
 
@@ -46,10 +43,8 @@ METHOD = "tokenrails_grammar"
 ENV_DRAFTS = "TOKENRAILS_GRAMMAR_DRAFTS"
 # verification shapes (draft_shapes.py): "0" ragged, "1" every row padded to k, "buckets", unset: per device
 ENV_FIXED = draft_shapes.ENV_SHAPE
-MAX_TRACKED_REQUESTS = 4096  # per-request counters kept after a request ends (oldest dropped)
 
-__all__ = ["METHOD", "ENV_DRAFTS", "ENV_FIXED", "DraftStats", "configure", "configured_drafts", "install",
-           "request_stats", "totals", "reset_stats"]
+__all__ = ["METHOD", "ENV_DRAFTS", "ENV_FIXED", "configure", "configured_drafts", "install"]
 
 
 # ---- settings ------------------------------------------------------------------------------
@@ -112,63 +107,6 @@ def configured_drafts() -> int:
     except ValueError:
         logger.warning("tokenrails: ignoring %s=%r (not an integer)", ENV_DRAFTS, os.environ.get(ENV_DRAFTS))
         return 0
-
-
-# ---- counters ------------------------------------------------------------------------------
-@dataclass
-class DraftStats:
-    """``steps``: verification steps (forward passes) that carried drafts; ``drafted``: grammar
-    drafts proposed; ``accepted``: of those, accepted by verification; ``forced``: drafted tokens
-    that came from a one-token mask (always accepted); ``emitted``: tokens the steps produced."""
-
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    forced: int = 0
-    emitted: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {"grammar_draft_steps": self.steps, "grammar_drafted": self.drafted,
-                "grammar_draft_accepted": self.accepted, "grammar_forced": self.forced,
-                "grammar_draft_emitted": self.emitted}
-
-
-@dataclass
-class _Ledger:
-    """Process-wide counters, per request (bounded) and in total."""
-
-    total: DraftStats = field(default_factory=DraftStats)
-    requests: "OrderedDict[Hashable, DraftStats]" = field(default_factory=OrderedDict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def of(self, key: Hashable) -> DraftStats:
-        st = self.requests.get(key)
-        if st is None:
-            st = self.requests[key] = DraftStats()
-            while len(self.requests) > MAX_TRACKED_REQUESTS:
-                self.requests.popitem(last=False)
-        return st
-
-
-_LEDGER = _Ledger()
-
-
-def request_stats(session_id: Hashable) -> dict[str, int]:
-    """Grammar-draft counters of one request (its LMDeploy session id); {} when unknown."""
-    with _LEDGER.lock:
-        st = _LEDGER.requests.get(session_id)
-        return st.as_dict() if st is not None else {}
-
-
-def totals() -> dict[str, int]:
-    with _LEDGER.lock:
-        return _LEDGER.total.as_dict()
-
-
-def reset_stats() -> None:
-    with _LEDGER.lock:
-        _LEDGER.total = DraftStats()
-        _LEDGER.requests.clear()
 
 
 # ---- the proposal ----------------------------------------------------------------------------
@@ -303,25 +241,6 @@ def _row_keys(session_ctx: list | None, batch: int) -> list[Hashable]:
     return keys
 
 
-def emitted_counts(output_token_ids, stops: frozenset[int]) -> list[int]:
-    """Tokens each row's verification produced (rows of ids, or a tensor): up to the first negative
-    id (rejected positions), including a stop token and nothing after it (the engine drops what
-    follows a stop)."""
-    if isinstance(output_token_ids, torch.Tensor):
-        output_token_ids = output_token_ids.reshape(output_token_ids.shape[0], -1).tolist()
-    counts = []
-    for row in output_token_ids:
-        n = 0
-        for t in row:
-            if t < 0:
-                break
-            n += 1
-            if t in stops:
-                break
-        counts.append(n)
-    return counts
-
-
 def _proposer_class():
     from lmdeploy.pytorch.spec_decode.proposers.base import BaseSpecProposer, ProposalMethod
     from lmdeploy.pytorch.strategies.ar_spec.model_agent import ARSpecExtraInputs
@@ -372,34 +291,15 @@ def _proposer_class():
                 logprobs=extra_inputs.logprobs,
             )
 
-        def _stop_ids(self) -> frozenset[int]:
-            owner = getattr(self.guided_helper, "_mgr", None)
-            if getattr(owner, "is_tokenrails", False) and owner.ready:
-                return frozenset(owner.core().vocab.eos_ids)
-            return frozenset()
-
         def _account(self, model_inputs: Any, extra_inputs: Any, keys: list[Hashable]) -> None:
             """Credit the previous step's drafts with what this step's verification accepted."""
             out_ids = extra_inputs.output_token_ids
             if out_ids is None or model_inputs.is_dummy:
                 return
-            emitted = emitted_counts(out_ids, self._stop_ids())
-            verified = bool(model_inputs.is_decoding)
-            prev = {p.key: p for p in self._last if p is not None and p.key is not None}
-            with _LEDGER.lock:
-                _LEDGER.total.steps += 1
-                for i, key in enumerate(keys):
-                    n = int(emitted[i]) if i < len(emitted) else 0
-                    plan = prev.get(key) if verified else None
-                    acc = min(plan.drafted, max(n - 1, 0)) if plan is not None else 0
-                    for st in (_LEDGER.total, _LEDGER.of(key)) if key is not None else (_LEDGER.total,):
-                        st.emitted += n
-                        if plan is not None:
-                            st.drafted += plan.drafted
-                            st.forced += plan.forced
-                            st.accepted += acc
-                    if key is not None:
-                        _LEDGER.of(key).steps += 1
+            prev = ({p.key: (p.drafted, p.forced) for p in self._last if p is not None and p.key is not None}
+                    if model_inputs.is_decoding else {})  # a prefill verified nothing
+            emitted = draft_metrics.emitted_counts(out_ids, draft_metrics.stop_ids(self))
+            draft_metrics.record_grammar_step(keys, emitted, [prev.get(key) for key in keys])
 
     GrammarProposer.__module__ = __name__
     GrammarProposer.__qualname__ = "GrammarProposer"
