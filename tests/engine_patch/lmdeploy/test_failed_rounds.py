@@ -30,14 +30,9 @@ def test_a_failed_round_is_failed_again_without_a_fill_until_its_session_ends(up
     err = InvalidGuideError("the proposal failed for this row")
     LMDeployStep(mgr, strat.make_sampling_inputs(seqs)).fail({0: err})  # step N: row 0 fails
 
-    filled = []
-    original = GuidedDecodingManager.fill_and_apply
-
-    def fill_and_apply(self, scores, rows, *args, **kwargs):
-        filled.append([r is not None for r in rows])
-        return original(self, scores, rows, *args, **kwargs)
-
-    monkeypatch.setattr(GuidedDecodingManager, "fill_and_apply", fill_and_apply)
+    filled, original = [], GuidedDecodingManager.fill_and_apply
+    monkeypatch.setattr(GuidedDecodingManager, "fill_and_apply", lambda self, scores, rows, *a, **kw: (
+        filled.append([r is not None for r in rows]), original(self, scores, rows, *a, **kw))[1])
     toks, proc = asyncio.run(harness.step(strat, mgr, seqs, torch.randn(2, vocab.vocab_size)))  # step N + 1
     step = proc.tokenrails_step
     assert step.rows[0] is err and proc.sampling_inputs.session_ctx[0][CTX_KEY] is err  # the helper and proposer read it

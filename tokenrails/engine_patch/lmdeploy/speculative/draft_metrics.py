@@ -1,22 +1,14 @@
 """The draft ledger: every speculative-decoding counter of a request, in one bounded record.
 
-Counted in the engine process, for every speculative method (a draft model such as EAGLE, the
-model-free grammar proposer, both). What a request's ``usage.speculative`` reports
-(``draft_usage.py``, through ``request_stats``):
-
-* ``draft_tokens``: draft tokens the target model verified for the request (k per verification
-  step, or the row's own run under adaptive grammar drafts);
-* ``accepted_draft_tokens``: of those, accepted by LMDeploy's rejection sampler (tokens a step
-  produced, up to and including a stop token, minus the step's own "bonus" token);
-* ``forced_draft_tokens``: draft tokens that came from the grammar's forced continuation
-  (``guided/forced.py``): the grammar proposer's drafts, or the tokens that replaced an EAGLE
-  draft's own guesses (``grammar_eagle.py``);
-* ``verify_steps``: verification steps (target forward passes with drafts) the request took.
-
-The grammar proposer (``grammar_drafts.py``) credits its own plans here too (``grammar_*``: steps,
-drafted, accepted, one-token-mask drafts, emitted tokens), per request and in total
-(``grammar_totals``). One lock, one cap: counters of ended requests are kept, the oldest dropped
-past ``MAX_TRACKED_REQUESTS``.
+Counted in the engine process for every speculative method (a draft model such as EAGLE, the
+model-free grammar proposer, both). A request's ``usage.speculative`` (``draft_usage.py``) is
+``request_stats``: ``draft_tokens`` verified (k per verification step, or the row's own run under
+adaptive grammar drafts); ``accepted_draft_tokens`` by LMDeploy's rejection sampler (what a step
+emitted, up to and including a stop token, minus its bonus token); ``forced_draft_tokens`` from
+the grammar's forced continuation (the grammar proposer's drafts, or those that replaced an EAGLE
+draft's guesses, ``grammar_eagle.py``); ``verify_steps``. The grammar proposer credits its own
+plans here too (``grammar_*``; ``grammar_totals`` over every request). One lock, one cap: ended
+requests are kept, the oldest dropped past ``MAX_TRACKED_REQUESTS``.
 """
 from __future__ import annotations
 
@@ -34,7 +26,7 @@ from .adaptive_drafts import row_lengths
 MAX_TRACKED_REQUESTS = 4096
 
 __all__ = ["DraftCounters", "request_stats", "record_verification", "record_forced", "record_grammar_step",
-           "drafted_counts", "emitted_counts", "grammar_totals", "reset", "all_requests", "install"]
+           "drafted_counts", "emitted_counts", "row_keys", "stop_ids", "grammar_totals", "reset", "all_requests", "install"]
 
 
 @dataclass
@@ -173,6 +165,12 @@ def record_grammar_step(keys: Sequence[Hashable], emitted: Sequence[int],
                 _of(key).grammar_draft_steps += 1
 
 
+def row_keys(session_ctx: list | None, batch: int) -> list[Hashable]:
+    """The ledger's key of each of ``batch`` rows: its session id (None past the context)."""
+    ctx = list(session_ctx or [])[:batch]
+    return [e.get("session_id") if isinstance(e, dict) else None for e in ctx] + [None] * (batch - len(ctx))
+
+
 def stop_ids(agent: Any) -> frozenset[int]:
     """The stop tokens of a speculative agent or proposer (its guided helper's vocabulary; none
     before the vocabulary is built or without the upgrade's manager)."""
@@ -188,10 +186,8 @@ def patched_rejection_sampling(original: Callable) -> Callable:
         out = await original(self, model_inputs, extra_inputs, sampling_inputs)
         try:
             if model_inputs.is_decoding and not model_inputs.is_dummy and out.output_token_ids is not None:
-                ctx = list(getattr(sampling_inputs, "session_ctx", None) or [])
                 ids = out.output_token_ids.reshape(out.output_token_ids.shape[0], -1).tolist()
-                keys = [e.get("session_id") if isinstance(e, dict) else None for e in ctx]
-                keys = (keys + [None] * len(ids))[: len(ids)]
+                keys = row_keys(getattr(sampling_inputs, "session_ctx", None), len(ids))
                 drafts = getattr(extra_inputs, "output_draft_token_ids", None)
                 drafted = (row_lengths(drafts.reshape(drafts.shape[0], -1)).tolist() if drafts is not None
                            else int(self.num_spec_tokens))

@@ -124,15 +124,6 @@ def _encoder(tokenizer: Any) -> Callable[[str], list[int]] | None:
     return encode
 
 
-class _RowPlan:
-    """What one row proposed: its key (session id) and how many grammar drafts / forced ones."""
-
-    __slots__ = ("key", "drafted", "forced")
-
-    def __init__(self, key: Hashable, drafted: int, forced: int):
-        self.key, self.drafted, self.forced = key, drafted, forced
-
-
 def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fillers: list[int],
                 num_drafts: int, *, guesses: dict | None = None, report: "_PlanReport | None" = None,
                 ) -> tuple[list[list[int]], list[int], list[int]]:
@@ -232,15 +223,6 @@ async def _propose_rows(proposer: Any, ctx: Any, formats: Any, pads: list[int], 
     return drafts, counts, singles
 
 
-def _row_keys(session_ctx: list | None, batch: int) -> list[Hashable]:
-    ctx = list(session_ctx or [])
-    keys: list[Hashable] = []
-    for i in range(batch):
-        e = ctx[i] if i < len(ctx) else None
-        keys.append(e.get("session_id") if isinstance(e, dict) else None)
-    return keys
-
-
 def _proposer_class():
     from lmdeploy.pytorch.spec_decode.proposers.base import BaseSpecProposer, ProposalMethod
     from lmdeploy.pytorch.strategies.ar_spec.model_agent import ARSpecExtraInputs
@@ -257,7 +239,7 @@ def _proposer_class():
 
         def __init__(self, specdecode_config: Any, device: Any = None):
             super().__init__(specdecode_config, device=device)
-            self._last: list[_RowPlan | None] = []  # the previous step's plan, by batch row
+            self._last: dict[Hashable, tuple[int, int]] = {}  # the previous step's (drafted, forced) by row key
             logger.warning("tokenrails: grammar drafts on: up to %d forced tokens drafted per guided row and "
                            "step, no draft model", self.num_speculative_tokens)
 
@@ -273,14 +255,14 @@ def _proposer_class():
             next_ids = extra_inputs.next_token_ids
             pads = [PAD] * batch  # a row's forced run ends where PAD begins: nothing past it is kept
             ctx = sampling_inputs.session_ctx if sampling_inputs is not None else None
-            keys = _row_keys(ctx, batch)
+            keys = draft_metrics.row_keys(ctx, batch)
             self._account(model_inputs, extra_inputs, keys)
             if model_inputs.is_chunk and not model_inputs.is_last_chunk:
                 drafts, counts, singles = [[pads[i]] * k for i in range(batch)], [0] * batch, [0] * batch
             else:
                 drafts, counts, singles = await _propose_rows(
                     self, ctx, sampling_inputs.response_formats if sampling_inputs is not None else None, pads, k)
-            self._last = [_RowPlan(keys[i], counts[i], singles[i]) for i in range(batch)]
+            self._last = {key: (counts[i], singles[i]) for i, key in enumerate(keys) if key is not None}
             device = next_ids.device if next_ids is not None else model_inputs.input_ids.device
             out = torch.tensor(drafts, dtype=torch.long, device=device).reshape(batch, k)
             return ARSpecExtraInputs(
@@ -296,8 +278,7 @@ def _proposer_class():
             out_ids = extra_inputs.output_token_ids
             if out_ids is None or model_inputs.is_dummy:
                 return
-            prev = ({p.key: (p.drafted, p.forced) for p in self._last if p is not None and p.key is not None}
-                    if model_inputs.is_decoding else {})  # a prefill verified nothing
+            prev = self._last if model_inputs.is_decoding else {}  # a prefill verified nothing
             emitted = draft_metrics.emitted_counts(out_ids, draft_metrics.stop_ids(self))
             draft_metrics.record_grammar_step(keys, emitted, [prev.get(key) for key in keys])
 
