@@ -16,7 +16,7 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
-PTH = Path("tokenrails/engine_patch/lmdeploy/boot/tokenrails_lmdeploy.pth")
+PTH = Path("tokenrails/engine_patch/lmdeploy/tokenrails_lmdeploy.pth")
 C_FLAGS = ["-O3", "-std=c11", "-fno-strict-aliasing", "-Wall"]
 
 

@@ -202,7 +202,7 @@ def main() -> None:
     from bench._common import abba, load_average, round_order, stream_requests
     from tokenrails import GuideSpec, Vocabulary
     from tokenrails.engine_patch.lmdeploy import activate
-    from tokenrails.engine_patch.lmdeploy.speculative import draft_ahead, grammar_drafts
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_ahead, draft_metrics, grammar_drafts
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
     from tokenrails.demo_model import resolve_model_dir
     from transformers import AutoTokenizer
@@ -258,7 +258,7 @@ def main() -> None:
                 pipe = insts[rnd % len(insts)]
                 if config == "inline":
                     os.environ[draft_ahead.ENV_AHEAD] = "0"
-                grammar_drafts.reset_stats()
+                draft_metrics.reset()
                 draft_ahead.STATS.reset()
                 counter.reset()
                 try:
@@ -274,10 +274,10 @@ def main() -> None:
                             cpu += time.process_time() - c
                 finally:
                     os.environ.pop(draft_ahead.ENV_AHEAD, None)
-                stats = list(grammar_drafts._LEDGER.requests.values())
+                stats = list(draft_metrics.all_requests().values())
                 ntok = sum(o.generate_token_len for o in outs)
-                req_steps = sum(s.steps for s in stats)
-                drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+                req_steps = sum(s["grammar_draft_steps"] for s in stats)
+                drafted, accepted = sum(s["grammar_drafted"] for s in stats), sum(s["grammar_draft_accepted"] for s in stats)
                 ps = draft_ahead.STATS.as_dict()
                 steps = max(counter.steps, 1)
                 return {"outs": outs, "tok_s": ntok / dt, "cpu_tok_s": ntok / max(cpu, 1e-9), "wall": dt,

@@ -427,7 +427,7 @@ class StepTimer:
     def _install_spec(self) -> None:
         from lmdeploy.pytorch.spec_decode.spec_agent import SpecModelAgent
 
-        from tokenrails.engine_patch.lmdeploy.speculative.grammar_drafts import emitted_counts
+        from tokenrails.engine_patch.lmdeploy.speculative.draft_metrics import emitted_counts
 
         original = SpecModelAgent._rejection_sampling  # the upgrade's adaptive version when active
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -121,13 +122,44 @@ def ours(vocab, spec, backend, traj, batch: int, steps: int) -> tuple[float, flo
     return fill_apply / steps, accept / steps
 
 
+def budget_flags(vocab, spec, traj, batch: int, steps: int) -> tuple[float, float]:
+    """The LMDeploy agent's per-step read of its budget rows' ``budget_closed`` flags
+    (``budget_report.row_flags``, every row a budget row): (wall, process CPU) seconds per step."""
+    from tokenrails.engine_patch.lmdeploy.server.budget_report import row_flags
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
+
+    owner = LMDeployGuidedManager(None, vocab.vocab_size, vocab=vocab, backend="fsm")  # budget rows need the fsm
+    mgr, steps, wall, cpu = owner.core(), min(steps, len(traj) - 1), 0.0, 0.0
+    rows = [GuidedRow("bench", (i, 0), spec, max_tokens=len(traj) + 8) for i in range(batch)]
+    for step in range(steps):  # every row walks the trajectory from its start
+        mgr.fill_and_apply(torch.randn(batch, vocab.vocab_size), rows)
+        mgr.accept_tokens([traj[step]] * batch, rows)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(100):
+            assert len(row_flags(owner, rows)) == batch
+        wall, cpu = wall + time.perf_counter() - t0, cpu + time.process_time() - c0
+    mgr.close()
+    return wall / steps / 100, cpu / steps / 100
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--backends", default="xgrammar,fsm")
     ap.add_argument("--tokenizers", default="smollm2,qwen2")
+    ap.add_argument("--budget-flags", action="store_true", help="only the agent's budget-flag read per step")
     args = ap.parse_args()
     steps = 20 if args.quick else 60
+    if args.budget_flags:
+        tok = load_tokenizer("smollm2")
+        vocab = Vocabulary.from_huggingface(tok)
+        spec = GuideSpec.json_schema(SCHEMA, any_whitespace=False)
+        traj = trajectory(tok, vocab, compile_guide(spec, vocab, backend="fsm"))
+        for b in (1, 16, 64):
+            wall, cpu = budget_flags(vocab, spec, traj, b, steps)
+            print(f"budget flags batch {b}: {wall * 1e6:.1f} us wall, {cpu * 1e6:.1f} us CPU per step "
+                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
+        return
     batches = [1, 16, 64] if args.quick else [1, 16, 64, 256]
     rows = []
     for name in args.tokenizers.split(","):

@@ -41,9 +41,9 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_GRAMMAR_EAGLE",          # speculative/grammar_eagle: grammar-aware draft models
     "TOKENRAILS_GUIDED_CPU_METER",       # step/guided_meter: per-process CPU time of guided calls
     "TOKENRAILS_KERNEL",                 # kernels/dispatch: the mask kernel forced
-    "TOKENRAILS_LMDEPLOY",               # boot/startup: children come up upgraded
+    "TOKENRAILS_LMDEPLOY",               # lmdeploy/startup: children come up upgraded
     "TOKENRAILS_LMDEPLOY_BACKEND",       # boot/settings: activate(backend=)
-    "TOKENRAILS_LMDEPLOY_CPU",           # boot/startup: the CPU device path
+    "TOKENRAILS_LMDEPLOY_CPU",           # lmdeploy/startup: the CPU device path
     "TOKENRAILS_LMDEPLOY_FILL_THREADS",  # boot/settings: activate(fill_threads=)
     "TOKENRAILS_LMDEPLOY_LIMITS",        # boot/settings: activate(limits=)
     "TOKENRAILS_MAX_BODY_BYTES",         # server/body_limits: the api_server's request bounds

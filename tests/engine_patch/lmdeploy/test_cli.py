@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from tokenrails.engine_patch.lmdeploy import lmdeploy_cli as cli
-from tokenrails.engine_patch.lmdeploy.boot import startup
+from tokenrails.engine_patch.lmdeploy import startup
 
 from . import spawn_child
 

@@ -1,4 +1,4 @@
-"""Per-request draft counters (draft_metrics.py) and their place in ``request_metrics``."""
+"""The draft ledger (draft_metrics.py): per-request counters and their place in ``request_metrics``."""
 from __future__ import annotations
 
 import pytest
@@ -8,9 +8,8 @@ pytest.importorskip("lmdeploy")
 
 @pytest.fixture
 def metrics():
-    from tokenrails.engine_patch.lmdeploy.speculative import draft_metrics, grammar_drafts
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_metrics
     draft_metrics.reset()
-    grammar_drafts.reset_stats()
     yield draft_metrics
     draft_metrics.reset()
 
@@ -54,3 +53,19 @@ def test_ragged_drafts_count_only_the_real_ones(metrics):
                                           "forced_draft_tokens": 0, "verify_steps": 1}
     assert metrics.request_stats("b") == {"draft_tokens": 0, "accepted_draft_tokens": 0,
                                           "forced_draft_tokens": 0, "verify_steps": 1}
+
+
+def test_one_ledger_holds_every_counter_of_a_request_under_one_cap(metrics, monkeypatch):
+    """The grammar proposer's counters and the verification counters are one record: the
+    proposer's drafts count as forced in the usage, and one cap drops the whole record."""
+    monkeypatch.setattr(metrics, "MAX_TRACKED_REQUESTS", 2)
+    metrics.record_grammar_step(["a"], [3], [(2, 1)])
+    metrics.record_verification(["a"], [2], [[5, 6, 7]], frozenset())
+    assert metrics.request_stats("a") == {"draft_tokens": 2, "accepted_draft_tokens": 2,
+                                          "forced_draft_tokens": 2, "verify_steps": 1}
+    assert metrics.all_requests()["a"]["grammar_draft_accepted"] == 2
+    for key in ("b", "c"):
+        metrics.record_grammar_step([key], [1], [None])
+    assert "a" not in metrics.all_requests() and metrics.request_stats("a") == {}
+    assert metrics.grammar_totals() == {"grammar_draft_steps": 3, "grammar_drafted": 2, "grammar_draft_accepted": 2,
+                                        "grammar_forced": 1, "grammar_draft_emitted": 5}

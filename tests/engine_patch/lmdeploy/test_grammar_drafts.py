@@ -78,10 +78,10 @@ def _pipe(model_dir, drafts: int):
 
 def _generate(pipe, prompts, gens, **kw):
     """Outputs and the grammar-draft counters of this call alone."""
-    from tokenrails.engine_patch.lmdeploy.speculative import grammar_drafts
-    grammar_drafts.reset_stats()
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_metrics
+    draft_metrics.reset()
     outs = pipe(prompts, gen_config=gens, **kw)
-    return outs, grammar_drafts.totals()
+    return outs, draft_metrics.grammar_totals()
 
 
 def _gens(reqs, **sampling):

@@ -13,11 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from tokenrails.engine_patch.lmdeploy.boot import startup
+from tokenrails.engine_patch.lmdeploy import startup
 
 from . import spawn_child
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def test_a_pth_line_written_by_0_1_0_still_finds_the_hook():
+    """Users' site-packages keep the ``.pth`` line ``install-hook`` wrote; 0.1.0's loads
+    ``engine_patch/lmdeploy/startup.py`` on every interpreter start (a missing file there is an
+    error at each start and no upgraded children)."""
+    import importlib.util
+
+    root = Path(importlib.util.find_spec("tokenrails").submodule_search_locations[0])
+    assert (root / "engine_patch" / "lmdeploy" / "startup.py").read_text(encoding="utf-8").count("def install(") == 1
+    assert "'engine_patch', 'lmdeploy', 'startup.py'" in startup.PTH_LINE
 
 
 def test_shipped_pth_file_matches_hook_line():

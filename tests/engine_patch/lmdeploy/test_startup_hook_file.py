@@ -30,5 +30,5 @@ def test_the_pth_line_is_written_from_the_names():
     hook = _hook_file.startup_hook()
     assert repr(hook.ENV_FLAG) in hook.PTH_LINE and repr(hook.ENV_CPU) in hook.PTH_LINE
     assert repr(hook.MODULE_NAME) in hook.PTH_LINE
-    assert (_hook_file.HOOK_PATH.parent / "_sitecustomize" / "sitecustomize.py").read_text().count(
+    assert (inherit.SITECUSTOMIZE_DIR / "sitecustomize.py").read_text().count(
         repr(hook.MODULE_NAME).replace("'", '"')) >= 1

@@ -129,6 +129,7 @@ def test_a_cpu_agent_overlaps_only_from_cpu_min_rows(upgraded, monkeypatch):
     """The overlapped fill thread is not started for a CPU agent's step below ``CPU_MIN_ROWS``
     guided rows (it slowed the CPU forward more than it hid); a GPU agent overlaps any step."""
     from tokenrails.engine_patch.lmdeploy.step import overlap, lmdeploy_step as step
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import RankView
     from tokenrails.guided.sequence import GuidedRow
     from tokenrails.guided.spec import GuideSpec
 
@@ -144,8 +145,8 @@ def test_a_cpu_agent_overlaps_only_from_cpu_min_rows(upgraded, monkeypatch):
 
     class Owner:
         is_tokenrails = True
-        _rounds = {(i, i): (i, 0) for i in range(overlap.CPU_MIN_ROWS)}  # seen before: nothing to note
-        _begun: dict = {}
+        view = RankView(rounds={(i, i): (i, 0) for i in range(overlap.CPU_MIN_ROWS)},  # seen before: nothing to note
+                        begun={}, failed={}, core=Mgr())
 
         def core(self, wait=True):
             return Mgr()

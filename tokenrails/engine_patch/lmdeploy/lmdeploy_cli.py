@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .boot import startup
+from . import startup
 from .boot.inherit import SITECUSTOMIZE_DIR as _SITECUSTOMIZE_DIR
 
 USAGE = __doc__ or ""

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-HOOK_PATH = Path(__file__).with_name("startup.py")
+HOOK_PATH = Path(__file__).parent.parent / "startup.py"
 HOOK_MODULE = "_tokenrails_lmdeploy_startup"  # = startup.MODULE_NAME (checked by the tests)
 _LOCK = threading.Lock()
 

@@ -38,19 +38,17 @@ __all__ = ["ATTR", "FIELD", "CLOSED", "row_flags", "note", "session_closed", "fo
 
 def row_flags(manager: Any, rows: Sequence[Any]) -> dict[int, bool]:
     """Agent side: ``{batch row: closed}`` for the budget rows of a step (``manager``: the
-    agent's ``LMDeployGuidedManager``)."""
+    agent's ``LMDeployGuidedManager``). Read straight from each row's budget state, every step:
+    the flag only ever turns true, and a row may end at any step."""
+    core = manager.view.core
+    if core is None:
+        return {}
     out: dict[int, bool] = {}
-    core = None
     for i, row in enumerate(rows):
-        if not isinstance(row, GuidedRow) or row.max_tokens is None:
-            continue
-        if core is None:
-            core = manager.core(wait=False)
-            if core is None:
-                return {}
-        metrics = core.request_metrics(row.session_id, row.seq_id)
-        if "budget_closed" in metrics:
-            out[i] = bool(metrics["budget_closed"])
+        if isinstance(row, GuidedRow) and row.max_tokens is not None:
+            state = core.sequence(row.session_id, row.seq_id)
+            if state is not None and state.budget is not None:
+                out[i] = state.budget.closed
     return out
 
 

@@ -1,38 +1,32 @@
-"""Per-request speculative-decoding counters: drafted, accepted and grammar-forced tokens.
+"""The draft ledger: every speculative-decoding counter of a request, in one bounded record.
 
-Counted in the engine process, for every speculative method (a draft model such as EAGLE, the
-model-free grammar proposer, both):
-
-* ``draft_tokens``: draft tokens the target model verified for the request (k per verification
-  step; LMDeploy drafts the same k for every row);
-* ``accepted_draft_tokens``: of those, accepted by LMDeploy's rejection sampler (tokens a step
-  produced, up to and including a stop token, minus the step's own "bonus" token);
-* ``forced_draft_tokens``: draft tokens that came from the grammar's forced continuation
-  (``guided/forced.py``): the grammar proposer's drafts, or the tokens that replaced an EAGLE
-  draft's own guesses (``grammar_eagle.py``);
-* ``verify_steps``: verification steps (target forward passes with drafts) the request took.
-
-Read per request by ``LMDeployGuidedManager.request_metrics`` and carried into the api_server's
-``usage`` (``draft_usage.py``). Counters of ended requests are kept, oldest dropped past
-``MAX_TRACKED_REQUESTS``.
+Counted in the engine process for every speculative method (a draft model such as EAGLE, the
+model-free grammar proposer, both). A request's ``usage.speculative`` (``draft_usage.py``) is
+``request_stats``: ``draft_tokens`` verified (k per verification step, or the row's own run under
+adaptive grammar drafts); ``accepted_draft_tokens`` by LMDeploy's rejection sampler (what a step
+emitted, up to and including a stop token, minus its bonus token); ``forced_draft_tokens`` from
+the grammar's forced continuation (the grammar proposer's drafts, or those that replaced an EAGLE
+draft's guesses, ``grammar_eagle.py``); ``verify_steps``. The grammar proposer credits its own
+plans here too (``grammar_*``; ``grammar_totals`` over every request). One lock, one cap: ended
+requests are kept, the oldest dropped past ``MAX_TRACKED_REQUESTS``.
 """
 from __future__ import annotations
 
 import functools
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
 from ..step.rank_manager import METRICS_SOURCES
 from .adaptive_drafts import row_lengths
-from .grammar_drafts import emitted_counts
 
 MAX_TRACKED_REQUESTS = 4096
 
-__all__ = ["DraftCounters", "request_stats", "record_verification", "drafted_counts", "record_forced", "reset", "all_requests", "install"]
+__all__ = ["DraftCounters", "request_stats", "record_verification", "record_forced", "record_grammar_step",
+           "drafted_counts", "emitted_counts", "row_keys", "stop_ids", "grammar_totals", "reset", "all_requests", "install"]
 
 
 @dataclass
@@ -41,14 +35,25 @@ class DraftCounters:
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
     forced_draft_tokens: int = 0
+    grammar_draft_steps: int = 0
+    grammar_drafted: int = 0
+    grammar_draft_accepted: int = 0
+    grammar_forced: int = 0
+    grammar_draft_emitted: int = 0
 
-    def as_dict(self) -> dict[str, int]:
+    def usage(self) -> dict[str, int]:
+        """The request's ``usage.speculative`` ({} before its first verification or forced draft);
+        the grammar proposer's drafts count as forced."""
+        if not (self.verify_steps or self.forced_draft_tokens):
+            return {}
         return {"draft_tokens": self.draft_tokens, "accepted_draft_tokens": self.accepted_draft_tokens,
-                "forced_draft_tokens": self.forced_draft_tokens, "verify_steps": self.verify_steps}
+                "forced_draft_tokens": self.forced_draft_tokens + self.grammar_drafted,
+                "verify_steps": self.verify_steps}
 
 
 _LOCK = threading.Lock()
 _REQUESTS: "OrderedDict[Hashable, DraftCounters]" = OrderedDict()
+_TOTAL = DraftCounters()  # the grammar proposer's counters over every request
 
 
 def _of(key: Hashable) -> DraftCounters:
@@ -61,16 +66,10 @@ def _of(key: Hashable) -> DraftCounters:
 
 
 def request_stats(session_id: Hashable) -> dict[str, int]:
-    """The request's counters ({} when it never took a speculative step). The grammar proposer's
-    drafts (its own ledger, ``grammar_drafts.request_stats``) count as forced."""
+    """The request's ``usage.speculative`` counters ({} when it never took a speculative step)."""
     with _LOCK:
         st = _REQUESTS.get(session_id)
-        out = st.as_dict() if st is not None else {}
-    if out:
-        from . import grammar_drafts
-
-        out["forced_draft_tokens"] += int(grammar_drafts.request_stats(session_id).get("grammar_drafted", 0))
-    return out
+        return st.usage() if st is not None else {}
 
 
 if request_stats not in METRICS_SOURCES:  # LMDeployGuidedManager.request_metrics carries the counters
@@ -78,14 +77,22 @@ if request_stats not in METRICS_SOURCES:  # LMDeployGuidedManager.request_metric
 
 
 def all_requests() -> dict[Hashable, dict[str, int]]:
-    """Every tracked request's own counters (a copy; grammar-proposer drafts not merged)."""
+    """Every tracked request's counters, all of them (a copy)."""
     with _LOCK:
-        return {k: v.as_dict() for k, v in _REQUESTS.items()}
+        return {k: {**asdict(v), **v.usage()} for k, v in _REQUESTS.items()}
+
+
+def grammar_totals() -> dict[str, int]:
+    """The grammar proposer's counters over every request since the last ``reset``."""
+    with _LOCK:
+        return {k: v for k, v in asdict(_TOTAL).items() if k.startswith("grammar_")}
 
 
 def reset() -> None:
+    global _TOTAL
     with _LOCK:
         _REQUESTS.clear()
+        _TOTAL = DraftCounters()
 
 
 def record_forced(session_id: Hashable, n: int) -> None:
@@ -101,6 +108,25 @@ def drafted_counts(draft_token_ids: Sequence[Sequence[int]]) -> list[int]:
     if not draft_token_ids:
         return []
     return row_lengths(torch.as_tensor(draft_token_ids, dtype=torch.long)).tolist()
+
+
+def emitted_counts(output_token_ids, stops: frozenset[int]) -> list[int]:
+    """Tokens each row's verification produced (rows of ids, or a tensor): up to the first negative
+    id (rejected positions), including a stop token and nothing after it (the engine drops what
+    follows a stop)."""
+    if isinstance(output_token_ids, torch.Tensor):
+        output_token_ids = output_token_ids.reshape(output_token_ids.shape[0], -1).tolist()
+    counts = []
+    for row in output_token_ids:
+        n = 0
+        for t in row:
+            if t < 0:
+                break
+            n += 1
+            if t in stops:
+                break
+        counts.append(n)
+    return counts
 
 
 def record_verification(session_ids: Sequence[Hashable], num_drafts: int | Sequence[int],
@@ -119,7 +145,35 @@ def record_verification(session_ids: Sequence[Hashable], num_drafts: int | Seque
             st.accepted_draft_tokens += min(d, max(n - 1, 0))
 
 
-def _stop_ids(agent: Any) -> frozenset[int]:
+def record_grammar_step(keys: Sequence[Hashable], emitted: Sequence[int],
+                        plans: Sequence[tuple[int, int] | None]) -> None:
+    """One step of the grammar proposer: per row, the tokens it emitted and the (drafted, forced)
+    plan of the previous step it verified (None: nothing verified); accepted = emitted minus the
+    bonus token, at most what was drafted."""
+    with _LOCK:
+        _TOTAL.grammar_draft_steps += 1
+        for i, key in enumerate(keys):
+            n = int(emitted[i]) if i < len(emitted) else 0
+            plan = plans[i] if i < len(plans) else None
+            for st in (_TOTAL, _of(key)) if key is not None else (_TOTAL,):
+                st.grammar_draft_emitted += n
+                if plan is not None:
+                    st.grammar_drafted += plan[0]
+                    st.grammar_forced += plan[1]
+                    st.grammar_draft_accepted += min(plan[0], max(n - 1, 0))
+            if key is not None:
+                _of(key).grammar_draft_steps += 1
+
+
+def row_keys(session_ctx: list | None, batch: int) -> list[Hashable]:
+    """The ledger's key of each of ``batch`` rows: its session id (None past the context)."""
+    ctx = list(session_ctx or [])[:batch]
+    return [e.get("session_id") if isinstance(e, dict) else None for e in ctx] + [None] * (batch - len(ctx))
+
+
+def stop_ids(agent: Any) -> frozenset[int]:
+    """The stop tokens of a speculative agent or proposer (its guided helper's vocabulary; none
+    before the vocabulary is built or without the upgrade's manager)."""
     owner = getattr(getattr(agent, "guided_helper", None), "_mgr", None)
     if getattr(owner, "is_tokenrails", False) and owner.ready:
         return frozenset(owner.core().vocab.eos_ids)
@@ -132,14 +186,12 @@ def patched_rejection_sampling(original: Callable) -> Callable:
         out = await original(self, model_inputs, extra_inputs, sampling_inputs)
         try:
             if model_inputs.is_decoding and not model_inputs.is_dummy and out.output_token_ids is not None:
-                ctx = list(getattr(sampling_inputs, "session_ctx", None) or [])
                 ids = out.output_token_ids.reshape(out.output_token_ids.shape[0], -1).tolist()
-                keys = [e.get("session_id") if isinstance(e, dict) else None for e in ctx]
-                keys = (keys + [None] * len(ids))[: len(ids)]
+                keys = row_keys(getattr(sampling_inputs, "session_ctx", None), len(ids))
                 drafts = getattr(extra_inputs, "output_draft_token_ids", None)
                 drafted = (row_lengths(drafts.reshape(drafts.shape[0], -1)).tolist() if drafts is not None
                            else int(self.num_spec_tokens))
-                record_verification(keys, drafted, ids, _stop_ids(self))
+                record_verification(keys, drafted, ids, stop_ids(self))
         except Exception:  # counters must never fail a step
             import logging
 

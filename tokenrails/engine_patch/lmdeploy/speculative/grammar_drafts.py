@@ -26,8 +26,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
@@ -36,7 +34,7 @@ from ....guided.errors import GuideError
 from . import draft_ahead
 from ..step.lmdeploy_step import report as report_row_errors
 from ....guided.sequence import GuidedRow
-from . import adaptive_drafts, draft_shapes
+from . import adaptive_drafts, draft_metrics, draft_shapes
 from .._patching import Patcher, require_attrs
 from ..boot import settings
 from .adaptive_drafts import PAD
@@ -47,10 +45,8 @@ METHOD = "tokenrails_grammar"
 ENV_DRAFTS = settings.ENV_DRAFTS
 # verification shapes (draft_shapes.py): "0" ragged, "1" every row padded to k, "buckets", unset: per device
 ENV_FIXED = draft_shapes.ENV_SHAPE
-MAX_TRACKED_REQUESTS = 4096  # per-request counters kept after a request ends (oldest dropped)
 
-__all__ = ["METHOD", "ENV_DRAFTS", "ENV_FIXED", "DraftStats", "configured_drafts", "install",
-           "request_stats", "totals", "reset_stats"]
+__all__ = ["METHOD", "ENV_DRAFTS", "ENV_FIXED", "configured_drafts", "install"]
 
 
 # ---- settings (the record in boot/settings.py: activate(grammar_drafts=...), its environment) ----
@@ -85,63 +81,6 @@ def configured_drafts() -> int:
     return settings.current().grammar_drafts or 0
 
 
-# ---- counters ------------------------------------------------------------------------------
-@dataclass
-class DraftStats:
-    """``steps``: verification steps (forward passes) that carried drafts; ``drafted``: grammar
-    drafts proposed; ``accepted``: of those, accepted by verification; ``forced``: drafted tokens
-    that came from a one-token mask (always accepted); ``emitted``: tokens the steps produced."""
-
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    forced: int = 0
-    emitted: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {"grammar_draft_steps": self.steps, "grammar_drafted": self.drafted,
-                "grammar_draft_accepted": self.accepted, "grammar_forced": self.forced,
-                "grammar_draft_emitted": self.emitted}
-
-
-@dataclass
-class _Ledger:
-    """Process-wide counters, per request (bounded) and in total."""
-
-    total: DraftStats = field(default_factory=DraftStats)
-    requests: "OrderedDict[Hashable, DraftStats]" = field(default_factory=OrderedDict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def of(self, key: Hashable) -> DraftStats:
-        st = self.requests.get(key)
-        if st is None:
-            st = self.requests[key] = DraftStats()
-            while len(self.requests) > MAX_TRACKED_REQUESTS:
-                self.requests.popitem(last=False)
-        return st
-
-
-_LEDGER = _Ledger()
-
-
-def request_stats(session_id: Hashable) -> dict[str, int]:
-    """Grammar-draft counters of one request (its LMDeploy session id); {} when unknown."""
-    with _LEDGER.lock:
-        st = _LEDGER.requests.get(session_id)
-        return st.as_dict() if st is not None else {}
-
-
-def totals() -> dict[str, int]:
-    with _LEDGER.lock:
-        return _LEDGER.total.as_dict()
-
-
-def reset_stats() -> None:
-    with _LEDGER.lock:
-        _LEDGER.total = DraftStats()
-        _LEDGER.requests.clear()
-
-
 # ---- the proposal ----------------------------------------------------------------------------
 _ENCODERS: dict[int, tuple[Any, Callable[[str], Sequence[int]]]] = {}
 ENCODE_MEMO = 4096  # forced strings remembered per tokenizer
@@ -166,15 +105,6 @@ def _encoder(tokenizer: Any) -> Callable[[str], Sequence[int]] | None:
 
     _ENCODERS[id(tokenizer)] = (tokenizer, encode)
     return encode
-
-
-class _RowPlan:
-    """What one row proposed: its key (session id) and how many grammar drafts / forced ones."""
-
-    __slots__ = ("key", "drafted", "forced")
-
-    def __init__(self, key: Hashable, drafted: int, forced: int):
-        self.key, self.drafted, self.forced = key, drafted, forced
 
 
 def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fillers: list[int],
@@ -202,7 +132,6 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
     words = (core.vocab.vocab_size + 31) // 32
     buf = _mask_buffer(words)
     guesses = guesses or {}
-    failed = _failed_rows(helper)
     for idx, h in handles.items():
         if idx >= batch or h.error is not None:
             continue
@@ -212,10 +141,6 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
             if row is None:
                 continue
             key = (row.session_id, row.seq_id)
-            if key in failed:  # the engine runs a step ahead of its stop: fail the row again, never re-propose
-                if report is not None:
-                    report.errors[idx] = failed[key]
-                continue
             guess = guesses.get(key)
             if guess is not None and core.guess_holds(row, guess[0], guess[1]):
                 run = guess[2]
@@ -230,10 +155,6 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
             err = exc if isinstance(exc, GuideError) else GuideError(
                 f"grammar drafts: the proposal failed for this row: {type(exc).__name__}: {exc}")
             h.error = err
-            if key is not None:
-                failed[key] = err
-                while len(failed) > MAX_FAILED_ROWS:
-                    failed.popitem(last=False)
             if report is not None:
                 report.errors[idx] = err
             logger.warning("tokenrails: grammar-draft proposal failed for row %d: %r", idx, exc)
@@ -248,7 +169,6 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
     return drafts, counts, singles
 
 
-MAX_FAILED_ROWS = 4096
 _BUFFERS = threading.local()
 
 
@@ -259,13 +179,6 @@ def _mask_buffer(words: int) -> torch.Tensor:
     if buf is None or buf.shape[1] != words:
         buf = _BUFFERS.row = torch.empty((1, words), dtype=torch.int32)
     return buf
-
-
-def _failed_rows(helper: Any) -> "OrderedDict[Hashable, Any]":
-    """Rows whose proposal raised, with their error (bounded): the engine stops a failed row one
-    step late, so the row is failed again then, never proposed again. Proposals of one helper run
-    one at a time (the agent's step)."""
-    return helper.__dict__.setdefault("_tokenrails_failed_drafts", OrderedDict())
 
 
 class _PlanReport:
@@ -305,34 +218,6 @@ async def _propose_rows(proposer: Any, ctx: Any, formats: Any, pads: list[int], 
     return drafts, counts, singles
 
 
-def _row_keys(session_ctx: list | None, batch: int) -> list[Hashable]:
-    ctx = list(session_ctx or [])
-    keys: list[Hashable] = []
-    for i in range(batch):
-        e = ctx[i] if i < len(ctx) else None
-        keys.append(e.get("session_id") if isinstance(e, dict) else None)
-    return keys
-
-
-def emitted_counts(output_token_ids, stops: frozenset[int]) -> list[int]:
-    """Tokens each row's verification produced (rows of ids, or a tensor): up to the first negative
-    id (rejected positions), including a stop token and nothing after it (the engine drops what
-    follows a stop)."""
-    if isinstance(output_token_ids, torch.Tensor):
-        output_token_ids = output_token_ids.reshape(output_token_ids.shape[0], -1).tolist()
-    counts = []
-    for row in output_token_ids:
-        n = 0
-        for t in row:
-            if t < 0:
-                break
-            n += 1
-            if t in stops:
-                break
-        counts.append(n)
-    return counts
-
-
 def _proposer_class():
     from lmdeploy.pytorch.spec_decode.proposers.base import BaseSpecProposer, ProposalMethod
     from lmdeploy.pytorch.strategies.ar_spec.model_agent import ARSpecExtraInputs
@@ -349,7 +234,7 @@ def _proposer_class():
 
         def __init__(self, specdecode_config: Any, device: Any = None):
             super().__init__(specdecode_config, device=device)
-            self._last: list[_RowPlan | None] = []  # the previous step's plan, by batch row
+            self._last: dict[Hashable, tuple[int, int]] = {}  # the previous step's (drafted, forced) by row key
             logger.warning("tokenrails: grammar drafts on: up to %d forced tokens drafted per guided row and "
                            "step, no draft model", self.num_speculative_tokens)
 
@@ -365,14 +250,14 @@ def _proposer_class():
             next_ids = extra_inputs.next_token_ids
             pads = [PAD] * batch  # a row's forced run ends where PAD begins: nothing past it is kept
             ctx = sampling_inputs.session_ctx if sampling_inputs is not None else None
-            keys = _row_keys(ctx, batch)
+            keys = draft_metrics.row_keys(ctx, batch)
             self._account(model_inputs, extra_inputs, keys)
             if model_inputs.is_chunk and not model_inputs.is_last_chunk:
                 drafts, counts, singles = [[pads[i]] * k for i in range(batch)], [0] * batch, [0] * batch
             else:
                 drafts, counts, singles = await _propose_rows(
                     self, ctx, sampling_inputs.response_formats if sampling_inputs is not None else None, pads, k)
-            self._last = [_RowPlan(keys[i], counts[i], singles[i]) for i in range(batch)]
+            self._last = {key: (counts[i], singles[i]) for i, key in enumerate(keys) if key is not None}
             device = next_ids.device if next_ids is not None else model_inputs.input_ids.device
             out = torch.tensor(drafts, dtype=torch.long, device=device).reshape(batch, k)
             return ARSpecExtraInputs(
@@ -383,34 +268,14 @@ def _proposer_class():
                 logprobs=extra_inputs.logprobs,
             )
 
-        def _stop_ids(self) -> frozenset[int]:
-            owner = getattr(self.guided_helper, "_mgr", None)
-            if getattr(owner, "is_tokenrails", False) and owner.ready:
-                return frozenset(owner.core().vocab.eos_ids)
-            return frozenset()
-
         def _account(self, model_inputs: Any, extra_inputs: Any, keys: list[Hashable]) -> None:
             """Credit the previous step's drafts with what this step's verification accepted."""
             out_ids = extra_inputs.output_token_ids
             if out_ids is None or model_inputs.is_dummy:
                 return
-            emitted = emitted_counts(out_ids, self._stop_ids())
-            verified = bool(model_inputs.is_decoding)
-            prev = {p.key: p for p in self._last if p is not None and p.key is not None}
-            with _LEDGER.lock:
-                _LEDGER.total.steps += 1
-                for i, key in enumerate(keys):
-                    n = int(emitted[i]) if i < len(emitted) else 0
-                    plan = prev.get(key) if verified else None
-                    acc = min(plan.drafted, max(n - 1, 0)) if plan is not None else 0
-                    for st in (_LEDGER.total, _LEDGER.of(key)) if key is not None else (_LEDGER.total,):
-                        st.emitted += n
-                        if plan is not None:
-                            st.drafted += plan.drafted
-                            st.forced += plan.forced
-                            st.accepted += acc
-                    if key is not None:
-                        _LEDGER.of(key).steps += 1
+            prev = self._last if model_inputs.is_decoding else {}  # a prefill verified nothing
+            emitted = draft_metrics.emitted_counts(out_ids, draft_metrics.stop_ids(self))
+            draft_metrics.record_grammar_step(keys, emitted, [prev.get(key) for key in keys])
 
     GrammarProposer.__module__ = __name__
     GrammarProposer.__qualname__ = "GrammarProposer"

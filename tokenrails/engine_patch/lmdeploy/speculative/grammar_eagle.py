@@ -80,8 +80,6 @@ class ForcingDraftHelper:
         self.num_drafts = max(1, int(num_drafts))
         self._plan: _StepPlan | None = None
         self._buf: torch.Tensor | None = None
-        self.forced_total = 0    # draft tokens taken from the forced run
-        self.replaced_total = 0  # of those, different from the draft model's own (masked) guess
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -135,8 +133,6 @@ class ForcingDraftHelper:
 
         changed, forced = await asyncio.to_thread(run)
         plan.position += 1
-        self.forced_total += len(forced)
-        self.replaced_total += len(changed)
         for key, n in forced:
             draft_metrics.record_forced(key, n)
         if changed:

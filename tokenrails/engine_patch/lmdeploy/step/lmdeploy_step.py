@@ -93,6 +93,9 @@ class LMDeployStep:
         self.owner = owner
         self.inputs = sampling_inputs
         self.rows: list[Any] = rows_from_inputs(sampling_inputs) if sampling_inputs is not None else []
+        view = owner.view
+        if view.failed:
+            self._refail(view.failed)
         self.guided = sum(isinstance(r, GuidedRow) for r in self.rows)
         self.budget = any(isinstance(r, GuidedRow) and r.max_tokens is not None for r in self.rows)
         self.skip_guided = skip_guided  # non-last prefill chunk: sample nothing into matchers
@@ -104,11 +107,20 @@ class LMDeployStep:
         # a row seen for the first time (a new round): note it (releases the previous round's
         # matcher, queued) and start its compile before the forward
         new = [r for r in self.rows if isinstance(r, GuidedRow)
-               and owner._rounds.get((r.session_id, r.seq_id[0])) != r.seq_id]
+               and view.rounds.get((r.session_id, r.seq_id[0])) != r.seq_id]
         if new:
             for r in new:
                 owner.note_round(r.session_id, r.seq_id)
             owner.prefetch({r.spec.key: r.spec for r in new}.values())
+
+    def _refail(self, failed: Any) -> None:
+        """A round that failed is failed again, by its error, for every part of this step: its
+        ``session_ctx`` entry too (the speculative helper and the proposer read the rows there)."""
+        ctx = getattr(self.inputs, "session_ctx", None) or []
+        for i, r in enumerate(self.rows):
+            err = failed.get((r.session_id, r.seq_id)) if isinstance(r, GuidedRow) else None
+            if err is not None:
+                self.rows[i] = ctx[i][CTX_KEY] = err
 
     def prepared(self) -> list[Any]:
         """The rows with reasoning resolved (``owner.prepare_rows``; memoized per round by the
@@ -116,7 +128,7 @@ class LMDeployStep:
         a row that answers at once with a token budget, its compile: off the event loop unless
         compiled."""
         if self._prepared is None:
-            begun = self.owner._begun
+            begun = self.owner.view.begun
             rows = [begun.get((r.session_id, r.seq_id), r) if isinstance(r, GuidedRow) else r for r in self.rows]
             if any(isinstance(r, GuidedRow) and (type(r) is not GuidedRow or r.spec.key != o.spec.key)
                    for r, o in zip(rows, self.rows)):
@@ -131,9 +143,17 @@ class LMDeployStep:
         return [r if isinstance(r, GuidedRow) else None for r in self.prepared()]
 
     def fail(self, errors: dict[int, GuideError]) -> None:
-        """Record row errors (the first one of a row wins)."""
+        """Record row errors (the first one of a row wins); the manager remembers their rounds."""
+        rounds = {}
         for row, err in errors.items():
-            self.errors.setdefault(row, err)
+            if row in self.errors:
+                continue
+            self.errors[row] = err
+            r = self.rows[row] if row < len(self.rows) else None
+            if isinstance(r, GuidedRow):
+                rounds[(r.session_id, r.seq_id)] = err
+        if rounds:
+            self.owner.fail_rounds(rounds)
 
     def seq_errors(self) -> dict[int, GuideError]:
         """The errors keyed by sequence index: a dLLM block's logits rows name their sequence."""
@@ -146,11 +166,11 @@ class LMDeployStep:
 
     def core(self) -> Any:
         """The core manager, or None when its vocabulary failed (every row then fails closed)."""
-        owner = self.owner
-        if owner._error is None and owner._ready.is_set():
-            return owner._mgr
+        mgr = self.owner.view.core
+        if mgr is not None:
+            return mgr
         try:
-            return owner.core()
+            return self.owner.core()
         except GuideError as exc:
             self.fail({i: exc for i, r in enumerate(self.rows) if r is not None})
             return None
@@ -158,12 +178,10 @@ class LMDeployStep:
     def compiled(self) -> bool:
         """Nothing this step's fill could wait for: the vocabulary is built and every guided
         row's constraint compiled (or failed)."""
-        owner = self.owner
-        if not owner._ready.is_set():
-            return False
-        if owner._error is not None:
-            return True  # every row fails at once
-        return owner._mgr.compiled([r for r in self.rows if isinstance(r, GuidedRow)])
+        mgr = self.owner.view.core
+        if mgr is None:
+            return self.owner.ready  # building: the fill would wait; failed: every row fails at once
+        return mgr.compiled([r for r in self.rows if isinstance(r, GuidedRow)])
 
 
 def report(owner: Any, errors: dict[int, GuideError]) -> None:

@@ -20,7 +20,9 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, Callable, Hashable
+from collections import OrderedDict
+from types import MappingProxyType
+from typing import Any, Callable, Hashable, Mapping, NamedTuple
 
 from ....guided.sequence import GuidedRow
 from ....guided.errors import GuideError, InvalidGuideError
@@ -37,6 +39,20 @@ logger = logging.getLogger("tokenrails.lmdeploy")
 _LIVE: "weakref.WeakSet[LMDeployGuidedManager]" = weakref.WeakSet()  # this process's sampling ranks
 #: per-request metrics beside the core's (speculative/draft_metrics registers its counters here)
 METRICS_SOURCES: list[Callable[[Hashable], dict]] = []
+
+MAX_FAILED = 4096  # failed rounds remembered (their sessions' ends drop them sooner)
+
+
+class RankView(NamedTuple):
+    """What an engine step reads of its rank's manager, without a call (a steady step makes none):
+    the round books as read-only mappings (the manager writes them under its lock; a dict read is
+    atomic) and the core manager once its vocabulary is built (None while building or failed:
+    ``core()`` then waits or raises)."""
+
+    rounds: Mapping[tuple[Hashable, Hashable], Hashable]  # (session, seq_id) -> the round's seq_key
+    begun: Mapping[tuple[Hashable, Hashable], GuidedRow]  # (session, seq_key) -> the prepared row
+    failed: Mapping[tuple[Hashable, Hashable], GuideError]  # (session, seq_key) -> why it failed
+    core: Any = None
 
 
 class LMDeployGuidedManager(StockCalls):
@@ -58,9 +74,14 @@ class LMDeployGuidedManager(StockCalls):
         # It is never held across a call into the core manager (its step lock, a compile wait).
         self._books = threading.Lock()
         self._rounds: dict[tuple[Hashable, Hashable], Hashable] = {}
-        # (session, seq_key) -> the round's prepared row; the step reads both books with plain
-        # dict reads (atomic), so a steady step makes no call here (lmdeploy_step.py)
+        # (session, seq_key) -> the round's prepared row; the step reads the books through
+        # ``view``, so a steady step makes no call here (lmdeploy_step.py)
         self._begun: dict[tuple[Hashable, Hashable], GuidedRow] = {}
+        # rounds that failed: LMDeploy stops a failed row a step late, and every filler and
+        # proposer must see it failed then (lmdeploy_step.py), never fill or propose it again
+        self._failed: "OrderedDict[tuple[Hashable, Hashable], GuideError]" = OrderedDict()
+        self.view = RankView(MappingProxyType(self._rounds), MappingProxyType(self._begun),
+                             MappingProxyType(self._failed))
         self._reasoning_default = default_setting(settings.reasoning_default())  # fixed per manager
         self._reasoning_memo: dict[Any, Any] = {}
         self.step: LMDeployStep | None = None  # the engine step running now (lmdeploy_step.py)
@@ -82,6 +103,7 @@ class LMDeployGuidedManager(StockCalls):
             if fill_threads:
                 kwargs["fill_threads"] = fill_threads
             self._mgr = GuidedDecodingManager(vocab, **kwargs)
+            self.view = self.view._replace(core=self._mgr)
         except GuideError as exc:
             self._error = exc
         except Exception as exc:  # an unreadable tokenizer fails guided requests, not the engine
@@ -140,6 +162,7 @@ class LMDeployGuidedManager(StockCalls):
             self._rounds[ident] = seq_key
             if prev is not None:
                 self._begun.pop((session_id, prev), None)
+                self._failed.pop((session_id, prev), None)
         if prev is not None and self._mgr is not None:
             self._mgr.end_session_soon(session_id, prev)
 
@@ -188,13 +211,20 @@ class LMDeployGuidedManager(StockCalls):
     def prepare_rows(self, rows: list[Any]) -> list[Any]:
         return [self.prepare_row(r) for r in rows]
 
+    def fail_rounds(self, errors: dict[tuple[Hashable, Hashable], GuideError]) -> None:
+        """Remember failed rounds by (session, seq_key), the first error of each (bounded)."""
+        with self._books:
+            for key, err in errors.items():
+                self._failed.setdefault(key, err)
+            while len(self._failed) > MAX_FAILED:
+                self._failed.popitem(last=False)
+
     # ---- LMDeploy's clean-up calls ---------------------------------------------------------
     def end_session(self, session_id: Hashable) -> None:
         with self._books:
-            for ident in [k for k in self._rounds if k[0] == session_id]:
-                del self._rounds[ident]
-            for ident in [k for k in self._begun if k[0] == session_id]:
-                del self._begun[ident]
+            for book in (self._rounds, self._begun, self._failed):
+                for ident in [k for k in book if k[0] == session_id]:
+                    del book[ident]
         if self._mgr is not None:
             self._mgr.end_session_soon(session_id)  # the event loop never waits for a step's lock
 
@@ -211,6 +241,7 @@ class LMDeployGuidedManager(StockCalls):
             sessions = {k[0] for k in self._rounds}
             self._rounds.clear()
             self._begun.clear()
+            self._failed.clear()
         if self._mgr is not None:
             for session_id in sessions:
                 self._mgr.end_session_soon(session_id)

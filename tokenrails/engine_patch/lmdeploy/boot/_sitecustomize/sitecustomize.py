@@ -10,7 +10,7 @@ import os as _os
 import sys as _sys
 
 _here = _os.path.dirname(_os.path.abspath(__file__))
-_startup = _os.path.join(_os.path.dirname(_here), "startup.py")
+_startup = _os.path.join(_os.path.dirname(_os.path.dirname(_here)), "startup.py")
 if "_tokenrails_lmdeploy_startup" not in _sys.modules:
     _spec = _u.spec_from_file_location("_tokenrails_lmdeploy_startup", _startup)
     _mod = _u.module_from_spec(_spec)

@@ -13,7 +13,8 @@ This file owns the names of the variables it reads (``ENV_FLAG``, ``ENV_CPU``); 
 is written from them. It is a script loaded by file path, never imported as part of the package by
 tokenrails code: the package reaches it through ``hook_file.startup_hook()``, which returns the
 copy this process already runs (one copy, one finder), so the modules this hook starts do not
-import it back.
+import it back. It starts the package (``activate``) and the CPU device port, so it stands above
+both, beside the other entry points (``lmdeploy_cli``, ``proxy_serve``).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ PTH_LINE = (
     "\"import importlib.util as u, os.path as p, sys\\n"
     "s = u.find_spec('tokenrails')\\n"
     f"f = u.spec_from_file_location({MODULE_NAME!r}, "
-    "p.join(s.submodule_search_locations[0], 'engine_patch', 'lmdeploy', 'boot', 'startup.py'))\\n"
+    "p.join(s.submodule_search_locations[0], 'engine_patch', 'lmdeploy', 'startup.py'))\\n"
     "m = u.module_from_spec(f); sys.modules[f.name] = m; f.loader.exec_module(m); m.install()\")\n"
 )
 
