@@ -157,3 +157,25 @@ def test_a_compile_returning_during_exit_does_not_abort_the_process():
                           cwd=str(Path(__file__).resolve().parents[2]))
     assert "timed out" in done.stdout, done.stderr[-2000:]
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_named_client_is_capped_and_the_local_caller_is_not(vocab, blocking_backend):
+    """``per_client`` bounds each named client (an api_server's); ``LOCAL`` (a library caller, no
+    client named) is one caller whose benign spec never queues behind its own slow ones."""
+    from tokenrails.guided.clients import CLIENT
+
+    manager = GuidedDecodingManager(vocab, backend=blocking_backend, compile_workers=4, per_client=1,
+                                    limits=tr.GuideLimits(compile_timeout_s=20))
+    token = CLIENT.set("key:flood")
+    try:
+        for n in range(3):
+            manager.prefetch(tr.GuideSpec.regex(f"hostile-named{n}"))
+    finally:
+        CLIENT.reset(token)
+    assert manager._pool.running == 1 and manager._pool.queued("key:flood") == 2
+    for n in range(2):
+        manager.prefetch(tr.GuideSpec.regex(f"hostile-local{n}"))
+    start = time.perf_counter()
+    guide = manager.get_compiled(tr.GuideSpec.regex("[0-9]{4}"))  # LOCAL's third compile runs at once
+    assert time.perf_counter() - start < 1.0 and guide.matcher() is not None
+    manager.close()

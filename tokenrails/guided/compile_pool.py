@@ -4,7 +4,9 @@ A backend's compile (xgrammar's C++, llguidance's Rust) cannot be interrupted fr
 
 * compiles queue per client (``clients.py``: API key or address); a free slot goes to the client
   with the fewest compiles running, and no client holds more than ``per_client`` slots, so one
-  client's expensive specs queue behind its own, never in front of another client's;
+  client's expensive specs queue behind its own, never in front of another client's (``LOCAL``, the
+  process's own compiles with no client named, is one caller and has no cap: its specs never wait
+  for its own slow ones);
 * a *heavy* compile (large by the caller's cost estimate) runs in a worker process that is killed
   at its deadline (``compile_procs.py``); at most ``max_heavy`` run at once (one process each);
 * when the caller gives up on a compile (its deadline passed) the compile is *abandoned*: it stops
@@ -23,7 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .clients import current_client
+from .clients import LOCAL, current_client
 from .errors import GuideLimitError
 from .native_threads import start_native_thread
 
@@ -120,7 +122,7 @@ class CompilePool:
         heavy_live = sum(1 for j in live if j.heavy)
         best: tuple[int, str] | None = None
         for client, queue in self._queues.items():  # insertion order: longest waiting first
-            if per_client[client] >= self.per_client:
+            if per_client[client] >= (self.max_running if client == LOCAL else self.per_client):
                 continue
             if queue[0].heavy and heavy_live >= self.max_heavy:
                 continue

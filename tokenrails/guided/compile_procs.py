@@ -176,13 +176,9 @@ class ProcessCompiler:
             self.counters["compiles"] += 1
         if status == "error":
             raise payload
-        name, state, compile_s = payload
-        from .registry import get_backend
-
-        guide = get_backend(name, self.vocab, self.limits).restore(spec, state)  # type: ignore[attr-defined]
-        del state, payload
+        guide = restore_guide(spec, payload, self.vocab, self.limits)
+        del payload
         trim_soon()  # a large spec's frame (megabytes of serialized grammar) is free again
-        guide.compile_s = compile_s
         return guide
 
     def close(self) -> None:
@@ -264,3 +260,14 @@ def export_guide(guide: CompiledGuide) -> tuple[str, Any, float]:
     if export is None:
         raise GuideError(f"backend {guide.backend!r} has no portable form")
     return guide.backend, export(guide), guide.compile_s
+
+
+def restore_guide(spec: GuideSpec, exported: tuple[str, Any, float], vocab: Vocabulary,
+                  limits: GuideLimits) -> CompiledGuide:
+    """The guide ``export_guide`` described, rebuilt against this process's ``vocab``."""
+    from .registry import get_backend
+
+    name, state, compile_s = exported
+    guide = get_backend(name, vocab, limits).restore(spec, state)  # type: ignore[attr-defined]
+    guide.compile_s = compile_s
+    return guide

@@ -355,6 +355,19 @@ class GuidedDecodingManager:
         self._abandon(spec.key, entry)
         return True
 
+    def settled(self, spec: GuideSpec) -> CompiledGuide | GuideError | None:
+        """``spec``'s finished result (compiled or failed), or None while it compiles or was never
+        asked for; starts nothing."""
+        return self._cache.get(spec.key)
+
+    def adopt(self, spec: GuideSpec, guide: CompiledGuide) -> None:
+        """Keep ``guide``, compiled for ``spec`` in another process (an engine whose scheduler
+        compiles for its ranks), unless this manager has its own result or compile: the ranks
+        then decode with one grammar and none of them compiles it again."""
+        with self._lock:
+            if self._cache.get(spec.key) is None and spec.key not in self._inflight:
+                self._cache.put(spec.key, guide)
+
     def _failure(self, spec: GuideSpec) -> GuideError | None:
         hit = self._cache.get(spec.key)
         if isinstance(hit, GuideError):

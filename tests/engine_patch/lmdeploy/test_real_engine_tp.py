@@ -4,7 +4,11 @@ SmolLM2-135M (9 heads, 3 KV heads) at TP = 3 against TP = 1, float32, greedy, on
 guided kind (json_schema, regex, choice, grammar, a tool call as a structural tag) plus an unguided
 row: token for token the same, stock and upgraded side by side, each engine in its own process
 (tp_child.py). Stock refuses ``choice`` and ``grammar`` (it has neither) at both sizes. The upgraded
-TP = 3 run also reports each rank's guided CPU work: only rank 0 (the rank that samples) has any.
+TP = 3 run also reports each rank's guided CPU work: only rank 0 (the rank that samples) has any,
+and it compiles nothing (the engine process compiles),
+and times a request whose grammar compiles slowly beside a streaming one: the slow row waits
+outside the batch while the other keeps decoding (its grammar compiles in the engine process,
+where the scheduler is, and reaches the ranks with the row).
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ REPO = Path(__file__).resolve().parents[3]
 TOOL = re.compile(re.escape(tp_child.TOOL_BEGIN) + r"(.*)" + re.escape(tp_child.TOOL_END), re.S)
 
 
-def _run(tp: int, mode: str, meter: str | None = None) -> dict:
+def _run(tp: int, mode: str, meter: str | None = None, *extra: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     for name in ("TOKENRAILS_LMDEPLOY", "TOKENRAILS_TP_GUIDED_ALL_RANKS"):
@@ -38,6 +42,7 @@ def _run(tp: int, mode: str, meter: str | None = None) -> dict:
     cmd = [sys.executable, "-m", "tests.engine_patch.lmdeploy.tp_child", "--tp", str(tp), "--mode", mode]
     if meter:
         cmd += ["--meter", meter]
+    cmd += list(extra)
     for attempt in (1, 2):
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TP_RESULT ")]
@@ -61,7 +66,8 @@ def _traceback(stderr: str) -> str:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     meter = str(tmp_path_factory.mktemp("meter") / "guided")
-    out = {(mode, tp): _run(tp, mode, meter if (mode, tp) == ("tokenrails", 3) else None)
+    upgraded_tp = ("tokenrails", 3)  # its engine also times a slow compile beside a stream (--row-waits)
+    out = {(mode, tp): _run(tp, mode, *((meter, "--row-waits") if (mode, tp) == upgraded_tp else ()))
            for mode in ("stock", "tokenrails") for tp in (1, 3)}
     reports = [json.loads(Path(f).read_text()) for f in glob.glob(meter + ".*.json")]
     return out, reports
@@ -112,9 +118,27 @@ def test_tp3_equals_tp1_token_for_token(runs, mode):
 
 def test_only_the_sampling_rank_does_guided_work_at_tp3(runs):
     _, reports = runs
-    by_rank = {r["rank"]: r for r in reports if r["rank"] is not None}  # (the pipeline's own process: None)
+    by_rank = {r["rank"]: r for r in reports if r["rank"] is not None}
+    engine = [r for r in reports if r["rank"] is None]  # the engine's (pipeline's) own process
     assert sorted(by_rank) == [0, 1, 2], reports
-    assert by_rank[0]["by"].get("_compile", {}).get("calls", 0) >= 4, by_rank[0]  # 5 guided kinds
+    # grammars compile where the scheduler is (engine_grammars.py); the ranks take them with the rows
+    assert sum(r["by"].get("_compile", {}).get("calls", 0) for r in engine) >= 4, engine  # 5 guided kinds
+    assert by_rank[0]["by"].get("_compile", {}).get("calls", 0) == 0, by_rank[0]
     assert by_rank[0]["by"].get("accept_tokens", {}).get("calls", 0) > 0, by_rank[0]
     for rank in (1, 2):
         assert by_rank[rank]["calls"] == 0 and by_rank[rank]["seconds"] == 0, by_rank[rank]
+
+
+def test_a_slow_compile_holds_its_row_not_the_batch_at_tp3(runs):
+    """The ranks run in worker processes: the scheduler still keeps the row whose grammar is not
+    compiled out of the batch, and the ranks take the engine process's compiled grammar."""
+    out, _ = runs
+    waits = out[("tokenrails", 3)]["_row_waits"]
+    print(f"TP=3, compile {waits['delay']} s: {waits['during']} tokens of the other request meanwhile, "
+          f"max gap {waits['max_gap']:.3f} s until the slow row's first token, after {waits['slow_wait']:.2f} s")
+    assert re.fullmatch(tp_child.FAST, waits["fast"][0]) and waits["fast"][1] == "stop", waits
+    assert re.fullmatch(tp_child.SLOW, waits["slow"][0]) and waits["slow"][1] == "stop", waits  # joined, valid
+    assert waits["slow_wait"] >= waits["delay"] * 0.9, waits  # it did wait for its compile
+    assert waits["fast_outlived"], waits  # the other request still streamed when the slow row joined
+    assert waits["during"] >= 5, f"the other request got {waits['during']} tokens while the slow row waited"
+    assert waits["max_gap"] < waits["delay"] / 2, f"the other request stalled {waits['max_gap']:.2f} s"

@@ -161,3 +161,16 @@ def test_budget_key_survives_folding_of_vllm_fields(upgraded):
     spec, _ = parse_format(folded)
     assert spec.kind == "regex" and spec.pattern == "[0-9]{3}"
     assert is_budget_spec(spec)
+
+
+def test_client_identity_rides_in_the_format_and_is_not_part_of_the_constraint():
+    """The api_server's client identity reaches the engine in the format (``tokenrails_client``):
+    written over anything the client sent, never part of the spec (the cache is shared)."""
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import CLIENT_KEY, client_of, parse_format, with_client
+    from tokenrails.guided.clients import LOCAL
+
+    rf = {"type": "regex_schema", "regex_schema": "[0-9]{3}", CLIENT_KEY: "key:forged"}
+    with_client(rf, "key:0123456789abcdef")
+    assert client_of(rf) == "key:0123456789abcdef"
+    assert parse_format(rf)[0].key == parse_format({"type": "regex_schema", "regex_schema": "[0-9]{3}"})[0].key
+    assert client_of({"type": "regex_schema", "regex_schema": "a"}) == LOCAL

@@ -4,12 +4,19 @@
 
 Builds LMDeploy's pipeline on the CPU path in float32, decodes ``REQUESTS`` greedily in one batch
 and prints one JSON line: per request its token ids, text and finish reason, and ``_timing`` (wall
-seconds and generated tokens of the last of ``--repeat`` batches)."""
+seconds and generated tokens of the last of ``--repeat`` batches).
+
+``--row-waits``: then, on the same engine, a request whose grammar compiles slowly (``SLOW``, its
+compile delayed ``DELAY`` s in every process of the run: the TP ranks re-import this module as
+their main module, so the delay reaches them too) starts while another guided request streams;
+``_row_waits`` says how the other request's tokens kept coming meanwhile."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import threading
 import time
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
@@ -23,6 +30,74 @@ TOOL_END = "}\n</tool_call>"
 GRAMMAR = 'root ::= num " " op " " num\nop ::= "+" | "-" | "*"\nnum ::= [1-9] [0-9]?'
 REGEX = r"[0-9]{3}-[a-z]{2}"
 CHOICES = ["red", "green", "blue"]
+
+FAST = r"[0-9]{96}"           # the request that must keep decoding, still streaming when SLOW joins
+SLOW = r"[a-c]{3}-[0-9]{2}"   # the request whose compile is slow
+DELAY = 5.0
+ENV_SLOW = "TP_CHILD_SLOW_COMPILE"
+
+
+def slow_compiles() -> None:
+    """``SLOW``'s compile takes ``DELAY`` s longer, wherever it runs (engine process or rank)."""
+    from tokenrails.guided import manager as core
+
+    real = core.compile_guide
+
+    def compile_guide(spec, *args, **kwargs):
+        if spec.payload == SLOW:
+            time.sleep(DELAY)
+        return real(spec, *args, **kwargs)
+
+    core.compile_guide = compile_guide
+
+
+if os.environ.get(ENV_SLOW) and __name__ != "__main__":  # a spawned rank importing this module
+    slow_compiles()
+
+
+def _stream(pipe, prompt: str, fmt: dict, max_new_tokens: int, stamps: list, out: dict, key: str) -> None:
+    from lmdeploy import GenerationConfig
+
+    gen = GenerationConfig(max_new_tokens=max_new_tokens, top_k=1, response_format=fmt)
+    text, finish = "", None
+    for resp in pipe.stream_infer([prompt], gen_config=[gen]):
+        stamps.append(time.monotonic())
+        text += resp.text
+        finish = resp.finish_reason or finish
+    out[key] = (text, finish)
+
+
+def row_waits(pipe) -> dict:
+    """A slow compile starts while ``FAST`` streams: the timings of both (see the module doc)."""
+    from lmdeploy import GenerationConfig
+
+    fast_fmt = {"type": "regex_schema", "regex_schema": FAST}
+    slow_fmt = {"type": "regex_schema", "regex_schema": SLOW}
+    pipe(["Hi"], gen_config=GenerationConfig(max_new_tokens=2, top_k=1, response_format=fast_fmt))  # compiled
+    fast_stamps: list[float] = []
+    slow_stamps: list[float] = []
+    out: dict = {}
+    fast = threading.Thread(target=_stream, args=(pipe, "Count digits.", fast_fmt, 104, fast_stamps, out, "fast"))
+    fast.start()
+    deadline = time.monotonic() + 120
+    while len(fast_stamps) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t_slow = time.monotonic()
+    slow = threading.Thread(target=_stream, args=(pipe, "A code.", slow_fmt, 12, slow_stamps, out, "slow"))
+    slow.start()
+    fast.join(300)
+    slow.join(300)
+    # LMDeploy prefills new requests every ``prefill_interval`` (16) decode steps: SLOW's compile
+    # starts at the first prefill after ``t_slow``, so the window is up to SLOW's first token
+    # (and the FAST token that follows it: a step stalled by a compile ends there)
+    joined = slow_stamps[0] if slow_stamps else float("inf")
+    after = [t for t in fast_stamps if t >= t_slow]
+    window = after[:next((i + 1 for i, t in enumerate(after) if t > joined), len(after))]
+    gaps = [b - a for a, b in zip([t_slow] + window, window)]
+    return {"fast": out.get("fast"), "slow": out.get("slow"), "delay": DELAY,
+            "slow_wait": joined - t_slow, "during": sum(1 for t in after if t < joined),
+            "max_gap": max(gaps) if gaps else None, "fast_outlived": bool(after) and after[-1] > joined}
+
 
 # (name, prompt, response_format, max_new_tokens)
 REQUESTS = [
@@ -45,8 +120,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mode", choices=["stock", "tokenrails"], required=True)
     ap.add_argument("--meter", default=None, help="guided CPU report prefix (guided_meter.py)")
     ap.add_argument("--repeat", type=int, default=1, help="decode the batch this many times; time the last")
+    ap.add_argument("--row-waits", action="store_true", help="then time a slow compile beside a stream")
     args = ap.parse_args(argv)
-    import os
+    if args.row_waits:
+        os.environ[ENV_SLOW] = "1"  # the ranks spawned below delay SLOW's compile too
+        slow_compiles()
 
     if args.meter:
         os.environ["TOKENRAILS_GUIDED_CPU_METER"] = args.meter
@@ -69,11 +147,14 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             outs = pipe([p for _, p, _, _ in REQUESTS], gen_config=gens)
             seconds = time.perf_counter() - t0
+        waits = row_waits(pipe) if args.row_waits else None
     finally:
         pipe.close()
     result = {name: {"token_ids": list(map(int, o.token_ids or [])), "text": o.text,
                      "finish_reason": o.finish_reason} for (name, *_), o in zip(REQUESTS, outs)}
     result["_timing"] = {"seconds": seconds, "tokens": sum(len(r["token_ids"]) for r in result.values())}
+    if waits is not None:
+        result["_row_waits"] = waits
     sys.stdout.write("TP_RESULT " + json.dumps(result) + "\n")
     sys.stdout.flush()
 

@@ -103,6 +103,11 @@ def _apply(p: Patcher) -> None:
     require_attrs(ps, ["_PrefillScheduler"], "paging.prefill_scheduler")
     require_params(ps._PrefillScheduler.schedule, ["waiting"], "_PrefillScheduler.schedule")
     waiting_rows.install(p, ps)
+    from .step import engine_grammars  # TP: the scheduler's process compiles for its ranks
+
+    eng = _mod("lmdeploy.pytorch.engine.engine")
+    require_params(eng.Engine.__init__, ["model_path", "trust_remote_code"], "Engine.__init__")
+    engine_grammars.install(p, eng)
 
     # -- logits processor ------------------------------------------------------------------------
     lp = _mod("lmdeploy.pytorch.engine.logits_process")

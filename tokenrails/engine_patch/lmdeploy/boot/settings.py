@@ -169,6 +169,19 @@ def compile_processes() -> int:
         return COMPILE_PROCESSES
 
 
+ENGINE_PER_CLIENT = 4  # an engine's compiles one client may run at once (its others queue behind them)
+
+
+def compile_per_client() -> int:
+    """``TOKENRAILS_COMPILE_PER_CLIENT``: compiles one api_server client may run at once in the
+    engine (the others share the rest; compiles with no client named are not capped)."""
+    raw = os.environ.get("TOKENRAILS_COMPILE_PER_CLIENT", "")
+    try:
+        return max(1, int(raw)) if raw.strip() else ENGINE_PER_CLIENT
+    except ValueError:
+        return ENGINE_PER_CLIENT
+
+
 def compile_cache_dir() -> str | None:
     """Where the engine keeps compiled guides across restarts (``TOKENRAILS_COMPILE_CACHE_DIR``;
     unset: memory only)."""

@@ -51,6 +51,7 @@ from ....guided.errors import (
     UnsupportedGuideError,
     detached_copy,
 )
+from ....guided.clients import LOCAL, current_client
 from ....guided.limits import GuideLimits
 from . import budget_front, request_fields
 from . import request_parsing as req
@@ -248,6 +249,9 @@ def checked_preprocess(original: Callable) -> Callable:
                     err = await budget_front.refusal(FRONT.compiled, self, spec,
                                                      getattr(gen_config, "max_new_tokens", None), front_limits())
                 token = req.FRONT_VERDICT.set((id(fmt), err))
+                client = current_client()
+                if client != LOCAL:  # the engine's compile pool is fair between the server's clients
+                    req.with_client(fmt, client)
         try:
             return await original(self, *args, **kwargs)
         finally:

@@ -11,6 +11,8 @@
   backend and limits (``probe_manager``: the core manager, its compile cache); LMDeploy's early
   check (front_check.ensure_response_format_compilable) raises it as HTTP 400.
 * ``WideResponseFormat``: the server's ``response_format`` model widened to every kind.
+* ``client_of`` / ``with_client``: the requesting client's identity, carried from the api_server
+  to the engine in ``response_format["tokenrails_client"]`` (removed before parsing).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_serializer
 
 from ....guided.budget import budget_spec
+from ....guided.clients import LOCAL
 from ....guided.errors import GuideError, InvalidGuideError
 from ....guided.limits import DEFAULT_LIMITS, GuideLimits
 from ....guided.spec import GuideSpec
@@ -51,8 +54,10 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
         except ValueError:
             rf = response_format  # not JSON: let from_request report it
     if hasattr(rf, "model_dump") and not isinstance(rf, type) and not (
-            {REQUEST_KEY, BUDGET_KEY}.isdisjoint(getattr(rf, "model_extra", None) or {})):
+            {REQUEST_KEY, BUDGET_KEY, CLIENT_KEY}.isdisjoint(getattr(rf, "model_extra", None) or {})):
         rf = rf.model_dump()
+    if isinstance(rf, dict) and CLIENT_KEY in rf:
+        rf = {k: v for k, v in rf.items() if k != CLIENT_KEY}  # who asked: not part of the constraint
     rf, raw = split_request_setting(rf)
     setting = parse_setting(raw)
     budget = None
@@ -80,6 +85,26 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
     if budget == "close" and spec is not None:
         spec = budget_spec(spec)
     return spec, setting
+
+
+CLIENT_KEY = "tokenrails_client"  # the api_server's client identity, carried to the engine
+
+
+def client_of(response_format: Any) -> str:
+    """The client a request's compile is charged to (``CLIENT_KEY``, set by the api_server from
+    the request's API key or address, replacing any value the client sent), else ``LOCAL``."""
+    fields = response_format if isinstance(response_format, dict) else getattr(response_format, "model_extra", None)
+    value = fields.get(CLIENT_KEY) if isinstance(fields, dict) else None
+    return value[:96] if isinstance(value, str) and value else LOCAL
+
+
+def with_client(response_format: Any, client: str) -> None:
+    """Record ``client`` in the request's own format dict (in place: the front check's verdict is
+    keyed by the object), so the engine's compile pool knows whose compile it runs."""
+    if isinstance(response_format, dict):
+        response_format[CLIENT_KEY] = client
+    elif isinstance(getattr(response_format, "model_extra", None), dict):  # the server's format model
+        setattr(response_format, CLIENT_KEY, client)
 
 
 PACKED = "request_fields"  # the response_format type the api_server folds vLLM fields into

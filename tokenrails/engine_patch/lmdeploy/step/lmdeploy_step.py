@@ -111,6 +111,9 @@ class LMDeployStep:
         if new:
             for r in new:
                 owner.note_round(r.session_id, r.seq_id)
+            handed = [r for r in new if getattr(r, "guide", None) is not None]
+            if handed:  # compiled in the engine process (engine_grammars.py): not again here
+                owner.adopt(handed)
             owner.prefetch({r.spec.key: r.spec for r in new}.values())
 
     def _refail(self, failed: Any) -> None:

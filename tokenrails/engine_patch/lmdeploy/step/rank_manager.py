@@ -24,6 +24,7 @@ from collections import OrderedDict
 from types import MappingProxyType
 from typing import Any, Callable, Hashable, Mapping, NamedTuple
 
+from ....guided.compile_procs import restore_guide
 from ....guided.sequence import GuidedRow
 from ....guided.errors import GuideError, InvalidGuideError
 from ....guided.limits import GuideLimits
@@ -98,7 +99,8 @@ class LMDeployGuidedManager(StockCalls):
             vocab = vocab if vocab is not None else build_vocabulary(self._tokenizer, self._vocab_size)
             kwargs: dict[str, Any] = {"backend": self._backend, "limits": self._limits,
                                       "compile_processes": settings.compile_processes(),
-                                      "cache_dir": settings.compile_cache_dir(), "warm_workers": True}
+                                      "cache_dir": settings.compile_cache_dir(), "warm_workers": True,
+                                      "per_client": settings.compile_per_client()}
             fill_threads = settings.manager_fill_threads()
             if fill_threads:
                 kwargs["fill_threads"] = fill_threads
@@ -142,6 +144,19 @@ class LMDeployGuidedManager(StockCalls):
             return
         for spec in specs:
             mgr.prefetch(spec)
+
+    def adopt(self, rows) -> None:
+        """Keep the guides the engine process compiled for these rows (``row.guide``;
+        engine_grammars.py) instead of compiling them here (never blocks; a guide that does not
+        restore is compiled here as without one)."""
+        mgr = self.core(wait=False) if self._error is None else None
+        for row in rows if mgr is not None else ():
+            exported = getattr(row, "guide", None)
+            if exported is not None and mgr.settled(row.spec) is None:
+                try:
+                    mgr.adopt(row.spec, restore_guide(row.spec, exported, mgr.vocab, mgr.limits))
+                except Exception as exc:  # noqa: BLE001
+                    logger.warning("tokenrails: the engine's compiled guide does not restore here: %r", exc)
 
     def poll(self, spec: Any) -> bool:
         """Whether a step could fill ``spec`` now without waiting (its compile is started here):

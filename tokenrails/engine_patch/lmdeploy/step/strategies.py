@@ -27,6 +27,7 @@ from ....guided.sequence import GuidedRow
 from ....guided.errors import GuideError, InvalidGuideError, UnsupportedGuideError
 from ...reasoning_settings import ReasoningSetting
 from ..server.request_parsing import parse_format
+from .engine_grammars import ATTR
 from .lmdeploy_step import CTX_KEY, SEQ_KEY
 
 _MEMO_ATTR = "_tokenrails_spec"
@@ -39,10 +40,13 @@ class LMDeployRow(GuidedRow):
 
     ``setting``: the request's reasoning setting (None: the engine default).
     ``prompt``: the round's prompt token ids, only before its first generated token.
+    ``guide``: the grammar compiled in the engine process for ranks in other processes
+    (engine_grammars.py), only before the first generated token; the rank keeps it.
     """
 
     setting: ReasoningSetting | None = None
     prompt: Any = None
+    guide: Any = None
 
 
 def format_for_param(param: Any) -> tuple[Any, ReasoningSetting | None]:
@@ -73,18 +77,24 @@ def prompt_ids(seq: Any) -> Any:
         return None
 
 
-def row_for_seq(seq: Any) -> Any:
-    """The guided identity of one running sequence (see module doc)."""
+def row_for_seq(seq: Any, grammars: Any = None) -> Any:
+    """The guided identity of one running sequence (see module doc); ``grammars``: the engine
+    process's compiles when the ranks run elsewhere (their result travels with the row)."""
     value, setting = format_for_param(seq.sampling_param)
     if value is None or isinstance(value, GuideError):
         return value
+    guide = None
+    if grammars is not None and int(getattr(seq, "num_new_tokens", 1) or 0) == 0:
+        guide = grammars.handover(value)
+        if isinstance(guide, GuideError):
+            return guide  # failed where the scheduler compiled it: fails the same on every rank
     round_start = getattr(seq, "output_start_pos", 0)
     prompt = None if setting is not None and setting.kind == "off" else prompt_ids(seq)
     budget = getattr(seq.sampling_param, "max_new_tokens", None) if is_budget_spec(value) else None
     if is_budget_spec(value) and not budget:
         return InvalidGuideError("tokenrails_budget=\"close\" needs the request's max_new_tokens")
     return LMDeployRow(seq.session.session_id, (seq.seq_id, int(round_start)), value,
-                       setting=setting, prompt=prompt, max_tokens=int(budget) if budget else None)
+                       setting=setting, prompt=prompt, max_tokens=int(budget) if budget else None, guide=guide)
 
 
 def patched_ar_make_sampling_inputs(original: Callable) -> Callable:
@@ -92,8 +102,9 @@ def patched_ar_make_sampling_inputs(original: Callable) -> Callable:
         out = original(self, seqs)
         ctx = out.session_ctx
         if ctx is not None and len(ctx) == len(seqs):
+            grammars = getattr(self, ATTR, None)
             for entry, seq in zip(ctx, seqs):
-                entry[CTX_KEY] = row_for_seq(seq)
+                entry[CTX_KEY] = row_for_seq(seq, grammars)
         return out
 
     make_sampling_inputs.__wrapped__ = original

@@ -8,9 +8,13 @@ failure then fails the row closed at once); the others stay WAITING, their compi
 on the first look, and they join the first prefill after it ends. Running sequences are never
 held, so a sequence already decoding is never delayed by another's compile.
 
-The readiness check asks this process's sampling managers (``manager._LIVE``); with an executor
-that runs the model agent in another process there is none here, nothing is held, and a compile
-is waited for inside that process's step as before (see docs/architecture.md).
+The readiness check asks the managers of the process where the scheduler runs: the agent's
+(``manager._LIVE``) when the model agent runs in this process; with an executor whose ranks run
+in other processes (TP), the engine process's own compiles (engine_grammars.py), whose guide the
+ranks then take with the row instead of compiling it in their step (see docs/architecture.md).
+A compile is started under the client the request came from (``client_of``: the api_server's
+identity, carried in the request's format), so the engine's compile pool shares its capacity
+fairly between clients (guided/compile_pool.py).
 When every schedulable sequence is held, the engine loop is told a lookup is pending so it polls
 again after 1 ms instead of backing off 100 ms with a "cache is full" warning.
 """
@@ -18,22 +22,32 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ....guided.clients import CLIENT
 from ....guided.spec import GuideSpec
+from ..server.request_parsing import client_of
 from . import rank_manager as manager
+from .engine_grammars import ATTR
 from .strategies import format_for_param
 
 
-def grammar_ready(seq: Any) -> bool:
-    """Whether ``seq`` may enter a batch now (unguided and failed formats always may)."""
-    spec = format_for_param(seq.sampling_param)[0]
+def grammar_ready(seq: Any, grammars: Any = None) -> bool:
+    """Whether ``seq`` may enter a batch now (unguided and failed formats always may);
+    ``grammars``: the engine process's compiles for ranks elsewhere (else this process's ranks)."""
+    param = seq.sampling_param
+    spec = format_for_param(param)[0]
     if not isinstance(spec, GuideSpec):
         return True
-    return all(m.poll(spec) for m in list(manager._LIVE))
+    token = CLIENT.set(client_of(getattr(param, "response_format", None)))
+    try:
+        return all(m.poll(spec) for m in ([grammars] if grammars is not None else list(manager._LIVE)))
+    finally:
+        CLIENT.reset(token)
 
 
 def patched_schedule(original: Callable) -> Callable:
     def schedule(self, *, waiting, **kwargs):
-        ready = [s for s in waiting if grammar_ready(s)]
+        grammars = getattr(self, ATTR, None)
+        ready = [s for s in waiting if grammar_ready(s, grammars)]
         running = original(self, waiting=ready, **kwargs)
         if len(ready) < len(waiting) and not running:
             self.last_schedule_had_pending_lookup = True  # poll again soon (engine_loop)
