@@ -34,6 +34,7 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_COMPILE_CACHE_DIR",      # boot/settings: compiled guides kept across restarts
     "TOKENRAILS_COMPILE_PROCESSES",      # boot/settings: worker processes for large compiles
     "TOKENRAILS_COMPILE_NICE",           # guided/compile_procs: compile workers' CPU priority below the engine
+    "TOKENRAILS_COMPILE_PER_CLIENT",     # boot/settings: compiles one named client may run at once
     "TOKENRAILS_DRAFTS_AHEAD",           # speculative/draft_ahead: next forced runs beside the forward (0: inline)
     "TOKENRAILS_EXIT_WAIT_S",            # guided/native_threads: exit's bound on running compiles
     "TOKENRAILS_FSM_PRECOMPUTE",         # guided/fsm/token_index: warm-up of the token index
