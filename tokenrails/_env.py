@@ -62,3 +62,12 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_TOOL_CALLS",             # boot/settings: activate(tool_calls=), constrained tool calls
     "TOKENRAILS_TP_GUIDED_ALL_RANKS",    # step/tp_ranks: a manager on every TP rank
 )
+
+_OFF = ("0", "false", "off", "no")
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off setting read from the environment: unset or empty gives ``default``; ``0``,
+    ``false``, ``off``, ``no`` (any case) turn it off, anything else on."""
+    raw = (os.environ.get(name) or "").strip().lower()
+    return default if not raw else raw not in _OFF

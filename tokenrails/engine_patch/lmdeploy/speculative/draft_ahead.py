@@ -17,7 +17,6 @@ part and any wait for the worker) and what the worker did beside the forward.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
+from ...._env import env_switch
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ Guess = tuple  # (version, expected tokens, ForcedRun), from GuidedDecodingManag
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_AHEAD, "1").strip().lower() not in ("0", "false", "off", "no")
+    return env_switch(ENV_AHEAD, True)
 
 
 @dataclass

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections import deque
 from typing import Any, Callable, Hashable
 
@@ -34,6 +33,7 @@ import torch
 
 from . import draft_metrics
 from .._patching import Patcher
+from ...._env import env_switch
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ __all__ = ["ENV_SWITCH", "enabled", "ForcingDraftHelper", "install"]
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+    return env_switch(ENV_SWITCH, True)
 
 
 def _encoder(owner: Any) -> Callable[[str], list[int]] | None:

@@ -16,7 +16,6 @@ The future lives on the step (``LMDeployStep.prefill``). Times per step (``fill_
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,12 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ....guided.sequence import GuidedRow
+from ...._env import env_switch
 
 ENV_OVERLAP = "TOKENRAILS_OVERLAP"
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_OVERLAP, "1").strip().lower() not in ("0", "false", "off", "no")
+    return env_switch(ENV_OVERLAP, True)
 
 
 @dataclass

@@ -16,12 +16,12 @@ rank; see docs/lmdeploy.md "Scaling out").
 from __future__ import annotations
 
 import inspect
-import os
 import threading
 from typing import Any, Callable
 
 from . import guided_meter
 from .._patching import DoublePatchError
+from ...._env import env_switch
 
 
 class FollowerGuidedManager:
@@ -60,7 +60,7 @@ ENV_ALL_RANKS = "TOKENRAILS_TP_GUIDED_ALL_RANKS"  # "1": every rank keeps a mana
 
 
 def _all_ranks() -> bool:
-    return os.environ.get(ENV_ALL_RANKS, "0").strip().lower() not in ("", "0", "false", "no", "off")
+    return env_switch(ENV_ALL_RANKS, False)
 
 
 def patched_build_model_agent(original: Callable, agent_module: Any) -> Callable:
