@@ -41,6 +41,16 @@ def pytest_runtest_call(item):
     return result
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (the README's ``-n 2 --dist loadgroup``) a worker takes whole groups: by
+    default one test module, so a module-scoped engine or server is built once, on one worker.
+    Modules that share one fixture (a session's api_server) name their common group themselves
+    (``xdist_group``); conftests deeper in the tree run this hook first."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 def pytest_collection_finish(session):
     if "jax" in sys.modules:
         import warnings

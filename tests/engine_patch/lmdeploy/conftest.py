@@ -97,8 +97,20 @@ def shared_server(tmp_path_factory, model_dir):
     return _SHARED["server"]
 
 
+# Modules that start engines of several processes each (TP ranks, DP replicas, a Ray cluster): under
+# xdist one worker runs them one after another, so two never oversubscribe the two cores together.
+PROCESS_GROUP_MODULES = ("test_real_engine_tp.py", "test_real_engine_tp_budget.py", "test_cpu_tp_ring.py",
+                         "test_activate_once_real.py", "test_proxy_dp.py", "test_inherit.py", "test_cpu_serve.py")
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """The shared server's modules, each in its own order, together where the first of them was."""
+    """The shared server's modules, each in its own order, together where the first of them was;
+    under xdist on one worker (one group), like the multi-process modules."""
+    for item in items:
+        if item.path.name in SHARED_SERVER_MODULES:
+            item.add_marker(pytest.mark.xdist_group("lmdeploy-shared-api-server"))
+        elif item.path.name in PROCESS_GROUP_MODULES:
+            item.add_marker(pytest.mark.xdist_group("lmdeploy-multi-process"))
     users = [item for item in items if item.path.name in SHARED_SERVER_MODULES]
     if users:
         first = items.index(users[0])
