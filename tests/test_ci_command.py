@@ -23,3 +23,13 @@ def test_the_test_commands_plugins_are_in_the_dev_install():
     dev = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]["dev"]
     if "-n" in command or "--dist" in command:
         assert any(req.replace(" ", "").startswith("pytest-xdist==") for req in dev), dev
+
+
+def test_every_grouped_test_file_exists():
+    """A renamed or moved module would silently fall out of its xdist group (and start its own
+    engine or server beside the group's)."""
+    from tests.conftest import XDIST_GROUPS
+
+    for group, members in XDIST_GROUPS.items():
+        for member in members:
+            assert (ROOT / member).is_dir() if member.endswith("/") else (ROOT / member).is_file(), (group, member)

@@ -108,14 +108,6 @@ def side_by_side(servers: Servers, name: str, call: Callable[[Server], Any], *,
     return upgraded, stock
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under xdist the package's tests are one group: one worker starts the two servers."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("client-servers"))
-
-
 def _ledger_lines() -> list[tuple[str, str, str, bool, bool]]:
     return [(name, up.summary(), stock.summary(), up.ok, stock.ok) for name, up, stock in LEDGER.rows]
 

