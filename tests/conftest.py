@@ -41,6 +41,50 @@ def pytest_runtest_call(item):
     return result
 
 
+# Test files that share one engine or server beyond their own module (a path, or a folder ending in
+# "/"), by group: under pytest-xdist each group goes to one worker as one unit, so the fixture starts
+# once; the multi-process modules (TP ranks, DP replicas, a Ray cluster) run one after another, never
+# two at once on the two cores. Every other file is a unit of its own (module-scoped engines).
+_LMDEPLOY = "tests/engine_patch/lmdeploy/"
+XDIST_GROUPS = {
+    "client-servers": ("tests/clients/",),  # the package's stock + upgraded api_server pair
+    # the shared engine's and the shared api_server's modules (tests/engine_patch/lmdeploy/conftest.py)
+    "lmdeploy-shared-engine": tuple(_LMDEPLOY + name for name in (
+        "test_deactivate_running.py", "test_real_engine.py", "test_real_engine_budget.py",
+        "test_real_engine_cpu_sampling.py", "test_row_waits.py")),
+    "lmdeploy-shared-api-server": tuple(_LMDEPLOY + name for name in (
+        "test_body_limits_server.py", "test_real_server.py", "test_request_fields_server.py")),
+    "lmdeploy-multi-process": tuple(_LMDEPLOY + name for name in (
+        "test_real_engine_tp.py", "test_real_engine_tp_budget.py", "test_cpu_tp_ring.py", "test_activate_once_real.py",
+        "test_proxy_dp.py", "test_inherit.py")),
+}
+
+
+def xdist_unit(nodeid: str) -> str:
+    """The unit of work ``nodeid`` belongs to: its group in ``XDIST_GROUPS``, else its file."""
+    path = nodeid.split("::", 1)[0]
+    for group, members in XDIST_GROUPS.items():
+        if any(path == m or (m.endswith("/") and path.startswith(m)) for m in members):
+            return group
+    return path
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (the README's command) with the groups above: xdist's own
+    ``xdist_group`` marks are not seen under pytest 9.2 (its worker renames ``item._nodeid``,
+    which pytest no longer reads), so the groups are chosen here, from the node ids."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    return GroupedFileScheduling(config, log)
+
+
 def pytest_collection_finish(session):
     if "jax" in sys.modules:
         import warnings

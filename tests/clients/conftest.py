@@ -108,16 +108,36 @@ def side_by_side(servers: Servers, name: str, call: Callable[[Server], Any], *,
     return upgraded, stock
 
 
+def _ledger_lines() -> list[tuple[str, str, str, bool, bool]]:
+    return [(name, up.summary(), stock.summary(), up.ok, stock.ok) for name, up, stock in LEDGER.rows]
+
+
+_WORKER_LINES: list = []
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker hands its ledger to the controller, which prints the summary."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["client_ledger"] = _ledger_lines()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _WORKER_LINES.extend(getattr(node, "workeroutput", {}).get("client_ledger", []))
+
+
 def pytest_terminal_summary(terminalreporter):
-    if not LEDGER.rows:
+    rows = _ledger_lines() + [tuple(row) for row in _WORKER_LINES]
+    if not rows:
         return
     tr = terminalreporter
     tr.section("client libraries: upgraded vs stock LMDeploy (same call, same model)")
-    width = max(len(r[0]) for r in LEDGER.rows)
-    for name, up, stock in LEDGER.rows:
-        tr.write_line(f"{name:<{width}}  upgraded: {up.summary():<40}  stock: {stock.summary()}")
-    served = sum(r[1].ok for r in LEDGER.rows), sum(r[2].ok for r in LEDGER.rows)
-    tr.write_line(f"parsed by the client: upgraded {served[0]}/{len(LEDGER.rows)}, stock {served[1]}/{len(LEDGER.rows)}")
+    width = max(len(r[0]) for r in rows)
+    for name, up, stock, _, _ in rows:
+        tr.write_line(f"{name:<{width}}  upgraded: {up:<40}  stock: {stock}")
+    served = sum(r[3] for r in rows), sum(r[4] for r in rows)
+    tr.write_line(f"parsed by the client: upgraded {served[0]}/{len(rows)}, stock {served[1]}/{len(rows)}")
 
 
 def _start_both(model: str, logdir) -> tuple[Servers, list]:

@@ -9,6 +9,8 @@ gets ``pytest.skip`` with the reason.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -47,11 +49,23 @@ def _side_deps(version: str) -> Path | None:
     return target
 
 
+@contextlib.contextmanager
+def cache_lock():
+    """One process at a time fills the peer cache (pytest-xdist workers, two sessions): a fetch,
+    an extraction or a pip install run twice at once into one folder leaves it half-written."""
+    cache = _suites().CACHE
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
 def peer_path(version: str) -> str:
     """``PYTHONPATH`` under which ``import outlines`` is outlines ``version`` itself."""
     try:
-        root = _suites().package_root(version)
-        side = _side_deps(version)
+        with cache_lock():
+            root = _suites().package_root(version)
+            side = _side_deps(version)
     except (subprocess.CalledProcessError, OSError) as exc:  # registry unreachable
         pytest.skip(f"outlines {version} could not be fetched from the package registry: {exc}")
     parts = [str(root)] + ([str(side)] if side else []) + [str(HERE)]

@@ -8,6 +8,8 @@ import pytest
 pytest.importorskip("lmdeploy")
 pytest.importorskip("lmdeploy.pytorch.engine.logits_process")
 
+from tests.conftest import XDIST_GROUPS  # noqa: E402
+
 from . import harness  # noqa: E402
 
 # Default: the production ladder ("auto"); set the variable to pin one backend.
@@ -54,9 +56,23 @@ def model_dir():
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def pipe(model_dir):
-    """LMDeploy's real engine on the CPU path with the upgrade active (one per test module)."""
+# ---- one engine, one api_server, each for the modules that only send it requests -----------------
+# Each group of modules uses one object (the first use starts it) instead of one per module; their
+# tests run one after another (pytest_collection_modifyitems; under xdist on one worker: the groups
+# are XDIST_GROUPS in tests/conftest.py) and the object stops after the last of them. The server's
+# modules start test_real_server.start_ready's defaults; their log checks read what a request added.
+SHARED_MODULES = {kind: tuple(path.rsplit("/", 1)[1] for path in XDIST_GROUPS[group])
+                  for kind, group in (("engine", "lmdeploy-shared-engine"), ("server", "lmdeploy-shared-api-server"))}
+_SHARED: dict = {}  # kind -> (object, stop)
+
+
+def _stop_shared(kind: str) -> None:
+    entry = _SHARED.pop(kind, None)
+    if entry is not None:
+        entry[1]()
+
+
+def _start_engine(model_dir: str):
     import torch
     from lmdeploy import pipeline
 
@@ -65,24 +81,23 @@ def pipe(model_dir):
     torch.set_num_threads(1)
     activate()
     p = pipeline(model_dir, backend_config=cpu_engine_config(max_batch_size=4, session_len=512))
-    yield p
-    p.close()
-    deactivate()
+
+    def stop() -> None:
+        p.close()
+        deactivate()
+    return p, stop
 
 
-# ---- one upgraded api_server for the modules that only send it requests --------------------------
-# These modules start the same server (``test_real_server.start_ready``'s defaults) and only read it
-# (their log checks read what a request added): one start instead of one per module. Their tests run
-# one after another (pytest_collection_modifyitems) and the server stops after the last of them.
-SHARED_SERVER_MODULES = ("test_body_limits_server.py", "test_real_server.py", "test_request_fields_server.py")
-_SHARED: dict = {}
-
-
-def _stop_shared_server() -> None:
-    server = _SHARED.pop("server", None)
-    if server is not None:
-        from harness.server_attack import stop_server
-        stop_server(server[2])
+@pytest.fixture
+def pipe(model_dir):
+    """LMDeploy's real engine on the CPU path with the upgrade active, shared by the ``"engine"``
+    modules; the upgrade is activated again (default options) for each test, since a fixture of
+    another module may have deactivated it or changed its options meanwhile."""
+    from tokenrails.engine_patch.lmdeploy import activate
+    if "engine" not in _SHARED:
+        _SHARED["engine"] = _start_engine(model_dir)
+    activate()
+    return _SHARED["engine"][0]
 
 
 @pytest.fixture
@@ -90,26 +105,31 @@ def shared_server(tmp_path_factory, model_dir):
     """(base URL, model id, server process, log path) of the shared upgraded api_server; started on
     first use, again if a test order ran other modules in between."""
     if "server" not in _SHARED:
+        from harness.server_attack import stop_server
+
         from .test_real_server import start_ready
         log = tmp_path_factory.mktemp("shared-server") / "server.log"
         proc, base, model_id = start_ready(model_dir, log)
-        _SHARED["server"] = (base, model_id, proc, log)
-    return _SHARED["server"]
+        _SHARED["server"] = ((base, model_id, proc, log), lambda: stop_server(proc))
+    return _SHARED["server"][0]
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The shared server's modules, each in its own order, together where the first of them was."""
-    users = [item for item in items if item.path.name in SHARED_SERVER_MODULES]
-    if users:
-        first = items.index(users[0])
-        rest = [item for item in items if item.path.name not in SHARED_SERVER_MODULES]
-        items[:] = rest[:first] + users + rest[first:]
+    """Each group's modules, each in its own order, together where the first of them was."""
+    for modules in SHARED_MODULES.values():
+        users = [item for item in items if item.path.name in modules]
+        if users:
+            first = items.index(users[0])
+            rest = [item for item in items if item.path.name not in modules]
+            items[:] = rest[:first] + users + rest[first:]
 
 
 def pytest_runtest_teardown(item, nextitem):
-    if "server" in _SHARED and (nextitem is None or nextitem.path.name not in SHARED_SERVER_MODULES):
-        _stop_shared_server()
+    for kind, modules in SHARED_MODULES.items():
+        if kind in _SHARED and (nextitem is None or nextitem.path.name not in modules):
+            _stop_shared(kind)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    _stop_shared_server()
+    for kind in list(_SHARED):
+        _stop_shared(kind)
