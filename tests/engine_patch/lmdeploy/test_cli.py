@@ -21,8 +21,13 @@ def test_help_and_status(capsys):
 
 
 def test_lmdeploy_command_runs_with_upgrade(monkeypatch, capsys):
+    """Also after ``cpu.serve`` built its parser in this process: it builds on LMDeploy's
+    ``api_server`` parser without registering it on LMDeploy's class-level CLI, whose own
+    registration would then conflict."""
     import tokenrails.engine_patch.lmdeploy as patch
+    from tokenrails.engine_patch.lmdeploy.cpu import serve
 
+    assert "--session-len" in serve.build_parser().format_help()
     monkeypatch.delenv("TOKENRAILS_LMDEPLOY", raising=False)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     try:

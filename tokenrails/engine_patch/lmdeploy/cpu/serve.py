@@ -34,13 +34,24 @@ FULL_SESSIONS = 2  # KV blocks for this many full-length sessions by default
 MIN_BLOCKS = 64  # and never fewer than cpu_engine_config's default (LMDeploy's checker wants >= 16)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """LMDeploy's ``serve api_server`` parser with the CPU defaults and this entry point's options."""
+def _stock_api_server_parser() -> argparse.ArgumentParser:
+    """LMDeploy's own ``serve api_server`` parser, built on a subparser group of our own: LMDeploy
+    registers its parsers on class attributes, and a second registration of ``api_server`` there
+    (``lmdeploy`` / ``tokenrails lmdeploy`` run later in this process) fails as a conflict."""
     from lmdeploy.cli.serve import SubCliServe
 
-    if "api_server" not in SubCliServe.subparsers.choices:
+    registered = SubCliServe.subparsers
+    SubCliServe.subparsers = argparse.ArgumentParser(add_help=False).add_subparsers()
+    try:
         SubCliServe.add_parser_api_server()
-    stock = SubCliServe.subparsers.choices["api_server"]
+        return SubCliServe.subparsers.choices["api_server"]
+    finally:
+        SubCliServe.subparsers = registered
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """LMDeploy's ``serve api_server`` parser with the CPU defaults and this entry point's options."""
+    stock = _stock_api_server_parser()
     ap = argparse.ArgumentParser(prog="python -m tokenrails.engine_patch.lmdeploy.cpu.serve",
                                  description=__doc__.splitlines()[0], parents=[stock], add_help=False,
                                  formatter_class=stock.formatter_class)  # (the parent's -h/--help)
