@@ -57,3 +57,31 @@ def test_end_session_soon_of_one_sequence(vocab):
     mgr.end_session_soon("s")
     assert mgr.stats()["active_matchers"] == 0 and mgr.stats()["active_sessions"] == 0
     mgr.close()
+
+
+def test_a_request_fails_at_its_own_deadline_while_the_compile_serves_others(vocab, monkeypatch):
+    """A request that spent most of its time before reaching the manager (its own deadline, on
+    its spec object) is failed then, by poll and by its state's grammar, without waiting for the
+    compile's full deadline; an equal spec from another request still gets the compiled guide."""
+    from tokenrails.guided.compile_timeouts import with_deadline
+
+    _slow(monkeypatch, 1.5)
+    mgr = GuidedDecodingManager(vocab, backend="fsm", limits=GuideLimits(compile_timeout_s=30))
+    late = with_deadline(GuideSpec.regex("[a-c]{4}"), time.monotonic() + 0.3)
+    other = GuideSpec.regex("[a-c]{4}")
+    t0 = time.monotonic()
+    assert mgr.poll(late) is False and mgr.poll(other) is False
+    while not mgr.poll(late):
+        time.sleep(0.02)
+    failed_after = time.monotonic() - t0
+    assert failed_after < 1.2, f"the request waited {failed_after:.2f} s past its own 0.3 s"
+    logits = torch.zeros(1, vocab.vocab_size)
+    (status,) = mgr.fill_and_apply(logits, [GuidedRow("late", 0, late)])
+    assert isinstance(status.error, GuideTimeoutError)
+    assert time.monotonic() - t0 < 1.2  # failed closed at once, not after the compile
+    assert mgr.poll(other) is False  # the compile goes on for the other request
+    while not mgr.poll(other):
+        time.sleep(0.02)
+    (ok,) = mgr.fill_and_apply(torch.zeros(1, vocab.vocab_size), [GuidedRow("other", 0, other)])
+    assert ok.error is None
+    mgr.close()

@@ -93,3 +93,30 @@ class TimeoutBook:
 
     def __len__(self) -> int:
         return len(self._book)
+
+
+# ---- a request's own deadline -------------------------------------------------------------
+# A compile's deadline starts when the compile does; a request may have spent part of its time
+# before (an api_server's front check, a queue). The request's own deadline rides on its own
+# ``GuideSpec`` object - the object that already stands for the request among a compile's
+# waiters - beside the spec, never in its fields, equality or key: equal specs still share one
+# compile and one cache entry, and each waiter fails at its own time.
+_DEADLINE = "_tokenrails_deadline"
+
+
+def with_deadline(spec: GuideSpec, deadline: float | None) -> GuideSpec:
+    """``spec`` (this request's object) waiting at most until ``deadline`` (``time.monotonic()``)."""
+    if deadline is not None:
+        object.__setattr__(spec, _DEADLINE, float(deadline))
+    return spec
+
+
+def deadline_of(spec: GuideSpec) -> float | None:
+    """The request's own deadline (``time.monotonic()``), or None: the compile's deadline only."""
+    return getattr(spec, "__dict__", {}).get(_DEADLINE)
+
+
+def overdue_error(limits_value: float) -> GuideTimeoutError:
+    return GuideTimeoutError(
+        f"limit compile_timeout_s={limits_value} exceeded: this request's time ran out before its "
+        "constraint finished compiling", limit="compile_timeout_s", value=limits_value)

@@ -33,7 +33,7 @@ from .compile_cache import CompileCache
 from .compile_pool import CompilePool
 from .compile_store import CompileStore
 from .compile_procs import PORTABLE_BACKENDS, PROCESS_MIN_COST, ProcessCompiler, compile_cost
-from .compile_timeouts import TimeoutBook, Waiters
+from .compile_timeouts import TimeoutBook, Waiters, deadline_of, overdue_error
 from .errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .forced import NOTHING, ForcedRun, forced_tokens
 from .gc_pause import gc_paused
@@ -184,8 +184,9 @@ class GuidedDecodingManager:
         lock, so a finished compile is never missed between two looks.
 
         ``waiter``: ``spec`` is a request that will read the outcome later without waiting (a held
-        row, a sequence's state): if the compile passes its deadline, this request alone gets the
-        timeout from then on. Any other request for a timed-out spec compiles it again, or joins
+        row, a sequence's state): if the compile passes its deadline, or the request its own
+        (``compile_timeouts.deadline_of``: time it spent before reaching this manager counts), this
+        request alone gets the timeout from then on. Any other request for a timed-out spec compiles it again, or joins
         its compile still running on an abandoned thread, with a deadline of its own.
 
         A refusal to start (too many abandoned compiles, or a closed pool) is returned as this
@@ -197,14 +198,16 @@ class GuidedDecodingManager:
                 if count_hit and isinstance(hit, CompiledGuide):
                     self.counters["cache_hits"] += 1
                 return hit
+            timed_out = self._timeouts.get(spec.key)
+            if timed_out is not None and spec in timed_out.waiters:
+                return timed_out.error
             entry = self._inflight.get(spec.key)
+            if waiter and self._overdue(spec):  # this request's time is up: nothing to wait for
+                return self._time_up(spec, entry.future if entry is not None else _finished())
             if entry is not None:
                 if waiter:
                     entry.waiters.add(spec)
                 return entry
-            timed_out = self._timeouts.get(spec.key)
-            if timed_out is not None and spec in timed_out.waiters:
-                return timed_out.error
             self.counters["cache_misses"] += 1
             deadline = time.monotonic() + self.limits.compile_timeout_s
             if timed_out is not None:
@@ -284,10 +287,15 @@ class GuidedDecodingManager:
             return entry
         if isinstance(entry, GuideError):
             raise detached_copy(entry)
-        wait = entry.deadline - time.monotonic() if timeout is None else timeout
+        own = deadline_of(spec) if waiter else None
+        due = entry.deadline if own is None else min(entry.deadline, own)
+        wait = due - time.monotonic() if timeout is None else timeout
         try:
             return entry.future.result(timeout=max(0.0, wait))
         except FutureTimeoutError:
+            if timeout is None and due < entry.deadline:  # the request's time ran out, not the compile's
+                with self._lock:
+                    raise detached_copy(self._time_up(spec, entry.future)) from None
             self._count("timeouts")
             self._abandon(spec.key, entry)
             raise GuideTimeoutError(
@@ -342,10 +350,25 @@ class GuidedDecodingManager:
                 "constraint did not finish in time", limit="compile_timeout_s", value=self.limits.compile_timeout_s,
             ), _finished() if entry.heavy else entry.future, entry.waiters)
 
+    def _overdue(self, spec: GuideSpec) -> bool:
+        own = deadline_of(spec)
+        return own is not None and time.monotonic() >= own
+
+    def _time_up(self, spec: GuideSpec, future: Future) -> GuideTimeoutError:
+        """Fail this request (``spec``, by identity) at its own deadline; under the lock. The
+        compile goes on for the others waiting on it, to its own deadline."""
+        waiters = Waiters()
+        waiters.add(spec)
+        err = overdue_error(self.limits.compile_timeout_s)
+        self._timeouts.record(spec.key, err, future, waiters)
+        self.counters["timeouts"] += 1
+        return err
+
     def poll(self, spec: GuideSpec) -> bool:
         """Start ``spec``'s compile if needed and say whether a fill of it would run without
-        waiting (compiled, failed, refused, or past its deadline, which fails it now): an engine
-        keeps a sequence out of its batch until this is True, so no step waits for a compile."""
+        waiting (compiled, failed, refused, or past its deadline or the request's own, which
+        fails it now): an engine keeps a sequence out of its batch until this is True, so no
+        step waits for a compile."""
         entry = self._lookup(spec, waiter=True)
         if not isinstance(entry, _InFlight):
             return True
@@ -356,9 +379,10 @@ class GuidedDecodingManager:
         return True
 
     def settled(self, spec: GuideSpec) -> CompiledGuide | GuideError | None:
-        """``spec``'s finished result (compiled or failed), or None while it compiles or was never
-        asked for; starts nothing."""
-        return self._cache.get(spec.key)
+        """``spec``'s finished result (compiled or failed, or this request's timeout), or None
+        while it compiles or was never asked for; starts nothing."""
+        hit = self._cache.get(spec.key)
+        return hit if hit is not None else self._failure(spec)
 
     def adopt(self, spec: GuideSpec, guide: CompiledGuide) -> None:
         """Keep ``guide``, compiled for ``spec`` in another process (an engine whose scheduler

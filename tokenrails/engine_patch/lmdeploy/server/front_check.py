@@ -21,6 +21,9 @@ So the work is split:
   verdicts are the manager's cache entries (a compiled probe guide or the typed error).
 * a budget request (``tokenrails_budget``) whose shortest output cannot fit its ``max_tokens`` is
   refused here too (budget_front.py: counted on the model's own vocabulary);
+* the request's compile deadline starts here: the engine's managers get what is left of it
+  (``tokenrails_deadline``, request_parsing.py), so the front check's wait and the engine's
+  compile wait together never pass one ``compile_timeout_s``;
 * the verdict is handed to LMDeploy's own synchronous call through a context variable of the
   request's task (``requests.FRONT_VERDICT``), so the stock ``preprocess`` raises it with its own
   clean-up (session removed, metrics counted) and never compiles on the loop.
@@ -233,6 +236,7 @@ def checked_preprocess(original: Callable) -> Callable:
 
     @functools.wraps(original)
     async def preprocess(self: Any, *args: Any, **kwargs: Any):
+        due = time.time() + front_limits().compile_timeout_s  # the request's one compile deadline
         gen_config = _gen_config_of(args, kwargs)
         fmt = getattr(gen_config, "response_format", None)
         token = None
@@ -252,6 +256,8 @@ def checked_preprocess(original: Callable) -> Callable:
                 client = current_client()
                 if client != LOCAL:  # the engine's compile pool is fair between the server's clients
                     req.with_client(fmt, client)
+                if err is None:  # the engine's wait is what is left of it, not a second full deadline
+                    req.with_request_deadline(fmt, due)
         try:
             return await original(self, *args, **kwargs)
         finally:

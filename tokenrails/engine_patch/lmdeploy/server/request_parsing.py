@@ -13,12 +13,16 @@
 * ``WideResponseFormat``: the server's ``response_format`` model widened to every kind.
 * ``client_of`` / ``with_client``: the requesting client's identity, carried from the api_server
   to the engine in ``response_format["tokenrails_client"]`` (removed before parsing).
+* ``with_request_deadline``: the request's compile deadline, carried the same way in
+  ``response_format["tokenrails_deadline"]``; parsing puts it on the request's spec object
+  (``guided.compile_timeouts.with_deadline``), never in the spec.
 """
 from __future__ import annotations
 
 import contextvars
 import json
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -26,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, model_serializer
 
 from ....guided.budget import budget_spec
 from ....guided.clients import LOCAL
+from ....guided.compile_timeouts import with_deadline
 from ....guided.errors import GuideError, InvalidGuideError
 from ....guided.limits import DEFAULT_LIMITS, GuideLimits
 from ....guided.spec import GuideSpec
@@ -54,10 +59,12 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
         except ValueError:
             rf = response_format  # not JSON: let from_request report it
     if hasattr(rf, "model_dump") and not isinstance(rf, type) and not (
-            {REQUEST_KEY, BUDGET_KEY, CLIENT_KEY}.isdisjoint(getattr(rf, "model_extra", None) or {})):
+            {REQUEST_KEY, BUDGET_KEY, CLIENT_KEY, DEADLINE_KEY}.isdisjoint(getattr(rf, "model_extra", None) or {})):
         rf = rf.model_dump()
-    if isinstance(rf, dict) and CLIENT_KEY in rf:
-        rf = {k: v for k, v in rf.items() if k != CLIENT_KEY}  # who asked: not part of the constraint
+    deadline = None
+    if isinstance(rf, dict) and (CLIENT_KEY in rf or DEADLINE_KEY in rf):  # who asked and until when:
+        deadline = _monotonic(rf.get(DEADLINE_KEY))                         # not part of the constraint
+        rf = {k: v for k, v in rf.items() if k not in (CLIENT_KEY, DEADLINE_KEY)}
     rf, raw = split_request_setting(rf)
     setting = parse_setting(raw)
     budget = None
@@ -84,6 +91,8 @@ def parse_format(response_format: Any) -> tuple[GuideSpec | None, ReasoningSetti
         spec = spec_from_request(rf)
     if budget == "close" and spec is not None:
         spec = budget_spec(spec)
+    if spec is not None:
+        with_deadline(spec, deadline)
     return spec, setting
 
 
@@ -105,6 +114,26 @@ def with_client(response_format: Any, client: str) -> None:
         response_format[CLIENT_KEY] = client
     elif isinstance(getattr(response_format, "model_extra", None), dict):  # the server's format model
         setattr(response_format, CLIENT_KEY, client)
+
+
+DEADLINE_KEY = "tokenrails_deadline"  # when the request's compile wait ends (wall clock), carried to the engine
+
+
+def with_request_deadline(response_format: Any, deadline: float) -> None:
+    """Record the request's deadline (``time.time()``) in its own format (in place, as
+    ``with_client``): the engine's managers fail its row then, however long the request took to
+    reach them (a wall clock, so it means the same in the engine's and its ranks' processes)."""
+    if isinstance(response_format, dict):
+        response_format[DEADLINE_KEY] = deadline
+    elif isinstance(getattr(response_format, "model_extra", None), dict):
+        setattr(response_format, DEADLINE_KEY, deadline)
+
+
+def _monotonic(value: Any) -> float | None:
+    """A carried wall-clock deadline on this process' ``time.monotonic()`` clock, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return time.monotonic() + (float(value) - time.time())
 
 
 PACKED = "request_fields"  # the response_format type the api_server folds vLLM fields into
