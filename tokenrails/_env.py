@@ -42,6 +42,7 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_GRAMMAR_DRAFTS_FIXED",   # speculative/draft_shapes: verification shapes (0/1/buckets)
     "TOKENRAILS_GRAMMAR_EAGLE",          # speculative/grammar_eagle: grammar-aware draft models
     "TOKENRAILS_GUIDED_CPU_METER",       # step/guided_meter: per-process CPU time of guided calls
+    "TOKENRAILS_HANDLES_PER_CLIENT",     # server/handle_pool: handles one client's new-spec requests may hold
     "TOKENRAILS_KERNEL",                 # kernels/dispatch: the mask kernel forced
     "TOKENRAILS_LMDEPLOY",               # lmdeploy/startup: children come up upgraded
     "TOKENRAILS_LMDEPLOY_BACKEND",       # boot/settings: activate(backend=)

@@ -73,6 +73,9 @@ def _apply(p: Patcher) -> None:
     from .server import body_limits  # request bodies bounded before LMDeploy parses them (body_limits.py)
 
     body_limits.install(p)
+    from .server import handle_pool  # the engine's request handles shared fairly between clients
+
+    handle_pool.install(p)
     _patch_server_module(p)
     from .server import error_relay  # engine-side typed errors reach the HTTP response with their message
 

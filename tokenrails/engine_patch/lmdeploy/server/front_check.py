@@ -56,7 +56,7 @@ from ....guided.errors import (
 )
 from ....guided.clients import LOCAL, current_client
 from ....guided.limits import GuideLimits
-from . import budget_front, request_fields
+from . import budget_front, handle_pool, request_fields
 from . import request_parsing as req
 from .engines import ENGINE_BACKEND, stock_check_for_turbomind
 from ..boot.settings import configured_limits as front_limits
@@ -240,6 +240,7 @@ def checked_preprocess(original: Callable) -> Callable:
         gen_config = _gen_config_of(args, kwargs)
         fmt = getattr(gen_config, "response_format", None)
         token = None
+        pending = None  # the request's deadline while its spec is not compiled yet (handle_pool.py)
         if fmt is not None and getattr(self, "backend", None) != "turbomind":
             # parsing is bounded (size limit) but a 1 MB format is ~0.1 s of json: off the loop;
             # a small one parses here, so a batch's requests reach the engine together
@@ -248,6 +249,9 @@ def checked_preprocess(original: Callable) -> Callable:
             else:
                 spec = await asyncio.get_running_loop().run_in_executor(None, _parse, fmt)
             if spec is not None:
+                probe = req.built_probe_manager(front_limits())
+                if probe is None or probe.settled(spec) is None:
+                    pending = due
                 err = await FRONT.verdict(spec, front_limits())
                 if err is None:  # a budget whose shortest output cannot fit: refused before generation
                     err = await budget_front.refusal(FRONT.compiled, self, spec,
@@ -259,10 +263,13 @@ def checked_preprocess(original: Callable) -> Callable:
                 if err is None:  # the engine's wait is what is left of it, not a second full deadline
                     req.with_request_deadline(fmt, due)
         try:
-            return await original(self, *args, **kwargs)
+            prepared = await original(self, *args, **kwargs)
         finally:
             if token is not None:
                 req.FRONT_VERDICT.reset(token)
+        if getattr(self, "backend", None) != "turbomind":  # the share of handles it is counted in
+            handle_pool.mark(getattr(prepared, "session", None), current_client(), pending)
+        return prepared
 
     return preprocess
 

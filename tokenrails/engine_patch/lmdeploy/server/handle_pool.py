@@ -1,0 +1,234 @@
+"""LMDeploy's request handles, shared fairly between the api_server's clients.
+
+The api_server's ``AsyncEngine`` lets at most ``max_batch_size`` requests into the engine at once:
+``generate`` takes a handle from a pool (an ``asyncio.Queue``, first come first served) and holds it
+until the answer ends - also while the engine keeps the row out of its batch for its grammar to
+compile. One client sending many fresh, slow specs took every handle, and every other client's
+request queued behind all of them. Here:
+
+* requests waiting for a handle queue per client (``guided.clients``: API key digest or address),
+  and a freed handle goes to the clients in turn, so one client's queue never stands before another
+  client's request;
+* a client's requests whose constraint is not compiled yet hold at most ``per_client`` handles at
+  once (``TOKENRAILS_HANDLES_PER_CLIENT``): its other such requests wait in its own queue, where
+  they fail at their compile deadline like a compile would. "Not compiled yet" is what the front
+  check saw (its compile cache had no verdict: a new spec, which the engine compiles too); such a
+  request stops counting at its first output (its row joined the batch) or its end. Requests with
+  a known spec, or none, are never capped, so one client's batch still enters the engine together.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import functools
+import os
+import time
+from typing import Any, Callable
+
+from ....guided.clients import current_client
+
+ATTR = "_tokenrails_share"  # on LMDeploy's Session: (client, deadline of a not yet compiled spec or None)
+# the session whose ``request_handle`` is entering, for ``get`` (which LMDeploy calls without it)
+_SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("tokenrails_handle_session", default=None)
+
+
+def per_client(size: int) -> int:
+    """``TOKENRAILS_HANDLES_PER_CLIENT``, else the engine's compiles per client at once (more of one
+    client's requests waiting for compiles would only wait in the engine), at most half the pool."""
+    from ..boot.settings import compile_per_client
+
+    raw = os.environ.get("TOKENRAILS_HANDLES_PER_CLIENT", "")
+    try:
+        if raw.strip():
+            return max(1, int(raw))
+    except ValueError:
+        pass
+    return max(1, min(compile_per_client(), size // 2))
+
+
+def mark(session: Any, client: str, deadline: float | None) -> None:
+    """Called by the front check: who sent the request and, when its spec was not compiled yet,
+    its compile deadline (``time.time()``)."""
+    try:
+        setattr(session, ATTR, (client, deadline))
+    except (AttributeError, TypeError):  # not LMDeploy's Session: shared as an unmarked request
+        pass
+
+
+class _Held:
+    """A handle as one request holds it: counted against its client until its first output."""
+
+    __slots__ = ("handle", "pool", "client", "pending")
+
+    def __init__(self, handle: Any, pool: "FairHandlePool", client: str, pending: bool) -> None:
+        self.handle, self.pool, self.client, self.pending = handle, pool, client, pending
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+    def async_stream_infer(self, *args: Any, **kwargs: Any) -> Any:
+        inner = self.handle.async_stream_infer(*args, **kwargs)
+        return self._until_first_output(inner) if self.pending else inner
+
+    async def _until_first_output(self, inner: Any):
+        try:
+            async for out in inner:
+                self.pool.settle(self)
+                yield out
+        finally:
+            self.pool.settle(self)
+            await inner.aclose()
+
+
+class FairHandlePool:
+    """Drop-in for LMDeploy's ``RequestHandlePool`` (see the module doc)."""
+
+    def __init__(self, engine: Any, size: int) -> None:
+        self.size = size
+        self.handles = [engine.create_instance() for _ in range(size)]
+        self.per_client = per_client(size)
+        self._free: collections.deque | None = None
+        self._queues: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
+        self._pending: collections.Counter = collections.Counter()
+
+    @property
+    def pool(self) -> Any:  # stock code tests ``pool is None`` for "never used"
+        return self._free
+
+    @property
+    def num_dispatched(self) -> int:
+        return 0 if self._free is None else self.size - len(self._free)
+
+    async def get(self) -> Any:
+        if self._free is None:
+            self._free = collections.deque(self.handles)
+        session = _SESSION.get()
+        client, deadline = getattr(session, ATTR, None) or (current_client(), None)
+        waiter = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(client, collections.deque()).append((waiter, deadline is not None))
+        self._dispatch()
+        if waiter.done():  # no yield: a batch's requests reach the engine in the same turn
+            return waiter.result()
+        try:
+            if deadline is None:
+                return await waiter
+            return await asyncio.wait_for(asyncio.shield(waiter), max(0.0, deadline - time.time()))
+        except (asyncio.CancelledError, asyncio.TimeoutError) as exc:
+            self._leave(client, waiter)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise _deadline_error() from None
+            raise
+
+    def put(self, handle: Any) -> None:
+        if handle is None or self._free is None:
+            return
+        if isinstance(handle, _Held):
+            self.settle(handle)
+            handle = handle.handle
+        self._free.append(handle)
+        self._dispatch()
+
+    def settle(self, held: _Held) -> None:
+        """``held``'s request no longer waits for its grammar: its client may start another."""
+        if held.pending:
+            held.pending = False
+            self._pending[held.client] -= 1
+            if self._pending[held.client] <= 0:
+                del self._pending[held.client]
+            self._dispatch()
+
+    def clear(self) -> None:
+        self.handles = []
+        self._free = None
+        for queue in self._queues.values():
+            for waiter, _ in queue:
+                if not waiter.done():
+                    waiter.cancel()
+        self._queues.clear()
+        self._pending.clear()
+
+    def _leave(self, client: str, waiter: asyncio.Future) -> None:
+        """A waiter gave up (cancelled, or its deadline passed): out of its queue; a handle handed
+        to it meanwhile goes back."""
+        if waiter.done() and not waiter.cancelled():
+            self.put(waiter.result())
+            return
+        waiter.cancel()
+        queue = self._queues.get(client)
+        if queue is not None:
+            self._queues[client] = collections.deque(w for w in queue if w[0] is not waiter)
+            if not self._queues[client]:
+                del self._queues[client]
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand free handles to the clients in turn; a client at its cap of requests waiting for
+        a grammar is passed over while its next request is one of those."""
+        while self._free:
+            for client in list(self._queues):
+                queue = self._queues[client]
+                while queue and queue[0][0].done():  # cancelled meanwhile
+                    queue.popleft()
+                if not queue:
+                    del self._queues[client]
+                    continue
+                waiter, fresh = queue[0]
+                if fresh and self._pending[client] >= self.per_client:
+                    continue
+                queue.popleft()
+                if queue:
+                    self._queues.move_to_end(client)  # served: the others come first next time
+                else:
+                    del self._queues[client]
+                if fresh:
+                    self._pending[client] += 1
+                waiter.set_result(_Held(self._free.popleft(), self, client, fresh))
+                break
+            else:
+                return
+
+
+def _deadline_error() -> Exception:
+    from ....guided.errors import GuideTimeoutError
+    from ..boot.settings import configured_limits
+    from .front_check import to_request_error
+
+    limit = configured_limits().compile_timeout_s
+    return to_request_error(GuideTimeoutError(
+        f"limit compile_timeout_s={limit} exceeded: this client's earlier requests with new constraints "
+        "still held its share of the engine when this request's time ran out", limit="compile_timeout_s",
+        value=limit))
+
+
+def patched_request_handle(original: Callable) -> Callable:
+    """``Session.request_handle`` telling the pool which session asks (its mark)."""
+
+    @functools.wraps(original)
+    def request_handle(self: Any) -> Any:
+        _SESSION.set(self)  # read by ``get`` as the context manager enters, in this task
+        return original(self)
+
+    return request_handle
+
+
+def patched_build(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def build_request_handle_pool(self: Any, engine: Any, size: int) -> None:
+        self.request_handle_pool = FairHandlePool(engine, size)
+
+    return build_request_handle_pool
+
+
+def install(patcher: Any) -> None:
+    """Called by ``activate()`` (reverted by ``deactivate()``); no-op without LMDeploy's serve core."""
+    import importlib
+
+    try:
+        sm = importlib.import_module("lmdeploy.serve.managers.session_manager")
+    except ImportError:
+        return
+    if "build_request_handle_pool" not in sm.SessionManager.__dict__ or "request_handle" not in sm.Session.__dict__:
+        return
+    patcher.set(sm.SessionManager, "build_request_handle_pool", patched_build(sm.SessionManager.build_request_handle_pool))
+    patcher.set(sm.Session, "request_handle", patched_request_handle(sm.Session.request_handle))
