@@ -10,11 +10,12 @@ request queued behind all of them. Here:
   and a freed handle goes to the clients in turn, so one client's queue never stands before another
   client's request;
 * a client's requests whose constraint is not compiled yet hold at most ``per_client`` handles at
-  once (``TOKENRAILS_HANDLES_PER_CLIENT``): its other such requests wait in its own queue, where
-  they fail at their compile deadline like a compile would. "Not compiled yet" is what the front
-  check saw (its compile cache had no verdict: a new spec, which the engine compiles too); such a
-  request stops counting at its first output (its row joined the batch) or its end. Requests with
-  a known spec, or none, are never capped, so one client's batch still enters the engine together.
+  once (``TOKENRAILS_HANDLES_PER_CLIENT``): its other such requests wait in its own queue (its
+  other requests pass them), where they fail at their compile deadline as a compile would. "Not
+  compiled yet" is what the front check saw (its compile cache had no verdict: a new spec, which
+  the engine compiles too); such a request stops counting at its first output (its row joined the
+  batch) or its end. Requests with a known spec, or none, are never capped, so one client's batch
+  still enters the engine together.
 """
 from __future__ import annotations
 
@@ -163,8 +164,8 @@ class FairHandlePool:
         self._dispatch()
 
     def _dispatch(self) -> None:
-        """Hand free handles to the clients in turn; a client at its cap of requests waiting for
-        a grammar is passed over while its next request is one of those."""
+        """Hand free handles to the clients in turn, each client's requests in order; one at its
+        cap of requests waiting for a grammar gets only its requests that do not."""
         while self._free:
             for client in list(self._queues):
                 queue = self._queues[client]
@@ -173,10 +174,12 @@ class FairHandlePool:
                 if not queue:
                     del self._queues[client]
                     continue
-                waiter, fresh = queue[0]
-                if fresh and self._pending[client] >= self.per_client:
+                capped = self._pending[client] >= self.per_client
+                pick = next((i for i, (w, fresh) in enumerate(queue) if not (fresh and capped) and not w.done()), None)
+                if pick is None:
                     continue
-                queue.popleft()
+                waiter, fresh = queue[pick]
+                del queue[pick]
                 if queue:
                     self._queues.move_to_end(client)  # served: the others come first next time
                 else:
@@ -190,15 +193,15 @@ class FairHandlePool:
 
 
 def _deadline_error() -> Exception:
-    from ....guided.errors import GuideTimeoutError
+    """HTTP 400 with the reason, as the front check reports a compile past its deadline."""
+    from lmdeploy.serve.core.exceptions import ErrorCode, RequestError
+
     from ..boot.settings import configured_limits
-    from .front_check import to_request_error
 
     limit = configured_limits().compile_timeout_s
-    return to_request_error(GuideTimeoutError(
-        f"limit compile_timeout_s={limit} exceeded: this client's earlier requests with new constraints "
-        "still held its share of the engine when this request's time ran out", limit="compile_timeout_s",
-        value=limit))
+    return RequestError(ErrorCode.INVALID_REQUEST, (
+        f"invalid response_format: limit compile_timeout_s={limit} exceeded: this client's earlier requests "
+        "with new constraints still held its share of the engine when this request's time ran out"))
 
 
 def patched_request_handle(original: Callable) -> Callable:
