@@ -7,7 +7,7 @@ distinct refused ~1 MB specs. Prints one table: attack -> status, time, front-en
 ping while it was in flight), then ping and benign p50/p99 vs the no-attack baseline.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/server_attack.py [--servers upgraded,stock]
-        [--refused 500] [--deadline 30] [--hostile-timeout 90] [--json out.json]
+        [--refused 500] [--deadline 30] [--hostile-timeout 90] [--flood 8] [--json out.json]
     OMP_NUM_THREADS=1 .venv/bin/python bench/server_attack.py --bodies   # large request bodies only
 
 Stock LMDeploy has no limits: a shape may hold its engine for minutes; each hostile request is cut
@@ -69,6 +69,8 @@ def measure(name: str, model, args) -> dict:
         out["rss_mb"] = (rss_before, atk.tree_rss_mb(proc.pid, workers=False))
         out["api_rss_mb"] = (api_before, atk.rss_mb(proc.pid))  # the api_server alone; the rest: the engine
         out["workers_rss_mb"] = atk.tree_rss_mb(proc.pid, workers=True)
+        if args.flood:
+            out["flood"] = atk.flood_latency(base, model_id, args.flood)
         if args.refused and (name == "upgraded" or args.refused_stock):
             growth, refused = atk.refused_payload_growth(base, model_id, proc.pid, args.refused, mb=0.9)
             out["rss_growth_mb"], out["refused"] = growth, refused
@@ -120,6 +122,15 @@ def print_table(results: list[dict]) -> None:
         if "load" in r:
             print(f"{'':>11}load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in r['load'][0])} at start, "
                   f"{'/'.join(f'{x:.1f}' for x in r['load'][1])} at end (2 cores)")
+        if r.get("flood"):
+            fl = r["flood"]
+            times = [t for _, t in fl["flood"]]
+            print(f"{'':>11}one client floods {len(times)} slow accepted specs: another client's fresh schema "
+                  f"{fl['other'][0]} in {fl['other'][1]:.2f} s; the flood's answers "
+                  f"{sorted(str(st) for st, _ in fl['flood'])}, slowest {max(times, default=0):.1f} s")
+        if r.get("hostile"):
+            worst = max(h["seconds"] for h in r["hostile"])
+            print(f"{'':>11}slowest hostile answer {worst:.2f} s")
         if "rss_growth_mb" in r:
             print(f"{'':>11}RSS growth after {r['refused']} refused ~1 MB specs: {r['rss_growth_mb']:+.1f} MB")
 
@@ -164,6 +175,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=900.0, help="seconds per server for the attack run")
     ap.add_argument("--shapes", default="all", choices=("compile", "quick", "all"),
                     help="compile: issue 36's compile attacks only; quick: plus one of each earlier family")
+    ap.add_argument("--flood", type=int, default=0,
+                    help="after the attack: one client sends this many slow accepted specs at once, another a fresh schema")
     ap.add_argument("--json", default=None)
     ap.add_argument("--bodies", action="store_true", help="only the large request bodies (size/count limits)")
     args = ap.parse_args()

@@ -409,6 +409,27 @@ def fresh_schema(base: str, model_id: str, timeout: float = 120.0) -> tuple[int 
     return status, time.perf_counter() - start
 
 
+def flood_latency(base: str, model_id: str, n: int, shape: Shape | None = None, timeout: float = 300.0) -> dict:
+    """One client (``ATTACKER_KEY``) sends ``n`` slow accepted specs at once (``shape``: the
+    9,000-value enum with fresh nonces, more than the server's request handles); 2 s later another
+    client sends a fresh small schema (``fresh_schema``). Its latency, and the flood's answers."""
+    shape = shape or _text_enum_shape(9_000)
+    flood: list[HostileResult] = []
+
+    def one(i: int) -> None:
+        with httpx.Client(timeout=timeout) as client:
+            flood.append(_send_hostile(client, base, model_id, shape, f"f{time.time_ns()}x{i}"))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    other = fresh_schema(base, model_id, timeout)
+    for t in threads:
+        t.join(timeout)
+    return {"other": other, "flood": [(r.status, r.seconds) for r in flood]}
+
+
 def _is_compile_worker(pid: int) -> bool:
     try:
         return b"tokenrails.guided.compile_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
