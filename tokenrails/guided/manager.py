@@ -185,9 +185,10 @@ class GuidedDecodingManager:
 
         ``waiter``: ``spec`` is a request that will read the outcome later without waiting (a held
         row, a sequence's state): if the compile passes its deadline, or the request its own
-        (``compile_timeouts.deadline_of``: time it spent before reaching this manager counts), this
-        request alone gets the timeout from then on. Any other request for a timed-out spec compiles it again, or joins
-        its compile still running on an abandoned thread, with a deadline of its own.
+        (``compile_timeouts.deadline_of``: time spent before reaching this manager counts), this
+        request alone gets the timeout from then on. Any other request for a timed-out spec
+        compiles it again, or joins its compile still running on an abandoned thread, with a
+        deadline of its own.
 
         A refusal to start (too many abandoned compiles, or a closed pool) is returned as this
         request's error and remembered nowhere: it says nothing about the spec, and a refused
@@ -203,7 +204,8 @@ class GuidedDecodingManager:
                 return timed_out.error
             entry = self._inflight.get(spec.key)
             if waiter and self._overdue(spec):  # this request's time is up: nothing to wait for
-                return self._time_up(spec, entry.future if entry is not None else _finished())
+                running = entry.future if entry is not None else timed_out.future if timed_out is not None else None
+                return self._time_up(spec, running or _finished())
             if entry is not None:
                 if waiter:
                     entry.waiters.add(spec)

@@ -1,14 +1,20 @@
-"""Who sent a request, for the fair sharing of compile capacity (guided/compile_pool.py).
+"""Who sent a request, for the fair sharing of compile capacity (guided/compile_pool.py), and when.
 
 A pure ASGI middleware: the API key of the ``Authorization`` header (its digest), else the remote
 address, set in ``guided.clients.CLIENT`` for the request's task, where the front check submits
 its compile. Set before the app runs, in the same task, so the endpoint's coroutine sees it.
+``ARRIVED``: when the request came in (``time.time()``), before its body was read and parsed: its
+compile deadline counts from there (front_check.py).
 """
 from __future__ import annotations
 
+import contextvars
+import time
 from typing import Any
 
 from ....guided.clients import CLIENT, client_id
+
+ARRIVED: contextvars.ContextVar[float | None] = contextvars.ContextVar("tokenrails_arrived", default=None)
 
 
 def identity_of(scope: dict) -> str:
@@ -31,7 +37,9 @@ class ClientIdentityMiddleware:
             await self.app(scope, receive, send)
             return
         token = CLIENT.set(identity_of(scope))
+        arrived = ARRIVED.set(time.time())
         try:
             await self.app(scope, receive, send)
         finally:
+            ARRIVED.reset(arrived)
             CLIENT.reset(token)

@@ -21,9 +21,10 @@ So the work is split:
   verdicts are the manager's cache entries (a compiled probe guide or the typed error).
 * a budget request (``tokenrails_budget``) whose shortest output cannot fit its ``max_tokens`` is
   refused here too (budget_front.py: counted on the model's own vocabulary);
-* the request's compile deadline starts here: the engine's managers get what is left of it
-  (``tokenrails_deadline``, request_parsing.py), so the front check's wait and the engine's
-  compile wait together never pass one ``compile_timeout_s``;
+* the request's compile deadline starts at its arrival (``client_identity.ARRIVED``, else here):
+  the engine's managers get what is left of it (``tokenrails_deadline``, request_parsing.py), so
+  the front check's wait and the engine's compile wait together never pass one
+  ``compile_timeout_s``;
 * the verdict is handed to LMDeploy's own synchronous call through a context variable of the
   request's task (``requests.FRONT_VERDICT``), so the stock ``preprocess`` raises it with its own
   clean-up (session removed, metrics counted) and never compiles on the loop.
@@ -57,6 +58,7 @@ from ....guided.errors import (
 from ....guided.clients import LOCAL, current_client
 from ....guided.limits import GuideLimits
 from . import budget_front, handle_pool, request_fields
+from .client_identity import ARRIVED
 from . import request_parsing as req
 from .engines import ENGINE_BACKEND, stock_check_for_turbomind
 from ..boot.settings import configured_limits as front_limits
@@ -236,12 +238,13 @@ def checked_preprocess(original: Callable) -> Callable:
 
     @functools.wraps(original)
     async def preprocess(self: Any, *args: Any, **kwargs: Any):
-        due = time.time() + front_limits().compile_timeout_s  # the request's one compile deadline
+        start = ARRIVED.get() or time.time()  # the request's one compile deadline counts from its arrival
         gen_config = _gen_config_of(args, kwargs)
         fmt = getattr(gen_config, "response_format", None)
         token = None
         pending = None  # the request's deadline while its spec is not compiled yet (handle_pool.py)
         if fmt is not None and getattr(self, "backend", None) != "turbomind":
+            due = start + front_limits().compile_timeout_s
             # parsing is bounded (size limit) but a 1 MB format is ~0.1 s of json: off the loop;
             # a small one parses here, so a batch's requests reach the engine together
             if parses_inline(fmt):
