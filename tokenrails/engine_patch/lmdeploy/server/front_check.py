@@ -242,7 +242,7 @@ def checked_preprocess(original: Callable) -> Callable:
         gen_config = _gen_config_of(args, kwargs)
         fmt = getattr(gen_config, "response_format", None)
         token = None
-        pending = None  # the request's deadline while its spec is not compiled yet (handle_pool.py)
+        pending = None  # (deadline, key) while the request's spec is not compiled yet (handle_pool.py)
         if fmt is not None and getattr(self, "backend", None) != "turbomind":
             due = start + front_limits().compile_timeout_s
             # parsing is bounded (size limit) but a 1 MB format is ~0.1 s of json: off the loop;
@@ -254,7 +254,7 @@ def checked_preprocess(original: Callable) -> Callable:
             if spec is not None:
                 probe = req.built_probe_manager(front_limits())
                 if probe is None or probe.settled(spec) is None:
-                    pending = due
+                    pending = (due, spec.key)
                 err = await FRONT.verdict(spec, front_limits())
                 if err is None:  # a budget whose shortest output cannot fit: refused before generation
                     err = await budget_front.refusal(FRONT.compiled, self, spec,

@@ -9,12 +9,13 @@ request queued behind all of them. Here:
 * requests waiting for a handle queue per client (``guided.clients``: API key digest or address),
   and a freed handle goes to the clients in turn, so one client's queue never stands before another
   client's request;
-* a client's requests whose constraint is not compiled yet hold at most ``per_client`` handles at
-  once (``TOKENRAILS_HANDLES_PER_CLIENT``): its other such requests wait in its own queue (its
-  other requests pass them), where they fail at their compile deadline as a compile would. "Not
-  compiled yet" is what the front check saw (its compile cache had no verdict: a new spec, which
-  the engine compiles too); such a request stops counting at its first output (its row joined the
-  batch) or its end. Requests with a known spec, or none, are never capped, so one client's batch
+* a client's requests whose constraint is not compiled yet hold handles for at most
+  ``per_client`` distinct specs at once (``TOKENRAILS_HANDLES_PER_CLIENT``): its requests for
+  further new specs wait in its own queue (its other requests pass them), where they fail at their
+  compile deadline as a compile would. "Not compiled yet" is what the front check saw (its compile
+  cache had no verdict: a new spec, which the engine compiles too); such a request stops counting
+  at its first output (its row joined the batch) or its end. Requests for known specs, a batch of
+  one new spec, and a pipeline's requests (``LOCAL``, one caller) are never held back, so a batch
   still enters the engine together.
 """
 from __future__ import annotations
@@ -27,9 +28,9 @@ import os
 import time
 from typing import Any, Callable
 
-from ....guided.clients import current_client
+from ....guided.clients import LOCAL, current_client
 
-ATTR = "_tokenrails_share"  # on LMDeploy's Session: (client, deadline of a not yet compiled spec or None)
+ATTR = "_tokenrails_share"  # on LMDeploy's Session: (client, (deadline, spec key) of a not yet compiled spec or None)
 # the session whose ``request_handle`` is entering, for ``get`` (which LMDeploy calls without it)
 _SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("tokenrails_handle_session", default=None)
 
@@ -48,11 +49,11 @@ def per_client(size: int) -> int:
     return max(1, min(compile_per_client(), size // 2))
 
 
-def mark(session: Any, client: str, deadline: float | None) -> None:
+def mark(session: Any, client: str, new_spec: tuple[float, str] | None) -> None:
     """Called by the front check: who sent the request and, when its spec was not compiled yet,
-    its compile deadline (``time.time()``)."""
+    its compile deadline (``time.time()``) and the spec's key."""
     try:
-        setattr(session, ATTR, (client, deadline))
+        setattr(session, ATTR, (client, new_spec))
     except (AttributeError, TypeError):  # not LMDeploy's Session: shared as an unmarked request
         pass
 
@@ -62,7 +63,7 @@ class _Held:
 
     __slots__ = ("handle", "pool", "client", "pending")
 
-    def __init__(self, handle: Any, pool: "FairHandlePool", client: str, pending: bool) -> None:
+    def __init__(self, handle: Any, pool: "FairHandlePool", client: str, pending: str | None) -> None:
         self.handle, self.pool, self.client, self.pending = handle, pool, client, pending
 
     def __getattr__(self, name: str) -> Any:
@@ -70,7 +71,7 @@ class _Held:
 
     def async_stream_infer(self, *args: Any, **kwargs: Any) -> Any:
         inner = self.handle.async_stream_infer(*args, **kwargs)
-        return self._until_first_output(inner) if self.pending else inner
+        return self._until_first_output(inner) if self.pending is not None else inner
 
     async def _until_first_output(self, inner: Any):
         try:
@@ -91,7 +92,7 @@ class FairHandlePool:
         self.per_client = per_client(size)
         self._free: collections.deque | None = None
         self._queues: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
-        self._pending: collections.Counter = collections.Counter()
+        self._pending: dict[str, collections.Counter] = {}  # client -> new specs' keys -> handles held
 
     @property
     def pool(self) -> Any:  # stock code tests ``pool is None`` for "never used"
@@ -105,9 +106,12 @@ class FairHandlePool:
         if self._free is None:
             self._free = collections.deque(self.handles)
         session = _SESSION.get()
-        client, deadline = getattr(session, ATTR, None) or (current_client(), None)
+        client, new_spec = getattr(session, ATTR, None) or (current_client(), None)
+        if client == LOCAL:  # one caller (a pipeline): nobody to be fair to, as in the compile pool
+            new_spec = None
+        deadline, key = new_spec or (None, None)
         waiter = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(client, collections.deque()).append((waiter, deadline is not None))
+        self._queues.setdefault(client, collections.deque()).append((waiter, key))
         self._dispatch()
         if waiter.done():  # no yield: a batch's requests reach the engine in the same turn
             return waiter.result()
@@ -132,11 +136,15 @@ class FairHandlePool:
 
     def settle(self, held: _Held) -> None:
         """``held``'s request no longer waits for its grammar: its client may start another."""
-        if held.pending:
-            held.pending = False
-            self._pending[held.client] -= 1
-            if self._pending[held.client] <= 0:
-                del self._pending[held.client]
+        if held.pending is not None:
+            keys = self._pending.get(held.client)
+            if keys is not None:
+                keys[held.pending] -= 1
+                if keys[held.pending] <= 0:
+                    del keys[held.pending]
+                if not keys:
+                    del self._pending[held.client]
+            held.pending = None
             self._dispatch()
 
     def clear(self) -> None:
@@ -164,8 +172,8 @@ class FairHandlePool:
         self._dispatch()
 
     def _dispatch(self) -> None:
-        """Hand free handles to the clients in turn, each client's requests in order; one at its
-        cap of requests waiting for a grammar gets only its requests that do not."""
+        """Hand free handles to the clients in turn, each client's requests in order; one whose
+        requests wait for ``per_client`` new specs gets only requests for known specs (or those)."""
         while self._free:
             for client in list(self._queues):
                 queue = self._queues[client]
@@ -174,19 +182,21 @@ class FairHandlePool:
                 if not queue:
                     del self._queues[client]
                     continue
-                capped = self._pending[client] >= self.per_client
-                pick = next((i for i, (w, fresh) in enumerate(queue) if not (fresh and capped) and not w.done()), None)
+                keys = self._pending.get(client) or {}
+                full = len(keys) >= self.per_client
+                pick = next((i for i, (w, key) in enumerate(queue)
+                             if not w.done() and (key is None or key in keys or not full)), None)
                 if pick is None:
                     continue
-                waiter, fresh = queue[pick]
+                waiter, key = queue[pick]
                 del queue[pick]
                 if queue:
                     self._queues.move_to_end(client)  # served: the others come first next time
                 else:
                     del self._queues[client]
-                if fresh:
-                    self._pending[client] += 1
-                waiter.set_result(_Held(self._free.popleft(), self, client, fresh))
+                if key is not None:
+                    self._pending.setdefault(client, collections.Counter())[key] += 1
+                waiter.set_result(_Held(self._free.popleft(), self, client, key))
                 break
             else:
                 return
