@@ -314,7 +314,10 @@ def patched_accept_rejection(original: Callable) -> Callable:
                 for i, s in enumerate(statuses):
                     if s is not None and s.failed and i in processors:
                         processors[i].error = processors[i].error or s.error or GuideError("guided token rejected")
-                st.planned = (ctx, follow(processors, batch))
+                try:
+                    st.planned = (ctx, follow(processors, batch))
+                except Exception:  # noqa: BLE001 - the proposer proposes again itself and reports it
+                    st.planned = None
             return statuses
 
         statuses = run() if st.short(processors, num_rejected) else await asyncio.to_thread(run)
