@@ -7,6 +7,7 @@ row with an error and no other: the other rows finish and validate.
 """
 from __future__ import annotations
 
+import collections
 import json
 import threading
 
@@ -117,3 +118,35 @@ def test_a_failing_proposal_fails_its_row_only(model_dir, monkeypatch):
     assert outs[1].finish_reason == "error", outs[1]
     for i in (0, 2):
         assert outs[i].finish_reason == "stop" and _valid(outs[i], PERSON), outs[i].text
+
+
+def test_short_steps_stay_on_the_loop_and_others_hop_once_beside_the_mask(model_dir, monkeypatch):
+    """A step's guided work hops to a worker thread only when it is long (more rows than the inline
+    limit, here 2 of 3): then once for the masks and once for the accept with the next proposal."""
+    import asyncio
+
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_ahead, spec_helper
+
+    hops: list[str] = []
+    real = asyncio.to_thread
+
+    async def counting(func, *args, **kwargs):
+        if ".speculative." in (getattr(func, "__module__", None) or ""):
+            hops.append(getattr(func, "__qualname__", "?"))
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting)
+    monkeypatch.setattr(spec_helper, "INLINE_MAX_ROWS", 2, raising=False)
+    draft_ahead.STATS.reset()
+    prompts = ["An event as JSON.", "Give me a person as JSON.", "Another event, JSON please."]
+    schemas = [EVENT, PERSON, EVENT]
+    outs = _generate(model_dir, prompts, [_fmt(s) for s in schemas], max_tokens=32)
+    steps = draft_ahead.STATS.steps
+    assert outs is not None and steps > 0
+    for out, schema in zip(outs, schemas):
+        assert out.finish_reason in ("stop", "length"), out
+        if out.finish_reason == "stop":
+            assert _valid(out, schema), out.text
+    assert hops, "no step of three guided rows hopped (the inline limit was not applied)"
+    assert len(hops) <= 2 * steps, (len(hops), steps, collections.Counter(hops))
+    assert len(hops) < 2 * steps, "steps with two or fewer rows hopped too"

@@ -23,9 +23,11 @@ it on for engines built without a ``speculative_config`` of their own.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import threading
+import time
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
@@ -34,7 +36,7 @@ from ....guided.errors import GuideError
 from . import draft_ahead
 from ..step.lmdeploy_step import report as report_row_errors
 from ....guided.sequence import GuidedRow
-from . import adaptive_drafts, draft_metrics, draft_shapes
+from . import adaptive_drafts, draft_metrics, draft_shapes, spec_helper
 from .._patching import Patcher, require_attrs
 from ..boot import settings
 from .adaptive_drafts import PAD
@@ -109,7 +111,7 @@ def _encoder(tokenizer: Any) -> Callable[[str], Sequence[int]] | None:
 
 def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fillers: list[int],
                 num_drafts: int, *, guesses: dict | None = None, report: "_PlanReport | None" = None,
-                ) -> tuple[list[list[int]], list[int], list[int]]:
+                handles: dict | None = None) -> tuple[list[list[int]], list[int], list[int]]:
     """Per row: ``num_drafts`` draft ids (forced tokens, then the row's filler: ``PAD`` in the
     engine, which verifies no position for it), and how many are grammar drafts and how many
     come from one-token masks. Rows not guided, failed, thinking or with nothing forced get
@@ -117,11 +119,13 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
 
     ``guesses`` (``draft_ahead``): runs computed beside the previous forward, used for a row only
     when it accepted what the guess assumed. A row whose proposal raises gets fillers and its error
-    in ``report`` (the step fails that row only); ``report`` also receives the rows proposed."""
+    in ``report`` (the step fails that row only); ``report`` also receives the rows proposed.
+    ``handles``: the step's row handles when the caller has them (the accept's, same step)."""
     batch = len(fillers)
     drafts = [[fillers[i]] * num_drafts for i in range(batch)]
     counts, singles = [0] * batch, [0] * batch
-    handles = helper.get_processors(session_ctx, response_formats) if session_ctx else {}
+    if handles is None:
+        handles = helper.get_processors(session_ctx, response_formats) if session_ctx else {}
     if not handles:
         return drafts, counts, singles
     owner = getattr(helper, "_mgr", None)
@@ -193,29 +197,68 @@ class _PlanReport:
         self.guessed = self.inline = self.missed = 0
 
 
-async def _propose_rows(proposer: Any, ctx: Any, formats: Any, pads: list[int], k: int
-                        ) -> tuple[list[list[int]], list[int], list[int]]:
-    """The step's proposal: guesses joined, the rest inline (off the event loop), errors reported
-    for their rows, and the next step's guesses started beside the coming forward."""
-    import asyncio
-    import time
+class _Plan:
+    """One step's proposal and how it was made (for ``draft_ahead.record`` and the next guesses)."""
 
+    def __init__(self, result: tuple[list[list[int]], list[int], list[int]], report: _PlanReport,
+                 critical: float, waited: float):
+        self.result, self.report, self.critical, self.waited = result, report, critical, waited
+
+
+def _ahead_of(proposer: Any) -> draft_ahead.Ahead:
     ahead = proposer.__dict__.get("_tokenrails_ahead")
     if ahead is None:
         ahead = proposer.__dict__["_tokenrails_ahead"] = draft_ahead.Ahead()
+    return ahead
+
+
+def _plan(proposer: Any, ctx: Any, formats: Any, pads: list[int], k: int, handles: dict | None = None) -> _Plan:
+    """The step's proposal: guesses joined, the other rows proposed on this thread."""
     t0 = time.perf_counter()
-    guesses, waited = ahead.take()
+    guesses, waited = _ahead_of(proposer).take()
     report = _PlanReport()
-    drafts, counts, singles = await asyncio.to_thread(
-        plan_drafts, proposer.guided_helper, ctx, formats, pads, k, guesses=guesses, report=report)
-    critical = time.perf_counter() - t0
+    result = plan_drafts(proposer.guided_helper, ctx, formats, pads, k, guesses=guesses, report=report,
+                         handles=handles)
+    return _Plan(result, report, time.perf_counter() - t0, waited)
+
+
+def _follow_accept(proposer: Any) -> None:
+    """Have the spec helper propose right after it accepts a step's tokens, in the same thread hop
+    (or inline): the proposal needs only the accepted state and the step's row handles."""
+    st = spec_helper.state_of(proposer.guided_helper)
+    if st is None or st.follow is not None:
+        return
+    k = int(proposer.num_speculative_tokens)
+
+    def follow(handles: dict, batch: int) -> _Plan:
+        return _plan(proposer, None, None, [PAD] * batch, k, handles=handles)
+
+    st.follow = follow
+
+
+async def _propose_rows(proposer: Any, ctx: Any, formats: Any, pads: list[int], k: int
+                        ) -> tuple[list[list[int]], list[int], list[int]]:
+    """The step's proposal: the one made after the accept when there is one, else made here (inline
+    for a short step, else off the event loop); errors reported for their rows, and the next step's
+    guesses started beside the coming forward."""
+    helper = proposer.guided_helper
+    st = spec_helper.state_of(helper)
+    plan = st.take_planned(ctx) if st is not None else None
+    if plan is None or len(plan.result[0]) != len(pads):
+        handles = helper.get_processors(ctx, formats) if ctx else {}
+        if not handles or (st is not None and st.short(handles, torch.empty(0))):
+            plan = _plan(proposer, ctx, formats, pads, k, handles=handles)
+        else:
+            plan = await asyncio.to_thread(_plan, proposer, ctx, formats, pads, k, handles)
+    report = plan.report
     if report.errors:
-        report_row_errors(getattr(proposer.guided_helper, "_mgr", None), report.errors)
+        report_row_errors(getattr(helper, "_mgr", None), report.errors)
     if draft_ahead.enabled() and report.core is not None:
         capped = [(key, row, run) for key, row, run in report.rows if len(run) == k]
-        ahead.start(report.core, capped, k, report.encode)
-    draft_ahead.record(critical, waited, report.guessed, report.inline, report.missed)
-    return drafts, counts, singles
+        _ahead_of(proposer).start(report.core, capped, k, report.encode)
+    draft_ahead.record(plan.critical, plan.waited, report.guessed, report.inline, report.missed)
+    _follow_accept(proposer)
+    return plan.result
 
 
 def _proposer_class():

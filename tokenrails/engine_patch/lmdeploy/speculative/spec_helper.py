@@ -8,6 +8,10 @@ Stock LMDeploy forks every guided matcher twice per step (draft side and target 
   ``get_processors``) every outstanding cursor is rolled back exactly.
 * Target verification uses the manager's ``fill_and_apply_spec`` (one mask row per position,
   tentative accept + rollback) and ``accept_tokens_spec``; failures are reported per row.
+* Thread hops: a short step (``short``: few rows, CPU tensors, every constraint compiled) runs its
+  guided work on the event loop's thread, as the plain step does; a hop costs more than the work.
+  Otherwise the accept and the step's proposal (``SpecState.follow``, set by a proposer that
+  proposes from the accepted state) share one hop: the proposal is left in ``SpecState.planned``.
 """
 from __future__ import annotations
 
@@ -20,7 +24,10 @@ import torch
 from ....guided.bitmask import MaskBuffer
 from ....guided.errors import GuideError
 from ....guided.sequence import GuidedRow
+from ..step import lmdeploy_step
 from ..step.lmdeploy_step import report, rows_of_ctx
+
+INLINE_MAX_ROWS = lmdeploy_step.INLINE_MAX_ROWS  # guided rows up to which a short step runs inline
 
 
 class RowHandle:
@@ -91,6 +98,25 @@ class SpecState:
         self._cursors: list[RowHandle] = []
         self._lock = threading.Lock()
         self._buffer: MaskBuffer | None = None
+        # the step's proposal, made right after the accept (same hop): follow(handles, batch) -> plan
+        self.follow: Callable[[dict, int], Any] | None = None
+        self.ctx: Any = None  # the session_ctx of the step the handles were made for
+        self.planned: tuple[Any, Any] | None = None  # (ctx, plan) left by ``follow``
+
+    def take_planned(self, ctx: Any) -> Any:
+        """The proposal made after this step's accept (None when there was none for ``ctx``)."""
+        planned, self.planned = self.planned, None
+        if planned is None or planned[0] is not ctx:
+            return None
+        return planned[1]
+
+    def short(self, processors: dict, tensor: torch.Tensor) -> bool:
+        """The step's guided work is shorter than a hop to a worker thread and back: at most
+        ``INLINE_MAX_ROWS`` rows, CPU tensors, and no compile a fill or accept could wait for."""
+        if tensor.is_cuda or len(processors) > INLINE_MAX_ROWS:
+            return False
+        core = self.owner.view.core
+        return core is not None and core.compiled([h.raw for h in processors.values()])
 
     def track(self, cur: RowHandle) -> None:
         with self._lock:
@@ -109,7 +135,7 @@ class SpecState:
         return buf
 
 
-def _state(helper: Any) -> SpecState | None:
+def state_of(helper: Any) -> SpecState | None:
     owner = getattr(helper, "_mgr", None)
     if not getattr(owner, "is_tokenrails", False):
         return None
@@ -122,10 +148,11 @@ def _state(helper: Any) -> SpecState | None:
 
 def patched_get_processors(original: Callable) -> Callable:
     def get_processors(self, session_ctx, response_formats):
-        st = _state(self)
+        st = state_of(self)
         if st is None:
             return original(self, session_ctx, response_formats)
         st.rollback_all()
+        st.ctx, st.planned = session_ctx, None
         if session_ctx is None:
             return {}
         out = {}
@@ -143,7 +170,7 @@ def patched_get_processors(original: Callable) -> Callable:
 
 def patched_cleanup(original: Callable) -> Callable:
     def cleanup_sessions(self, session_ids):
-        st = _state(self)
+        st = state_of(self)
         if st is None:
             return original(self, session_ids)
         for sid in session_ids or ():
@@ -165,11 +192,13 @@ def _fill_handles(st: SpecState, processors: dict, batch: int, device: torch.dev
 
 def patched_prepare_bitmask(original: Callable) -> Callable:
     async def prepare_bitmask(self, logits, processors):
-        st = _state(self)
+        st = state_of(self)
         if st is None:
             return await original(self, logits, processors)
         if not processors:
             return None
+        if st.short(processors, logits):
+            return _fill_handles(st, processors, logits.size(0), logits.device)
         return await asyncio.to_thread(_fill_handles, st, processors, logits.size(0), logits.device)
 
     prepare_bitmask.__wrapped__ = original
@@ -178,7 +207,7 @@ def patched_prepare_bitmask(original: Callable) -> Callable:
 
 def patched_apply_bitmask(original: Callable) -> Callable:
     def apply_bitmask(self, logits, bitmask):
-        st = _state(self)
+        st = state_of(self)
         if st is None:
             return original(self, logits, bitmask)
         if bitmask is None:
@@ -194,7 +223,7 @@ def patched_apply_bitmask(original: Callable) -> Callable:
 
 def patched_accept_draft(original: Callable) -> Callable:
     async def accept_draft_tokens(self, draft_token_ids, processors):
-        st = _state(self)
+        st = state_of(self)
         if st is None:
             return await original(self, draft_token_ids, processors)
         if not processors:
@@ -226,7 +255,7 @@ def _report(processors: dict, statuses: list) -> None:
 
 def patched_serial_bitmask(original: Callable) -> Callable:
     async def apply_serial_bitmask(self, scores_3d, processors, draft_token_ids, num_spec_tokens):
-        st = _state(self)
+        st = state_of(self)
         if st is None:
             return await original(self, scores_3d, processors, draft_token_ids, num_spec_tokens)
         if not processors:
@@ -246,7 +275,7 @@ def patched_serial_bitmask(original: Callable) -> Callable:
                         return mgr.fill_and_apply_spec(flat, rows, drafts_all)
                 return mgr.fill_and_apply_spec(flat, rows, drafts_all)
 
-        statuses = await asyncio.to_thread(run)
+        statuses = run() if st.short(processors, scores_3d) else await asyncio.to_thread(run)
         _report(processors, statuses)
         return None
 
@@ -257,7 +286,7 @@ def patched_serial_bitmask(original: Callable) -> Callable:
 def patched_accept_rejection(original: Callable) -> Callable:
     async def accept_rejection_sampled_tokens(self, processors, num_rejected, output_token_ids,
                                               next_token_ids, num_spec_tokens):
-        st = _state(self)
+        st = state_of(self)
         if st is None:
             return await original(self, processors, num_rejected, output_token_ids, next_token_ids,
                                   num_spec_tokens)
@@ -279,9 +308,19 @@ def patched_accept_rejection(original: Callable) -> Callable:
                 toks = [int(t) for t in outs[idx][:valid] if int(t) >= 0]
                 accepted[idx] = toks + [int(nxt[idx])]
                 rows[idx] = h.row
-            return st.owner.core().accept_tokens_spec(accepted, rows)
+            statuses = st.owner.core().accept_tokens_spec(accepted, rows)
+            follow, ctx = st.follow, st.ctx
+            if follow is not None:
+                for i, s in enumerate(statuses):
+                    if s is not None and s.failed and i in processors:
+                        processors[i].error = processors[i].error or s.error or GuideError("guided token rejected")
+                try:
+                    st.planned = (ctx, follow(processors, batch))
+                except Exception:  # noqa: BLE001 - the proposer proposes again itself and reports it
+                    st.planned = None
+            return statuses
 
-        statuses = await asyncio.to_thread(run)
+        statuses = run() if st.short(processors, num_rejected) else await asyncio.to_thread(run)
         _report(processors, statuses)
         return None
 
