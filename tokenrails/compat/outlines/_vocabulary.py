@@ -10,8 +10,7 @@ import functools
 import re
 from typing import Any
 
-from ... import InvalidGuideError, Vocabulary
-from ...guided.vocabulary import shared_vocabulary
+from ... import InvalidGuideError, Vocabulary, shared_vocabulary
 from .models.transformer_tokenizer import TransformerTokenizer
 
 

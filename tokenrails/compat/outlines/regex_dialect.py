@@ -15,10 +15,7 @@ import functools
 import re
 from typing import Callable
 
-from ... import InvalidGuideError, UnsupportedGuideError
-from ...guided.fsm.charset import without_surrogates
-from ...guided.ecma_patterns import spell_shorthands
-from ...guided.regex_hazards import class_end
+from ... import InvalidGuideError, UnsupportedGuideError, spell_shorthands
 from . import interegular_dialect
 
 _POSIX = {
@@ -175,15 +172,15 @@ def _class_body(ranges: tuple) -> str:
 
 
 def _complement(ranges: tuple) -> tuple:
-    """The code points (surrogates aside) not in ``ranges``."""
+    """The code points not in ``ranges``, surrogates aside (no regex reader takes a lone one)."""
     out, start = [], 0
-    for a, b in ranges:
+    for a, b in sorted((*ranges, (0xD800, 0xDFFF))):
         if a > start:
             out.append((start, a - 1))
-        start = b + 1
+        start = max(start, b + 1)
     if start <= 0x10FFFF:
         out.append((start, 0x10FFFF))
-    return without_surrogates(out)
+    return tuple(out)
 
 
 def _class_bodies(digit: tuple, word: tuple, space: tuple) -> tuple[dict[str, str], dict[str, str]]:
@@ -257,6 +254,7 @@ def outlines_dialect(pattern: str) -> str:
 
 
 _REPEAT = re.compile(r"[*+?]|\{[0-9]+(?:,[0-9]*)?\}|\{,[0-9]+\}")
+_CLASS = re.compile(r"\[\^?\]?(?:\\.?|[^\]\\])*\]?", re.S)  # a bracket class, ``[]a]`` and ``[^]a]`` included
 
 
 def _group_stacked_repeats(pattern: str) -> str:
@@ -284,7 +282,7 @@ def _group_stacked_repeats(pattern: str) -> str:
             items.append([pattern[i:i + 2], "atom"])
             i += 2
         elif c == "[":
-            j = class_end(pattern, i)
+            j = _CLASS.match(pattern, i).end()
             items.append([pattern[i:j], "atom"])
             i = j
         elif c == "(":

@@ -9,6 +9,7 @@ Numbering: 0 = dead, 1 = start, the rest in breadth-first order. Built by the C 
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass
+from typing import ClassVar
 from functools import cached_property
 
 import numpy as np
@@ -29,6 +30,9 @@ class DFA:
     500-state JSON DFA's full ``tolist`` costs more than building the DFA natively, a guided run
     visits a few dozen states, and a compile whose stepping runs in C never needs the lists.
     """
+
+    DEAD: ClassVar[int] = DEAD  # the state numbers, for code that walks ``trans`` from outside
+    START: ClassVar[int] = START
 
     trans: np.ndarray        # int32 [S, K]
     classmap: np.ndarray     # int32 [256]: byte -> class

@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from .... import GuideSpec, InvalidGuideError, UnsupportedGuideError, Vocabulary, get_backend
-from ....guided.vocabulary import shared_vocabulary
+from .... import (GuideSpec, InvalidGuideError, UnsupportedGuideError, Vocabulary, get_backend,
+                  shared_vocabulary)
 from ..fsm.guide import TokenrailsGuide
 from ..regex_dialect import xgrammar_regex_spec
 from ..processors.structured import GuideLogitsProcessor
@@ -49,11 +49,7 @@ def _vocabulary_of(info: Any) -> Vocabulary:
 
 def _guide_of_compiled_grammar(compiled: Any) -> TokenrailsGuide:
     """A guide over a grammar the caller compiled with xgrammar itself."""
-    from ....guided.backends.xgrammar_backend import XGrammarGuide
-
-    vocab = _vocabulary_of_compiled(compiled)
-    spec = GuideSpec.grammar("root ::= \"\"  # compiled by the caller with xgrammar")
-    return TokenrailsGuide(XGrammarGuide(spec, vocab, compiled))
+    return TokenrailsGuide(get_backend("xgrammar", _vocabulary_of_compiled(compiled)).guide_of(compiled))
 
 
 class XGrammarLogitsProcessor(GuideLogitsProcessor):
