@@ -39,9 +39,8 @@ BYTE_TABLE_MAX_BYTES = 0  # C walker: expand the DFA to [states, 256] up to this
 # shared daemon thread (the C walk releases the GIL), so decoding rarely meets a first visit.
 # Bounded by the bytes the rows could take, so large DFAs (long JSON lowerings) stay lazy. Off by
 # default: in a tight loop with no model forward between steps (bench/fsm_vs_peers.py, 2 cores) it
-# measured slower than computing rows on first visit (qwen2 datetime total 0.88 -> 1.26 ms, IPv4
-# 0.39 -> 0.94 ms: GIL hand-offs and rows computed twice); it pays only when steps are separated
-# by forward passes that leave the CPU idle (GPU engines).
+# is slower than computing rows on first visit (GIL hand-offs, rows computed twice); it pays only
+# when steps are separated by forward passes that leave the CPU idle (GPU engines).
 # Eager rows at compile (native walker): the id-list rows of the first states (the DFA numbers them
 # breadth-first from the start) within a small time budget, so a tight regex's first visits are
 # already cached when decoding starts, as xgrammar's are (it computes every mask at compile).
