@@ -47,7 +47,6 @@ def _mod(name: str):
 def _apply(p: Patcher) -> None:
     from .step import agent as agent_patch
     from .server import engines
-    from .server import request_parsing as req_patch
     from .speculative import spec_helper as spec_patch
     from .step import lmdeploy_step as step_patch
     from .step import strategies as strat_patch
@@ -107,7 +106,7 @@ def _apply(p: Patcher) -> None:
 
     eng = _mod("lmdeploy.pytorch.engine.engine")
     require_params(eng.Engine.__init__, ["model_path", "trust_remote_code"], "Engine.__init__")
-    engine_grammars.install(p, eng)
+    engine_grammars.install(p, eng, ae.AsyncEngine)
 
     # -- logits processor ------------------------------------------------------------------------
     lp = _mod("lmdeploy.pytorch.engine.logits_process")
