@@ -34,7 +34,6 @@ from .token_trie import TokenTrie, token_trie
 BATCH_STATES = 32  # states packed together by the numpy ``precompute``
 SPARSE_OUTPUT_NODES = 1 << 15  # fewer alive nodes than this: set token bits directly
 DENSE_FRACTION = 16  # walk a trie level densely once >= 1/16 of its nodes are alive
-BYTE_TABLE_MAX_BYTES = 0  # C walker: expand the DFA to [states, 256] up to this size (measured: no faster than classes)
 # Background warm-up (opt-in): after the first row, the rows of a small DFA are computed on one
 # shared daemon thread (the C walk releases the GIL), so decoding rarely meets a first visit.
 # Bounded by the bytes the rows could take, so large DFAs (long JSON lowerings) stay lazy. Off by
@@ -175,7 +174,7 @@ class TokenIndex:
         return mod.Walker(
             ntrie, np.ascontiguousarray(dfa.trans, dtype=np.int32), s, self._k,
             np.ascontiguousarray(dfa.classmap, dtype=np.int32), np.ascontiguousarray(accepting),
-            eos32, self.vocab.vocab_size, s * 256 * 4 <= BYTE_TABLE_MAX_BYTES,
+            eos32, self.vocab.vocab_size,
         )
 
     @property
