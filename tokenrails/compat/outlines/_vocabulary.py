@@ -121,9 +121,6 @@ def vocabulary_for(tokenizer: Any) -> Vocabulary:
     """The (memoized) ``Vocabulary`` of ``tokenizer``; a ``Vocabulary`` passes through."""
     if isinstance(tokenizer, Vocabulary):
         return tokenizer
-    vocab = getattr(tokenizer, "_tokenrails_vocabulary", None)
-    if isinstance(vocab, Vocabulary):
-        return vocab
     if _is_outlines_tokenizer(tokenizer):
         return _vocabulary_from_outlines_tokenizer(tokenizer)
     hf = hf_tokenizer_of(tokenizer)

@@ -143,8 +143,6 @@ def _case_classes() -> dict[int, tuple[int, ...]]:
 
 UNICODE_FOLDING = CaseRule(_case_classes)  # outlines-core's (Rust's) ``(?i)``
 _case_classes = UNICODE_FOLDING.table  # read once (~0.3 s)
-_fold_extras = UNICODE_FOLDING.extras
-_fold_extras_of_range = UNICODE_FOLDING.extras_of_range
 INTEREGULAR_CASE = CaseRule(interegular_dialect.case_table)  # outlines 0.x's: str.lower/upper
 
 
