@@ -220,6 +220,6 @@ def test_case_folded_ranges_equal_the_code_point_walk_and_stay_cheap():
         hi = lo + rng.randrange(0, 700)
         assert UNICODE_FOLDING.extras_of_range(lo, hi) == UNICODE_FOLDING.extras(range(lo, hi + 1)), (lo, hi)
     ranges = "".join(f"[{chr(k + 0x100)}-\U0010ffff]" for k in range(3000))  # 3,000 distinct ranges
-    started = time.perf_counter()
+    started = time.thread_time()  # its own CPU time: other jobs on the machine stretch wall time only
     outlines_dialect("(?i)" + ranges)
-    assert time.perf_counter() - started < 10
+    assert time.thread_time() - started < 10
