@@ -6,7 +6,7 @@ their negations (the exact code points outlines-core matches, ``regex_classes.py
 repetitions of repetitions (nested, as Rust reads them). Which *tokens* a class admits also
 depends on how tokens are read: outlines 1.x hands outlines-core each token decoded alone
 (``core_reading.py``), so ``\\d`` never takes a partial UTF-8 byte token. The xgrammar backend
-skips this dialect: xgrammar reads the regex itself (``xgrammar_regex_spec``).
+skips this dialect: xgrammar reads the regex itself (``backends/xgrammar.py``).
 """
 from __future__ import annotations
 
@@ -211,15 +211,6 @@ def _spell_shorthands(pattern: str, bodies: Callable = _outlines_classes, dialec
         return pattern
     classes, negated = bodies()
     return spell_shorthands(pattern, classes, dialect, negated=negated)
-
-
-def xgrammar_regex_spec(pattern: str) -> "GuideSpec":
-    """The spec of an outlines regex on the xgrammar backend: the pattern unchanged, for xgrammar
-    to read (outlines 1.x's xgrammar backend passes it to ``compile_regex`` as is), so the shim's
-    xgrammar backend admits exactly what xgrammar admits: ASCII ``\\d \\w``, xgrammar's ``\\s``."""
-    from ... import GuideSpec
-
-    return GuideSpec.regex(pattern)
 
 
 def outlines_dialect(pattern: str) -> str:

@@ -13,7 +13,6 @@ from typing import Any
 from .... import (GuideSpec, InvalidGuideError, UnsupportedGuideError, Vocabulary, get_backend,
                   shared_vocabulary)
 from ..fsm.guide import TokenrailsGuide
-from ..regex_dialect import xgrammar_regex_spec
 from ..processors.structured import GuideLogitsProcessor
 from .._vocabulary import hf_tokenizer_of, vocabulary_for
 from .tokenrails import TokenrailsBackend
@@ -87,7 +86,7 @@ class XGrammarBackend(TokenrailsBackend):
     def get_regex_logits_processor(self, regex: str) -> Any:
         """The regex as xgrammar reads it (outlines' xgrammar backend hands it to xgrammar's
         ``compile_regex`` unchanged): ASCII ``\\d \\w``, xgrammar's ``\\s``; not outlines-core's dialect."""
-        return self._processor(xgrammar_regex_spec(regex))
+        return self._processor(GuideSpec.regex(regex))
 
     def __init__(self, model: Any):
         try:
