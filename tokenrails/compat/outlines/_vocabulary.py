@@ -73,10 +73,7 @@ REPLACEMENT_TOKEN = re.compile(r"^▁*\ufffd+\.*$")
 @functools.lru_cache()
 def gpt2_bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte → printable character table (what byte-level BPE vocabularies are written in)."""
-    try:
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
-    except ImportError:  # transformers < 4.40 kept it with the GPT-2 tokenizer
-        from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
     return dict(bytes_to_unicode())
 
 

@@ -9,8 +9,8 @@ Numbering: 0 = dead, 1 = start, the rest in breadth-first order. Built by the C 
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass
-from typing import ClassVar
 from functools import cached_property
+from typing import ClassVar
 
 import numpy as np
 
@@ -33,7 +33,6 @@ class DFA:
 
     DEAD: ClassVar[int] = DEAD  # the state numbers, for code that walks ``trans`` from outside
     START: ClassVar[int] = START
-
     trans: np.ndarray        # int32 [S, K]
     classmap: np.ndarray     # int32 [256]: byte -> class
     accepting: np.ndarray    # bool [S]
