@@ -341,7 +341,7 @@ def test_rows_of_both_kinds_are_stored(vocab):
 def test_eos_only_fill(vocab):
     index = TokenIndex(compile_regex("abc", LIMITS), vocab, use_native=True)
     out = np.full(index.words, -1, np.int32)
-    assert index.fill_into(-1, out.ctypes.data, index.words) is True
+    assert index.walker.fill_into(-1, out.ctypes.data, index.words) is True
     assert np.array_equal(out, eos_row(vocab).numpy())
 
 

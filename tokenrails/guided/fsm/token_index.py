@@ -220,11 +220,6 @@ class TokenIndex:
         states = np.arange(1, min(self.dfa.num_states, max_states + 1), dtype=np.int32)
         return self._walker.precompute(states, budget_s, True)
 
-    def fill_into(self, state: int, address: int, words: int) -> bool:
-        """Native only: write ``state``'s row (-1: EOS only) at ``address`` (``words`` int32 words,
-        at least ``self.words``; the caller checked the target). Returns whether anything is masked."""
-        return self._walker.fill_into(state, address, words)
-
     def is_cached(self, state: int) -> bool:
         """Whether ``state``'s row has been computed."""
         if self._walker is not None:
