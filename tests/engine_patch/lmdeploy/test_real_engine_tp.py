@@ -143,10 +143,11 @@ def test_a_slow_compile_holds_its_row_not_the_batch_at_tp3(runs):
     assert waits["max_gap"] < waits["delay"] / 2, f"the other request stalled {waits['max_gap']:.2f} s"
 
 
-def test_the_engine_process_reads_the_tokenizer_once_at_tp3(runs):
-    """The engine process's compiles for its ranks use the tokenizer LMDeploy's AsyncEngine already
-    loaded there: the upgrade loads it no more often than stock does."""
+def test_the_engine_process_reads_the_tokenizer_once(runs):
+    """The engine process's compiles for its TP ranks, and an in-process model agent (TP = 1), use
+    the tokenizer LMDeploy's AsyncEngine already loaded there (stock's agent loads it again)."""
     out, _ = runs
     startup = {key: run["_startup"] for key, run in out.items()}
     print("start-up:", startup)
     assert startup[("tokenrails", 3)]["tokenizer_loads"] == startup[("stock", 3)]["tokenizer_loads"] == 1, startup
+    assert startup[("tokenrails", 1)]["tokenizer_loads"] == 1, startup

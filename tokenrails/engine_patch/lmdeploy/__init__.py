@@ -106,7 +106,10 @@ def _apply(p: Patcher) -> None:
 
     eng = _mod("lmdeploy.pytorch.engine.engine")
     require_params(eng.Engine.__init__, ["model_path", "trust_remote_code"], "Engine.__init__")
-    engine_grammars.install(p, eng, ae.AsyncEngine)
+    agm = _mod("lmdeploy.pytorch.engine.model_agent.agent")
+    require_attrs(ae.AsyncEngine, ["_build_pytorch"], "AsyncEngine")
+    require_attrs(agm, ["Tokenizer"], "model_agent.agent")
+    engine_grammars.install(p, eng, ae.AsyncEngine, agm)
 
     # -- logits processor ------------------------------------------------------------------------
     lp = _mod("lmdeploy.pytorch.engine.logits_process")

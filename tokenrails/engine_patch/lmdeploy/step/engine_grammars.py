@@ -7,7 +7,8 @@ whether a grammar was compiled, every sequence joined at once, and the sampling 
 inside its step while every row of the batch waited.
 
 Here the engine process gets its own manager (same tokenizer, backend and limits as the ranks; the
-tokenizer object its ``AsyncEngine`` already loaded, not a second load): the scheduler polls it
+tokenizer object its ``AsyncEngine`` already loaded, as for an in-process model agent: never a second
+load, ``lent_tokenizer``): the scheduler polls it
 (waiting_rows.py), so a sequence waits outside the batch until its grammar is compiled in the
 engine process. The compiled guide then travels to the ranks with the row on its first steps (its portable form, ``export_guide``, as compile workers return it; a failure
 travels as the row's error), and each sampling rank keeps that guide instead of compiling: every
@@ -31,7 +32,7 @@ logger = logging.getLogger("tokenrails.lmdeploy")
 
 ATTR = "_tokenrails_grammars"  # on the engine's prefill scheduler and sampling strategy
 EXPORTS_KEPT = 16  # exported guides kept for the rows' next first steps (chunked prefill, same spec)
-# the Hugging Face tokenizer of the ``AsyncEngine`` whose engine is being built (set around its build)
+# LMDeploy's ``Tokenizer`` of the ``AsyncEngine`` whose engine is being built (set around its build)
 _HELD_TOKENIZER: contextvars.ContextVar[Any] = contextvars.ContextVar("tokenrails_held_tokenizer", default=None)
 
 
@@ -73,12 +74,21 @@ def for_engine(engine: Any, model_path: str, trust_remote_code: bool) -> EngineG
         return None
     from .rank_manager import LMDeployGuidedManager
 
-    tokenizer = _HELD_TOKENIZER.get()
-    if tokenizer is None:  # an engine built without an AsyncEngine: load it as the agent does
-        from lmdeploy.tokenizer import Tokenizer
+    from lmdeploy.tokenizer import Tokenizer
 
-        tokenizer = Tokenizer(model_path, trust_remote_code=trust_remote_code).model.model
+    tokenizer = lent_tokenizer(Tokenizer)(model_path, trust_remote_code=trust_remote_code).model.model
     return EngineGrammars(LMDeployGuidedManager(tokenizer, engine.model_config.vocab_size))
+
+
+def lent_tokenizer(original: Callable) -> Callable:
+    """LMDeploy's ``Tokenizer(model_path, ...)`` that, while an ``AsyncEngine`` builds its engine,
+    returns the tokenizer that engine already loaded (same model) instead of reading it again."""
+
+    def Tokenizer(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - stands in for the class
+        held = _HELD_TOKENIZER.get()
+        return held if held is not None else original(*args, **kwargs)
+
+    return Tokenizer
 
 
 def patched_build_pytorch(original: Callable) -> Callable:
@@ -86,8 +96,7 @@ def patched_build_pytorch(original: Callable) -> Callable:
 
     @functools.wraps(original)
     def _build_pytorch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        held = getattr(getattr(getattr(self, "tokenizer", None), "model", None), "model", None)
-        token = _HELD_TOKENIZER.set(held)
+        token = _HELD_TOKENIZER.set(getattr(self, "tokenizer", None))
         try:
             return original(self, *args, **kwargs)
         finally:
@@ -115,9 +124,8 @@ def patched_engine_init(original: Callable) -> Callable:
     return __init__
 
 
-def install(patcher: Any, engine_module: Any, async_engine: Any = None) -> None:
+def install(patcher: Any, engine_module: Any, async_engine: Any, agent_module: Any) -> None:
     """Called by ``activate()`` (reverted by ``deactivate()``)."""
     patcher.set(engine_module.Engine, "__init__", patched_engine_init(engine_module.Engine.__init__))
-    build = getattr(async_engine, "_build_pytorch", None)
-    if build is not None:  # else the engine process loads its own tokenizer, as the agent does
-        patcher.set(async_engine, "_build_pytorch", patched_build_pytorch(build))
+    patcher.set(async_engine, "_build_pytorch", patched_build_pytorch(async_engine._build_pytorch))
+    patcher.set(agent_module, "Tokenizer", lent_tokenizer(agent_module.Tokenizer))  # an in-process agent
