@@ -7,12 +7,13 @@ whether a grammar was compiled, every sequence joined at once, and the sampling 
 inside its step while every row of the batch waited.
 
 Here the engine process gets its own manager (same tokenizer, backend and limits as the ranks; the
-tokenizer object its ``AsyncEngine`` already loaded, as for an in-process model agent: never a second
-load, ``lent_tokenizer``): the scheduler polls it
-(waiting_rows.py), so a sequence waits outside the batch until its grammar is compiled in the
-engine process. The compiled guide then travels to the ranks with the row on its first steps (its portable form, ``export_guide``, as compile workers return it; a failure
-travels as the row's error), and each sampling rank keeps that guide instead of compiling: every
-rank decodes the row with the same grammar from its first token, and none of them compiles.
+tokenizer object its ``AsyncEngine`` already loaded, as for an in-process model agent: never a
+second load, ``lent_tokenizer``): the scheduler polls it (waiting_rows.py), so a sequence waits
+outside the batch until its grammar is compiled in the engine process. The compiled guide then
+travels to the ranks with the row on its first steps (its portable form, ``export_guide``, as
+compile workers return it; a failure travels as the row's error), and each sampling rank keeps that
+guide instead of compiling: every rank decodes the row with the same grammar from its first token,
+and none of them compiles.
 """
 from __future__ import annotations
 
