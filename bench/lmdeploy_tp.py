@@ -7,11 +7,9 @@ call as a structural tag, unguided; stock refuses choice and grammar, so its bat
 tokens). The batch runs ``--repeat`` times; the last is timed (grammars compiled, caches warm):
 tokens/s = generated tokens / wall seconds of that batch. Guided CPU per rank is the thread CPU time
 of the upgrade's guided entry points in each rank's process over the whole run (vocabulary build,
-compiles, fills, applies, accepts: engine_patch/lmdeploy/guided_meter.py); stock has no such meter.
-``all-ranks`` is the upgrade with every rank keeping a guided manager (``TOKENRAILS_TP_GUIDED_ALL_RANKS=1``,
-the behaviour before tp_ranks.py), to show what the followers used to spend.
+compiles, fills, applies, accepts: engine_patch/lmdeploy/step/guided_meter.py); stock has no such meter.
 
-    python bench/lmdeploy_tp.py [--repeat 2] [--configs stock:1,stock:3,upgraded:1,upgraded:3,all-ranks:3]
+    python bench/lmdeploy_tp.py [--repeat 2] [--configs stock:1,stock:3,upgraded:1,upgraded:3]
 
 The machine's cores are shared: at TP = 3 three ranks contend for them, so TP = 3 is not expected to
 be faster here; the figure is for the ratio between stock and upgraded at the same TP.
@@ -33,10 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 def run(mode: str, tp: int, repeat: int, meter_dir: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    for name in ("TOKENRAILS_LMDEPLOY", "TOKENRAILS_TP_GUIDED_ALL_RANKS"):
-        env.pop(name, None)
-    if mode == "all-ranks":
-        env["TOKENRAILS_TP_GUIDED_ALL_RANKS"] = "1"
+    env.pop("TOKENRAILS_LMDEPLOY", None)
     meter = os.path.join(meter_dir, f"{mode}-{tp}")
     cmd = [sys.executable, "-m", "tests.engine_patch.lmdeploy.tp_child", "--tp", str(tp),
            "--mode", "stock" if mode == "stock" else "tokenrails", "--repeat", str(repeat), "--meter", meter]
@@ -55,7 +50,7 @@ def run(mode: str, tp: int, repeat: int, meter_dir: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--configs", default="stock:1,upgraded:1,stock:3,upgraded:3,all-ranks:3")
+    ap.add_argument("--configs", default="stock:1,upgraded:1,stock:3,upgraded:3")
     args = ap.parse_args()
     configs = [(c.split(":")[0], int(c.split(":")[1])) for c in args.configs.split(",")]
     results = {}
@@ -77,12 +72,6 @@ def main() -> None:
                 results[("upgraded", 1)]["outputs"][k]["token_ids"] == u["outputs"][k]["token_ids"]]
         if u and tp != 1 and results.get(("upgraded", 1)):
             print(f"TP={tp}: upgraded rows equal to TP=1 token for token: {len(same)}/{len(u['outputs'])}")
-    a, u = results.get(("all-ranks", 3)), results.get(("upgraded", 3))
-    if a and u:
-        followers_before = sum(v for k, v in a["guided_cpu"].items() if k)
-        followers_after = sum(v for k, v in u["guided_cpu"].items() if k)
-        print(f"TP=3 followers' guided CPU: all ranks {followers_before:.3f} s -> sampling rank only "
-              f"{followers_after:.3f} s (rank 0: {a['guided_cpu'].get(0, 0):.3f} s -> {u['guided_cpu'].get(0, 0):.3f} s)")
 
 
 if __name__ == "__main__":

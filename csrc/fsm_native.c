@@ -5,10 +5,9 @@
  *     (1-based) and one token id ending there (-1 if none); tok_next chains further ids with the
  *     same bytes (ascending, -1 ends). Validated and copied once; the subtree end, parent and
  *     per-byte depth-1 node are derived here, so no input can make a walk leave the arrays.
- * Walker(trie, trans, num_states, num_classes, classmap, accepting, eos_ids, vocab_size, byte_table)
+ * Walker(trie, trans, num_states, num_classes, classmap, accepting, eos_ids, vocab_size)
  *     One DFA over that trie (trans: int32 [S*K] row-major, 0 = dead). Every table value is
  *     validated; states are stored pre-multiplied by the row width so a step is one load.
- *     byte_table=True expands the table to [S, 256] (one load per node, no class lookup).
  *     Token t is allowed in state s iff feeding its bytes from s never reaches the dead state; the
  *     EOS ids iff s accepts. A walk visits only the subtrees under live transitions.
  * Walker.fill(state, out) -> (hash, full)
@@ -78,14 +77,13 @@ typedef struct {
     PyObject_HEAD
     TrieObject *trie;
     int32_t *table;    /* scaled transitions: next = table[scaled_state + column] */
-    int32_t cmap[256]; /* byte -> column (the byte itself when byte_table) */
+    int32_t cmap[256]; /* byte -> column */
     uint8_t *accepting;
     int32_t *eos;
     Py_ssize_t num_eos;
     Py_ssize_t num_states;
-    int32_t width;     /* row width of table: 256 or num_classes */
+    int32_t width;     /* row width of table: num_classes */
     Py_ssize_t vocab_size;
-    int byte_table;
     /* row cache, mutated only with the GIL held */
     int32_t *row_of;      /* per state: index into rows, NO_ROW until computed */
     Row *rows;            /* distinct rows, at most one per state */
@@ -306,34 +304,20 @@ static int build_walker(WalkerObject *self, const int32_t *trans, Py_ssize_t S, 
         self->accepting[s] = acc[s] != 0;
     }
     int32_t w = self->width;
-    if (self->byte_table) {
-        for (Py_ssize_t s = 0; s < S; s++) {
-            const int32_t *src = trans + s * K;
-            int32_t *dst = self->table + s * 256;
-            for (int b = 0; b < 256; b++) {
-                dst[b] = src[cmap[b]] * w;
-            }
-        }
-        for (int b = 0; b < 256; b++) {
-            self->cmap[b] = b;
-        }
-    } else {
-        for (Py_ssize_t i = 0; i < S * K; i++) {
-            self->table[i] = trans[i] * w;
-        }
-        memcpy(self->cmap, cmap, sizeof(self->cmap));
+    for (Py_ssize_t i = 0; i < S * K; i++) {
+        self->table[i] = trans[i] * w;
     }
+    memcpy(self->cmap, cmap, sizeof(self->cmap));
     return 0;
 }
 
 static PyObject *Walker_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"trie", "trans", "num_states", "num_classes", "classmap", "accepting", "eos_ids",
-                             "vocab_size", "byte_table", NULL};
+                             "vocab_size", NULL};
     PyObject *trie, *otr, *ocm, *oacc, *oeos;
     Py_ssize_t S, K, vocab_size;
-    int byte_table = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OnnOOOn|p", kwlist, &TrieType, &trie, &otr, &S, &K, &ocm, &oacc,
-                                     &oeos, &vocab_size, &byte_table)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OnnOOOn", kwlist, &TrieType, &trie, &otr, &S, &K, &ocm, &oacc,
+                                     &oeos, &vocab_size)) {
         return NULL;
     }
     TrieObject *tr = (TrieObject *)trie;
@@ -346,7 +330,7 @@ static PyObject *Walker_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         return NULL;
     }
     WalkerObject *self = NULL;
-    Py_ssize_t width = byte_table ? 256 : K;
+    Py_ssize_t width = K;
     if (S < 1 || K < 1 || K > 256 || S > (INT32_MAX - 256) / width) {
         PyErr_Format(PyExc_ValueError, "bad DFA size: %zd states x %zd classes", S, K);
     } else if (vtr.len / 4 != S * K || vcm.len / 4 != 256 || vacc.len != S) {
@@ -360,7 +344,6 @@ static PyObject *Walker_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         self->num_states = S;
         self->width = (int32_t)width;
         self->vocab_size = vocab_size;
-        self->byte_table = byte_table;
         self->num_eos = veos.len / 4;
         self->table = PyMem_RawMalloc(sizeof(int32_t) * S * width);
         self->accepting = PyMem_RawMalloc(S);

@@ -48,8 +48,12 @@ TOP = {
     'apply_token_bitmask_inplace': ('logits', 'bitmask', 'indices', 'vocab_size'),
     'compile_guide': ('spec', 'vocab', 'backend', 'limits'),
     'get_backend': ('name', 'vocab', 'limits'),
+    'outlines_unenforced': ('schema',),
     'parse_request': ('obj',),
+    'shared_vocabulary': ('tokenizer', 'key', 'build'),
     'spec_from_request': ('obj',),
+    'spell_shorthands': ('pattern', 'classes', 'who', 'negated', 'complement_outside'),
+    'start_native_thread': ('target', 'name'),
 }
 
 ADAPTERS = {
@@ -89,6 +93,7 @@ ADAPTERS = {
     },
     "tokenrails.requests": {
         'NormalizedRequest': ('spec', 'backend', 'engine', 'source', 'fallback', 'reasoning'),
+        'disable_additional_properties': ('schema',),
         'normalize_request': ('obj',),
         'parse_request': ('obj',),
         'spec_from_request': ('obj',),

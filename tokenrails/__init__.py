@@ -13,7 +13,7 @@ from .guided.limits import GuideLimits
 from .guided.policy import GuidePolicy
 from .guided.registry import compile_guide, get_backend
 from .guided.spec import GuideSpec
-from .guided.vocabulary import Vocabulary
+from .guided.vocabulary import Vocabulary, shared_vocabulary
 from .kernels import allocate_token_bitmask, apply_token_bitmask_inplace
 from ._deprecated import install as _install_deprecated
 
@@ -31,6 +31,9 @@ _LAZY = {
     "Finalization": "tokenrails.guided.sequence",
     "spec_from_request": "tokenrails.requests",
     "parse_request": "tokenrails.requests",
+    "outlines_unenforced": "tokenrails.guided.fsm.schema",
+    "spell_shorthands": "tokenrails.guided.ecma_patterns",
+    "start_native_thread": "tokenrails.guided.native_threads",
 }
 
 
@@ -68,7 +71,11 @@ __all__ = [
     "apply_token_bitmask_inplace",
     "compile_guide",
     "get_backend",
+    "outlines_unenforced",
     "parse_request",
+    "shared_vocabulary",
     "spec_from_request",
+    "spell_shorthands",
+    "start_native_thread",
 ]
 __version__ = "0.1.0"

@@ -61,7 +61,6 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_OVERLAP",                # step/overlap: mask fill during the forward
     "TOKENRAILS_REASONING",              # boot/settings, reasoning_settings: activate(reasoning=)
     "TOKENRAILS_TOOL_CALLS",             # boot/settings: activate(tool_calls=), constrained tool calls
-    "TOKENRAILS_TP_GUIDED_ALL_RANKS",    # step/tp_ranks: a manager on every TP rank
 )
 
 _OFF = ("0", "false", "off", "no")

@@ -212,14 +212,14 @@ def test_case_folded_ranges_equal_the_code_point_walk_and_stay_cheap():
     import random
     import time
 
-    from tokenrails.compat.outlines.regex_dialect import _fold_extras, _fold_extras_of_range, outlines_dialect
+    from tokenrails.compat.outlines.regex_dialect import UNICODE_FOLDING, outlines_dialect
 
     rng = random.Random(3)
     for _ in range(300):
         lo = rng.choice([0, 0x41, 0xC0, 0x370, 0x400, 0x1E00, 0x2100, 0xFF00, 0x10400]) + rng.randrange(64)
         hi = lo + rng.randrange(0, 700)
-        assert _fold_extras_of_range(lo, hi) == _fold_extras(range(lo, hi + 1)), (lo, hi)
+        assert UNICODE_FOLDING.extras_of_range(lo, hi) == UNICODE_FOLDING.extras(range(lo, hi + 1)), (lo, hi)
     ranges = "".join(f"[{chr(k + 0x100)}-\U0010ffff]" for k in range(3000))  # 3,000 distinct ranges
-    started = time.perf_counter()
+    started = time.thread_time()  # its own CPU time: other jobs on the machine stretch wall time only
     outlines_dialect("(?i)" + ranges)
-    assert time.perf_counter() - started < 10
+    assert time.thread_time() - started < 10

@@ -122,20 +122,6 @@ def test_rows_equal_per_token_oracle(vocab, pattern):
         assert np.array_equal(fast.row(s).numpy(), oracle_row(dfa, vocab, s)), s
 
 
-def test_byte_table_walk_equals_class_walk(vocab):
-    dfa = compile_regex(PATTERNS[5] + "|" + PATTERNS[0], LIMITS)
-    ntrie = token_trie(vocab).native()
-    args = (ntrie, dfa.trans.astype(np.int32), dfa.num_states, dfa.num_classes, dfa.classmap.astype(np.int32),
-            dfa.accepting.astype(np.uint8), np.asarray(vocab.eos_ids, np.int32), vocab.vocab_size)
-    by_class, by_byte = fsm_native.Walker(*args, False), fsm_native.Walker(*args, True)
-    a, b = np.empty(by_class.words, np.int32), np.empty(by_byte.words, np.int32)
-    for s in range(dfa.num_states):
-        a.fill(-1)
-        b.fill(7)  # fill() must zero the row itself
-        assert by_class.fill(s, a) == by_byte.fill(s, b)
-        assert np.array_equal(a, b), s
-
-
 # ---- a synthetic vocabulary with every awkward case ---------------------------------------------------
 def awkward_vocab() -> Vocabulary:
     """Duplicate bytes (3 ids), empty tokens, specials sharing bytes with grammar tokens, NUL bytes,
@@ -355,7 +341,7 @@ def test_rows_of_both_kinds_are_stored(vocab):
 def test_eos_only_fill(vocab):
     index = TokenIndex(compile_regex("abc", LIMITS), vocab, use_native=True)
     out = np.full(index.words, -1, np.int32)
-    assert index.fill_into(-1, out.ctypes.data, index.words) is True
+    assert index.walker.fill_into(-1, out.ctypes.data, index.words) is True
     assert np.array_equal(out, eos_row(vocab).numpy())
 
 

@@ -103,7 +103,7 @@ def detached_copy(err: GuideError) -> GuideError:
 
     Caches keep and hand out these: an exception object keeps its traceback, the frames behind it
     and whatever it was chained to, so storing the original would keep the client's parsed payload
-    alive (1,024 distinct over-limit enums: +3.9 GB, measured before this existed). Raising a copy
+    alive (megabytes per refused spec, for as long as the cache keeps its error). Raising a copy
     also leaves the stored one untouched by the new traceback.
     """
     fresh = Exception.__new__(type(err))

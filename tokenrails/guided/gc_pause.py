@@ -3,17 +3,17 @@
 A large schema parses into tens of thousands of dicts and strings that live for the length of the
 compile; automaton construction allocates many short-lived lists and tuples. Surviving young
 collections, they count toward a *full* collection, which then walks every tracked object of the
-process while holding the GIL: 112 ms measured in one pass (issue 16's 28k-property schema next to
-a 50 ms decode tick), milliseconds per pass in a process holding a 152k vocabulary. Those objects
+process while holding the GIL: ~100 ms per pass beside a schema of tens of thousands of properties
+(two decode ticks), milliseconds per pass in a process holding a 152k vocabulary. Those objects
 are acyclic and freed by reference counting when the compile ends, so the GC only needs to stay off
 while a compile runs.
 
 One process-wide count of pauses, so pauses nest correctly however they interleave (a manager
 compile around an FSM build, compiles on several threads): the first to start turns the GC off
 *if it was on*, the last to end turns it back on *only if a pause turned it off*. A process that
-disabled the GC itself is left as it was. (There used to be a second pause in the FSM compiler that
-saved and restored ``gc.isenabled()`` itself; interleaved with this one, its exit turned the GC
-back on in the middle of a manager compile.)
+disabled the GC itself is left as it was. No other code may save and restore ``gc.isenabled()``
+around a compile: interleaved with this count, its exit would turn the GC back on in the middle
+of another compile.
 
 A compile can outlive its deadline (native code cannot be interrupted; the pool abandons it), so a
 pause is bounded: after ``MAX_PAUSE_S`` the GC comes back on, and stays on until every compile of

@@ -103,6 +103,15 @@ class Vocabulary:
                 table.popitem(last=False)
             return value
 
+    def reread(self, token_bytes: Sequence[bytes], *, special_ids: Iterable[int], name: str = "") -> "Vocabulary":
+        """The same tokenizer with its tokens read differently (an adapter's reading of each token's
+        text): the EOS ids, logits width and the model's own encoder (for jump-forward) kept."""
+        vocab = Vocabulary(token_bytes=token_bytes, eos_ids=self.eos_ids, special_ids=frozenset(special_ids),
+                           vocab_size=self.vocab_size, name=name or self.name)
+        if HF_TOKENIZER_KEY in self.backend_cache:
+            vocab.backend_cache[HF_TOKENIZER_KEY] = self.backend_cache[HF_TOKENIZER_KEY]
+        return vocab
+
     @classmethod
     def from_huggingface(
         cls,

@@ -17,13 +17,13 @@ this module is imported makes the regular kernel object interpreted as well.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import ApplyArgs, Indices, check_apply_args
+from ._common import ApplyArgs
 
 BLOCK = 1024  # columns per program: 32 bitmask words, 4 KB of fp32 logits
 NUM_WARPS = 4  # 128 threads x 8 columns each
@@ -75,16 +75,6 @@ def _interpreted_kernel() -> Any:
     from triton.runtime.interpreter import InterpretedFunction
 
     return InterpretedFunction(_apply_bitmask_kernel)
-
-
-def apply_token_bitmask_inplace_triton(
-    logits: torch.Tensor,
-    bitmask: torch.Tensor,
-    indices: Indices = None,
-    vocab_size: Optional[int] = None,
-) -> None:
-    """Same contract as :func:`tokenrails.kernels.apply_token_bitmask_inplace`, via Triton."""
-    launch_checked_triton(check_apply_args(logits, bitmask, indices, vocab_size))
 
 
 def launch_checked_triton(args: ApplyArgs) -> None:

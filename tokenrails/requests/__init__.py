@@ -11,6 +11,7 @@ from typing import Any
 
 from ..guided.spec import GuideSpec
 from .normalize import NormalizedRequest, normalize_request, parse_request
+from .schema_transforms import disable_additional_properties
 
 
 def spec_from_request(obj: Any) -> GuideSpec | None:
@@ -18,4 +19,4 @@ def spec_from_request(obj: Any) -> GuideSpec | None:
     return normalize_request(obj)
 
 
-__all__ = ["NormalizedRequest", "normalize_request", "parse_request", "spec_from_request"]
+__all__ = ["NormalizedRequest", "disable_additional_properties", "normalize_request", "parse_request", "spec_from_request"]

@@ -153,15 +153,6 @@ def test_dllm_guided_rows(mode, smollm2_tokenizer, vocab):
     assert (proc.sampling(scores) == EOS).all()  # fail closed: nothing but EOS
 
 
-def _step_module():
-    import importlib
-
-    try:
-        return importlib.import_module("tokenrails.engine_patch.lmdeploy.step.lmdeploy_step")
-    except ImportError:  # before the step module existed
-        return None
-
-
 def test_dllm_errors_finish_their_own_sequence(upgraded, cpu_lmdeploy, smollm2_tokenizer, vocab):
     """A dLLM block spans ``block`` logits rows of one sequence: the guided sequence's error stops
     that sequence, never the next one in the batch (whose index equals a block position)."""
@@ -170,6 +161,7 @@ def test_dllm_errors_finish_their_own_sequence(upgraded, cpu_lmdeploy, smollm2_t
 
     from tokenrails import UnsupportedGuideError
     from tokenrails.engine_patch.lmdeploy.step import agent as agent_patch
+    from tokenrails.engine_patch.lmdeploy.step import lmdeploy_step as step_patch
 
     mgr = harness.make_manager(smollm2_tokenizer, vocab.vocab_size)
     seqs = [harness.FakeSeq(40, harness.gen_config({"type": "json_object"})), harness.FakeSeq(41, harness.gen_config())]
@@ -182,8 +174,7 @@ def test_dllm_errors_finish_their_own_sequence(upgraded, cpu_lmdeploy, smollm2_t
         return (batched,)
 
     agent = SimpleNamespace(guided_decoding_manager=mgr)
-    wrap = getattr(_step_module(), "patched_postprocess", None) or agent_patch.patched_postprocess
-    asyncio.run(wrap(postprocess)(agent, _inputs(False, False, True), si))
+    asyncio.run(step_patch.patched_postprocess(postprocess)(agent, _inputs(False, False, True), si))
     errors = getattr(batched, agent_patch.ERRORS_ATTR)
     assert sorted(errors) == [0], errors  # sequence 0 (the guided one) only
     assert errors[0][0] == UnsupportedGuideError.__name__

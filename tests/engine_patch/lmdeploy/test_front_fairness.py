@@ -9,7 +9,6 @@ client's expensive specs delayed everyone's).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import threading
 import time
 
@@ -23,10 +22,7 @@ from tokenrails.guided.registry import get_backend, register_backend, unregister
 
 pytest.importorskip("fastapi")
 
-try:
-    from tokenrails.guided.clients import CLIENT
-except ImportError:  # the code before had no client identity: every request was one client
-    CLIENT = contextvars.ContextVar("client", default="")
+from tokenrails.guided.clients import CLIENT
 
 
 class SlowBackend(GuideBackend):

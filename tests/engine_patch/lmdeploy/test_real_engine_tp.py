@@ -37,8 +37,7 @@ TOOL = re.compile(re.escape(tp_child.TOOL_BEGIN) + r"(.*)" + re.escape(tp_child.
 def _run(tp: int, mode: str, meter: str | None = None, *extra: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    for name in ("TOKENRAILS_LMDEPLOY", "TOKENRAILS_TP_GUIDED_ALL_RANKS"):
-        env.pop(name, None)  # stock means stock; the upgrade's defaults
+    env.pop("TOKENRAILS_LMDEPLOY", None)  # stock means stock
     cmd = [sys.executable, "-m", "tests.engine_patch.lmdeploy.tp_child", "--tp", str(tp), "--mode", mode]
     if meter:
         cmd += ["--meter", meter]
@@ -142,3 +141,13 @@ def test_a_slow_compile_holds_its_row_not_the_batch_at_tp3(runs):
     assert waits["fast_outlived"], waits  # the other request still streamed when the slow row joined
     assert waits["during"] >= 5, f"the other request got {waits['during']} tokens while the slow row waited"
     assert waits["max_gap"] < waits["delay"] / 2, f"the other request stalled {waits['max_gap']:.2f} s"
+
+
+def test_the_engine_process_reads_the_tokenizer_once(runs):
+    """The engine process's compiles for its TP ranks, and an in-process model agent (TP = 1), use
+    the tokenizer LMDeploy's AsyncEngine already loaded there (stock's agent loads it again)."""
+    out, _ = runs
+    startup = {key: run["_startup"] for key, run in out.items()}
+    print("start-up:", startup)
+    assert startup[("tokenrails", 3)]["tokenizer_loads"] == startup[("stock", 3)]["tokenizer_loads"] == 1, startup
+    assert startup[("tokenrails", 1)]["tokenizer_loads"] == 1, startup

@@ -47,7 +47,7 @@ def test_budget_default_closes_under_tp(shortest):
     tight = shortest + 2
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    for name in ("TOKENRAILS_LMDEPLOY", "TOKENRAILS_BUDGET", "TOKENRAILS_TP_GUIDED_ALL_RANKS"):
+    for name in ("TOKENRAILS_LMDEPLOY", "TOKENRAILS_BUDGET"):
         env.pop(name, None)
     proc = subprocess.run([sys.executable, "-m", "tests.engine_patch.lmdeploy.tp_budget_child", "--tp", str(TP),
                            "--tight", str(tight)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

@@ -24,20 +24,6 @@ FAST = r"[0-9]{40}"           # the request that must keep decoding
 SLOW = r"[a-c]{3}-[0-9]{2}"   # the request whose compile is slow
 
 
-def _patch(name: str):
-    """The step patch ``name`` (step/lmdeploy_step.py; agent.py before the step module held them)."""
-    import importlib
-
-    for module in ("step.lmdeploy_step", "agent"):
-        try:
-            found = getattr(importlib.import_module(f"tokenrails.engine_patch.lmdeploy.{module}"), name, None)
-        except ImportError:
-            continue
-        if found is not None:
-            return found
-    raise AssertionError(f"no {name}")
-
-
 def _slow_compiles(monkeypatch, pattern: str, delay: float) -> None:
     from tokenrails.guided import manager as core
 
@@ -137,7 +123,7 @@ def test_overlap_start_never_waits_for_a_compile(upgraded, cpu_lmdeploy, think_t
     si = harness.strategy().make_sampling_inputs([seq])
     agent = type("Agent", (), {"guided_decoding_manager": mgr, "spec_agent": None, "device": "cpu"})()
     inputs = type("Inputs", (), {"is_dummy": False, "is_chunk": False})()
-    wrap_step = _patch("patched_async_step")
+    from tokenrails.engine_patch.lmdeploy.step.lmdeploy_step import patched_async_step as wrap_step
     entered: list[float] = []
 
     async def model_forward(self, inputs):

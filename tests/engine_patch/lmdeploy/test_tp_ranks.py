@@ -49,11 +49,9 @@ def test_only_the_sampling_rank_of_each_tp_group_gets_a_guided_manager():
     assert type(_build(factory, 1, attn_tp=1)) is _Manager  # TP = 1 (DP ranks each sample)
 
 
-def test_speculative_decoding_and_the_measurement_switch_keep_a_manager_per_rank(monkeypatch):
+def test_speculative_decoding_keeps_a_manager_per_rank():
     _, factory = _factory()
     assert type(_build(factory, 1, spec=object())) is _Manager
-    monkeypatch.setenv(tp_ranks.ENV_ALL_RANKS, "1")
-    assert type(_build(factory, 2)) is _Manager
 
 
 def test_follower_manager_does_nothing_and_refuses_guided_calls():

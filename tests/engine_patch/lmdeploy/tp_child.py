@@ -3,8 +3,9 @@
     python -m tests.engine_patch.lmdeploy.tp_child --tp 3 --mode tokenrails|stock --meter PREFIX
 
 Builds LMDeploy's pipeline on the CPU path in float32, decodes ``REQUESTS`` greedily in one batch
-and prints one JSON line: per request its token ids, text and finish reason, and ``_timing`` (wall
-seconds and generated tokens of the last of ``--repeat`` batches).
+and prints one JSON line: per request its token ids, text and finish reason, ``_timing`` (wall
+seconds and generated tokens of the last of ``--repeat`` batches) and ``_startup`` (the pipeline's
+build: wall and this process's CPU seconds, and how many times this process loaded the tokenizer).
 
 ``--row-waits``: then, on the same engine, a request whose grammar compiles slowly (``SLOW``, its
 compile delayed ``DELAY`` s in every process of the run: the TP ranks re-import this module as
@@ -114,6 +115,21 @@ REQUESTS = [
 ]
 
 
+def _count_tokenizer_loads() -> list:
+    """Every ``lmdeploy.tokenizer.Tokenizer`` this process builds from now on, as a list of paths."""
+    from lmdeploy.tokenizer import Tokenizer
+
+    loads: list = []
+    real = Tokenizer.__init__
+
+    def __init__(self, model_path, *args, **kwargs):
+        loads.append(str(model_path))
+        real(self, model_path, *args, **kwargs)
+
+    Tokenizer.__init__ = __init__
+    return loads
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
@@ -140,7 +156,11 @@ def main(argv: list[str] | None = None) -> None:
     model_dir, _, _ = resolve_model_dir(quiet=True)
     cfg = cpu_engine_config(tp=args.tp, max_batch_size=len(REQUESTS), session_len=512)
     cfg.dtype = "float32"  # (the config's own check admits only half types; the CPU path runs fp32)
+    loads = _count_tokenizer_loads()
+    wall, cpu = time.perf_counter(), time.process_time()
     pipe = pipeline(str(model_dir), backend_config=cfg)
+    startup = {"seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu,
+               "tokenizer_loads": len(loads), "load": os.getloadavg()[0]}
     try:
         gens = [GenerationConfig(top_k=1, max_new_tokens=n, response_format=fmt) for _, _, fmt, n in REQUESTS]
         for _ in range(args.repeat):
@@ -153,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {name: {"token_ids": list(map(int, o.token_ids or [])), "text": o.text,
                      "finish_reason": o.finish_reason} for (name, *_), o in zip(REQUESTS, outs)}
     result["_timing"] = {"seconds": seconds, "tokens": sum(len(r["token_ids"]) for r in result.values())}
+    result["_startup"] = startup
     if waits is not None:
         result["_row_waits"] = waits
     sys.stdout.write("TP_RESULT " + json.dumps(result) + "\n")

@@ -54,7 +54,7 @@ def outlines_regex(spec: GuideSpec) -> str:
 
 
 def _warn_unenforced(schema: dict) -> None:
-    from ...guided.fsm.schema import outlines_unenforced
+    from ... import outlines_unenforced
 
     findings = outlines_unenforced(schema)
     if findings:

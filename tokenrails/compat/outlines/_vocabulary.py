@@ -10,8 +10,7 @@ import functools
 import re
 from typing import Any
 
-from ... import InvalidGuideError, Vocabulary
-from ...guided.vocabulary import shared_vocabulary
+from ... import InvalidGuideError, Vocabulary, shared_vocabulary
 from .models.transformer_tokenizer import TransformerTokenizer
 
 
@@ -74,10 +73,7 @@ REPLACEMENT_TOKEN = re.compile(r"^▁*\ufffd+\.*$")
 @functools.lru_cache()
 def gpt2_bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte → printable character table (what byte-level BPE vocabularies are written in)."""
-    try:
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
-    except ImportError:  # transformers < 4.40 kept it with the GPT-2 tokenizer
-        from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
     return dict(bytes_to_unicode())
 
 
@@ -122,9 +118,6 @@ def vocabulary_for(tokenizer: Any) -> Vocabulary:
     """The (memoized) ``Vocabulary`` of ``tokenizer``; a ``Vocabulary`` passes through."""
     if isinstance(tokenizer, Vocabulary):
         return tokenizer
-    vocab = getattr(tokenizer, "_tokenrails_vocabulary", None)
-    if isinstance(vocab, Vocabulary):
-        return vocab
     if _is_outlines_tokenizer(tokenizer):
         return _vocabulary_from_outlines_tokenizer(tokenizer)
     hf = hf_tokenizer_of(tokenizer)

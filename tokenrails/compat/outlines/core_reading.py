@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ... import Vocabulary
-from ...guided.vocabulary import HF_TOKENIZER_KEY
 from ._vocabulary import hf_tokenizer_of, vocabulary_for
 from .models.transformer_tokenizer import TransformerTokenizer, token_string
 
@@ -51,11 +50,7 @@ def _build(base: Vocabulary, names: dict[str, int], text_of: Callable[[str], str
         token_bytes[idx] = text.encode("utf-8", "surrogatepass")
         if not text or (text in eos_texts and idx not in base.eos_ids):
             special.add(idx)
-    vocab = Vocabulary(token_bytes=token_bytes, eos_ids=base.eos_ids, special_ids=frozenset(special),
-                       vocab_size=base.vocab_size, name=f"{base.name} (outlines-core reading)")
-    if HF_TOKENIZER_KEY in base.backend_cache:  # the model's own encoder, for jump-forward text
-        vocab.backend_cache[HF_TOKENIZER_KEY] = base.backend_cache[HF_TOKENIZER_KEY]
-    return vocab
+    return base.reread(token_bytes, special_ids=special, name=f"{base.name} (outlines-core reading)")
 
 
 def outlines_core_vocabulary(tokenizer: Any) -> Vocabulary:

@@ -6,7 +6,7 @@ their negations (the exact code points outlines-core matches, ``regex_classes.py
 repetitions of repetitions (nested, as Rust reads them). Which *tokens* a class admits also
 depends on how tokens are read: outlines 1.x hands outlines-core each token decoded alone
 (``core_reading.py``), so ``\\d`` never takes a partial UTF-8 byte token. The xgrammar backend
-skips this dialect: xgrammar reads the regex itself (``xgrammar_regex_spec``).
+skips this dialect: xgrammar reads the regex itself (``backends/xgrammar.py``).
 """
 from __future__ import annotations
 
@@ -15,10 +15,7 @@ import functools
 import re
 from typing import Callable
 
-from ... import InvalidGuideError, UnsupportedGuideError
-from ...guided.fsm.charset import without_surrogates
-from ...guided.ecma_patterns import spell_shorthands
-from ...guided.regex_hazards import class_end
+from ... import InvalidGuideError, UnsupportedGuideError, spell_shorthands
 from . import interegular_dialect
 
 _POSIX = {
@@ -146,8 +143,6 @@ def _case_classes() -> dict[int, tuple[int, ...]]:
 
 UNICODE_FOLDING = CaseRule(_case_classes)  # outlines-core's (Rust's) ``(?i)``
 _case_classes = UNICODE_FOLDING.table  # read once (~0.3 s)
-_fold_extras = UNICODE_FOLDING.extras
-_fold_extras_of_range = UNICODE_FOLDING.extras_of_range
 INTEREGULAR_CASE = CaseRule(interegular_dialect.case_table)  # outlines 0.x's: str.lower/upper
 
 
@@ -175,15 +170,15 @@ def _class_body(ranges: tuple) -> str:
 
 
 def _complement(ranges: tuple) -> tuple:
-    """The code points (surrogates aside) not in ``ranges``."""
+    """The code points not in ``ranges``, surrogates aside (no regex reader takes a lone one)."""
     out, start = [], 0
-    for a, b in ranges:
+    for a, b in sorted((*ranges, (0xD800, 0xDFFF))):
         if a > start:
             out.append((start, a - 1))
-        start = b + 1
+        start = max(start, b + 1)
     if start <= 0x10FFFF:
         out.append((start, 0x10FFFF))
-    return without_surrogates(out)
+    return tuple(out)
 
 
 def _class_bodies(digit: tuple, word: tuple, space: tuple) -> tuple[dict[str, str], dict[str, str]]:
@@ -218,15 +213,6 @@ def _spell_shorthands(pattern: str, bodies: Callable = _outlines_classes, dialec
     return spell_shorthands(pattern, classes, dialect, negated=negated)
 
 
-def xgrammar_regex_spec(pattern: str) -> "GuideSpec":
-    """The spec of an outlines regex on the xgrammar backend: the pattern unchanged, for xgrammar
-    to read (outlines 1.x's xgrammar backend passes it to ``compile_regex`` as is), so the shim's
-    xgrammar backend admits exactly what xgrammar admits: ASCII ``\\d \\w``, xgrammar's ``\\s``."""
-    from ... import GuideSpec
-
-    return GuideSpec.regex(pattern)
-
-
 def outlines_dialect(pattern: str) -> str:
     """An outlines regex in the dialect tokenrails' backends read.
 
@@ -257,6 +243,7 @@ def outlines_dialect(pattern: str) -> str:
 
 
 _REPEAT = re.compile(r"[*+?]|\{[0-9]+(?:,[0-9]*)?\}|\{,[0-9]+\}")
+_CLASS = re.compile(r"\[\^?\]?(?:\\.?|[^\]\\])*\]?", re.S)  # a bracket class, ``[]a]`` and ``[^]a]`` included
 
 
 def _group_stacked_repeats(pattern: str) -> str:
@@ -284,7 +271,7 @@ def _group_stacked_repeats(pattern: str) -> str:
             items.append([pattern[i:i + 2], "atom"])
             i += 2
         elif c == "[":
-            j = class_end(pattern, i)
+            j = _CLASS.match(pattern, i).end()
             items.append([pattern[i:j], "atom"])
             i = j
         elif c == "(":

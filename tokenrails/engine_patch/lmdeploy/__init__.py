@@ -47,7 +47,6 @@ def _mod(name: str):
 def _apply(p: Patcher) -> None:
     from .step import agent as agent_patch
     from .server import engines
-    from .server import request_parsing as req_patch
     from .speculative import spec_helper as spec_patch
     from .step import lmdeploy_step as step_patch
     from .step import strategies as strat_patch
@@ -64,7 +63,7 @@ def _apply(p: Patcher) -> None:
     if hasattr(ae, "ensure_response_format_compilable"):
         p.set(ae, "ensure_response_format_compilable", front_check.ensure_response_format_compilable)
     # which engine runs the request decides what may be promised (TurboMind: stock's kinds only)
-    require_attrs(ae.AsyncEngine, ["preprocess"], "AsyncEngine")
+    require_attrs(ae.AsyncEngine, ["preprocess", "_build_pytorch"], "AsyncEngine")
 
     p.set(ae.AsyncEngine, "preprocess",
           engines.patched_preprocess(front_check.checked_preprocess(ae.AsyncEngine.preprocess)))
@@ -106,11 +105,6 @@ def _apply(p: Patcher) -> None:
     require_attrs(ps, ["_PrefillScheduler"], "paging.prefill_scheduler")
     require_params(ps._PrefillScheduler.schedule, ["waiting"], "_PrefillScheduler.schedule")
     waiting_rows.install(p, ps)
-    from .step import engine_grammars  # TP: the scheduler's process compiles for its ranks
-
-    eng = _mod("lmdeploy.pytorch.engine.engine")
-    require_params(eng.Engine.__init__, ["model_path", "trust_remote_code"], "Engine.__init__")
-    engine_grammars.install(p, eng)
 
     # -- logits processor ------------------------------------------------------------------------
     lp = _mod("lmdeploy.pytorch.engine.logits_process")
@@ -127,8 +121,13 @@ def _apply(p: Patcher) -> None:
 
     # -- model agent: our manager per rank, prefetch, per-step context, errors ------------------
     am = _mod("lmdeploy.pytorch.engine.model_agent.agent")
-    require_attrs(am, ["GuidedDecodingManager", "BaseModelAgent", "BatchedOutputs"], "model_agent.agent")
+    require_attrs(am, ["GuidedDecodingManager", "BaseModelAgent", "BatchedOutputs", "Tokenizer"], "model_agent.agent")
     p.set(am, "GuidedDecodingManager", LMDeployGuidedManager)
+    from .step import engine_grammars  # TP: the scheduler's process compiles for its ranks
+
+    eng = _mod("lmdeploy.pytorch.engine.engine")
+    require_params(eng.Engine.__init__, ["model_path", "trust_remote_code"], "Engine.__init__")
+    engine_grammars.install(p, eng, ae.AsyncEngine, am)
     base = am.BaseModelAgent
     require_params(base._step_postprocess_with_output, ["inputs"], "BaseModelAgent._step_postprocess_with_output")
     require_params(base._async_step, ["inputs", "sampling_inputs"], "BaseModelAgent._async_step")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import torch
@@ -224,6 +223,12 @@ class XGrammarBackend(GuideBackend):
                 xgr.InvalidStructuralTagError) as exc:
             raise InvalidGuideError(f"xgrammar rejected the {spec.kind} constraint: {_first_line(exc)}") from exc
         return XGrammarGuide(spec, self.vocab, grammar)
+
+    def guide_of(self, compiled: xgr.CompiledGrammar) -> XGrammarGuide:
+        """A guide over a grammar the caller compiled with xgrammar itself, for code that holds
+        xgrammar's own objects (outlines' ``XGrammarLogitsProcessor(compiled_grammar)``)."""
+        return XGrammarGuide(GuideSpec.grammar('root ::= ""  # compiled by the caller with xgrammar'),
+                             self.vocab, compiled)
 
     def _compile_with_markers(self, spec: GuideSpec) -> XGrammarGuide | None:
         """Tags and grammars whose structural literals spell marker tokens compile on the marker

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import InitVar, dataclass
 from functools import cached_property
+from typing import ClassVar
 
 import numpy as np
 
@@ -30,6 +31,8 @@ class DFA:
     visits a few dozen states, and a compile whose stepping runs in C never needs the lists.
     """
 
+    DEAD: ClassVar[int] = DEAD  # the state numbers, for code that walks ``trans`` from outside
+    START: ClassVar[int] = START
     trans: np.ndarray        # int32 [S, K]
     classmap: np.ndarray     # int32 [256]: byte -> class
     accepting: np.ndarray    # bool [S]

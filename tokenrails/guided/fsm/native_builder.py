@@ -20,8 +20,6 @@ def native_module(use_native: bool | None = None):
     if use_native is False:
         return None
     mod = native.load("dfa")
-    if mod is not None and not hasattr(mod, "compile_ast"):  # a stale build of the old placeholder
-        mod = None
     if use_native and mod is None:
         raise RuntimeError("the native DFA builder (tokenrails._dfa_native) is not available")
     return mod

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import GuideError, InvalidGuideError, UnsupportedGuideError
+from ..errors import InvalidGuideError, UnsupportedGuideError
 from ..limits import DEFAULT_LIMITS, GuideLimits
 from ..schema_walk import (allof_with_parts_or_siblings, constraining_siblings, constrains_nothing,
                            iter_subschemas, required_without_property)

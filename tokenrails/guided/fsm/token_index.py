@@ -34,14 +34,12 @@ from .token_trie import TokenTrie, token_trie
 BATCH_STATES = 32  # states packed together by the numpy ``precompute``
 SPARSE_OUTPUT_NODES = 1 << 15  # fewer alive nodes than this: set token bits directly
 DENSE_FRACTION = 16  # walk a trie level densely once >= 1/16 of its nodes are alive
-BYTE_TABLE_MAX_BYTES = 0  # C walker: expand the DFA to [states, 256] up to this size (measured: no faster than classes)
 # Background warm-up (opt-in): after the first row, the rows of a small DFA are computed on one
 # shared daemon thread (the C walk releases the GIL), so decoding rarely meets a first visit.
 # Bounded by the bytes the rows could take, so large DFAs (long JSON lowerings) stay lazy. Off by
 # default: in a tight loop with no model forward between steps (bench/fsm_vs_peers.py, 2 cores) it
-# measured slower than computing rows on first visit (qwen2 datetime total 0.88 -> 1.26 ms, IPv4
-# 0.39 -> 0.94 ms: GIL hand-offs and rows computed twice); it pays only when steps are separated
-# by forward passes that leave the CPU idle (GPU engines).
+# is slower than computing rows on first visit (GIL hand-offs, rows computed twice); it pays only
+# when steps are separated by forward passes that leave the CPU idle (GPU engines).
 # Eager rows at compile (native walker): the id-list rows of the first states (the DFA numbers them
 # breadth-first from the start) within a small time budget, so a tight regex's first visits are
 # already cached when decoding starts, as xgrammar's are (it computes every mask at compile).
@@ -176,7 +174,7 @@ class TokenIndex:
         return mod.Walker(
             ntrie, np.ascontiguousarray(dfa.trans, dtype=np.int32), s, self._k,
             np.ascontiguousarray(dfa.classmap, dtype=np.int32), np.ascontiguousarray(accepting),
-            eos32, self.vocab.vocab_size, s * 256 * 4 <= BYTE_TABLE_MAX_BYTES,
+            eos32, self.vocab.vocab_size,
         )
 
     @property
@@ -221,11 +219,6 @@ class TokenIndex:
         max_states = EAGER_MAX_STATES if max_states is None else max_states
         states = np.arange(1, min(self.dfa.num_states, max_states + 1), dtype=np.int32)
         return self._walker.precompute(states, budget_s, True)
-
-    def fill_into(self, state: int, address: int, words: int) -> bool:
-        """Native only: write ``state``'s row (-1: EOS only) at ``address`` (``words`` int32 words,
-        at least ``self.words``; the caller checked the target). Returns whether anything is masked."""
-        return self._walker.fill_into(state, address, words)
 
     def is_cached(self, state: int) -> bool:
         """Whether ``state``'s row has been computed."""

@@ -10,10 +10,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from .... import GuideSpec, InvalidGuideError, UnsupportedGuideError, Vocabulary, get_backend
-from ....guided.vocabulary import shared_vocabulary
+from .... import (GuideSpec, InvalidGuideError, UnsupportedGuideError, Vocabulary, get_backend,
+                  shared_vocabulary)
 from ..fsm.guide import TokenrailsGuide
-from ..regex_dialect import xgrammar_regex_spec
 from ..processors.structured import GuideLogitsProcessor
 from .._vocabulary import hf_tokenizer_of, vocabulary_for
 from .tokenrails import TokenrailsBackend
@@ -49,11 +48,7 @@ def _vocabulary_of(info: Any) -> Vocabulary:
 
 def _guide_of_compiled_grammar(compiled: Any) -> TokenrailsGuide:
     """A guide over a grammar the caller compiled with xgrammar itself."""
-    from ....guided.backends.xgrammar_backend import XGrammarGuide
-
-    vocab = _vocabulary_of_compiled(compiled)
-    spec = GuideSpec.grammar("root ::= \"\"  # compiled by the caller with xgrammar")
-    return TokenrailsGuide(XGrammarGuide(spec, vocab, compiled))
+    return TokenrailsGuide(get_backend("xgrammar", _vocabulary_of_compiled(compiled)).guide_of(compiled))
 
 
 class XGrammarLogitsProcessor(GuideLogitsProcessor):
@@ -91,7 +86,7 @@ class XGrammarBackend(TokenrailsBackend):
     def get_regex_logits_processor(self, regex: str) -> Any:
         """The regex as xgrammar reads it (outlines' xgrammar backend hands it to xgrammar's
         ``compile_regex`` unchanged): ASCII ``\\d \\w``, xgrammar's ``\\s``; not outlines-core's dialect."""
-        return self._processor(xgrammar_regex_spec(regex))
+        return self._processor(GuideSpec.regex(regex))
 
     def __init__(self, model: Any):
         try:

@@ -17,8 +17,6 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from ....guided.fsm.dfa import DEAD, START
-
 MAX_REGEX_CHARS = 1_000
 MAX_STATES = 512
 
@@ -48,16 +46,16 @@ def outlines_labels(regex: str, dfa: Any) -> Optional[Dict[int, int]]:
         theirs_by_key[label, key] = target
     theirs_by_byte = theirs_by_key[:, keys]
 
-    labels = {START: theirs.initial}
-    seen = {(START, theirs.initial)}
-    queue = [(START, theirs.initial)]
+    labels = {dfa.START: theirs.initial}
+    seen = {(dfa.START, theirs.initial)}
+    queue = [(dfa.START, theirs.initial)]
     while queue:  # breadth-first over pairs, bytes in order: the first pair met names the state
         ours, label = queue.pop(0)
         ours_next, theirs_next = ours_by_byte[ours], theirs_by_byte[label]
         # only bytes both read: outlines also admits some ill-formed UTF-8 (tokenrails never does),
         # and where the dialects differ (outlines 0.0's interegular `\d` is ASCII, outlines-core's
         # is Unicode) the states only tokenrails has are numbered by the guide as it meets them
-        both = (ours_next != DEAD) & (theirs_next >= 0)
+        both = (ours_next != dfa.DEAD) & (theirs_next >= 0)
         for nxt, other in dict.fromkeys(zip(ours_next[both].tolist(), theirs_next[both].tolist())):
             labels.setdefault(nxt, other)
             if (nxt, other) not in seen:

@@ -8,8 +8,7 @@ from typing import Any, Callable, Iterator, List, Optional, Union
 
 import torch
 
-from ....guided.native_threads import start_native_thread
-
+from .... import start_native_thread
 from ..samplers import multinomial
 
 

@@ -1,7 +1,7 @@
 """``outlines.models.utils`` (1.x): schema helpers shared by model integrations."""
 from __future__ import annotations
 
-from ....requests.schema_transforms import disable_additional_properties
+from ....requests import disable_additional_properties
 
 
 def set_additional_properties_false_json_schema(schema: dict) -> dict:

@@ -6,15 +6,19 @@ which sequences join the batch, has none. Without a manager there, the scheduler
 whether a grammar was compiled, every sequence joined at once, and the sampling rank compiled
 inside its step while every row of the batch waited.
 
-Here the engine process gets its own manager (same tokenizer, backend and limits as the ranks):
-the scheduler polls it (waiting_rows.py), so a sequence waits outside the batch until its grammar
-is compiled in the engine process. The compiled guide then travels to the ranks with the row on
-its first steps (its portable form, ``export_guide``, as compile workers return it; a failure
-travels as the row's error), and each sampling rank keeps that guide instead of compiling: every
-rank decodes the row with the same grammar from its first token, and none of them compiles.
+Here the engine process gets its own manager (same tokenizer, backend and limits as the ranks; the
+tokenizer object its ``AsyncEngine`` already loaded, as for an in-process model agent: never a
+second load, ``lent_tokenizer``): the scheduler polls it (waiting_rows.py), so a sequence waits
+outside the batch until its grammar is compiled in the engine process. The compiled guide then
+travels to the ranks with the row on its first steps (its portable form, ``export_guide``, as
+compile workers return it; a failure travels as the row's error), and each sampling rank keeps that
+guide instead of compiling: every rank decodes the row with the same grammar from its first token,
+and none of them compiles.
 """
 from __future__ import annotations
 
+import contextvars
+import functools
 import inspect
 import logging
 from collections import OrderedDict
@@ -29,6 +33,8 @@ logger = logging.getLogger("tokenrails.lmdeploy")
 
 ATTR = "_tokenrails_grammars"  # on the engine's prefill scheduler and sampling strategy
 EXPORTS_KEPT = 16  # exported guides kept for the rows' next first steps (chunked prefill, same spec)
+# LMDeploy's ``Tokenizer`` of the ``AsyncEngine`` whose engine is being built (set around its build)
+_HELD_TOKENIZER: contextvars.ContextVar[Any] = contextvars.ContextVar("tokenrails_held_tokenizer", default=None)
 
 
 class EngineGrammars:
@@ -37,9 +43,6 @@ class EngineGrammars:
     def __init__(self, manager: Any) -> None:
         self.manager = manager  # an LMDeployGuidedManager: the vocabulary builds in its thread
         self._exports: OrderedDict[str, tuple[str, Any, float]] = OrderedDict()
-
-    def poll(self, spec: GuideSpec) -> bool:
-        return self.manager.poll(spec)
 
     def handover(self, spec: GuideSpec) -> GuideError | tuple[str, Any, float] | None:
         """What a rank needs to decode ``spec`` without compiling: the compile's error, or the
@@ -70,12 +73,37 @@ def for_engine(engine: Any, model_path: str, trust_remote_code: bool) -> EngineG
     executor = getattr(engine, "executor", None)
     if executor is None or getattr(executor, "model_agent", None) is not None:
         return None
-    from lmdeploy.tokenizer import Tokenizer
-
     from .rank_manager import LMDeployGuidedManager
 
-    tokenizer = Tokenizer(model_path, trust_remote_code=trust_remote_code).model.model  # as the agent's
+    from lmdeploy.tokenizer import Tokenizer
+
+    tokenizer = lent_tokenizer(Tokenizer)(model_path, trust_remote_code=trust_remote_code).model.model
     return EngineGrammars(LMDeployGuidedManager(tokenizer, engine.model_config.vocab_size))
+
+
+def lent_tokenizer(original: Callable) -> Callable:
+    """LMDeploy's ``Tokenizer(model_path, ...)`` that, while an ``AsyncEngine`` builds its engine,
+    returns the tokenizer that engine already loaded (same model) instead of reading it again."""
+
+    def Tokenizer(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - stands in for the class
+        held = _HELD_TOKENIZER.get()
+        return held if held is not None else original(*args, **kwargs)
+
+    return Tokenizer
+
+
+def patched_build_pytorch(original: Callable) -> Callable:
+    """``AsyncEngine._build_pytorch`` that lends the engine it builds the tokenizer it holds."""
+
+    @functools.wraps(original)
+    def _build_pytorch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _HELD_TOKENIZER.set(getattr(self, "tokenizer", None))
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _HELD_TOKENIZER.reset(token)
+
+    return _build_pytorch
 
 
 def patched_engine_init(original: Callable) -> Callable:
@@ -97,6 +125,8 @@ def patched_engine_init(original: Callable) -> Callable:
     return __init__
 
 
-def install(patcher: Any, engine_module: Any) -> None:
+def install(patcher: Any, engine_module: Any, async_engine: Any, agent_module: Any) -> None:
     """Called by ``activate()`` (reverted by ``deactivate()``)."""
     patcher.set(engine_module.Engine, "__init__", patched_engine_init(engine_module.Engine.__init__))
+    patcher.set(async_engine, "_build_pytorch", patched_build_pytorch(async_engine._build_pytorch))
+    patcher.set(agent_module, "Tokenizer", lent_tokenizer(agent_module.Tokenizer))  # an in-process agent

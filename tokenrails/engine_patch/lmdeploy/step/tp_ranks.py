@@ -21,7 +21,6 @@ from typing import Any, Callable
 
 from . import guided_meter
 from .._patching import DoublePatchError
-from ...._env import env_switch
 
 
 class FollowerGuidedManager:
@@ -56,11 +55,6 @@ def samples(dist_ctx: Any) -> bool:
 
 
 _SWAP_LOCK = threading.Lock()
-ENV_ALL_RANKS = "TOKENRAILS_TP_GUIDED_ALL_RANKS"  # "1": every rank keeps a manager (the old way, to measure)
-
-
-def _all_ranks() -> bool:
-    return env_switch(ENV_ALL_RANKS, False)
 
 
 def patched_build_model_agent(original: Callable, agent_module: Any) -> Callable:
@@ -75,7 +69,7 @@ def patched_build_model_agent(original: Callable, agent_module: Any) -> Callable
     def build_model_agent(*args: Any, **kwargs: Any) -> Any:
         bound = sig.bind_partial(*args, **kwargs).arguments
         guided_meter.set_rank(getattr(bound.get("dist_ctx"), "rank", None))
-        if samples(bound.get("dist_ctx")) or bound.get("specdecode_config") is not None or _all_ranks():
+        if samples(bound.get("dist_ctx")) or bound.get("specdecode_config") is not None:
             return original(*args, **kwargs)
         with _SWAP_LOCK:  # the agent's constructor builds its manager from this module global
             saved = agent_module.GuidedDecodingManager

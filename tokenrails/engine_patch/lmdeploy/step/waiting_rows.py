@@ -39,7 +39,7 @@ def grammar_ready(seq: Any, grammars: Any = None) -> bool:
         return True
     token = CLIENT.set(client_of(getattr(param, "response_format", None)))
     try:
-        return all(m.poll(spec) for m in ([grammars] if grammars is not None else list(manager._LIVE)))
+        return all(m.poll(spec) for m in ([grammars.manager] if grammars is not None else list(manager._LIVE)))
     finally:
         CLIENT.reset(token)
 
