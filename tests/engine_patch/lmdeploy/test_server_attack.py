@@ -64,8 +64,10 @@ def test_hostile_clients_do_not_stall_the_server(server):
         names = [h.name for h, (a, b) in zip(run.hostile, run.windows) if a <= start <= b]
         print(f"ping {lat:.3f} s at +{start - run.attack_start:.1f} s during {names}")
     assert run.ping_failures == 0, report
-    # 250 ms, or twice the same run's no-attack p99 when the machine itself is slower than that
-    assert atk.percentile(pings, 0.99) < max(0.25, 2 * quiet_p99), (atk.percentile(pings, 0.99), report)
+    # 1 s, or twice the same run's no-attack p99 when the machine itself is slower than that: the
+    # stalls this guards (specs parsed or compiled on the loop) held pings for 3-23 s; a loaded CI
+    # machine alone put the p99 at 0.68 s (docs/safety.md has the 250 ms goal, measured quiet)
+    assert atk.percentile(pings, 0.99) < max(1.0, 2 * quiet_p99), (atk.percentile(pings, 0.99), report)
     for r in run.hostile:
         if r.expect == "400" or (r.expect == "either" and r.status != 200):
             assert r.status == 400 and r.message, (r, report)
