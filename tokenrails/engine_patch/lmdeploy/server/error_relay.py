@@ -1,4 +1,4 @@
-"""A guided row's typed error, carried from the engine to the HTTP response (issue 27.5).
+"""A guided row's typed error, carried from the engine to the HTTP response.
 
 The engine ends a row whose constraint failed with ``Response.err_msg = "GuideLimitError: ..."``
 (agent.py), but LMDeploy drops the message on the way out: ``EngineInstance.async_stream_infer``

@@ -11,7 +11,7 @@ So the work is split:
   (0.1 s for a 1 MB format) parses on the loop's default executor. Small formats must not hop: every
   ``await`` that really yields lets the engine loop start a prefill with the requests that arrived
   so far, and LMDeploy's scheduler then decodes that partial batch to the end before it admits the
-  rest (a batch of 32 ran as 17 then 15 rows: half the occupancy, issue 25 point 4);
+  rest (a batch of 32 ran as 17 then 15 rows: half the occupancy);
 * everything that can take time (schema walks, the probe compile, its first mask) runs in the
   core manager of ``requests.probe_manager``: the engine's backend setting and ``GuideLimits``,
   the probe vocabulary, one compile cache. Its pool is shared fairly between clients (API key or
