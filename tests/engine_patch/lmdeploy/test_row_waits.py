@@ -42,13 +42,13 @@ def _patch(name: str):
 def test_a_slow_compile_holds_its_row_not_the_batch(pipe, monkeypatch):
     tp_child.slow_compiles(DELAY, monkeypatch.setattr)
     waits = tp_child.row_waits(pipe, FAST, 48, DELAY)  # the TP=3 test's stream, on one engine
-    print(f"compile {DELAY} s: {waits['during']} tokens of the other request meanwhile, "
-          f"max gap {waits['max_gap']:.3f} s")
+    print(f"compile {DELAY} s: {waits['during']} tokens of the other request meanwhile, max gap {waits['max_gap']} s")
     assert re.fullmatch(FAST, waits["fast"][0]) and waits["fast"][1] == "stop", waits
     assert re.fullmatch(SLOW, waits["slow"][0]) and waits["slow"][1] == "stop", waits  # joined after its compile
     assert waits["slow_wait"] >= DELAY * 0.9, waits  # it did wait for its compile
     assert waits["during"] >= 5, f"the other request got {waits['during']} tokens while the compile ran"
-    assert waits["max_gap"] < DELAY / 2, f"the other request stalled {waits['max_gap']:.2f} s (compile {DELAY} s)"
+    assert waits["max_gap"] is not None and waits["max_gap"] < DELAY / 2, \
+        f"the other request stalled {waits['max_gap']} s (compile {DELAY} s)"
 
 
 def test_session_end_does_not_wait_for_a_step_stuck_in_a_compile(upgraded, cpu_lmdeploy, smollm2_tokenizer, vocab,
