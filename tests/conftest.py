@@ -60,6 +60,55 @@ XDIST_GROUPS = {
 }
 
 
+# Wall seconds of the heaviest units (a group above or a file) in the README's command on a quiet
+# 2-core machine, rounded (``--durations=0`` summed per unit). The scheduler hands out the heaviest
+# unit left first (longest processing time first): xdist's own order, most tests first, left the
+# few-test units that start engines and child processes for the end, where one worker ran them
+# alone while the other idled. Units not listed weigh 0 and keep xdist's order after these.
+UNIT_SECONDS = {
+    "lmdeploy-multi-process": 480,
+    _LMDEPLOY + "test_grammar_drafts.py": 240,
+    _LMDEPLOY + "test_real_engine_kinds.py": 200,
+    "lmdeploy-shared-engine": 170,
+    "tests/compat/test_outlines_0x_class_token_sets.py": 165,
+    "client-servers": 160,
+    "tests/compat/test_outlines_class_token_sets.py": 150,
+    "lmdeploy-shared-api-server": 135,
+    _LMDEPLOY + "test_defects.py": 85,
+    "tests/compat/test_outlines_fsm_regex.py": 80,
+    _LMDEPLOY + "test_tool_thinking.py": 70,
+    "tests/compat/test_outlines_stand_in_pickling.py": 65,
+    _LMDEPLOY + "test_grammar_drafts_reasoning_tools.py": 60,
+    "tests/compat/test_outlines_regex_dialect.py": 55,
+    "tests/fsm/test_native_index.py": 50,
+    _LMDEPLOY + "test_cpu_serve.py": 50,
+    _LMDEPLOY + "test_engine_fairness_server.py": 50,
+    _LMDEPLOY + "test_grammar_drafts_server.py": 45,
+    _LMDEPLOY + "test_grammar_eagle.py": 45,
+    "tests/fsm/test_dfa_native.py": 45,
+    _LMDEPLOY + "test_tool_markers.py": 40,
+    "tests/guided/test_tool_string_lengths.py": 40,
+    _LMDEPLOY + "test_front_check.py": 40,
+    "tests/safety/test_hostile_clients.py": 35,
+    _LMDEPLOY + "test_draft_usage_server.py": 35,
+    _LMDEPLOY + "test_server_attack.py": 35,
+    "tests/guided/test_manager.py": 35,
+    _LMDEPLOY + "test_budget_server.py": 30,
+    _LMDEPLOY + "test_grammar_drafts_ahead.py": 30,
+    _LMDEPLOY + "test_real_engine_spec.py": 30,
+    "tests/compat/test_outlines_doc_names.py": 30,
+    "tests/kernels/test_kernels_cpu.py": 30,
+    "tests/safety/test_soak.py": 25,
+    "tests/compat/test_outlines_internals.py": 25,
+}
+
+
+def heaviest_unit(units) -> str:
+    """The unit of ``units`` (in xdist's order) to start next: the heaviest in ``UNIT_SECONDS``,
+    else the first."""
+    return max(units, key=lambda unit: UNIT_SECONDS.get(unit, 0))
+
+
 def xdist_unit(nodeid: str) -> str:
     """The unit of work ``nodeid`` belongs to: its group in ``XDIST_GROUPS``, else its file."""
     path = nodeid.split("::", 1)[0]
@@ -71,9 +120,9 @@ def xdist_unit(nodeid: str) -> str:
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` (the README's command) with the groups above: xdist's own
-    ``xdist_group`` marks are not seen under pytest 9.2 (its worker renames ``item._nodeid``,
-    which pytest no longer reads), so the groups are chosen here, from the node ids."""
+    """``--dist loadfile`` (the README's command) with the groups above, heaviest unit first:
+    xdist's own ``xdist_group`` marks are not seen under pytest 9.2 (its worker renames
+    ``item._nodeid``, which pytest no longer reads), so the groups are chosen here, from the node ids."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -81,6 +130,10 @@ def pytest_xdist_make_scheduler(config, log):
     class GroupedFileScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_unit(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            self.workqueue.move_to_end(heaviest_unit(self.workqueue), last=False)
+            super()._assign_work_unit(node)
 
     return GroupedFileScheduling(config, log)
 

@@ -33,3 +33,15 @@ def test_every_grouped_test_file_exists():
     for group, members in XDIST_GROUPS.items():
         for member in members:
             assert (ROOT / member).is_dir() if member.endswith("/") else (ROOT / member).is_file(), (group, member)
+
+
+def test_every_weighted_unit_exists_and_the_heaviest_starts_first():
+    """A renamed module or group would silently lose its weight (and start last again)."""
+    from tests.conftest import UNIT_SECONDS, XDIST_GROUPS, heaviest_unit
+
+    for unit in UNIT_SECONDS:
+        assert unit in XDIST_GROUPS or (unit.startswith("tests/") and (ROOT / unit).is_file()), unit
+    light = ["tests/test_cli.py", "tests/test_layering.py"]
+    heavy = sorted(UNIT_SECONDS, key=UNIT_SECONDS.get)
+    assert heaviest_unit(light + heavy) == heavy[-1]
+    assert heaviest_unit(light) == light[0]  # unweighted units keep xdist's order

@@ -52,7 +52,9 @@ def test_large_bodies_are_refused_at_once_and_pings_stay_fast(server):
         assert needle in payload["message"] or payload.get("param") == needle, payload
         assert r.seconds < 5.0, r
         assert r.log_bytes < 2000, r  # one line per refusal, never one per item
-    assert atk.percentile(during, 0.99) < max(0.25, 2 * atk.percentile(quiet, 0.99)), results
+    # parsed on the loop, the bodies stalled pings up to 8 s (docs/lmdeploy.md); a loaded machine's
+    # scheduling alone gave 1.03 s, past a 0.25 s floor
+    assert atk.percentile(during, 0.99) < max(2.0, 2 * atk.percentile(quiet, 0.99)), results
 
 
 def test_normal_request_still_served_and_stop_warnings_collapse(server):

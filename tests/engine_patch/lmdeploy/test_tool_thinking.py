@@ -80,7 +80,7 @@ def _upgrade_decodes(tok, vocab, fmt, script):
     """The script then EOS through the real strategy/processor path; returns the emitted tokens."""
     from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
-    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab)
+    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab, limits=harness.unhurried_limits())
     seq = harness.FakeSeq(1, harness.gen_config(fmt, max_new_tokens=1024), prompt_ids=_prompt(tok))
     strat = harness.strategy()
     gen = torch.Generator().manual_seed(0)
@@ -141,7 +141,7 @@ def test_format_without_thinking_part_leaves_the_gate_in_charge(cpu_lmdeploy, up
     ids = tok.encode(text, add_special_tokens=False)
     from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
-    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab)
+    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab, limits=harness.unhurried_limits())
     seq = harness.FakeSeq(2, harness.gen_config(fmt, max_new_tokens=1024),
                           prompt_ids=tok.encode("user: weather?\nassistant:", add_special_tokens=False))
     strat = harness.strategy()
@@ -176,7 +176,7 @@ def _hostile_decode(tok, vocab, fmt, script_text, *, seed=0, window=12, max_step
 
     from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
-    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab)
+    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab, limits=harness.unhurried_limits())
     seq = harness.FakeSeq(next(_SESSIONS), harness.gen_config(fmt, max_new_tokens=max_steps),
                           prompt_ids=_open_prompt(tok))
     strat = harness.strategy()

@@ -38,18 +38,26 @@ DELAY = 5.0
 ENV_SLOW = "TP_CHILD_SLOW_COMPILE"
 
 
-def slow_compiles() -> None:
-    """``SLOW``'s compile takes ``DELAY`` s longer, wherever it runs (engine process or rank)."""
+def slow_compiles(delay: float = DELAY, set_attr=setattr) -> threading.Event:
+    """``SLOW``'s compile takes ``delay`` s longer, wherever it runs (engine process or rank);
+    ``set_attr``: how to patch (a test passes ``monkeypatch.setattr``, undone after it). The
+    event is set once a delayed compile has returned."""
     from tokenrails.guided import manager as core
 
     real = core.compile_guide
+    done = threading.Event()
 
     def compile_guide(spec, *args, **kwargs):
-        if spec.payload == SLOW:
-            time.sleep(DELAY)
-        return real(spec, *args, **kwargs)
+        if spec.payload != SLOW:
+            return real(spec, *args, **kwargs)
+        time.sleep(delay)
+        try:
+            return real(spec, *args, **kwargs)
+        finally:
+            done.set()
 
-    core.compile_guide = compile_guide
+    set_attr(core, "compile_guide", compile_guide)
+    return done
 
 
 if os.environ.get(ENV_SLOW) and __name__ != "__main__":  # a spawned rank importing this module
@@ -68,17 +76,18 @@ def _stream(pipe, prompt: str, fmt: dict, max_new_tokens: int, stamps: list, out
     out[key] = (text, finish)
 
 
-def row_waits(pipe) -> dict:
-    """A slow compile starts while ``FAST`` streams: the timings of both (see the module doc)."""
+def row_waits(pipe, fast_pattern: str = FAST, fast_tokens: int = 104, delay: float = DELAY) -> dict:
+    """A slow compile (``slow_compiles``, ``delay`` s) starts while ``fast_pattern`` streams:
+    the timings of both (see the module doc). test_row_waits.py runs it on one engine."""
     from lmdeploy import GenerationConfig
 
-    fast_fmt = {"type": "regex_schema", "regex_schema": FAST}
+    fast_fmt = {"type": "regex_schema", "regex_schema": fast_pattern}
     slow_fmt = {"type": "regex_schema", "regex_schema": SLOW}
     pipe(["Hi"], gen_config=GenerationConfig(max_new_tokens=2, top_k=1, response_format=fast_fmt))  # compiled
     fast_stamps: list[float] = []
     slow_stamps: list[float] = []
     out: dict = {}
-    fast = threading.Thread(target=_stream, args=(pipe, "Count digits.", fast_fmt, 104, fast_stamps, out, "fast"))
+    fast = threading.Thread(target=_stream, args=(pipe, "Count digits.", fast_fmt, fast_tokens, fast_stamps, out, "fast"))
     fast.start()
     deadline = time.monotonic() + 120
     while len(fast_stamps) < 3 and time.monotonic() < deadline:
@@ -95,7 +104,7 @@ def row_waits(pipe) -> dict:
     after = [t for t in fast_stamps if t >= t_slow]
     window = after[:next((i + 1 for i, t in enumerate(after) if t > joined), len(after))]
     gaps = [b - a for a, b in zip([t_slow] + window, window)]
-    return {"fast": out.get("fast"), "slow": out.get("slow"), "delay": DELAY,
+    return {"fast": out.get("fast"), "slow": out.get("slow"), "delay": delay,
             "slow_wait": joined - t_slow, "during": sum(1 for t in after if t < joined),
             "max_gap": max(gaps) if gaps else None, "fast_outlived": bool(after) and after[-1] > joined}
 
