@@ -79,7 +79,7 @@ def test_one_clients_timeouts_do_not_close_the_check_to_others(slow_engine_backe
     attacker, other, seconds = asyncio.run(main())
     assert isinstance(attacker, GuideLimitError) and attacker.limit == "max_abandoned_compiles", attacker
     assert other is None, f"another client's fresh spec was refused: {other}"
-    assert seconds < 0.5
+    assert seconds < 3.0  # behind the attacker's compiles it would wait their 6 s
 
 
 def test_a_clients_expensive_specs_queue_behind_its_own(slow_engine_backend):
