@@ -12,10 +12,8 @@ compiles end. (With one anonymous client inside the engine, B's compile queued b
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 
@@ -25,42 +23,26 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from harness.server_attack import stop_server  # noqa: E402
-
-from .test_real_server import start_ready  # noqa: E402
+from .slow_compile_server import slow_compile_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 MARKER = "slowfair"
 DELAY = 8.0
 FLOOD = 16  # the engine's compile threads (GuidedDecodingManager's compile_workers)
 PER_CLIENT = 8  # TOKENRAILS_COMPILE_PER_CLIENT of this server
-SITE = Path(__file__).with_name("slow_compile_site")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):
-    env = {"PYTHONPATH": os.pathsep.join([str(SITE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-           "TOKENRAILS_TEST_SLOW_MARKER": MARKER, "TOKENRAILS_TEST_SLOW_DELAY": str(DELAY),
+    env = {"TOKENRAILS_TEST_SLOW_MARKER": MARKER, "TOKENRAILS_TEST_SLOW_DELAY": str(DELAY),
            "TOKENRAILS_COMPILE_PER_CLIENT": str(PER_CLIENT)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the server's processes inherit them (start_server copies os.environ)
-    try:
-        log = tmp_path_factory.mktemp("fairness") / "server.log"
-        # LMDeploy's api_server lets max_batch_size requests into the engine at once (its request
-        # handle pool, first come first served): room for the whole flood and B, so the
-        # engine's compile pool is what decides whose compile runs
-        proc, base, model_id = start_ready(model_dir, log, "--max-batch-size", str(FLOOD + 4),
-                                           limits={"compile_timeout_s": 60})
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    try:
+    log = tmp_path_factory.mktemp("fairness") / "server.log"
+    # LMDeploy's api_server lets max_batch_size requests into the engine at once (its request
+    # handle pool): room for the whole flood and B, so the engine's compile pool is what decides
+    # whose compile runs
+    with slow_compile_server(model_dir, log, env, "--max-batch-size", str(FLOOD + 4),
+                             limits={"compile_timeout_s": 60}) as (base, model_id):
         yield base, model_id
-    finally:
-        stop_server(proc)
 
 
 async def _ask(client, base: str, model_id: str, key: str, pattern: str, max_tokens: int) -> tuple[float, dict]:

@@ -14,10 +14,8 @@ front check ``FRONT_DELAY`` s longer too.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 
@@ -27,9 +25,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from harness.server_attack import stop_server  # noqa: E402
-
-from .test_real_server import start_ready  # noqa: E402
+from .slow_compile_server import slow_compile_server  # noqa: E402
 
 pytestmark = pytest.mark.slow
 MARKER = "slowdue"
@@ -39,32 +35,18 @@ FRONT_DELAY = 8.0  # the front check's compile of a FRONT_MARKER pattern
 TIMEOUT = 12.0  # compile_timeout_s: below FRONT_DELAY + DELAY, above each
 HANDLES = 4  # --max-batch-size: LMDeploy's request handles
 SLACK = 3.0  # loaded CI machines: the bound is deadline + 1 s
-SITE = Path(__file__).with_name("slow_compile_site")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):
-    env = {"PYTHONPATH": os.pathsep.join([str(SITE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-           "TOKENRAILS_TEST_SLOW_MARKER": MARKER, "TOKENRAILS_TEST_SLOW_DELAY": str(DELAY),
+    env = {"TOKENRAILS_TEST_SLOW_MARKER": MARKER, "TOKENRAILS_TEST_SLOW_DELAY": str(DELAY),
            "TOKENRAILS_TEST_SLOW_FRONT_MARKER": FRONT_MARKER, "TOKENRAILS_TEST_SLOW_FRONT_DELAY": str(FRONT_DELAY)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the server's processes inherit them (start_server copies os.environ)
-    try:
-        log = tmp_path_factory.mktemp("deadlines") / "server.log"
-        proc, base, model_id = start_ready(model_dir, log, "--max-batch-size", str(HANDLES),
-                                           limits={"compile_timeout_s": TIMEOUT})
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    try:
+    log = tmp_path_factory.mktemp("deadlines") / "server.log"
+    with slow_compile_server(model_dir, log, env, "--max-batch-size", str(HANDLES),
+                             limits={"compile_timeout_s": TIMEOUT}) as (base, model_id):
         # the first guided request waits for the engine's vocabulary (built in the background)
         _post(base, model_id, "key-W", "[0-9][0-9]", 4)
         yield base, model_id
-    finally:
-        stop_server(proc)
 
 
 def _body(model_id: str, pattern: str, max_tokens: int) -> dict:
