@@ -159,14 +159,20 @@ FRONT_WORKERS = 2  # the api_server's probe compiles at once (a few cores; a hos
 COMPILE_PROCESSES = 2  # default worker processes per manager for large compiles (compile_procs.py)
 
 
+def _count_setting(name: str, default: int, floor: int) -> int:
+    """The integer in environment variable ``name``, at least ``floor``; ``default`` when it is
+    unset, blank or not an integer."""
+    raw = os.environ.get(name, "")
+    try:
+        return max(floor, int(raw)) if raw.strip() else default
+    except ValueError:
+        return default
+
+
 def compile_processes() -> int:
     """Worker processes for large compiles (``TOKENRAILS_COMPILE_PROCESSES``; 0: in-process,
     where a compile past its deadline cannot be stopped)."""
-    raw = os.environ.get("TOKENRAILS_COMPILE_PROCESSES", "")
-    try:
-        return max(0, int(raw)) if raw.strip() else COMPILE_PROCESSES
-    except ValueError:
-        return COMPILE_PROCESSES
+    return _count_setting("TOKENRAILS_COMPILE_PROCESSES", COMPILE_PROCESSES, 0)
 
 
 ENGINE_PER_CLIENT = 4  # an engine's compiles one client may run at once (its others queue behind them)
@@ -175,11 +181,14 @@ ENGINE_PER_CLIENT = 4  # an engine's compiles one client may run at once (its ot
 def compile_per_client() -> int:
     """``TOKENRAILS_COMPILE_PER_CLIENT``: compiles one api_server client may run at once in the
     engine (the others share the rest; compiles with no client named are not capped)."""
-    raw = os.environ.get("TOKENRAILS_COMPILE_PER_CLIENT", "")
-    try:
-        return max(1, int(raw)) if raw.strip() else ENGINE_PER_CLIENT
-    except ValueError:
-        return ENGINE_PER_CLIENT
+    return _count_setting("TOKENRAILS_COMPILE_PER_CLIENT", ENGINE_PER_CLIENT, 1)
+
+
+def handles_per_client(pool_size: int) -> int:
+    """``TOKENRAILS_HANDLES_PER_CLIENT``: distinct new specs one api_server client's requests may
+    hold request handles for; by default the engine's compiles per client (more of one client's
+    requests waiting for compiles would only wait in the engine), at most half the pool."""
+    return _count_setting("TOKENRAILS_HANDLES_PER_CLIENT", max(1, min(compile_per_client(), pool_size // 2)), 1)
 
 
 def compile_cache_dir() -> str | None:

@@ -24,29 +24,15 @@ import asyncio
 import collections
 import contextvars
 import functools
-import os
 import time
 from typing import Any, Callable
 
 from ....guided.clients import LOCAL, current_client
+from ..boot.settings import handles_per_client
 
 ATTR = "_tokenrails_share"  # on LMDeploy's Session: (client, (deadline, spec key) of a not yet compiled spec or None)
 # the session whose ``request_handle`` is entering, for ``get`` (which LMDeploy calls without it)
 _SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("tokenrails_handle_session", default=None)
-
-
-def per_client(size: int) -> int:
-    """``TOKENRAILS_HANDLES_PER_CLIENT``, else the engine's compiles per client at once (more of one
-    client's requests waiting for compiles would only wait in the engine), at most half the pool."""
-    from ..boot.settings import compile_per_client
-
-    raw = os.environ.get("TOKENRAILS_HANDLES_PER_CLIENT", "")
-    try:
-        if raw.strip():
-            return max(1, int(raw))
-    except ValueError:
-        pass
-    return max(1, min(compile_per_client(), size // 2))
 
 
 def mark(session: Any, client: str, new_spec: tuple[float, str] | None) -> None:
@@ -89,7 +75,7 @@ class FairHandlePool:
     def __init__(self, engine: Any, size: int) -> None:
         self.size = size
         self.handles = [engine.create_instance() for _ in range(size)]
-        self.per_client = per_client(size)
+        self.per_client = handles_per_client(size)
         self._free: collections.deque | None = None
         self._queues: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
         self._pending: dict[str, collections.Counter] = {}  # client -> new specs' keys -> handles held
