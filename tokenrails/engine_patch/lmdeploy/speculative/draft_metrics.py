@@ -9,6 +9,12 @@ the grammar's forced continuation (the grammar proposer's drafts, or those that 
 draft's guesses, ``grammar_eagle.py``); ``verify_steps``. The grammar proposer credits its own
 plans here too (``grammar_*``; ``grammar_totals`` over every request). One lock, one cap: ended
 requests are kept, the oldest dropped past ``MAX_TRACKED_REQUESTS``.
+
+A step's counts are committed at LMDeploy's stopping check of that step (``defer``), not when the
+verification runs: the engine sends the next step before it reads this one's outputs, so a row that
+stopped (EOS, stop word, length) runs one more step, whose output the engine drops. Only the
+stopping check knows such rows (``num_appendable_ids <= 0`` before the step); counting them made a
+request's counters depend on whether that late step ended before its usage was read.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from .adaptive_drafts import row_lengths
 
 MAX_TRACKED_REQUESTS = 4096
 
-__all__ = ["DraftCounters", "request_stats", "record_verification", "record_forced", "record_grammar_step",
+__all__ = ["DraftCounters", "request_stats", "record_verification", "record_forced", "record_grammar_step", "defer",
            "drafted_counts", "emitted_counts", "row_keys", "stop_ids", "grammar_totals", "reset", "all_requests", "install"]
 
 
@@ -130,14 +136,16 @@ def emitted_counts(output_token_ids, stops: frozenset[int]) -> list[int]:
 
 
 def record_verification(session_ids: Sequence[Hashable], num_drafts: int | Sequence[int],
-                        output_token_ids: Sequence[Sequence[int]], stops: frozenset[int]) -> None:
+                        output_token_ids: Sequence[Sequence[int]], stops: frozenset[int],
+                        stopped: Sequence[bool] = ()) -> None:
     """One verification step: each row verified ``num_drafts`` drafts (one count for every row, or
-    one per row); what it accepted is what it emitted minus the bonus token."""
+    one per row); what it accepted is what it emitted minus the bonus token. Rows marked in
+    ``stopped`` (ended before this step) are not counted."""
     emitted = emitted_counts(output_token_ids, stops)
     drafted = [int(num_drafts)] * len(emitted) if isinstance(num_drafts, int) else [int(d) for d in num_drafts]
     with _LOCK:
-        for key, n, d in zip(session_ids, emitted, drafted):
-            if key is None:
+        for i, (key, n, d) in enumerate(zip(session_ids, emitted, drafted)):
+            if key is None or (i < len(stopped) and stopped[i]):
                 continue
             st = _of(key)
             st.verify_steps += 1
@@ -146,13 +154,15 @@ def record_verification(session_ids: Sequence[Hashable], num_drafts: int | Seque
 
 
 def record_grammar_step(keys: Sequence[Hashable], emitted: Sequence[int],
-                        plans: Sequence[tuple[int, int] | None]) -> None:
+                        plans: Sequence[tuple[int, int] | None], stopped: Sequence[bool] = ()) -> None:
     """One step of the grammar proposer: per row, the tokens it emitted and the (drafted, forced)
     plan of the previous step it verified (None: nothing verified); accepted = emitted minus the
-    bonus token, at most what was drafted."""
+    bonus token, at most what was drafted. Rows marked in ``stopped`` are not counted."""
     with _LOCK:
         _TOTAL.grammar_draft_steps += 1
         for i, key in enumerate(keys):
+            if i < len(stopped) and stopped[i]:
+                continue
             n = int(emitted[i]) if i < len(emitted) else 0
             plan = plans[i] if i < len(plans) else None
             for st in (_TOTAL, _of(key)) if key is not None else (_TOTAL,):
@@ -180,6 +190,33 @@ def stop_ids(agent: Any) -> frozenset[int]:
     return frozenset()
 
 
+_PENDING = "_tokenrails_counts"  # on the step's ModelInputs: commits waiting for its stopping check
+
+
+def defer(model_inputs: Any, commit: Callable[[list[bool]], None]) -> None:
+    """Run ``commit(stopped)`` at this step's stopping check, ``stopped[i]`` True for a row that had
+    ended before the step (its output is dropped by the engine, so it must not be counted)."""
+    model_inputs.__dict__.setdefault(_PENDING, []).append(commit)
+
+
+def patched_stopping_step(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def step(self, next_token_ids, stop_words, inputs=None, extra_inputs=None):
+        commits = inputs.__dict__.pop(_PENDING, None) if inputs is not None else None
+        if commits:
+            try:
+                stopped = (self.num_appendable_ids <= 0).reshape(-1).tolist()
+                for commit in commits:
+                    commit(stopped)
+            except Exception:  # counters must never fail a step
+                import logging
+
+                logging.getLogger(__name__).exception("tokenrails: draft counters failed (the step is unaffected)")
+        return original(self, next_token_ids, stop_words, inputs=inputs, extra_inputs=extra_inputs)
+
+    return step
+
+
 def patched_rejection_sampling(original: Callable) -> Callable:
     @functools.wraps(original)
     async def _rejection_sampling(self, model_inputs, extra_inputs, sampling_inputs):
@@ -191,7 +228,8 @@ def patched_rejection_sampling(original: Callable) -> Callable:
                 drafts = getattr(extra_inputs, "output_draft_token_ids", None)
                 drafted = (row_lengths(drafts.reshape(drafts.shape[0], -1)).tolist() if drafts is not None
                            else int(self.num_spec_tokens))
-                record_verification(keys, drafted, ids, stop_ids(self))
+                stops = stop_ids(self)
+                defer(model_inputs, lambda stopped: record_verification(keys, drafted, ids, stops, stopped))
         except Exception:  # counters must never fail a step
             import logging
 
@@ -210,3 +248,8 @@ def install(p: Any) -> None:
     original = agent_cls.__dict__["_rejection_sampling"]
     require_params(original, ["model_inputs", "extra_inputs", "sampling_inputs"], "SpecModelAgent._rejection_sampling")
     p.set(agent_cls, "_rejection_sampling", patched_rejection_sampling(original))
+    from lmdeploy.pytorch.strategies.ar_spec.model_agent import ARSpecStoppingCriteria
+
+    step = ARSpecStoppingCriteria.__dict__["step"]
+    require_params(step, ["next_token_ids", "stop_words", "inputs", "extra_inputs"], "ARSpecStoppingCriteria.step")
+    p.set(ARSpecStoppingCriteria, "step", patched_stopping_step(step))

@@ -318,7 +318,9 @@ def _proposer_class():
                 return
             prev = self._last if model_inputs.is_decoding else {}  # a prefill verified nothing
             emitted = draft_metrics.emitted_counts(out_ids, draft_metrics.stop_ids(self))
-            draft_metrics.record_grammar_step(keys, emitted, [prev.get(key) for key in keys])
+            plans = [prev.get(key) for key in keys]
+            draft_metrics.defer(model_inputs, lambda stopped: draft_metrics.record_grammar_step(
+                keys, emitted, plans, stopped))
 
     GrammarProposer.__module__ = __name__
     GrammarProposer.__qualname__ = "GrammarProposer"
