@@ -246,7 +246,7 @@ async def _propose_rows(proposer: Any, ctx: Any, formats: Any, pads: list[int], 
     plan = st.take_planned(ctx) if st is not None else None
     if plan is None or len(plan.result[0]) != len(pads):
         handles = helper.get_processors(ctx, formats) if ctx else {}
-        if not handles or (st is not None and st.short(handles, torch.empty(0))):
+        if not handles or (st is not None and st.short(handles)):
             plan = _plan(proposer, ctx, formats, pads, k, handles=handles)
         else:
             plan = await asyncio.to_thread(_plan, proposer, ctx, formats, pads, k, handles)

@@ -9,8 +9,8 @@ Stock LMDeploy forks every guided matcher twice per step (draft side and target 
 * Target verification uses the manager's ``fill_and_apply_spec`` (one mask row per position,
   tentative accept + rollback) and ``accept_tokens_spec``; failures are reported per row.
 * Thread hops: a short step (``short``: at most ``INLINE_MAX_ROWS`` rows, CPU tensors, every
-  constraint compiled) may run its guided work on the event loop's thread, as the plain step does
-  (the limit is 0 for now, see there). Otherwise the accept and the step's proposal (``SpecState.follow``, set by a proposer that
+  constraint compiled) runs its guided work on the event loop's thread, as the plain step does.
+  Otherwise the accept and the step's proposal (``SpecState.follow``, set by a proposer that
   proposes from the accepted state) share one hop: the proposal is left in ``SpecState.planned``.
 """
 from __future__ import annotations
@@ -26,10 +26,9 @@ from ....guided.errors import GuideError
 from ....guided.sequence import GuidedRow
 from ..step.lmdeploy_step import report, rows_of_ctx
 
-# guided rows up to which a short spec step runs inline: 0, so every spec step hops. Inline spec
-# steps made a request's draft counters gain one verification step (test_draft_usage_server: 16
-# steps + 2 accepted for 17 tokens); until that is understood the spec path keeps its hops.
-INLINE_MAX_ROWS = 0
+# guided rows up to which a spec step runs its guided work inline (the plain step's limit): below
+# it a hop to a worker thread and back costs more than the work it carries
+INLINE_MAX_ROWS = 8
 
 
 class RowHandle:
@@ -112,10 +111,11 @@ class SpecState:
             return None
         return planned[1]
 
-    def short(self, processors: dict, tensor: torch.Tensor) -> bool:
+    def short(self, processors: dict, tensor: torch.Tensor | None = None) -> bool:
         """The step's guided work is shorter than a hop to a worker thread and back: at most
-        ``INLINE_MAX_ROWS`` rows, CPU tensors, and no compile a fill or accept could wait for."""
-        if tensor.is_cuda or len(processors) > INLINE_MAX_ROWS:
+        ``INLINE_MAX_ROWS`` rows, CPU tensors (``tensor``: the step's, when it has one), and no
+        compile a fill, accept or proposal could wait for."""
+        if (tensor is not None and tensor.is_cuda) or len(processors) > INLINE_MAX_ROWS:
             return False
         core = self.owner.view.core
         return core is not None and core.compiled([h.raw for h in processors.values()])
