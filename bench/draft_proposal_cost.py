@@ -13,7 +13,14 @@ matcher walked a few steps along forced runs and allowed tokens, then per row:
 Per step the proposer pays ``rows x forced run`` plus a fixed part (row handles, the thread hop), which
 ``bench/grammar_drafts.py`` prints as the proposer's time on the step's path.
 
-    python bench/draft_proposal_cost.py [--states 64] [--repeat 5]
+Then the grammar's whole host work of a drafts step at ``--batches`` rows (rows walked like the states
+above, through a ``GuidedDecodingManager``): the proposal of every row, then the verification's masks as
+the engine asks for them (``fill_and_apply_spec`` on a ``[batch x (K + 1), V]`` bfloat16 block, a row's
+positions past its run carrying its last token as filler), with the verification filling every mask
+itself ("fresh") or reusing what the proposal saw (``forced_tokens(propose=True)``: one-hot rows where one
+token was forced, the copied row at the run's end). The two arms alternate ABBA, CPU time per step.
+
+    python bench/draft_proposal_cost.py [--states 64] [--repeat 5] [--batches 1,8,32] [--steps 40]
 """
 from __future__ import annotations
 
@@ -34,6 +41,8 @@ def main() -> None:
     ap.add_argument("--states", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--drafts", type=int, default=4)
+    ap.add_argument("--batches", default="1,8,32", help="rows per step for the step table ('' to skip it)")
+    ap.add_argument("--steps", type=int, default=40, help="steps per arm and batch for the step table")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -147,6 +156,73 @@ def main() -> None:
             ["  accept + rollback of one token", f"{acc_us:.1f}", f"{counts['accept'] / n:.2f}",
              f"{acc_us * counts['accept'] / n:.0f}"]]
     print_table(["part", "us per call", "calls per row", "us per row"], rows)
+    if args.batches:
+        step_table(args, vocab, specs, memo, rnd)
+
+
+def step_table(args, vocab, specs, memo, rnd) -> None:
+    """Proposal + verification masks per step, fresh fills vs the proposal's masks reused (ABBA)."""
+    import torch
+
+    from tokenrails.guided.manager import GuidedDecodingManager, GuidedRow
+
+    k = args.drafts
+    batches = [int(b) for b in args.batches.split(",")]
+    mgr = GuidedDecodingManager(vocab)
+    words = (vocab.vocab_size + 31) // 32
+    bm = torch.empty((1, words), dtype=torch.int32)
+    rows: list = []
+    for i in range(max(batches) * 2):
+        row = GuidedRow(("step-cost", i), 0, specs[i % len(specs)])
+        probe = torch.zeros((1, vocab.vocab_size))
+        mgr.fill_and_apply(probe, [row])  # begins the row's state
+        for _ in range(rnd.randint(0, 6)):
+            run = mgr.forced_tokens(row, k, encode=memo, bitmask=bm)
+            if run.tokens:
+                mgr.accept_tokens_spec([list(run.tokens)], [row])
+            probe.zero_()
+            mgr.fill_and_apply(probe, [row])
+            ids = [t for t in torch.isfinite(probe[0]).nonzero().reshape(-1).tolist()[:50] if t not in vocab.eos_ids]
+            if not ids or mgr.accept_tokens([rnd.choice(ids)], [row])[0].failed:
+                break
+        st = mgr.sequence(row.session_id, 0)
+        if st is not None and st.error is None and not st.resolve().is_terminated() and st.history:
+            rows.append(row)
+    print(f"\n# a drafts step's grammar work: {len(rows)} rows walked, k={k}, bfloat16 logits; CPU time per step, "
+          f"median of {args.steps} steps per arm (fresh / reused alternate ABBA); load average {load_average():.1f}\n")
+
+    def step(batch_rows: list, reuse: bool) -> tuple[float, float]:
+        t0 = time.process_time()
+        runs = [mgr.forced_tokens(r, k, encode=memo, bitmask=bm, propose=reuse) for r in batch_rows]
+        propose = time.process_time() - t0
+        width = max(len(r.tokens) for r in runs)
+        drafts = []
+        for r, run in zip(batch_rows, runs):  # the engine's block: fillers (the row's last token) past a run
+            last = mgr.sequence(r.session_id, 0).history[-1]
+            drafts.append(list(run.tokens) + [last] * (width - len(run.tokens)))
+        logits = torch.zeros((len(batch_rows) * (width + 1), vocab.vocab_size), dtype=torch.bfloat16)
+        t1 = time.process_time()
+        mgr.fill_and_apply_spec(logits, batch_rows, drafts)
+        return propose, time.process_time() - t1
+
+    table = []
+    for b in batches:
+        spent: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        load = load_average()
+        for n in range(args.steps):
+            batch_rows = [rows[(n + i) % len(rows)] for i in range(b)]
+            for reuse in ((False, True) if n % 2 == 0 else (True, False)):
+                spent[reuse].append(step(batch_rows, reuse))
+
+        def ms(reuse: bool, part: int | None) -> float:
+            vals = sorted((p[0] + p[1]) if part is None else p[part] for p in spent[reuse])
+            return 1e3 * vals[len(vals) // 2]
+
+        table.append([b, f"{ms(False, 0):.3f}", f"{ms(False, 1):.3f}", f"{ms(False, None):.3f}",
+                      f"{ms(True, 0):.3f}", f"{ms(True, 1):.3f}", f"{ms(True, None):.3f}",
+                      f"{ms(False, None) / max(ms(True, None), 1e-9):.2f}x", f"{load:.1f}"])
+    print_table(["batch", "fresh: propose ms", "verify masks ms", "total ms", "reused: propose ms",
+                 "verify masks ms", "total ms", "fresh / reused", "load"], table)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ Stop tokens (EOS) are never returned: ending a request is left to a real decodin
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Collection, Sequence, Union
 
 import numpy as np
 import torch
@@ -36,13 +36,24 @@ __all__ = ["ForcedRun", "forced_tokens", "single_allowed_token"]
 Encode = Callable[[str], Sequence[int]]
 
 
+# a mask the rule saw at one position: the one token it allowed, or a copy of the (host) row
+SeenMask = Union[int, np.ndarray, None]
+
+
 @dataclass(frozen=True)
 class ForcedRun:
     """``tokens``: the forced tokens, in order. ``single``: how many came from a one-token mask;
-    the rest came from forced strings' tokenizations (acceptance depends on the model there)."""
+    the rest came from forced strings' tokenizations (acceptance depends on the model there).
+
+    ``masks[j]``: the mask at position ``j`` (after ``tokens[:j]``, ``j <= len(tokens)``) as the
+    rule filled it, so a verifier of these tokens need not fill it again: the token id where it
+    allowed that one token, a copy of the row where it allowed several (where a forced string
+    starts, where the run ends), None where it did not fill (inside a forced string; past the
+    last entry when the run stopped at ``max_tokens`` or the grammar's end)."""
 
     tokens: tuple[int, ...] = ()
     single: int = 0
+    masks: tuple[SeenMask, ...] = field(default=(), compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -93,18 +104,26 @@ def forced_tokens(
     stops = set(int(t) for t in stop_ids) | set(matcher.vocab.eos_ids)
     row = bitmask[0, :words].numpy() if bitmask.is_cpu else bitmask[0]  # one view for every read below
     out: list[int] = []
+    masks: list[SeenMask] = []
     single = 0
     try:
         while len(out) < max_tokens and not matcher.is_terminated():
             tok = None
-            if matcher.fill_next_token_bitmask(bitmask, 0):
+            constrained = matcher.fill_next_token_bitmask(bitmask, 0)
+            if constrained:
                 tok = single_allowed_token(row, vocab_size)
             if tok is not None:
-                if tok in stops or not matcher.accept_token(tok):
+                if tok in stops:
+                    masks.append(tok)
+                    break
+                if not matcher.accept_token(tok):
                     break
                 out.append(tok)
+                masks.append(tok)
                 single += 1
                 continue
+            # several tokens allowed: kept for a verifier (not an empty row, which it must refuse itself)
+            masks.append(row.copy() if constrained and bitmask.is_cpu and row.any() else None)
             if encode is None:
                 break
             text = matcher.find_jump_forward_string()
@@ -116,10 +135,12 @@ def forced_tokens(
                 if len(out) >= max_tokens or t in stops or not matcher.accept_token(t):
                     break
                 out.append(t)
+                if taken:
+                    masks.append(None)  # inside the string: this position's mask was not filled
                 taken += 1
             if taken == 0:
                 break
     finally:
         if out:
             matcher.rollback(len(out))
-    return ForcedRun(tuple(out), single)
+    return ForcedRun(tuple(out), single, tuple(masks))

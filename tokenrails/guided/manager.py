@@ -45,7 +45,7 @@ from .registry import check_guide, compile_guide
 from .sequence import (
     Finalization, GrammarFuture, GuidedRow, Lookahead, RowContext, RowStatus, SequenceState, StepStatus, count_valid,
 )
-from .speculative import DraftCursor, accept_tokens_spec, fill_and_apply_spec
+from .speculative import DraftCursor, accept_tokens_spec, fill_and_apply_spec, note_proposal
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
 
@@ -597,18 +597,22 @@ class GuidedDecodingManager:
     @_serialized
     def forced_tokens(
         self, row: GuidedRow, max_tokens: int, *, encode: Callable[[str], Sequence[int]] | None = None,
-        bitmask: torch.Tensor | None = None,
+        bitmask: torch.Tensor | None = None, propose: bool = False,
     ) -> ForcedRun:
         """The tokens the row's grammar forces from where it stands (``forced.forced_tokens``;
         state unchanged): a speculative proposer's drafts. Nothing for a failed row, or one that
-        has not begun its answer (a thinking section is the model's own text)."""
+        has not begun its answer (a thinking section is the model's own text). ``propose``: these
+        are the row's drafts, verified next with only their positions kept (``note_proposal``)."""
         st = self._states([row])[0]
         if st is None or st.error is not None or not st.answering:
             return NOTHING
         matcher = st.resolve()
         if matcher is None:
             return NOTHING
-        return forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask)
+        run = forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask)
+        if propose:
+            note_proposal(st, run)
+        return run
 
     def _existing(self, row: GuidedRow) -> SequenceState | None:
         """The row's state if it exists for the row's spec (never begins one)."""
@@ -624,7 +628,7 @@ class GuidedDecodingManager:
         being verified) and then the token the grammar forces after it (the bonus) were accepted, the
         forced run from there (``forced_tokens``). Returns ``(version, expected, run)``: the state's
         ``(tokens, len(history))`` once exactly ``expected`` (walk + bonus) is accepted, to check the
-        guess later (``guess_holds``). None when nothing is forced after the walk or the grammar
+        guess later (``guessed_run``). None when nothing is forced after the walk or the grammar
         refuses it. State unchanged; a sequence that has ended (or not begun) gets None."""
         st = self._existing(row)
         if st is None or st.error is not None or not st.answering:
@@ -646,14 +650,19 @@ class GuidedDecodingManager:
             look.restore()
 
     @_serialized
-    def guess_holds(self, row: GuidedRow, version: tuple[int, int], expected: Sequence[int]) -> bool:
-        """Whether the row accepted exactly ``expected`` since ``forced_after`` guessed (so the guessed
-        run is the one ``forced_tokens`` gives now)."""
+    def guessed_run(self, row: GuidedRow, guess: tuple[tuple[int, int], Sequence[int], ForcedRun]) -> ForcedRun | None:
+        """The run ``forced_after`` guessed, when the row accepted exactly what it assumed since (so
+        it is the run ``forced_tokens`` gives now), proposed as ``forced_tokens(propose=True)``
+        would; else None."""
+        version, expected, run = guess
         st = self._existing(row)
         if st is None or st.error is not None or (st.tokens, len(st.history)) != tuple(version):
-            return False
+            return None
         n = len(expected)
-        return n > 0 and list(st.history[-n:]) == list(expected)
+        if n == 0 or list(st.history[-n:]) != list(expected):
+            return None
+        note_proposal(st, run)
+        return run
 
     # ---- jump-forward and termination -------------------------------------------------------
     @_serialized

@@ -9,6 +9,13 @@ Positions after the first draft the grammar forbids get an EOS-only row: verific
 that draft (its target probability is 0 under the mask), so those positions are never sampled —
 EOS-only only keeps them finite and safe.
 
+Drafts a proposer took from the grammar itself (``note_proposal``: the forced run, from this very
+state) are verified with what the proposer already saw: at a position where the mask allowed one
+token, that token's one-hot row; where it filled a row (the run's end, a forced string's start), a
+copy of it; the matcher is walked and filled only where neither is known. Such a verifier keeps a
+row's tokens up to its run's end only (the engine cuts the rest), so positions past the run get no
+mask at all: whatever is sampled there is dropped before anything accepts it.
+
 ``DraftCursor``: the same walk kept open across an engine's draft steps (LMDeploy's spec agent
 forks a processor per row, feeds it drafts, then verifies); every method runs under the lock the
 manager hands in, so a cursor never races the manager's step.
@@ -20,12 +27,34 @@ from typing import Any, ContextManager, Sequence
 
 import torch
 
-from .bitmask import MaskBuffer, allowed, eos_only_row
+from .bitmask import MaskBuffer, allowed, bit_value, eos_only_row
 from .errors import GuideError, InvalidGuideError
-from .forced import NOTHING, ForcedRun, forced_tokens
+from .forced import NOTHING, ForcedRun, SeenMask, forced_tokens
 from .sequence import Lookahead, RowContext, RowStatus, SequenceState, StepStatus
 
-__all__ = ["DraftCursor", "accept_tokens_spec", "fill_and_apply_spec"]
+__all__ = ["DraftCursor", "accept_tokens_spec", "fill_and_apply_spec", "note_proposal"]
+
+_PROPOSAL = "proposal"  # SequenceState.extra: ((tokens, history length) when proposed, ForcedRun)
+
+
+def note_proposal(st: SequenceState, run: ForcedRun) -> None:
+    """``run`` (``forced_tokens`` from ``st`` as it stands) is the row's drafts for the next
+    verification, which keeps the row's tokens up to the run's end only."""
+    st.extra[_PROPOSAL] = ((st.tokens, len(st.history)), run)
+
+
+def _proposed_masks(st: SequenceState, drafts: list[int]) -> list[SeenMask] | None:
+    """The masks the proposer saw at positions ``0..len(run)``, when ``drafts`` are its run proposed
+    from this very state (taken: one verification per proposal); else None. Not for a row with a
+    budget (its rule narrows the grammar's masks) or a failed one."""
+    held = st.extra.pop(_PROPOSAL, None)
+    if held is None or st.budget is not None or st.error is not None:
+        return None
+    version, run = held
+    n = len(run.tokens)
+    if version != (st.tokens, len(st.history)) or len(drafts) < n or tuple(drafts[:n]) != run.tokens:
+        return None
+    return list(run.masks[: n + 1]) + [None] * (n + 1 - len(run.masks))
 
 
 def fill_and_apply_spec(
@@ -35,7 +64,8 @@ def fill_and_apply_spec(
     states: Sequence[SequenceState | None],
     drafts: Sequence[Sequence[int]],
 ) -> list[RowStatus | None]:
-    """Fill ``1 + len(drafts[i])`` mask rows per guided row and apply them in one kernel call."""
+    """Fill ``1 + len(drafts[i])`` mask rows per guided row (``1 + len(run)`` for a proposed run,
+    ``note_proposal``) and apply them in one kernel call."""
     if len(drafts) != len(states):
         raise ValueError(f"{len(drafts)} draft lists for {len(states)} rows")
     drafts = [[int(t) for t in (d.tolist() if isinstance(d, torch.Tensor) else d)] for d in drafts]
@@ -43,24 +73,29 @@ def fill_and_apply_spec(
     if logits.dim() != 2 or logits.shape[0] != total:
         raise ValueError(f"logits {tuple(logits.shape)} do not match {total} verification rows")
     statuses: list[RowStatus | None] = [None] * len(states)
-    blocks = []  # (row index, first logits row, first mask row, state, drafts)
+    blocks = []  # (row index, first logits row, first mask row, mask rows, state, drafts, proposed masks)
     offset = mask_rows = 0
     for i, (st, d) in enumerate(zip(states, drafts)):
         if st is not None:
-            blocks.append((i, offset, mask_rows, st, d))
-            mask_rows += 1 + len(d)
+            seen = _proposed_masks(st, d)
+            n = len(seen) if seen is not None else 1 + len(d)
+            blocks.append((i, offset, mask_rows, n, st, d, seen))
+            mask_rows += n
         offset += 1 + len(d)
     if not blocks:
         return statuses
     bitmask = buffer.rows(mask_rows, logits.device)
     # Serial on purpose: each block advances and rolls back its own matcher through the drafts,
     # and a Python thread pool over blocks measured slower than serial (the GIL).
-    for i, _, base, st, d in blocks:
-        valid = _fill_block(ctx, st, d, bitmask, base)
+    for i, _, base, _, st, d, seen in blocks:
+        if seen is None:
+            valid = _fill_block(ctx, st, d, bitmask, base)
+        else:
+            valid = _fill_proposed(ctx, st, d, seen, bitmask, base)
         state = StepStatus.ERROR if st.error is not None else StepStatus.OK
         statuses[i] = RowStatus(state, st.error, valid_drafts=valid)
     identity = mask_rows == total
-    index = None if identity else [lo + j for (_, lo, _, _, d) in blocks for j in range(1 + len(d))]
+    index = None if identity else [lo + j for (_, lo, _, n, *_) in blocks for j in range(n)]
     buffer.apply(logits, bitmask, index)
     return statuses
 
@@ -97,6 +132,43 @@ def _fill_block(ctx: RowContext, st: SequenceState, drafts: list[int], bitmask: 
                 continue
             valid += 1
     return valid
+
+
+def _fill_proposed(ctx: RowContext, st: SequenceState, drafts: list[int], seen: list[SeenMask],
+                   bitmask: torch.Tensor, base: int) -> int:
+    """Rows ``base … base+len(run)`` for a proposed run (``seen``: its masks there): known rows
+    written (host rows, through numpy), the matcher walked only up to a position it must fill."""
+    host = bitmask.numpy()
+    words = host.shape[1]
+    eos = ctx.eos_ids
+    run = len(seen) - 1
+    with Lookahead(st) as walk:
+        for j, mask in enumerate(seen):
+            if isinstance(mask, int):
+                host[base + j] = 0
+                host[base + j, mask >> 5] = bit_value(mask & 31)
+                continue
+            if mask is not None and mask.shape[0] == words:
+                host[base + j] = mask
+                continue
+            while walk.advanced < j and walk.advance(drafts[walk.advanced]):
+                pass
+            if walk.advanced < j:  # not the proposer's own run after all: refuse the rest
+                for i in range(j, run + 1):
+                    eos_only_row(bitmask[base + i], eos)
+                return walk.advanced
+            walk.fill(bitmask, base + j)
+            empty = not host[base + j].any()
+            if empty:
+                eos_only_row(bitmask[base + j], eos)
+                if j == 0 and st.error is None:
+                    st.error = InvalidGuideError(
+                        "the constraint allows no token here, not even EOS (its language is empty at this point)")
+            if empty or st.error is not None:
+                for i in range(j + 1, run + 1):
+                    eos_only_row(bitmask[base + i], eos)
+                return j
+    return run
 
 
 def accept_tokens_spec(

@@ -6,7 +6,7 @@ next run starts after it. That run depends only on tokens the grammar fixes, so 
 while the forward that verifies the drafts runs (``start``, right after the proposal), on a worker
 thread, with the matcher walked tentatively and rolled back under the manager's step lock. After
 acceptance the proposer takes the guesses (``take``) and uses a row's guess only when the row
-accepted exactly the drafts and that bonus since the guess (``GuidedDecodingManager.guess_holds``);
+accepted exactly the drafts and that bonus since the guess (``GuidedDecodingManager.guessed_run``);
 any other row (a draft rejected, another bonus, a run shorter than ``k``: the bonus was the model's
 choice) is proposed inline as before. The guess is the very run ``forced_tokens`` gives from that
 state, so outputs do not change. ``TOKENRAILS_DRAFTS_AHEAD=0`` proposes inline only.

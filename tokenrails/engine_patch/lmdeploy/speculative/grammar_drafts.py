@@ -146,12 +146,12 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
                 continue
             key = (row.session_id, row.seq_id)
             guess = guesses.get(key)
-            if guess is not None and core.guess_holds(row, guess[0], guess[1]):
-                run = guess[2]
+            run = core.guessed_run(row, guess) if guess is not None else None
+            if run is not None:
                 if report is not None:
                     report.guessed += 1
-            else:
-                run = core.forced_tokens(row, num_drafts, encode=encode, bitmask=buf)  # under the step lock
+            else:  # under the step lock; the verification reuses the masks the run saw
+                run = core.forced_tokens(row, num_drafts, encode=encode, bitmask=buf, propose=True)
                 if report is not None:
                     report.inline += 1
                     report.missed += guess is not None
