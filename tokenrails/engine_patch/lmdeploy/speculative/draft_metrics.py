@@ -240,6 +240,9 @@ def patched_rejection_sampling(original: Callable) -> Callable:
 
 
 def install(p: Any) -> None:
+    """Installed after ``adaptive_drafts`` (whose ``_rejection_sampling`` runs LMDeploy's on a padded
+    copy of the inputs): this wrapper is the outer one, so ``defer`` marks the step's own inputs,
+    the object its stopping check receives."""
     from lmdeploy.pytorch.spec_decode import spec_agent
 
     from .._patching import require_params
