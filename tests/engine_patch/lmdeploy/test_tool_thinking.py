@@ -263,3 +263,47 @@ def test_required_means_calls_not_prose_first(choice, cpu_lmdeploy, upgraded, mo
     assert calls, f"no call: {tok.decode(ids)!r}"
     assert not tok.decode(ids[:-1]).startswith("Sure"), tok.decode(ids)
     assert not (content or "").strip(), content
+
+
+NAMED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+
+
+def test_no_step_walks_the_vocabulary_for_the_thinking_gate(cpu_lmdeploy, upgraded, monkeypatch):
+    """The thinking gate's row tables (the start marker's, the thinking row, the whitespace gap's:
+    each a walk over the vocabulary, 8-20 ms of CPU on qwen3's 151k tokens, many times that on a
+    loaded machine) are built when the engine's manager is, on a thread of their own: a named
+    call the model thinks before is served with no walk inside a step."""
+    import threading
+    from collections import OrderedDict
+
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
+
+    monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
+    tok, vocab, _ = _tokenizer("qwen3")
+    monkeypatch.setitem(vocab.backend_cache, "reasoning:trackers", OrderedDict())  # built here, not earlier
+    step_thread, walks = threading.current_thread(), []
+
+    class Walked(tuple):
+        def __iter__(self):
+            if threading.current_thread() is step_thread:
+                walks.append(1)
+            return super().__iter__()
+
+    monkeypatch.setattr(vocab, "token_bytes", Walked(vocab.token_bytes))
+    parser_cls, req, parser = _parser("qwen3", tok, CHOICES["named"])
+    fmt = parser.request.response_format
+    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab, limits=harness.unhurried_limits())
+    warming = getattr(mgr, "warming", None)
+    if warming is not None:
+        warming.join()
+    mgr.core().get_compiled(parse_format(fmt)[0])  # the grammar's compile is not what is counted
+    walks.clear()
+    seq = harness.FakeSeq(next(_SESSIONS), harness.gen_config(fmt, max_new_tokens=256), prompt_ids=_open_prompt(tok))
+    eos = list(vocab.eos_ids)[0]
+    wanted = tok.encode("<think>" + THINKING + "</think>\n\n" + NAMED_CALL, add_special_tokens=False) + [eos]
+    harness.offer(harness.strategy(), mgr, seq, wanted, vocab.vocab_size)
+    assert seq.generated == wanted, tok.decode(seq.generated)
+    _, calls, reasoning = _checked_calls(parser_cls, req, tok, seq.generated)
+    assert [c.function.name for c in calls] == ["get_weather"] and THINKING in reasoning
+    assert not walks, f"{len(walks)} vocabulary walks inside decoding steps"
