@@ -282,12 +282,11 @@ def test_no_step_walks_the_vocabulary_for_the_thinking_gate(cpu_lmdeploy, upgrad
     monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
     tok, vocab, _ = _tokenizer("qwen3")
     monkeypatch.setitem(vocab.backend_cache, "reasoning:trackers", OrderedDict())  # built here, not earlier
-    step_thread, walks = threading.current_thread(), []
+    walks: list[str] = []
 
     class Walked(tuple):
         def __iter__(self):
-            if threading.current_thread() is step_thread:
-                walks.append(1)
+            walks.append(threading.current_thread().name)
             return super().__iter__()
 
     monkeypatch.setattr(vocab, "token_bytes", Walked(vocab.token_bytes))
@@ -298,7 +297,7 @@ def test_no_step_walks_the_vocabulary_for_the_thinking_gate(cpu_lmdeploy, upgrad
     if warming is not None:
         warming.join()
     mgr.core().get_compiled(parse_format(fmt)[0])  # the grammar's compile is not what is counted
-    walks.clear()
+    walks.clear()  # from here on, every walk is a decoding step's (on its thread or a worker's)
     seq = harness.FakeSeq(next(_SESSIONS), harness.gen_config(fmt, max_new_tokens=256), prompt_ids=_open_prompt(tok))
     eos = list(vocab.eos_ids)[0]
     wanted = tok.encode("<think>" + THINKING + "</think>\n\n" + NAMED_CALL, add_special_tokens=False) + [eos]
@@ -306,7 +305,7 @@ def test_no_step_walks_the_vocabulary_for_the_thinking_gate(cpu_lmdeploy, upgrad
     assert seq.generated == wanted, tok.decode(seq.generated)
     _, calls, reasoning = _checked_calls(parser_cls, req, tok, seq.generated)
     assert [c.function.name for c in calls] == ["get_weather"] and THINKING in reasoning
-    assert not walks, f"{len(walks)} vocabulary walks inside decoding steps"
+    assert not walks, f"{len(walks)} vocabulary walks inside decoding steps (threads {walks})"
 
 
 def test_the_first_tool_call_compile_builds_no_tokenizer_info(cpu_lmdeploy, upgraded, monkeypatch):
@@ -319,7 +318,7 @@ def test_the_first_tool_call_compile_builds_no_tokenizer_info(cpu_lmdeploy, upgr
     from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
     from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
 
-    monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
+    monkeypatch.setenv("TOKENRAILS_REASONING", "off")  # only xgrammar's tables are built here
     tok, vocab, _ = _tokenizer("qwen3")
     fresh = vocab.reread(vocab.token_bytes, special_ids=vocab.special_ids)  # no tables built by other tests
     mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=fresh, limits=harness.unhurried_limits())
