@@ -1,12 +1,15 @@
 """Per-step fill deadline and empty rows in every fill path (issue 16).
 
-A backend whose mask takes longer than ``GuideLimits.max_fill_seconds`` fails that row alone with
-``GuideTimeoutError`` (EOS only from then on, the fill is never repeated); a mask that allows
-nothing ends its row instead of leaving an all -inf row, in the speculative path too. The slow and
-empty matchers are test doubles around a real xgrammar matcher, registered as a backend.
+A backend whose mask costs more than ``GuideLimits.max_fill_seconds`` of CPU fails that row alone
+with ``GuideTimeoutError`` (EOS only from then on, the fill is never repeated); a fill whose wall
+time a busy machine stretched (its thread off the CPU, a wait for the row's compile) is served. A
+mask that allows nothing ends its row instead of leaving an all -inf row, in the speculative path
+too. The slow, stalled and empty matchers are test doubles around a real xgrammar matcher,
+registered as a backend.
 """
 from __future__ import annotations
 
+import re
 import time
 
 import torch
@@ -15,23 +18,33 @@ from tokenrails import GuideLimits, GuideSpec, GuidedDecodingManager
 from tokenrails.guided.backend import CompiledGuide, GuideBackend, Matcher
 from tokenrails.guided.errors import GuideTimeoutError
 from tokenrails.guided.manager import GuidedRow, StepStatus
+from tokenrails.guided.reasoning import ReasoningConfig
 from tokenrails.guided.registry import compile_guide, register_backend, unregister_backend
 
-SLOW_PATTERN = "slow[a-z]*"
+SLOW_PATTERN = "slow[a-z]*"  # a hostile grammar: each fill burns 0.4 s of CPU
+STALLED_PATTERN = "wait[a-z]*"  # each fill's thread is off the CPU for 0.4 s (a loaded machine)
+LATE_PATTERN = "late[a-z]*"  # its compile takes 0.4 s of wall time (a loaded machine)
 EMPTY_AFTER = "dead"  # the double's mask is empty once this text was accepted
+
+
+def _burn(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU time (what an expensive native mask does)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
 
 
 class _Wrapped(Matcher):
     """A real xgrammar matcher; slow to fill for SLOW_PATTERN, empty after EMPTY_AFTER."""
 
-    def __init__(self, inner: Matcher, vocab, slow: float, fills: list):
-        self.inner, self.vocab, self.slow, self.fills = inner, vocab, slow, fills
+    def __init__(self, inner: Matcher, vocab, slow: float, fills: list, stall: float = 0.0):
+        self.inner, self.vocab, self.slow, self.fills, self.stall = inner, vocab, slow, fills, stall
         self.text = b""
 
     def fill_next_token_bitmask(self, bitmask, index=0):
         self.fills.append(self)
-        if self.slow:
-            time.sleep(self.slow)
+        _burn(self.slow)
+        time.sleep(self.stall)
         if EMPTY_AFTER.encode() in self.text:
             bitmask[index].zero_()
             return True
@@ -65,7 +78,8 @@ class _Guide(CompiledGuide):
         self.inner, self.slow, self.fills = inner, slow, fills
 
     def matcher(self):
-        return _Wrapped(self.inner.matcher(), self.vocab, self.slow, self.fills)
+        return _Wrapped(self.inner.matcher(), self.vocab, self.slow, self.fills,
+                        stall=0.4 if self.spec.pattern == STALLED_PATTERN else 0.0)
 
 
 class _Backend(GuideBackend):
@@ -74,8 +88,10 @@ class _Backend(GuideBackend):
     fills: list = []
 
     def compile(self, spec):
+        if spec.pattern == LATE_PATTERN:
+            time.sleep(0.4)
         inner = compile_guide(spec, self.vocab, backend="xgrammar")
-        return _Guide(spec, self.vocab, inner, 0.6 if spec.pattern == SLOW_PATTERN else 0.0, self.fills)
+        return _Guide(spec, self.vocab, inner, 0.4 if spec.pattern == SLOW_PATTERN else 0.0, self.fills)
 
 
 def _manager(vocab, **limits):
@@ -88,7 +104,7 @@ def _allowed(logits_row):
 
 
 def test_a_row_past_the_fill_deadline_ends_alone(vocab):
-    mgr = _manager(vocab, max_fill_seconds=0.3)
+    mgr = _manager(vocab, max_fill_seconds=0.2)
     try:
         rows = [GuidedRow("slow", 0, GuideSpec.regex(SLOW_PATTERN)),
                 GuidedRow("fast", 0, GuideSpec.regex("[a-z]+")), None]
@@ -107,6 +123,55 @@ def test_a_row_past_the_fill_deadline_ends_alone(vocab):
         statuses = mgr.fill_and_apply(logits, rows)
         assert all(not m.slow for m in _Backend.fills)
         assert _allowed(logits[0]) == list(vocab.eos_ids) and statuses[1].state is StepStatus.OK
+    finally:
+        mgr.close()
+        unregister_backend("wrapped-test")
+
+
+def _decode(mgr, rows, vocab, tokens):
+    """``tokens`` then EOS on every row through fill_and_apply / accept_tokens, each allowed by
+    its mask; returns the last statuses."""
+    eos = list(vocab.eos_ids)[0]
+    for tok in list(tokens) + [eos]:
+        logits = torch.zeros((len(rows), vocab.vocab_size))
+        for st in mgr.fill_and_apply(logits, rows):
+            assert st.state is StepStatus.OK, st.error
+        assert not torch.isinf(logits[:, tok]).any(), f"token {tok} masked"
+        statuses = mgr.accept_tokens([tok] * len(rows), rows)
+    return statuses
+
+
+def test_a_fill_a_busy_machine_stretched_is_served(vocab, smollm2_tokenizer):
+    """Each fill's thread is off the CPU for 0.4 s (other processes' turns, the GIL), its grammar
+    costs microseconds: the row is served to the end under a 0.2 s limit, alone and filled in a
+    group with another row."""
+    mgr = _manager(vocab, max_fill_seconds=0.2)
+    try:
+        text = "wait"
+        ids = smollm2_tokenizer.encode(text, add_special_tokens=False)
+        for rows in ([GuidedRow("busy", 0, GuideSpec.regex(STALLED_PATTERN))],
+                     [GuidedRow("busy", 1, GuideSpec.regex(STALLED_PATTERN)),
+                      GuidedRow("fast", 1, GuideSpec.regex("[a-z]+"))]):
+            statuses = _decode(mgr, rows, vocab, ids)
+            assert all(st.state is StepStatus.TERMINATED for st in statuses), statuses
+        assert re.fullmatch(STALLED_PATTERN, text)
+    finally:
+        mgr.close()
+        unregister_backend("wrapped-test")
+
+
+def test_a_thinking_rows_first_fill_waits_for_its_compile_unbilled(vocab, smollm2_tokenizer):
+    """A think-first row the model may open or answer directly needs its grammar's row in its
+    first step: that fill waits for the compile (0.4 s here, seconds on a loaded machine), which
+    has its own deadline and is not the fill's cost. The row is served, thinking then answering."""
+    mgr = _manager(vocab, max_fill_seconds=0.2)
+    try:
+        cfg = ReasoningConfig.from_markers("</think>", "<think>", optional=True)
+        row = GuidedRow("think", 0, GuideSpec.regex(LATE_PATTERN), reasoning=cfg)
+        text = "<think>hm</think>late"
+        (st,) = _decode(mgr, [row], vocab, smollm2_tokenizer.encode(text, add_special_tokens=False))
+        assert st.state is StepStatus.TERMINATED, st.error
+        assert re.fullmatch(LATE_PATTERN, text.split("</think>", 1)[1])
     finally:
         mgr.close()
         unregister_backend("wrapped-test")

@@ -172,3 +172,48 @@ def test_length_bounded_strings_never_reach_xgrammar_which_admits_raw_control_ch
     m = compile_guide(GuideSpec.json_schema(schema), vocab).matcher()  # auto routes elsewhere
     assert m.accept_token(vocab.token_bytes.index(b'"'))
     assert not m.accept_token(vocab.token_bytes.index(b"\x1e"))
+
+
+# A listed property beside a patternProperties pattern is decided on a small DFA, under a time
+# bound; a pattern whose DFA has a few hundred states (the build reads the clock between them).
+MEMBER_SCHEMA = {"type": "object", "properties": {"name": {"type": "boolean"}},
+                 "patternProperties": {"^(ab|cd){1,100}$": {"type": "integer"}},
+                 "required": ["name"], "additionalProperties": False}
+
+
+def _stalled_once(monkeypatch):
+    """The automaton clock as the first analysis sees it when its thread is put off the CPU for a
+    second right after it started (a loaded machine); later builds see a steady clock."""
+    import types
+
+    from tokenrails.guided.fsm import deadline
+
+    real, reads = deadline.time.perf_counter, []
+
+    def perf_counter():
+        reads.append(1)
+        return real() + (1.0 if len(reads) > 1 else 0.0)
+
+    monkeypatch.setattr(deadline, "time", types.SimpleNamespace(perf_counter=perf_counter))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_stalled_schema_analysis_does_not_refuse_what_xgrammar_serves(vocab, monkeypatch, seed):
+    """The analysis' bound is its own CPU time: a stall of the machine does not turn "this name
+    matches no pattern" into "may match" (which refuses the schema on xgrammar)."""
+    _stalled_once(monkeypatch)
+    guide = compile_guide(GuideSpec.json_schema(MEMBER_SCHEMA), vocab, backend="xgrammar")
+    ids, ended = adversarial_decode(guide.matcher(), vocab, seed=seed)
+    assert ended
+    jsonschema.validate(json.loads(decode_text(vocab, ids)), MEMBER_SCHEMA)
+
+
+def test_an_expensive_member_pattern_is_still_undecided(vocab, monkeypatch):
+    """A pattern whose analysis is expensive itself stays "may match": xgrammar refuses the
+    schema (``auto`` serves it elsewhere), stalled machine or not."""
+    alts = "|".join(f"[a-{chr(ord('a') + i)}]" for i in range(25))
+    schema = {"type": "object", "properties": {"name": {"type": "string"}},
+              "patternProperties": {f"(?:{alts}|[0-9]{{1,8}}){{1,25}}": {"type": "integer"}}}
+    _stalled_once(monkeypatch)
+    with pytest.raises(UnsupportedGuideError, match="patternProperties"):
+        compile_guide(GuideSpec.json_schema(schema), vocab, backend="xgrammar")

@@ -183,9 +183,11 @@ def _single_id(vocab: Vocabulary, text: str | None, *, special_only: bool = Fals
     """
     if not text:
         return None
-    table = vocab.cached("tokenrails:reasoning-token-index", lambda: _token_index(vocab))
+    first, more = vocab.cached("tokenrails:reasoning-token-index", lambda: _token_index(vocab))
     data = text.encode("utf-8")
-    special, plain = table.get(data, ((), ()))
+    ids = more.get(data) or ([first[data]] if data in first else [])
+    special = [t for t in ids if t in vocab.special_ids]
+    plain = [t for t in ids if t not in vocab.special_ids]
     if len(special) == 1:
         return special[0]
     if special_only or special or len(plain) != 1:
@@ -193,16 +195,21 @@ def _single_id(vocab: Vocabulary, text: str | None, *, special_only: bool = Fals
     return plain[0]
 
 
-def _token_index(vocab: Vocabulary) -> dict[bytes, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """bytes → (special ids, plain ids) spelling them, EOS and empty tokens excluded."""
-    out: dict[bytes, tuple[list[int], list[int]]] = {}
+def _token_index(vocab: Vocabulary) -> tuple[dict[bytes, int], dict[bytes, list[int]]]:
+    """(bytes → the first id spelling them, bytes → every id for the few bytes several ids
+    spell), EOS and empty tokens excluded. Built on a request's path over every token, so
+    nothing is allocated per token."""
     eos = set(vocab.eos_ids)
+    first: dict[bytes, int] = {}
+    more: dict[bytes, list[int]] = {}
     for t, data in enumerate(vocab.token_bytes):
         if not data or t in eos:
             continue
-        special, plain = out.setdefault(data, ([], []))
-        (special if t in vocab.special_ids else plain).append(t)
-    return {k: (tuple(s), tuple(p)) for k, (s, p) in out.items()}
+        if data in first:
+            more.setdefault(data, [first[data]]).append(t)
+        else:
+            first[data] = t
+    return first, more
 
 
 def prompt_for_reading(prompt_ids: Any, config: ReasoningConfig) -> list[int]:

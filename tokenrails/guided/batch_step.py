@@ -135,7 +135,7 @@ class BatchedGuidedStep:
             owners.append(st)
         limit = self.ctx.max_fill_seconds
         for cls, (matchers, rows, owners) in groups.items():
-            t0 = time.perf_counter()
+            t0, cpu0, own0 = time.perf_counter(), time.process_time(), time.thread_time()
             if len(matchers) == 1:
                 matchers[0].fill_next_token_bitmask(bitmask, rows[0])
             else:
@@ -145,20 +145,25 @@ class BatchedGuidedStep:
             share = elapsed / len(matchers)
             for st in owners:
                 st.guided_time_s += share
-            if elapsed > limit:
-                self._end_slow_rows(matchers, rows, owners, bitmask, elapsed, limit)
+            # What the limit bounds is one row's own CPU time (RowContext). A lone row fills on
+            # this thread; a group may fill on native threads, and no row's own CPU time exceeds
+            # the group's wall time nor the process' CPU time over it, so the smaller one is the
+            # cheap screen, and rows are timed alone only when it is passed.
+            cost = time.thread_time() - own0 if len(matchers) == 1 else min(elapsed, time.process_time() - cpu0)
+            if cost > limit:
+                self._end_slow_rows(matchers, rows, owners, bitmask, cost, limit)
 
     @staticmethod
-    def _end_slow_rows(matchers, rows, owners, bitmask: torch.Tensor, elapsed: float, limit: float) -> None:
-        """A group's fill ran past ``max_fill_seconds``: find the rows that did it (a native fill
-        cannot be interrupted, so this is after the fact) and end them; the rest go on. A lone
-        row is its own measurement; in a group each row is timed again alone (this happens only
-        when the limit was already passed)."""
+    def _end_slow_rows(matchers, rows, owners, bitmask: torch.Tensor, cost: float, limit: float) -> None:
+        """A group's fill cost more than ``max_fill_seconds``: find the rows that did it (a native
+        fill cannot be interrupted, so this is after the fact) and end them; the rest go on. A
+        lone row is its own measurement; in a group each row is filled again alone on this
+        thread and its own CPU time read (this happens only when the screen was passed)."""
         for m, r, st in zip(matchers, rows, owners):
-            took = elapsed
+            took = cost
             if len(matchers) > 1:
-                t0 = time.perf_counter()
+                t0 = time.thread_time()
                 m.fill_next_token_bitmask(bitmask, r)
-                took = time.perf_counter() - t0
+                took = time.thread_time() - t0
             if took > limit:
                 st.end_slow(took, bitmask[r])

@@ -46,8 +46,10 @@ class GuideLimits:
     max_grammar_literal_bytes: int = 32 << 10  # all quoted literals of one grammar together
                                            # (15 x 16 KB literals: a 47 s compile on a 257-token vocabulary)
     compile_timeout_s: float = 30.0        # wall time for one compile
-    max_fill_seconds: float = 2.0          # one row's mask in one step (typical: microseconds); a
-                                           # row past it ends with GuideTimeoutError, the batch goes on
+    max_fill_seconds: float = 2.0          # CPU time of one row's mask in one step (typical:
+                                           # microseconds), the filling thread's own: a loaded
+                                           # machine stretches wall time, not this; a row past it
+                                           # ends with GuideTimeoutError, the batch goes on
     max_lowered_regex_bytes: int = 8 << 20  # fsm: the regex outlines-core lowers a schema to
     lowering_memory_bytes: int = 1 << 30   # fsm: address space of the worker that lowers large schemas
     max_abandoned_compiles: int = 16       # compiles past their deadline still running; new compiles

@@ -41,7 +41,7 @@ from .jump_forward import JumpForward, compute_jump_forward, text_encoder
 from .limits import DEFAULT_LIMITS, GuideLimits
 from .policy import DEFAULT_POLICY, GuidePolicy, check_policy
 from .reasoning import ReasoningConfig
-from .registry import check_guide, compile_guide
+from .registry import check_guide, compile_guide, get_backend
 from .sequence import (
     Finalization, GrammarFuture, GuidedRow, Lookahead, RowContext, RowStatus, SequenceState, StepStatus, count_valid,
 )
@@ -172,6 +172,20 @@ class GuidedDecodingManager:
         )
 
     # ---- compilation ---------------------------------------------------------------------
+    def warm(self) -> None:
+        """Build xgrammar's per-vocabulary tables (its tokenizer info, the marker views') now, as
+        stock LMDeploy builds its tokenizer info when it starts, instead of in the first compile
+        that needs them, which a structured request would wait for (0.2 s of CPU on a 151k
+        vocabulary, seconds on a loaded machine). Other backends build theirs on first use
+        (llguidance's: 0.9 s of CPU and 81 MB there, only for the requests routed to it)."""
+        if self.backend not in ("auto", "xgrammar"):
+            return
+        try:
+            backend = get_backend("xgrammar", self.vocab, self.limits)
+        except GuideError:
+            return  # not installed
+        backend.warm()
+
     def prefetch(self, spec: GuideSpec | None) -> None:
         """Start compiling ``spec`` in the background (no-op when cached or already running)."""
         if spec is not None:

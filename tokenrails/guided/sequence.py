@@ -98,7 +98,12 @@ class Finalization:
 
 class RowContext:
     """What every row of one manager shares: the EOS ids, the per-step fill limit, and the
-    manager's counters (``rejections`` is counted here)."""
+    manager's counters (``rejections`` is counted here).
+
+    ``max_fill_seconds`` bounds a fill's own CPU time (``time.thread_time`` of the filling
+    thread), not its wall time: the limit is there to stop a grammar whose masks are expensive,
+    and on a loaded machine the wall clock also counts other processes' turns, the GIL, and a
+    wait for the row's compile (which has its own deadline), none of which the grammar costs."""
 
     __slots__ = ("eos_ids", "eos", "max_fill_seconds", "counters")
 
@@ -277,7 +282,7 @@ class SequenceState:
         assert ctx is not None
         matcher = self.resolve() if self.error is None else None
         if matcher is not None:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             try:
                 matcher.fill_next_token_bitmask(bitmask, j)
                 if self.budget is not None:
@@ -290,20 +295,20 @@ class SequenceState:
             except GuideError as exc:
                 self.error = exc
             else:
-                took = time.perf_counter() - t0
-                self.guided_time_s += took
+                self.guided_time_s += time.perf_counter() - t0
+                took = time.thread_time() - cpu0  # the fill's own work (see RowContext)
                 if took > ctx.max_fill_seconds:
                     self.end_slow(took, bitmask[j])
                 return
         eos_only_row(bitmask[j], ctx.eos_ids)
 
     def end_slow(self, took: float, row: torch.Tensor) -> None:
-        """This row's fill took ``took`` s, past ``max_fill_seconds``: it ends with
+        """This row's fill cost ``took`` s of CPU, past ``max_fill_seconds``: it ends with
         ``GuideTimeoutError``, EOS only, so it never stalls a step again."""
         ctx = self.ctx
         assert ctx is not None
         self.error = GuideTimeoutError(
-            f"one step's mask took {took:.2f} s (limit max_fill_seconds={ctx.max_fill_seconds}): the row ends",
+            f"one step's mask took {took:.2f} s of CPU (limit max_fill_seconds={ctx.max_fill_seconds}): the row ends",
             limit="max_fill_seconds", value=round(took, 3))
         eos_only_row(row, ctx.eos_ids)
 

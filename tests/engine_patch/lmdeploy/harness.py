@@ -100,13 +100,13 @@ def make_manager(tokenizer: Any, vocab_size: int):
 
 
 def unhurried_limits():
-    """The default limits without their wall-clock bounds (one row's fill, one compile), for
-    tests of what a mask allows: a loaded machine (CI, load 17-40 on 2 cores) stretched the first
-    fill of a tool-call format with thinking to 6-8 s, past ``max_fill_seconds`` (2 s), which ends
-    the row by design and failed such a test for a reason it does not check."""
+    """The default limits without the compile's wall-clock deadline, for tests of what a mask
+    allows: on a loaded machine (CI, load 17-40 on 2 cores) a first compile on a large vocabulary
+    can take many seconds, which fails the row by design for a reason such a test does not check.
+    (``max_fill_seconds`` bounds a fill's CPU time, which load does not stretch.)"""
     from tokenrails.guided.limits import GuideLimits
 
-    return GuideLimits(max_fill_seconds=600.0, compile_timeout_s=600.0)
+    return GuideLimits(compile_timeout_s=600.0)
 
 
 def strategy(pad_token_id: int = 0):

@@ -263,3 +263,97 @@ def test_required_means_calls_not_prose_first(choice, cpu_lmdeploy, upgraded, mo
     assert calls, f"no call: {tok.decode(ids)!r}"
     assert not tok.decode(ids[:-1]).startswith("Sure"), tok.decode(ids)
     assert not (content or "").strip(), content
+
+
+NAMED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+
+
+def test_no_step_walks_the_vocabulary_for_the_thinking_gate(cpu_lmdeploy, upgraded, monkeypatch):
+    """The thinking gate's row tables (the start marker's, the thinking row, the whitespace gap's:
+    each a walk over the vocabulary, 8-20 ms of CPU on qwen3's 151k tokens, many times that on a
+    loaded machine) are built when the engine's manager is, on a thread of their own: a named
+    call the model thinks before is served with no walk inside a step."""
+    import threading
+    from collections import OrderedDict
+
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
+
+    monkeypatch.delenv("TOKENRAILS_REASONING", raising=False)
+    tok, vocab, _ = _tokenizer("qwen3")
+    monkeypatch.setitem(vocab.backend_cache, "reasoning:trackers", OrderedDict())  # built here, not earlier
+    walks: list[str] = []
+
+    class Walked(tuple):
+        def __iter__(self):
+            walks.append(threading.current_thread().name)
+            return super().__iter__()
+
+    monkeypatch.setattr(vocab, "token_bytes", Walked(vocab.token_bytes))
+    parser_cls, req, parser = _parser("qwen3", tok, CHOICES["named"])
+    fmt = parser.request.response_format
+    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=vocab, limits=harness.unhurried_limits())
+    warming = getattr(mgr, "warming", None)
+    if warming is not None:
+        warming.join()
+    mgr.core().get_compiled(parse_format(fmt)[0])  # the grammar's compile is not what is counted
+    walks.clear()  # from here on, every walk is a decoding step's (on its thread or a worker's)
+    seq = harness.FakeSeq(next(_SESSIONS), harness.gen_config(fmt, max_new_tokens=256), prompt_ids=_open_prompt(tok))
+    eos = list(vocab.eos_ids)[0]
+    wanted = tok.encode("<think>" + THINKING + "</think>\n\n" + NAMED_CALL, add_special_tokens=False) + [eos]
+    harness.offer(harness.strategy(), mgr, seq, wanted, vocab.vocab_size)
+    assert seq.generated == wanted, tok.decode(seq.generated)
+    _, calls, reasoning = _checked_calls(parser_cls, req, tok, seq.generated)
+    assert [c.function.name for c in calls] == ["get_weather"] and THINKING in reasoning
+    assert not walks, f"{len(walks)} vocabulary walks inside decoding steps (threads {walks})"
+
+
+def test_the_first_tool_call_compile_builds_no_tokenizer_info(cpu_lmdeploy, upgraded, monkeypatch):
+    """xgrammar's per-vocabulary tables (a tokenizer info per view of the vocabulary, 0.07-0.15 s
+    of CPU each on qwen3's 151k tokens) are built when the engine's manager is, as stock LMDeploy
+    builds its tokenizer info when it starts: the first tool call's compile, which its request
+    waits for, builds none, and its guide takes a valid call."""
+    import xgrammar as xgr
+
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
+
+    monkeypatch.setenv("TOKENRAILS_REASONING", "off")  # only xgrammar's tables are built here
+    tok, vocab, _ = _tokenizer("qwen3")
+    fresh = vocab.reread(vocab.token_bytes, special_ids=vocab.special_ids)  # no tables built by other tests
+    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=fresh, limits=harness.unhurried_limits())
+    warming = getattr(mgr, "warming", None)
+    if warming is not None:
+        warming.join()
+    built, init = [], xgr.TokenizerInfo.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(xgr.TokenizerInfo, "__init__", counted)
+    fmt = _parser("qwen3", tok, CHOICES["named"])[2].request.response_format
+    guide = mgr.core().get_compiled(parse_format(fmt)[0])
+    assert not built, f"the first compile built {len(built)} xgrammar tokenizer infos"
+    matcher = guide.matcher()
+    assert all(matcher.accept_token(t) for t in tok.encode(NAMED_CALL, add_special_tokens=False))
+    assert matcher.is_accepting()
+
+
+def test_resolving_the_markers_is_cheap_on_a_large_vocabulary(cpu_lmdeploy, upgraded, monkeypatch):
+    """The markers' token index (built once per vocabulary, on the first request's path when no
+    manager built it ahead) costs little CPU on qwen3's 151k tokens: at most 0.3 s of
+    this thread's CPU (load does not stretch it). The markers found are the tokenizer's own."""
+    import time
+
+    from tokenrails.engine_patch.reasoning_settings import parse_setting, resolve
+
+    tok, vocab, _ = _tokenizer("qwen3")
+    fresh = vocab.reread(vocab.token_bytes, special_ids=vocab.special_ids)
+    began = time.thread_time()
+    cfg = resolve(parse_setting("auto"), fresh)
+    spent = time.thread_time() - began
+    assert cfg.start_ids == (tok.convert_tokens_to_ids("<think>"),)
+    assert cfg.end_ids == (tok.convert_tokens_to_ids("</think>"),)
+    assert resolve(parse_setting("<think>,</think>,optional"), fresh).end_ids == cfg.end_ids
+    assert spent < 0.3, f"{spent:.2f} s of CPU to find two markers"

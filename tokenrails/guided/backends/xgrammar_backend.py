@@ -251,6 +251,14 @@ class XGrammarBackend(GuideBackend):
         guide.marker_dispatch = dispatch
         return guide
 
+    def warm(self) -> None:
+        """The marker views' compilers, built now when the vocabulary has marker tokens (each a
+        tokenizer info over the whole vocabulary: tool-call formats compile on them)."""
+        markers = markers_mod.marker_set(self.vocab)
+        if markers.finder is not None:
+            for dispatch in (False, True):
+                self._marker_compiler(markers, dispatch)
+
     def _marker_info(self, markers: markers_mod.MarkerSet, dispatch: bool) -> xgr.TokenizerInfo:
         def build() -> xgr.TokenizerInfo:
             return xgr.TokenizerInfo(

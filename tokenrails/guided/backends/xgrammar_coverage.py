@@ -9,9 +9,10 @@ backend must never pretend to enforce what it drops.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from ..errors import GuideError, UnsupportedGuideError
+from ..errors import GuideError, GuideTimeoutError, UnsupportedGuideError
 from ..fsm.compiler import compile_regex
 from ..fsm.json_string_safety import unsafe_in_json_string
 from ..fsm.regex_ast import Alt, CharSet, Concat, Empty, Repeat
@@ -326,8 +327,14 @@ def _overlapping_member_schemas(sub: dict) -> bool:
 # A client's pattern never runs on a backtracking engine here (``^(a+)+$`` against "aaa…a!" held
 # the GIL for 0.85 s at 24 characters, doubling per character): it is decided on our own DFA,
 # built under small bounds. Anything the bounds or the parser refuse counts as "may find".
+# The time bound is the analysis' own CPU time: the DFA build's deadline is a wall clock, so a
+# build it stopped after less than half that much CPU (its thread was mostly waiting for the
+# machine) is tried again, a few times at most, instead of letting the load decide. A pattern
+# that is expensive itself is undecided after one try on a quiet machine (~50 ms).
 _ANALYSIS_LIMITS = GuideLimits(max_dfa_states=2_000, max_repeat=200, max_regex_length=1_000,
                                compile_timeout_s=0.05)
+_ANALYSIS_CPU_S = 0.05
+_ANALYSIS_TRIES = 4
 
 
 def _pattern_may_find(pattern: Any, name: str) -> bool:
@@ -339,10 +346,18 @@ def _pattern_may_find(pattern: Any, name: str) -> bool:
     end = pattern.endswith("$") and not pattern.endswith("\\$")
     body = pattern[1 if start else 0: len(pattern) - 1 if end else len(pattern)]
     search = ("" if start else "(?s:.*)") + f"(?:{body})" + ("" if end else "(?s:.*)")
-    try:
-        return compile_regex(search, _ANALYSIS_LIMITS).fullmatch(name.encode("utf-8", "surrogatepass"))
-    except (GuideError, RecursionError, ValueError):
-        return True
+    spent = 0.0
+    for _ in range(_ANALYSIS_TRIES):
+        began = time.thread_time()
+        try:
+            return compile_regex(search, _ANALYSIS_LIMITS).fullmatch(name.encode("utf-8", "surrogatepass"))
+        except GuideTimeoutError:
+            spent += time.thread_time() - began
+            if spent >= _ANALYSIS_CPU_S / 2:
+                return True
+        except (GuideError, RecursionError, ValueError):
+            return True
+    return True
 
 
 def _anchored(pattern: str) -> bool:

@@ -29,6 +29,7 @@ from ....guided.sequence import GuidedRow
 from ....guided.errors import GuideError, InvalidGuideError
 from ....guided.limits import GuideLimits
 from ....guided.native_threads import start_native_thread
+from ....guided.reasoning import tracker_for
 from ...reasoning_settings import default_setting, prompt_for_reading, resolve
 from ..boot import settings
 from .lmdeploy_step import LMDeployStep
@@ -86,6 +87,7 @@ class LMDeployGuidedManager(StockCalls):
         self._reasoning_default = default_setting(settings.reasoning_default())  # fixed per manager
         self._reasoning_memo: dict[Any, Any] = {}
         self.step: LMDeployStep | None = None  # the engine step running now (lmdeploy_step.py)
+        self.warming: threading.Thread | None = None  # building per-vocabulary tables (_warm)
         _LIVE.add(self)
         if vocab is not None:
             self._build(vocab)
@@ -106,6 +108,7 @@ class LMDeployGuidedManager(StockCalls):
                 kwargs["fill_threads"] = fill_threads
             self._mgr = GuidedDecodingManager(vocab, **kwargs)
             self.view = self.view._replace(core=self._mgr)
+            self.warming = start_native_thread(self._warm, name="tokenrails-warm")
         except GuideError as exc:
             self._error = exc
         except Exception as exc:  # an unreadable tokenizer fails guided requests, not the engine
@@ -182,6 +185,23 @@ class LMDeployGuidedManager(StockCalls):
             self._mgr.end_session_soon(session_id, prev)
 
     # ---- reasoning -------------------------------------------------------------------------
+    def _warm(self) -> None:
+        """Per-vocabulary tables built on a thread of their own when the manager is, as stock
+        LMDeploy builds its tokenizer info when it starts: xgrammar's (``warm``), so the first
+        compile does not wait for them, and the engine default's thinking-gate tables
+        (``ReasoningTracker.warm``), so no decoding step builds them (requests with their own
+        markers share them when their config is the same)."""
+        try:
+            self._mgr.warm()
+        except Exception as exc:  # noqa: BLE001 - best effort: the first compile builds (and reports) it
+            logger.warning("tokenrails: building xgrammar's tables ahead failed: %r", exc)
+        try:
+            cfg = self.reasoning_config()
+        except GuideError:
+            return  # markers this vocabulary lacks: such requests fail closed, nothing to build
+        if cfg is not None:
+            tracker_for(self._mgr.vocab, cfg).warm()
+
     def reasoning_config(self, setting: Any = None):
         """The ``ReasoningConfig`` (or None) for a request's setting (None: the engine default)."""
         setting = setting or self._reasoning_default
