@@ -12,7 +12,7 @@ CPU_MARK = "_tokenrails_cpu"  # on LMDeploy's patched backend selector: the devi
 
 def enable() -> None:
     """Install the CPU backend selector and CUDA no-op shims in the LMDeploy modules that need them."""
-    global _ENABLED, _ENABLING
+    global _ENABLING
     if _ENABLED:
         return
     with _LOCK:
