@@ -19,6 +19,7 @@ POINTS = [  # (module, owner attribute or "", name)
     ("lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent", "__init__"),
     ("lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent", "_async_step"),
     ("lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent", "_step_postprocess_with_output"),
+    ("lmdeploy.pytorch.engine.model_agent.agent", "BaseModelAgent", "_get_inputs_from_delta"),
     ("lmdeploy.serve.core.async_engine", "AsyncEngine", "preprocess"),
     ("lmdeploy.serve.core.async_engine", "AsyncEngine", "__init__"),
     ("lmdeploy.pytorch.engine.mp_engine.zmq_engine", "ZMQMPEngine", "_mp_proc"),

@@ -167,6 +167,7 @@ def _apply(p: Patcher) -> None:
     ):
         require_attrs(gsh, [name], "GuidedSpecHelper")
         p.set(gsh, name, make(getattr(gsh, name)))
+    spec_patch.install(p)  # rows that stopped get no guided work in the step after
 
     # -- grammar drafts: a model-free proposer in LMDeploy's proposer registry (grammar_drafts.py)
     from .speculative import grammar_drafts
