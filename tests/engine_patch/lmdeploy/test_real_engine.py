@@ -97,3 +97,43 @@ def test_min_new_tokens_past_a_finished_grammar_ends_that_row_and_the_engine_liv
     assert outs[1].finish_reason in ("stop", "length") and outs[1].generate_token_len > 0
     again = pipe(["Hi"], gen_config=[GenerationConfig(max_new_tokens=4, top_k=1)])
     assert again[0].generate_token_len > 0  # the engine is still serving
+
+
+# ---- the step LMDeploy runs after a row stopped (its output dropped) does no guided work for it ---
+def test_no_guided_work_for_a_row_after_it_stopped(pipe, monkeypatch):
+    """LMDeploy sends a step before it reads the previous one's outputs, so a row that ended runs
+    one more step. Per guided request: one mask and one accept per step it really ran (its prefill,
+    then one per token after the first; a row ending at EOS also ran the step that sampled the EOS,
+    which its token_ids leave out)."""
+    import collections
+    import re
+
+    from lmdeploy import GenerationConfig
+
+    from tokenrails.guided.manager import GuidedDecodingManager as M
+
+    work = {"fills": collections.Counter(), "accepts": collections.Counter()}
+
+    def spy(name, fn):
+        def counted(self, first, rows):  # (logits | token ids, rows)
+            work[name].update(r.session_id for r in rows if r is not None)
+            return fn(self, first, rows)
+        return counted
+
+    monkeypatch.setattr(M, "fill_and_apply", spy("fills", M.fill_and_apply))  # 2 CPU rows: never overlapped
+    monkeypatch.setattr(M, "accept_tokens", spy("accepts", M.accept_tokens))
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
+    cut = 5  # the second guided row stops by length inside its JSON
+    outs = pipe(["Give me a person as JSON.", "Another person as JSON."],
+                gen_config=[GenerationConfig(max_new_tokens=40, top_k=1, response_format=fmt),
+                            GenerationConfig(max_new_tokens=cut, top_k=1, response_format=fmt)])
+    pipe(["Hi"], gen_config=GenerationConfig(max_new_tokens=2, top_k=1))  # the late steps ran before it
+    done, cutoff = outs
+    assert done.finish_reason == "stop", done
+    jsonschema.validate(json.loads(done.text), SCHEMA)
+    assert cutoff.finish_reason == "length" and len(cutoff.token_ids) == cut and re.match(r"\s*\{", cutoff.text)
+    sessions = sorted(set(work["fills"]) | set(work["accepts"]))
+    assert len(sessions) == 2, work
+    got = {s: {name: work[name][s] for name in work} for s in sessions}
+    want = {s: {"fills": steps, "accepts": steps} for s, steps in zip(sessions, (len(done.token_ids) + 1, cut))}
+    assert got == want

@@ -133,6 +133,9 @@ def _apply(p: Patcher) -> None:
     require_params(base._async_step, ["inputs", "sampling_inputs"], "BaseModelAgent._async_step")
     p.set(base, "_async_step", step_patch.patched_async_step(base._async_step))
     p.set(base, "_step_postprocess_with_output", step_patch.patched_postprocess(base._step_postprocess_with_output))
+    from .step import stopped_rows  # rows that stopped get no guided work in the step after
+
+    stopped_rows.install(p)
     from .step import tp_ranks  # TP > 1: guided work only on the rank that samples (tp_ranks.py)
 
     bw = _mod("lmdeploy.pytorch.engine.executor.base_worker")
@@ -167,7 +170,6 @@ def _apply(p: Patcher) -> None:
     ):
         require_attrs(gsh, [name], "GuidedSpecHelper")
         p.set(gsh, name, make(getattr(gsh, name)))
-    spec_patch.install(p)  # rows that stopped get no guided work in the step after
 
     # -- grammar drafts: a model-free proposer in LMDeploy's proposer registry (grammar_drafts.py)
     from .speculative import grammar_drafts

@@ -14,8 +14,8 @@ Stock LMDeploy forks every guided matcher twice per step (draft side and target 
   proposes from the accepted state) share one hop: the proposal is left in ``SpecState.planned``.
 * Rows that stopped get no handle: LMDeploy sends a step before it reads the previous one's
   outputs, so a row that ended (EOS, stop word, length) runs one more step, whose output the engine
-  drops. Its stopping criteria say so before that step (``num_appendable_ids <= 0``); the step then
-  proposes, masks and accepts nothing for the row (its matcher's round has ended).
+  drops (``step/stopped_rows.py`` marks such rows); the step then proposes, masks and accepts
+  nothing for the row (its matcher's round has ended).
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from ....guided.bitmask import MaskBuffer
 from ....guided.errors import GuideError
 from ....guided.sequence import GuidedRow
 from ..step.lmdeploy_step import report, rows_of_ctx
+from ..step.stopped_rows import stopped
 
 # guided rows up to which a spec step runs its guided work inline (the plain step's limit): below
 # it a hop to a worker thread and back costs more than the work it carries
@@ -107,7 +108,6 @@ class SpecState:
         self.follow: Callable[[dict, int], Any] | None = None
         self.ctx: Any = None  # the session_ctx of the step the handles were made for
         self.planned: tuple[Any, Any] | None = None  # (ctx, plan) left by ``follow``
-        self.stopped: tuple[Any, frozenset[int]] = (None, frozenset())  # (ctx, rows ended before its step)
 
     def take_planned(self, ctx: Any) -> Any:
         """The proposal made after this step's accept (None when there was none for ``ctx``)."""
@@ -162,7 +162,7 @@ def patched_get_processors(original: Callable) -> Callable:
         st.ctx, st.planned = session_ctx, None
         if session_ctx is None:
             return {}
-        ended = st.stopped[1] if st.stopped[0] is session_ctx else frozenset()
+        ended = stopped(st.owner, session_ctx)
         out = {}
         for i, r in enumerate(rows_of_ctx(session_ctx, len(session_ctx))):
             if i in ended:
@@ -176,34 +176,6 @@ def patched_get_processors(original: Callable) -> Callable:
 
     get_processors.__wrapped__ = original
     return get_processors
-
-
-def patched_inputs_from_delta(original: Callable) -> Callable:
-    """``BaseModelAgent._get_inputs_from_delta`` (a decoding step's inputs): note the rows whose
-    stopping criteria say they ended before this step, for ``get_processors`` to leave out."""
-    def _get_inputs_from_delta(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        st = state_of(getattr(getattr(self, "spec_agent", None), "guided_helper", None))
-        if st is not None:
-            sampling_inputs, left = out[3], getattr(out[2], "num_appendable_ids", None)
-            ended = frozenset(torch.nonzero(left <= 0).reshape(-1).tolist()) if left is not None else frozenset()
-            st.stopped = (getattr(sampling_inputs, "session_ctx", None), ended)
-        return out
-
-    _get_inputs_from_delta.__wrapped__ = original
-    return _get_inputs_from_delta
-
-
-def install(p: Any) -> None:
-    """Leave stopped rows out of a speculative step (``patched_inputs_from_delta``)."""
-    from lmdeploy.pytorch.engine.model_agent import agent
-
-    from .._patching import require_params
-
-    base = agent.BaseModelAgent
-    original = base.__dict__["_get_inputs_from_delta"]
-    require_params(original, ["delta", "sampling_inputs"], "BaseModelAgent._get_inputs_from_delta")
-    p.set(base, "_get_inputs_from_delta", patched_inputs_from_delta(original))
 
 
 def patched_cleanup(original: Callable) -> Callable:

@@ -18,7 +18,8 @@ overlapped fill's future, the per-row errors, and whether the fill ran.
   ``INLINE_MAX_ROWS`` rows on CPU tensors, every constraint compiled, or an overlapped fill
   already done): a compile still running never blocks the event loop. The step lock is the core
   manager's; the loop never waits for it (session ends and round releases are queued).
-* Non-last prefill chunks neither fill nor accept (LMDeploy samples and discards a token there).
+* Non-last prefill chunks neither fill nor accept (LMDeploy samples and discards a token there),
+  nor do rows that stopped before the step (``leave_out``, stopped_rows.py: its output is dropped).
 """
 from __future__ import annotations
 
@@ -124,6 +125,14 @@ class LMDeployStep:
             err = failed.get((r.session_id, r.seq_id)) if isinstance(r, GuidedRow) else None
             if err is not None:
                 self.rows[i] = ctx[i][CTX_KEY] = err
+
+    def leave_out(self, ended: frozenset[int]) -> None:
+        """Rows that stopped before this step (stopped_rows.py): no fill, no accept, no error."""
+        with self._lock:
+            self.rows = [None if i in ended else r for i, r in enumerate(self.rows)]
+            self._prepared = None
+        self.guided = sum(isinstance(r, GuidedRow) for r in self.rows)
+        self.budget = any(isinstance(r, GuidedRow) and r.max_tokens is not None for r in self.rows)
 
     def prepared(self) -> list[Any]:
         """The rows with reasoning resolved (``owner.prepare_rows``; memoized per round by the
@@ -319,7 +328,8 @@ def _mask(step: LMDeployStep, mgr: Any, scores: torch.Tensor) -> None:
     if mgr is not None and step.guided:
         filled = overlap.take(step, run_rows) if step.prefill is not None else None
         statuses = mgr.apply_filled(scores, filled) if filled is not None else mgr.fill_and_apply(scores, run_rows)
-        step.fail({i: st.error for i, st in enumerate(statuses) if st is not None and st.error is not None})
+        step.fail({i: st.error for i, st in enumerate(statuses)
+                   if st is not None and st.error is not None and run_rows[i] is not None})
     step.fail({i: r for i, r in enumerate(rows) if isinstance(r, GuideError)})
     eos_ids = mgr.vocab.eos_ids if mgr is not None else _fallback_eos(step.inputs)
     if mgr is not None and step.guided and _may_empty_rows(step.inputs):

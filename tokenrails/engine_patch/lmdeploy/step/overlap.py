@@ -101,7 +101,8 @@ def take(step: Any, run_rows: list[Any]):
     t0 = time.perf_counter()
     filled, fill_s = future.result()
     waited = time.perf_counter() - t0
-    if keys != row_keys(run_rows):
+    now = row_keys(run_rows)  # rows left out since (stopped before the step) may keep their mask
+    if len(keys) != len(now) or any(n is not None and n != k for k, n in zip(keys, now)):
         STATS.dropped += 1
         return None
     STATS.steps += 1

@@ -87,6 +87,7 @@ class LMDeployGuidedManager(StockCalls):
         self._reasoning_default = default_setting(settings.reasoning_default())  # fixed per manager
         self._reasoning_memo: dict[Any, Any] = {}
         self.step: LMDeployStep | None = None  # the engine step running now (lmdeploy_step.py)
+        self.stopped: tuple[Any, frozenset[int]] = (None, frozenset())  # (session_ctx, rows): stopped_rows.py
         self.warming: threading.Thread | None = None  # building per-vocabulary tables (_warm)
         _LIVE.add(self)
         if vocab is not None:

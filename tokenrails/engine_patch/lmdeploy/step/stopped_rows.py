@@ -1,0 +1,60 @@
+"""Rows that stopped before a decoding step: that step does no guided work for them.
+
+LMDeploy sends a step before it reads the previous one's outputs, so a row that ended (EOS, stop
+word, length) runs one more step, whose output the engine drops. Its stopping criteria say so
+before that step (``num_appendable_ids <= 0``, read where the agent builds a decoding step's
+inputs: ``BaseModelAgent._get_inputs_from_delta``). The rank's manager keeps the rows with the
+step's ``session_ctx`` (``owner.stopped``); the plain step leaves them out of its rows (no mask,
+no accept into a matcher whose round has ended) and the speculative helper hands out no handle
+for them (no proposal either).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+NONE: tuple[Any, frozenset[int]] = (None, frozenset())
+
+
+def ended_rows(stopping_criteria: Any) -> frozenset[int]:
+    """The logits rows whose stopping criteria say they ended before this step."""
+    left = getattr(stopping_criteria, "num_appendable_ids", None)
+    return frozenset(torch.nonzero(left <= 0).reshape(-1).tolist()) if left is not None else frozenset()
+
+
+def stopped(owner: Any, session_ctx: Any) -> frozenset[int]:
+    """The rows that ended before the step whose inputs carry ``session_ctx`` (none when the
+    marks were made for another step, e.g. a prefill, which has no stopped rows)."""
+    ctx, rows = getattr(owner, "stopped", NONE)
+    return rows if session_ctx is not None and ctx is session_ctx else frozenset()
+
+
+def patched_inputs_from_delta(original: Callable) -> Callable:
+    """``BaseModelAgent._get_inputs_from_delta``: mark the rows that ended before this step, on
+    the manager and on its open step (opened by ``_async_step`` before these inputs existed)."""
+    def _get_inputs_from_delta(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        owner = getattr(self, "guided_decoding_manager", None)
+        if getattr(owner, "is_tokenrails", False):
+            sampling_inputs, ended = out[3], ended_rows(out[2])
+            owner.stopped = (getattr(sampling_inputs, "session_ctx", None), ended)
+            step = owner.step
+            if ended and step is not None and step.inputs is sampling_inputs:
+                step.leave_out(ended)
+        return out
+
+    _get_inputs_from_delta.__wrapped__ = original
+    return _get_inputs_from_delta
+
+
+def install(p: Any) -> None:
+    """Mark stopped rows for every decoding step (``patched_inputs_from_delta``)."""
+    from lmdeploy.pytorch.engine.model_agent import agent
+
+    from .._patching import require_params
+
+    base = agent.BaseModelAgent
+    original = base.__dict__["_get_inputs_from_delta"]
+    require_params(original, ["delta", "sampling_inputs"], "BaseModelAgent._get_inputs_from_delta")
+    p.set(base, "_get_inputs_from_delta", patched_inputs_from_delta(original))
