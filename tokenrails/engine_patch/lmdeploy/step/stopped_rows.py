@@ -17,10 +17,14 @@ import torch
 NONE: tuple[Any, frozenset[int]] = (None, frozenset())
 
 
-def ended_rows(stopping_criteria: Any) -> frozenset[int]:
-    """The logits rows whose stopping criteria say they ended before this step."""
+def ended_rows(stopping_criteria: Any, session_ctx: Any) -> frozenset[int]:
+    """The logits rows whose stopping criteria say they ended before this step. None when the
+    logits rows are not the sequences (a dLLM block has one row per position): a row must never
+    lose its constraint or its error by a wrong index."""
     left = getattr(stopping_criteria, "num_appendable_ids", None)
-    return frozenset(torch.nonzero(left <= 0).reshape(-1).tolist()) if left is not None else frozenset()
+    if left is None or session_ctx is None or left.numel() != len(session_ctx):
+        return frozenset()
+    return frozenset(torch.nonzero(left.reshape(-1) <= 0).reshape(-1).tolist())
 
 
 def stopped(owner: Any, session_ctx: Any) -> frozenset[int]:
@@ -37,8 +41,10 @@ def patched_inputs_from_delta(original: Callable) -> Callable:
         out = original(self, *args, **kwargs)
         owner = getattr(self, "guided_decoding_manager", None)
         if getattr(owner, "is_tokenrails", False):
-            sampling_inputs, ended = out[3], ended_rows(out[2])
-            owner.stopped = (getattr(sampling_inputs, "session_ctx", None), ended)
+            sampling_inputs = out[3]
+            ctx = getattr(sampling_inputs, "session_ctx", None)
+            ended = ended_rows(out[2], ctx)
+            owner.stopped = (ctx, ended)
             step = owner.step
             if ended and step is not None and step.inputs is sampling_inputs:
                 step.leave_out(ended)
