@@ -55,7 +55,7 @@ XDIST_GROUPS = {
     "lmdeploy-shared-api-server": tuple(_LMDEPLOY + name for name in (
         "test_body_limits_server.py", "test_real_server.py", "test_request_fields_server.py")),
     "lmdeploy-multi-process": tuple(_LMDEPLOY + name for name in (
-        "test_real_engine_tp.py", "test_real_engine_tp_budget.py", "test_cpu_tp_ring.py", "test_activate_once_real.py",
+        "test_real_engine_tp.py", "test_cpu_tp_ring.py", "test_activate_once_real.py",
         "test_proxy_dp.py", "test_inherit.py")),
 }
 
