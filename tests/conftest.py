@@ -29,6 +29,20 @@ def vocab(smollm2_tokenizer):
     return Vocabulary.from_huggingface(smollm2_tokenizer)
 
 
+@pytest.fixture(autouse=True)
+def _compile_workers_on_demand(request, monkeypatch):
+    """An engine's guided manager boots its compile worker interpreters as it is built, so a real
+    engine's first large spec finds one ready; each boot costs ~1.5 s of CPU. The step-level tests
+    build hundreds of such managers and never send a spec large enough for a worker: there the
+    workers start on demand (as after a kill). Tests marked slow (real engines, servers) keep the
+    warm start."""
+    if request.node.get_closest_marker("slow") is None:
+        from tokenrails.guided.compile_procs import ProcessCompiler
+
+        monkeypatch.setattr(ProcessCompiler, "warm", lambda self: None)
+    yield
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """No test may import JAX into the pytest process: JAX starts threads on import and the suite
