@@ -18,6 +18,8 @@ httpx = pytest.importorskip("httpx")
 
 from harness.server_attack import free_port, stop_server, wait_ready  # noqa: E402
 
+from .patch_layers import assert_patched_once  # noqa: E402
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("user_script.py")  # run, never imported (it activates at import)
@@ -34,14 +36,6 @@ def _env(report: Path) -> dict:
 
 def _reports(report: Path) -> list[dict]:
     return [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
-
-
-def _assert_patched_once(reports: list[dict], processes: int) -> None:
-    assert len({r["pid"] for r in reports}) >= processes, reports
-    for rep in reports:
-        assert rep["active"], rep
-        doubled = {k: n for k, n in rep["layers"].items() if n > 1}
-        assert not doubled and not rep["doubled_records"], rep
 
 
 def test_api_server_engine_process_is_patched_once(tmp_path):
@@ -62,4 +56,4 @@ def test_api_server_engine_process_is_patched_once(tmp_path):
         assert re.fullmatch(REGEX, resp.json()["choices"][0]["message"]["content"])
     finally:
         stop_server(proc)
-    _assert_patched_once(_reports(report), processes=2)  # the server's process and its engine process
+    assert_patched_once(_reports(report), processes=2)  # the server's process and its engine process

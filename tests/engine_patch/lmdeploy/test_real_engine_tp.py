@@ -37,6 +37,7 @@ xgr = pytest.importorskip("xgrammar")
 
 from ..budget_cases import SCHEMA  # noqa: E402
 from . import tp_child  # noqa: E402
+from .patch_layers import assert_patched_once  # noqa: E402
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
@@ -73,39 +74,16 @@ def _traceback(stderr: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def shortest(model_dir):
-    """The fewest tokens that complete the budget record from its start (guided/budget.py)."""
-    from transformers import AutoTokenizer
-
-    from tokenrails import Vocabulary
-    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
-    from tokenrails.guided.budget import budget_table
-    from tokenrails.guided.manager import GuidedDecodingManager
-
-    fmt = {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA}, "tokenrails_budget": "close"}
-    mgr = GuidedDecodingManager(Vocabulary.from_huggingface(AutoTokenizer.from_pretrained(model_dir)))
-    try:
-        return budget_table(mgr.get_compiled(parse_format(fmt)[0])).start
-    finally:
-        mgr.close()
-
-
-@pytest.fixture(scope="module")
 def runs(tmp_path_factory, shortest):
     """{(mode, tp): the child's result}, the guided meter's reports and the patch layers each
     process of the upgraded TP = 3 run reported. That run also times a slow compile beside a
     stream (--row-waits) and decodes the budget rows within ``shortest + 2`` tokens."""
     tmp = tmp_path_factory.mktemp("tp")
     meter, layers = str(tmp / "guided"), tmp / "layers.jsonl"
-    upgraded_tp = ("tokenrails", 3)
-    out = {}
-    for mode in ("stock", "tokenrails"):
-        for tp in (1, 3):
-            if (mode, tp) == upgraded_tp:
-                out[mode, tp] = _run(tp, mode, "--row-waits", "--budget-tight", str(shortest + 2),
-                                     env_extra={"PATCH_REPORT": str(layers), "TOKENRAILS_GUIDED_CPU_METER": meter})
-            else:
-                out[mode, tp] = _run(tp, mode)
+    extra = ("--row-waits", "--budget-tight", str(shortest + 2))
+    env = {"PATCH_REPORT": str(layers), "TOKENRAILS_GUIDED_CPU_METER": meter}
+    out = {(mode, tp): _run(tp, mode, *extra, env_extra=env) if (mode, tp) == ("tokenrails", 3) else _run(tp, mode)
+           for mode in ("stock", "tokenrails") for tp in (1, 3)}
     reports = [json.loads(Path(f).read_text()) for f in glob.glob(meter + ".*.json")]
     patched = [json.loads(line) for line in layers.read_text().splitlines() if line.strip()]
     return out, reports, patched
@@ -197,11 +175,7 @@ def test_tp_pipeline_with_module_level_activate_finishes_patched_once(runs):
     point wrapped once, and the run finished with valid outputs (test_tp3_equals_tp1_token_for_token)."""
     out, _, patched = runs
     assert re.fullmatch(tp_child.REGEX, out[("tokenrails", 3)]["regex"]["text"])
-    assert len({r["pid"] for r in patched}) >= 4, patched
-    for rep in patched:
-        assert rep["active"], rep
-        doubled = {k: n for k, n in rep["layers"].items() if n > 1}
-        assert not doubled and not rep["doubled_records"], rep
+    assert_patched_once(patched, processes=4)
 
 
 def test_budget_default_closes_under_tp(runs, shortest):

@@ -1,6 +1,6 @@
 """One engine run for the TP tests (test_real_engine_tp.py), in its own process:
 
-    python -m tests.engine_patch.lmdeploy.tp_child --tp 3 --mode tokenrails|stock --meter PREFIX
+    python -m tests.engine_patch.lmdeploy.tp_child --tp 3 --mode tokenrails|stock
 
 Builds LMDeploy's pipeline on the CPU path in float32, decodes ``REQUESTS`` greedily in one batch
 and prints one JSON line: per request its token ids, text and finish reason, ``_timing`` (wall
@@ -183,7 +183,6 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--mode", choices=["stock", "tokenrails"], required=True)
-    ap.add_argument("--meter", default=None, help="guided CPU report prefix (guided_meter.py)")
     ap.add_argument("--repeat", type=int, default=1, help="decode the batch this many times; time the last")
     ap.add_argument("--row-waits", action="store_true", help="then time a slow compile beside a stream")
     ap.add_argument("--budget-tight", type=int, default=None, help="then the budget rows (budget_requests)")
@@ -192,8 +191,6 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[ENV_SLOW] = "1"  # the ranks spawned below delay SLOW's compile too
         slow_compiles()
 
-    if args.meter:
-        os.environ["TOKENRAILS_GUIDED_CPU_METER"] = args.meter
     import torch
     torch.set_num_threads(1)
     from lmdeploy import GenerationConfig, pipeline
