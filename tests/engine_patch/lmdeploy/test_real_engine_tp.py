@@ -10,13 +10,11 @@ and times a request whose grammar compiles slowly beside a streaming one: the sl
 outside the batch while the other keeps decoding (its grammar compiles in the engine process,
 where the scheduler is, and reaches the ranks with the row).
 
-The upgraded runs start as a user's script does (tp_child.py: ``activate()`` at module level, so
-every TP rank runs it again when it re-imports the module; it hung once, a rank patched twice
-blocking on tp_ranks' lock): the TP = 3 run finishes with every process patched once. Their
-engine-wide budget default (``activate(budget="close")`` in the parent only) reaches the ranks: the
-sampling rank closes a record within its ``max_tokens`` (parses, validates, "stop"), the flag comes
-back through the workers' outputs (``Response.budget_closed``), the per-request ``"off"`` runs into
-the limit, and an output that fits reports ``budget_closed`` false.
+The upgraded runs start as a user's script does (``activate()`` at module level, run again by every
+rank; a rank patched twice once hung on tp_ranks' lock): the TP = 3 run finishes, each process
+patched once. Its budget default (``activate(budget="close")`` in the parent only) reaches the ranks:
+a record closes within ``max_tokens`` (valid, "stop", ``budget_closed``), ``"off"`` runs into the
+limit, an output that fits reports ``budget_closed`` false.
 """
 from __future__ import annotations
 
