@@ -7,12 +7,10 @@ and prints one JSON line: per request its token ids, text and finish reason, ``_
 seconds and generated tokens of the last of ``--repeat`` batches) and ``_startup`` (the pipeline's
 build: wall and this process's CPU seconds, and how many times this process loaded the tokenizer).
 
-``--mode tokenrails`` runs as a user's script does: ``activate()`` at module level (so every
-spawned TP rank, which re-imports this module as its main module, runs it too; with
-``$PATCH_REPORT`` each such process appends its patch layers there, patch_layers.py), then
-``activate(budget="close")`` in this process only: the ranks get the engine-wide budget default
-through the environment it exports (``REQUESTS`` opt out of it per request: ``_opt_out``). ``--budget-tight N``: then, on the same engine, ``budget_requests(N)``
-(closed by the default, opted out, one that fits) as ``_budget``.
+``--mode tokenrails`` starts as a user's script does: ``activate()`` at module level (the TP ranks
+re-import this module, so they run it too; ``$PATCH_REPORT``: patch_layers.report), then
+``activate(budget="close")`` here only (``REQUESTS`` opt out: ``_opt_out``). ``--budget-tight N``:
+then ``budget_requests(N)`` as ``_budget``.
 
 ``--row-waits``: then, on the same engine, a request whose grammar compiles slowly (``SLOW``, its
 compile delayed ``DELAY`` s in every process of the run: the TP ranks re-import this module as
@@ -147,8 +145,7 @@ BUDGET_PERSON = {"type": "object", "properties": {"name": {"type": "string", "ma
 
 
 def budget_requests(tight: int) -> list[tuple[str, str, dict, int]]:
-    """The budget rule's rows: the record closed by the engine-wide default within ``tight``
-    tokens, the same opted out, and a record that fits."""
+    """The record closed by the budget default within ``tight`` tokens, opted out, and one that fits."""
     from ..budget_cases import PROMPT, SCHEMA
 
     record = {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA}}
@@ -159,8 +156,7 @@ def budget_requests(tight: int) -> list[tuple[str, str, dict, int]]:
 
 
 def _opt_out(fmt: dict | None, mode: str) -> dict | None:
-    """``fmt`` opted out of the upgraded run's budget default: the rule takes DFA constraints only
-    and refuses the grammar and the structural tag (stock knows no such key)."""
+    """``fmt`` out of the budget default, which refuses non-DFA kinds (stock has no such key)."""
     return {**fmt, "tokenrails_budget": "off"} if fmt and mode == "tokenrails" else fmt
 
 
