@@ -29,18 +29,18 @@ def vocab(smollm2_tokenizer):
     return Vocabulary.from_huggingface(smollm2_tokenizer)
 
 
-@pytest.fixture(autouse=True)
-def _compile_workers_on_demand(request, monkeypatch):
+@pytest.fixture(scope="session", autouse=True)
+def _compile_workers_on_demand():
     """An engine's guided manager boots its compile worker interpreters as it is built, so a real
-    engine's first large spec finds one ready; each boot costs ~1.5 s of CPU. The step-level tests
-    build hundreds of such managers and never send a spec large enough for a worker: there the
-    workers start on demand (as after a kill). Tests marked slow (real engines, servers) keep the
-    warm start."""
-    if request.node.get_closest_marker("slow") is None:
-        from tokenrails.guided.compile_procs import ProcessCompiler
+    engine's first large spec finds one ready; each boot costs ~1.5 s of CPU. The tests build
+    hundreds of such managers in their own process and none sends a spec large enough for a
+    worker: there the workers start on demand (as after a kill). The api_servers and TP ranks they
+    start (other processes) keep the warm start."""
+    from tokenrails.guided.compile_procs import ProcessCompiler
 
-        monkeypatch.setattr(ProcessCompiler, "warm", lambda self: None)
-    yield
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ProcessCompiler, "warm", lambda self: None)
+        yield
 
 
 @pytest.hookimpl(wrapper=True)
