@@ -32,9 +32,9 @@ def run(mode: str, tp: int, repeat: int, meter_dir: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     env.pop("TOKENRAILS_LMDEPLOY", None)
-    meter = os.path.join(meter_dir, f"{mode}-{tp}")
+    meter = env["TOKENRAILS_GUIDED_CPU_METER"] = os.path.join(meter_dir, f"{mode}-{tp}")  # step/guided_meter.py
     cmd = [sys.executable, "-m", "tests.engine_patch.lmdeploy.tp_child", "--tp", str(tp),
-           "--mode", "stock" if mode == "stock" else "tokenrails", "--repeat", str(repeat), "--meter", meter]
+           "--mode", "stock" if mode == "stock" else "tokenrails", "--repeat", str(repeat)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TP_RESULT ")]
     if proc.returncode or not lines:

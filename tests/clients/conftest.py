@@ -1,12 +1,14 @@
 """One upgraded and one stock CPU api_server for the client-library tests, and the side-by-side ledger.
 
-The client tests call each server through a real client library (openai, instructor, LangChain,
-litellm) and assert the object the client itself parsed. Every call also goes to stock LMDeploy, in
-parallel: stock's outcome is recorded (the terminal summary prints the table), not asserted, since
-the point is that the upgrade serves at least what stock serves. Both servers start once for the
-package and run with a 2,048-token session, so schema-heavy client prompts fit.
-``TOKENRAILS_TEST_CLIENT_SERVERS=FILE`` points the tests at servers already running instead
-(``{"upgraded": {"base": URL, "model": ID}, "stock": {...}}``): a branch's server, or quick reruns.
+The client tests call the upgraded server through a real client library (openai, instructor,
+LangChain, litellm) and assert the object the client itself parsed. With
+``TOKENRAILS_TEST_CLIENT_LEDGER=1`` every call also goes to stock LMDeploy, in parallel, and the
+calls kept only for comparison are sent too: those outcomes are recorded (the terminal summary
+prints the table), never asserted, so the default run starts no stock server and sends none of
+them. The servers start once for the package and run with a 2,048-token session, so schema-heavy
+client prompts fit. ``TOKENRAILS_TEST_CLIENT_SERVERS=FILE`` points the tests at servers already
+running instead (``{"upgraded": {"base": URL, "model": ID}, "stock": {...}}``): a branch's server,
+or quick reruns.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 SESSION_LEN = 2048
 START_TIMEOUT = 240
+LEDGER_ON = os.environ.get("TOKENRAILS_TEST_CLIENT_LEDGER") == "1"  # stock side by side, comparison-only calls
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class Server:
 @dataclass(frozen=True)
 class Servers:
     upgraded: Server
-    stock: Server
+    stock: Server | None  # only with the ledger on
 
 
 @dataclass
@@ -95,9 +98,9 @@ NOT_SENT = Outcome(error=LookupError("not sent: stock LMDeploy has no such reque
 
 def side_by_side(servers: Servers, name: str, call: Callable[[Server], Any], *,
                  with_stock: bool = True) -> tuple[Outcome, Outcome]:
-    """``call`` against the upgraded and (unless ``with_stock=False``) the stock server at once;
-    both outcomes go to the ledger."""
-    if not with_stock:
+    """``call`` against the upgraded and (with the ledger on, unless ``with_stock=False``) the
+    stock server at once; both outcomes go to the ledger."""
+    if not with_stock or servers.stock is None:
         upgraded, stock = _attempt(call, servers.upgraded), NOT_SENT
     else:
         with ThreadPoolExecutor(1) as pool:
@@ -141,14 +144,14 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def _start_both(model: str, logdir) -> tuple[Servers, list]:
-    """Both servers starting at once (their loads overlap); a start that fails is retried through
-    ``start_ready``, which retries LMDeploy's engine-start manager race only."""
+    """The servers starting at once (their loads overlap; stock only with the ledger on); a start
+    that fails is retried through ``start_ready``, which retries LMDeploy's engine-start manager race only."""
     from tests.engine_patch.lmdeploy.test_real_server import start_ready
     from harness import server_attack as atk
 
     extra = ("--session-len", str(SESSION_LEN))
     started = {name: atk.start_server(model, logdir / f"{name}.log", stock=name == "stock", extra_args=extra)
-               for name in ("upgraded", "stock")}
+               for name in (("upgraded", "stock") if LEDGER_ON else ("upgraded",))}
     procs, ready = [], {}
     try:
         for name, (proc, base) in started.items():
@@ -166,19 +169,21 @@ def _start_both(model: str, logdir) -> tuple[Servers, list]:
         for proc in procs:
             atk.stop_server(proc)
         raise
-    return Servers(ready["upgraded"], ready["stock"]), procs
+    return Servers(ready["upgraded"], ready.get("stock")), procs
 
 
 @pytest.fixture(scope="package")
 def servers(tmp_path_factory):
-    """The upgraded and the stock CPU api_server (SmolLM2, qwen tool-call parser), started once."""
+    """The upgraded and (with the ledger on) the stock CPU api_server (SmolLM2, qwen tool-call
+    parser), started once."""
     pytest.importorskip("lmdeploy")
     pytest.importorskip("fastapi")
     pytest.importorskip("openai")
     running = os.environ.get("TOKENRAILS_TEST_CLIENT_SERVERS")
     if running:  # servers a developer already runs: {"upgraded": {"base": ..., "model": ...}, "stock": {...}}
         spec = json.loads(Path(running).read_text())
-        yield Servers(*(Server(name, spec[name]["base"], spec[name]["model"]) for name in ("upgraded", "stock")))
+        yield Servers(*(Server(name, spec[name]["base"], spec[name]["model"]) if name == "upgraded" or LEDGER_ON
+                        else None for name in ("upgraded", "stock")))
         return
     from harness import server_attack as atk
     from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir

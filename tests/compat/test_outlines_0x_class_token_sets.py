@@ -140,14 +140,22 @@ def utf8_tail(data: bytes) -> bytes | None:
     return b""
 
 
+@lru_cache(maxsize=None)
+def shim_tokenizer(path: str):
+    """One outlines tokenizer wrapper per tokenizer, as a user's model holds one (its vocabulary
+    read once, not per guide)."""
+    from tokenrails.compat.outlines.models.transformer_tokenizer import TransformerTokenizer
+
+    return TransformerTokenizer(hf_tokenizer(path))
+
+
 def shim_guide(version: str, path: str, pattern: str):
     from tokenrails.compat.outlines import set_api_version
     from tokenrails.compat.outlines.fsm.guide import RegexGuide
-    from tokenrails.compat.outlines.models.transformer_tokenizer import TransformerTokenizer
 
     set_api_version(version)
     try:
-        return RegexGuide(pattern, TransformerTokenizer(hf_tokenizer(path)))
+        return RegexGuide(pattern, shim_tokenizer(path))
     finally:
         set_api_version(None)
 
@@ -194,10 +202,13 @@ def compare_all_states(index: dict, eos: int, guide, tokenizer, pattern: str) ->
     named = named_chars(pattern)
     start = (int(index["initial"]), guide.initial_state, b"")
     seen, queue, non_utf8, split_named = {start}, deque([start]), 0, 0
+    rows: dict = {}  # the shim's state -> (allowed tokens, token -> next state): asked once per state
     while queue:
         theirs_state, ours_state, pending = queue.popleft()
         theirs = (set(table[theirs_state]) if theirs_state in table else {eos}) - special
-        ours = allowed(guide, ours_state)
+        if ours_state not in rows:
+            rows[ours_state] = (allowed(guide, ours_state), {})
+        ours, nexts = rows[ours_state]
         tails = {t: b"" if not pending and token_bytes[t].isascii() else utf8_tail(pending + token_bytes[t])
                  for t in theirs | ours if t != eos}
         not_utf8 = {t for t in theirs - {eos} if tails[t] is None}
@@ -209,7 +220,9 @@ def compare_all_states(index: dict, eos: int, guide, tokenizer, pattern: str) ->
                         f"shim {len(ours - only_ours)}; only outlines: {names(theirs - not_utf8 - ours)}; "
                         f"only the shim: {names(ours - only_ours - theirs)}")
         for t in (ours & theirs) - {eos}:
-            nxt = (table[theirs_state][t], guide.get_next_state(ours_state, t), canonical_tail(tails[t], named))
+            if t not in nexts:
+                nexts[t] = guide.get_next_state(ours_state, t)
+            nxt = (table[theirs_state][t], nexts[t], canonical_tail(tails[t], named))
             if nxt not in seen:
                 seen.add(nxt)
                 queue.append(nxt)

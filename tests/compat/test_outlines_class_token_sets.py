@@ -60,7 +60,9 @@ def xgrammar_compiler(path: str):
     return info, xgr.GrammarCompiler(info)
 
 
+@lru_cache(maxsize=None)
 def shim_model(path: str):
+    """One model stand-in per tokenizer, as a user holds one model (its vocabulary read once)."""
     from tokenrails.compat.outlines.models.transformer_tokenizer import TransformerTokenizer
 
     return SimpleNamespace(tokenizer=TransformerTokenizer(hf_tokenizer(path)), hf_tokenizer=hf_tokenizer(path),

@@ -45,15 +45,40 @@ def mode(request, cpu_lmdeploy):
     patch.deactivate()
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    """The embedded SmolLM2 as a safetensors directory (the demo's cache) for the real engine."""
+def _model_dir() -> str:
     from tokenrails.demo_model import ModelNotFoundError, resolve_model_dir
     try:
         path, _, _ = resolve_model_dir(quiet=True)
     except ModelNotFoundError as exc:
         pytest.skip(str(exc))
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    """The embedded SmolLM2 as a safetensors directory (the demo's cache) for the real engine."""
+    return _model_dir()
+
+
+@pytest.fixture(scope="session")
+def shortest():
+    """Tokens (EOS included) of the budget record's shortest output (tests/engine_patch/budget_cases.py),
+    from the core's table: the budget tests' ``max_tokens`` are set around it."""
+    from transformers import AutoTokenizer
+
+    from tokenrails import Vocabulary
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
+    from tokenrails.guided.budget import budget_table
+    from tokenrails.guided.manager import GuidedDecodingManager
+
+    from ..budget_cases import SCHEMA
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA}, "tokenrails_budget": "close"}
+    mgr = GuidedDecodingManager(Vocabulary.from_huggingface(AutoTokenizer.from_pretrained(_model_dir())))
+    try:
+        return budget_table(mgr.get_compiled(parse_format(fmt)[0])).start
+    finally:
+        mgr.close()
 
 
 # ---- one engine, one api_server, each for the modules that only send it requests -----------------

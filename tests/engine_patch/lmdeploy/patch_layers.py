@@ -72,3 +72,13 @@ def report(path: str | None = None) -> dict:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(rep) + "\n")
     return rep
+
+
+def assert_patched_once(reports: list[dict], processes: int) -> None:
+    """``reports`` (``report()`` lines) come from at least ``processes`` processes, each active
+    with every patch point and every patched attribute wrapped once."""
+    assert len({r["pid"] for r in reports}) >= processes, reports
+    for rep in reports:
+        assert rep["active"], rep
+        doubled = {k: n for k, n in rep["layers"].items() if n > 1}
+        assert not doubled and not rep["doubled_records"], rep

@@ -1,12 +1,12 @@
 """A user's script with a module-level ``activate()`` (user_script.py) on LMDeploy's real engine:
-a TP pipeline finishes (it hung: a rank patched twice blocked on tp_ranks' lock) and the
-api_server's engine process is patched once; both answer a guided request."""
+the api_server's engine process is patched once and answers a guided request. (The TP pipeline
+started the same way, whose ranks each re-import the script: test_real_engine_tp.py's upgraded
+TP = 3 run.)"""
 from __future__ import annotations
 
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +17,8 @@ pytest.importorskip("lmdeploy")
 httpx = pytest.importorskip("httpx")
 
 from harness.server_attack import free_port, stop_server, wait_ready  # noqa: E402
+
+from .patch_layers import assert_patched_once  # noqa: E402
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
@@ -34,33 +36,6 @@ def _env(report: Path) -> dict:
 
 def _reports(report: Path) -> list[dict]:
     return [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
-
-
-def _assert_patched_once(reports: list[dict], processes: int) -> None:
-    assert len({r["pid"] for r in reports}) >= processes, reports
-    for rep in reports:
-        assert rep["active"], rep
-        doubled = {k: n for k, n in rep["layers"].items() if n > 1}
-        assert not doubled and not rep["doubled_records"], rep
-
-
-def test_tp_pipeline_with_module_level_activate_finishes(tmp_path):
-    report = tmp_path / "layers.jsonl"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "pipeline", "3", REGEX], cwd=tmp_path, env=_env(report),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=420)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"TP pipeline hung (killed after 420 s):\n{err[-3000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, err[-3000:]
-    assert re.fullmatch(REGEX, lines[-1][len("RESULT "):])
-    _assert_patched_once(_reports(report), processes=4)  # the script's process and three ranks
 
 
 def test_api_server_engine_process_is_patched_once(tmp_path):
@@ -81,4 +56,4 @@ def test_api_server_engine_process_is_patched_once(tmp_path):
         assert re.fullmatch(REGEX, resp.json()["choices"][0]["message"]["content"])
     finally:
         stop_server(proc)
-    _assert_patched_once(_reports(report), processes=2)  # the server's process and its engine process
+    assert_patched_once(_reports(report), processes=2)  # the server's process and its engine process

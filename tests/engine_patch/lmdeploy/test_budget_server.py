@@ -53,23 +53,6 @@ def server(tmp_path_factory, model_dir):
         _stop(proc)
 
 
-@pytest.fixture(scope="module")
-def shortest(model_dir):
-    """Tokens (EOS included) of the record schema's shortest output, from the core's table."""
-    from transformers import AutoTokenizer
-
-    from tokenrails import Vocabulary
-    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
-    from tokenrails.guided.budget import budget_table
-    from tokenrails.guided.manager import GuidedDecodingManager
-
-    mgr = GuidedDecodingManager(Vocabulary.from_huggingface(AutoTokenizer.from_pretrained(model_dir)))
-    try:
-        return budget_table(mgr.get_compiled(parse_format(_fmt(tokenrails_budget="close"))[0])).start
-    finally:
-        mgr.close()
-
-
 def _chat(server, content, max_tokens, **extra):
     base, model_id = server
     body = {"model": model_id, "messages": [{"role": "user", "content": content}], "temperature": 0,

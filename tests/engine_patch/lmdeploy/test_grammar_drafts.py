@@ -9,8 +9,9 @@ every grammar draft, i.e. jump-forward in the canonical tokenization).
 
 Cost: two engines for the whole module (plain guided, then grammar drafts; the biased verifier is
 patched into the second for its own run), ``BATCH`` sampled requests in flight at once and a short
-raw prompt, so the same 3 x 160 sampled requests take a fraction of the forwards and prefill tokens
-they took with one engine per run, a batch of 8 and the chat template's system prompt.
+raw prompt, so the 2 x 160 sampled requests take a fraction of the forwards and prefill tokens
+they took with one engine per run, a batch of 8 and the chat template's system prompt. The biased
+arm is sequential: it stops at the first ``BATCH`` that already rejects it (``_until_caught``).
 """
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def _requests():
 
 
 DRAFTS = 4  # grammar drafts per step of the drafted engine (greedy and sampled runs)
-N_SAMPLED = 160  # sampled requests per arm (plain, drafted, biased): the chi-square test's sample
+N_SAMPLED = 160  # sampled requests per arm (plain, drafted; biased at most): the chi-square test's sample
+P_CAUGHT = 1e-6  # the biased verifier is caught when the test's p-value is below this
 BATCH = 32  # requests in flight at once; one 64-token KV block each (prompt + WORD + drafts)
 # raw (no chat template, whose system prompt is 34 tokens): prefill dominated the sampled runs
 WORD_PROMPT = "<|im_start|>user\nSay one word.<|im_end|>\n<|im_start|>assistant\n"
@@ -126,16 +128,31 @@ def runs(model_dir):
         pipe = _pipe(model_dir, drafts)
         try:
             out["greedy", drafts] = _generate(pipe, [p for p, _, _ in reqs], _gens(reqs, top_k=1))
-            for biased in ((False, True) if drafts else (False,)):
+            out["sampled", drafts] = _generate(pipe, [WORD_PROMPT] * N_SAMPLED, _sampled_gens(drafts, N_SAMPLED, False),
+                                               do_preprocess=False)
+            if drafts:
                 with pytest.MonkeyPatch.context() as mp:
-                    if biased:
-                        _bias_the_verifier(mp)
-                    out["biased" if biased else "sampled", drafts] = _generate(
-                        pipe, [WORD_PROMPT] * N_SAMPLED, _sampled_gens(drafts, N_SAMPLED, biased), do_preprocess=False)
+                    _bias_the_verifier(mp)
+                    out["biased", drafts] = _until_caught(pipe, _lengths(out["sampled", 0][0]), drafts)
         finally:
             pipe.close()
             deactivate()
     return out
+
+
+def _until_caught(pipe, plain: collections.Counter, drafts: int):
+    """The biased arm, ``BATCH`` requests at a time, until the chi-square test rejects it against
+    ``plain`` (``P_CAUGHT``) or ``N_SAMPLED`` requests ran: at ``N_SAMPLED`` it is the fixed-size test,
+    so the power is at least that; each earlier look adds at most ``P_CAUGHT`` to the chance of
+    rejecting a verifier that is not biased (5 looks: 5e-6)."""
+    gens = _sampled_gens(drafts, N_SAMPLED, True)
+    outs: list = []
+    while len(outs) < N_SAMPLED:
+        batch = gens[len(outs):len(outs) + BATCH]
+        outs += _generate(pipe, [WORD_PROMPT] * len(batch), batch, do_preprocess=False)[0]
+        if _chi2_p(plain, _lengths(outs)) < P_CAUGHT:
+            break
+    return outs, None
 
 
 def test_greedy_equals_plain_guided_token_for_token(runs):
@@ -189,5 +206,6 @@ def test_sampled_distribution_equals_plain_guided_and_biased_variant_is_caught(r
     p_same = _chi2_p(plain, drafted)
     biased = _lengths(runs["biased", DRAFTS][0])
     p_biased = _chi2_p(plain, biased)
+    print(f"biased verifier: p = {p_biased:.2g} after {sum(biased.values())} requests")
     assert p_same > 1e-3, (p_same, plain, drafted)
-    assert p_biased < 1e-6, (p_biased, plain, biased)
+    assert p_biased < P_CAUGHT, (p_biased, plain, biased)

@@ -37,23 +37,6 @@ def _gen(fmt, n):
     return GenerationConfig(top_k=1, max_new_tokens=n, response_format=fmt)
 
 
-@pytest.fixture(scope="module")
-def shortest(model_dir):
-    """Tokens (EOS included) of the shortest output of the schema, from the core's table."""
-    from transformers import AutoTokenizer
-
-    from tokenrails import Vocabulary
-    from tokenrails.engine_patch.lmdeploy.server.request_parsing import parse_format
-    from tokenrails.guided.budget import budget_table
-    from tokenrails.guided.manager import GuidedDecodingManager
-
-    mgr = GuidedDecodingManager(Vocabulary.from_huggingface(AutoTokenizer.from_pretrained(model_dir)))
-    try:
-        return budget_table(mgr.get_compiled(parse_format(_fmt(True))[0])).start
-    finally:
-        mgr.close()
-
-
 def test_budget_closes_json_within_max_new_tokens(pipe, shortest):
     full = pipe([PROMPT], gen_config=[_gen(_fmt(True), 96)])[0]
     assert full.finish_reason == "stop", full

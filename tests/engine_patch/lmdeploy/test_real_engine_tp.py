@@ -9,6 +9,12 @@ and it compiles nothing (the engine process compiles),
 and times a request whose grammar compiles slowly beside a streaming one: the slow row waits
 outside the batch while the other keeps decoding (its grammar compiles in the engine process,
 where the scheduler is, and reaches the ranks with the row).
+
+The upgraded runs start as a user's script does (``activate()`` at module level, run again by every
+rank; a rank patched twice once hung on tp_ranks' lock): the TP = 3 run finishes, each process
+patched once. Its budget default (``activate(budget="close")`` in the parent only) reaches the ranks:
+a record closes within ``max_tokens`` (valid, "stop", ``budget_closed``), ``"off"`` runs into the
+limit, an output that fits reports ``budget_closed`` false.
 """
 from __future__ import annotations
 
@@ -27,21 +33,24 @@ pytest.importorskip("lmdeploy")
 jsonschema = pytest.importorskip("jsonschema")
 xgr = pytest.importorskip("xgrammar")
 
+from ..budget_cases import SCHEMA  # noqa: E402
 from . import tp_child  # noqa: E402
+from .patch_layers import assert_patched_once  # noqa: E402
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
 TOOL = re.compile(re.escape(tp_child.TOOL_BEGIN) + r"(.*)" + re.escape(tp_child.TOOL_END), re.S)
 
 
-def _run(tp: int, mode: str, meter: str | None = None, *extra: str) -> dict:
+def _run(tp: int, mode: str, *extra: str, env_extra: dict | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    env.pop("TOKENRAILS_LMDEPLOY", None)  # stock means stock
-    cmd = [sys.executable, "-m", "tests.engine_patch.lmdeploy.tp_child", "--tp", str(tp), "--mode", mode]
-    if meter:
-        cmd += ["--meter", meter]
-    cmd += list(extra)
+    for name in ("TOKENRAILS_LMDEPLOY", "TOKENRAILS_LMDEPLOY_CPU", "TOKENRAILS_BUDGET"):
+        env.pop(name, None)  # stock means stock; the upgraded runs set their own (a fresh user shell)
+    if mode == "tokenrails":
+        env[tp_child.ENV_ACTIVATE] = "1"
+    env.update(env_extra or {})
+    cmd = [sys.executable, "-m", "tests.engine_patch.lmdeploy.tp_child", "--tp", str(tp), "--mode", mode, *extra]
     for attempt in (1, 2):
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TP_RESULT ")]
@@ -63,13 +72,19 @@ def _traceback(stderr: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    meter = str(tmp_path_factory.mktemp("meter") / "guided")
-    upgraded_tp = ("tokenrails", 3)  # its engine also times a slow compile beside a stream (--row-waits)
-    out = {(mode, tp): _run(tp, mode, *((meter, "--row-waits") if (mode, tp) == upgraded_tp else ()))
+def runs(tmp_path_factory, shortest):
+    """{(mode, tp): the child's result}, the guided meter's reports and the patch layers each
+    process of the upgraded TP = 3 run reported. That run also times a slow compile beside a
+    stream (--row-waits) and decodes the budget rows within ``shortest + 2`` tokens."""
+    tmp = tmp_path_factory.mktemp("tp")
+    meter, layers = str(tmp / "guided"), tmp / "layers.jsonl"
+    extra = ("--row-waits", "--budget-tight", str(shortest + 2))
+    env = {"PATCH_REPORT": str(layers), "TOKENRAILS_GUIDED_CPU_METER": meter}
+    out = {(mode, tp): _run(tp, mode, *extra, env_extra=env) if (mode, tp) == ("tokenrails", 3) else _run(tp, mode)
            for mode in ("stock", "tokenrails") for tp in (1, 3)}
     reports = [json.loads(Path(f).read_text()) for f in glob.glob(meter + ".*.json")]
-    return out, reports
+    patched = [json.loads(line) for line in layers.read_text().splitlines() if line.strip()]
+    return out, reports, patched
 
 
 def _grammar_accepts(ebnf: str, text: str) -> bool:
@@ -101,7 +116,7 @@ def _check(name: str, row: dict) -> None:
 
 @pytest.mark.parametrize("mode", ["stock", "tokenrails"])
 def test_tp3_equals_tp1_token_for_token(runs, mode):
-    out, _ = runs
+    out, _, _ = runs
     tp1, tp3 = out[(mode, 1)], out[(mode, 3)]
     side_by_side = {k: (tp1[k]["text"], tp3[k]["text"]) for k in tp1 if not k.startswith("_")}
     for name, _, _, _ in tp_child.REQUESTS:
@@ -116,7 +131,7 @@ def test_tp3_equals_tp1_token_for_token(runs, mode):
 
 
 def test_only_the_sampling_rank_does_guided_work_at_tp3(runs):
-    _, reports = runs
+    _, reports, _ = runs
     by_rank = {r["rank"]: r for r in reports if r["rank"] is not None}
     engine = [r for r in reports if r["rank"] is None]  # the engine's (pipeline's) own process
     assert sorted(by_rank) == [0, 1, 2], reports
@@ -131,7 +146,7 @@ def test_only_the_sampling_rank_does_guided_work_at_tp3(runs):
 def test_a_slow_compile_holds_its_row_not_the_batch_at_tp3(runs):
     """The ranks run in worker processes: the scheduler still keeps the row whose grammar is not
     compiled out of the batch, and the ranks take the engine process's compiled grammar."""
-    out, _ = runs
+    out, _, _ = runs
     waits = out[("tokenrails", 3)]["_row_waits"]
     print(f"TP=3, compile {waits['delay']} s: {waits['during']} tokens of the other request meanwhile, "
           f"max gap {waits['max_gap']:.3f} s until the slow row's first token, after {waits['slow_wait']:.2f} s")
@@ -146,8 +161,27 @@ def test_a_slow_compile_holds_its_row_not_the_batch_at_tp3(runs):
 def test_the_engine_process_reads_the_tokenizer_once(runs):
     """The engine process's compiles for its TP ranks, and an in-process model agent (TP = 1), use
     the tokenizer LMDeploy's AsyncEngine already loaded there (stock's agent loads it again)."""
-    out, _ = runs
+    out, _, _ = runs
     startup = {key: run["_startup"] for key, run in out.items()}
     print("start-up:", startup)
     assert startup[("tokenrails", 3)]["tokenizer_loads"] == startup[("stock", 3)]["tokenizer_loads"] == 1, startup
     assert startup[("tokenrails", 1)]["tokenizer_loads"] == 1, startup
+
+
+def test_tp_pipeline_with_module_level_activate_finishes_patched_once(runs):
+    """Every process that ran the module level (the script's and its three ranks) has each patch
+    point wrapped once, and the run finished with valid outputs (test_tp3_equals_tp1_token_for_token)."""
+    out, _, patched = runs
+    assert re.fullmatch(tp_child.REGEX, out[("tokenrails", 3)]["regex"]["text"])
+    assert_patched_once(patched, processes=4)
+
+
+def test_budget_default_closes_under_tp(runs, shortest):
+    budget = runs[0][("tokenrails", 3)]["_budget"]
+    closed, off, fits = budget["closed"], budget["off"], budget["fits"]
+    assert closed["finish_reason"] == "stop" and closed["budget_closed"] is True, closed
+    assert closed["tokens"] <= shortest + 2
+    jsonschema.validate(json.loads(closed["text"]), SCHEMA)
+    assert off["finish_reason"] == "length" and off["budget_closed"] is None, off
+    assert fits["finish_reason"] == "stop" and fits["budget_closed"] is False, fits
+    jsonschema.validate(json.loads(fits["text"]), tp_child.BUDGET_PERSON)

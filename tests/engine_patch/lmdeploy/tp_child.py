@@ -1,11 +1,16 @@
-"""One engine run for the TP equivalence test (test_real_engine_tp.py), in its own process:
+"""One engine run for the TP tests (test_real_engine_tp.py), in its own process:
 
-    python -m tests.engine_patch.lmdeploy.tp_child --tp 3 --mode tokenrails|stock --meter PREFIX
+    python -m tests.engine_patch.lmdeploy.tp_child --tp 3 --mode tokenrails|stock
 
 Builds LMDeploy's pipeline on the CPU path in float32, decodes ``REQUESTS`` greedily in one batch
 and prints one JSON line: per request its token ids, text and finish reason, ``_timing`` (wall
 seconds and generated tokens of the last of ``--repeat`` batches) and ``_startup`` (the pipeline's
 build: wall and this process's CPU seconds, and how many times this process loaded the tokenizer).
+
+``--mode tokenrails`` starts as a user's script does: ``activate()`` at module level (the TP ranks
+re-import this module, so they run it too; ``$PATCH_REPORT``: patch_layers.report), then
+``activate(budget="close")`` here only (``REQUESTS`` opt out: ``_opt_out``). ``--budget-tight N``:
+then ``budget_requests(N)`` as ``_budget``.
 
 ``--row-waits``: then, on the same engine, a request whose grammar compiles slowly (``SLOW``, its
 compile delayed ``DELAY`` s in every process of the run: the TP ranks re-import this module as
@@ -60,6 +65,16 @@ def slow_compiles(delay: float = DELAY, set_attr=setattr) -> threading.Event:
     return done
 
 
+ENV_ACTIVATE = "TP_CHILD_ACTIVATE"
+if os.environ.get(ENV_ACTIVATE):  # this process and every rank that re-imports this module
+    from tokenrails.engine_patch.lmdeploy import activate as _activate
+
+    _activate()
+    if os.environ.get("PATCH_REPORT"):
+        from tests.engine_patch.lmdeploy import patch_layers
+
+        patch_layers.report(os.environ["PATCH_REPORT"])
+
 if os.environ.get(ENV_SLOW) and __name__ != "__main__":  # a spawned rank importing this module
     slow_compiles()
 
@@ -81,8 +96,9 @@ def row_waits(pipe, fast_pattern: str = FAST, fast_tokens: int = 104, delay: flo
     the timings of both (see the module doc). test_row_waits.py runs it on one engine."""
     from lmdeploy import GenerationConfig
 
-    fast_fmt = {"type": "regex_schema", "regex_schema": fast_pattern}
-    slow_fmt = {"type": "regex_schema", "regex_schema": SLOW}
+    # (a budget default of the engine, as in the TP run, is not what this measures)
+    fast_fmt = {"type": "regex_schema", "regex_schema": fast_pattern, "tokenrails_budget": "off"}
+    slow_fmt = {"type": "regex_schema", "regex_schema": SLOW, "tokenrails_budget": "off"}
     pipe(["Hi"], gen_config=GenerationConfig(max_new_tokens=2, top_k=1, response_format=fast_fmt))  # compiled
     fast_stamps: list[float] = []
     slow_stamps: list[float] = []
@@ -123,6 +139,26 @@ REQUESTS = [
     ("unguided", "Hi", None, 6),
 ]
 
+BUDGET_PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                                  "age": {"type": "integer"}},
+                 "required": ["name", "age"], "additionalProperties": False}
+
+
+def budget_requests(tight: int) -> list[tuple[str, str, dict, int]]:
+    """The record closed by the budget default within ``tight`` tokens, opted out, and one that fits."""
+    from ..budget_cases import PROMPT, SCHEMA
+
+    record = {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA}}
+    return [("closed", PROMPT, record, tight),
+            ("off", PROMPT, {**record, "tokenrails_budget": "off"}, tight),
+            ("fits", "Give me a person as JSON.",
+             {"type": "json_schema", "json_schema": {"name": "p", "schema": BUDGET_PERSON}}, 64)]
+
+
+def _opt_out(fmt: dict | None, mode: str) -> dict | None:
+    """``fmt`` out of the budget default, which refuses non-DFA kinds (stock has no such key)."""
+    return {**fmt, "tokenrails_budget": "off"} if fmt and mode == "tokenrails" else fmt
+
 
 def _count_tokenizer_loads() -> list:
     """Every ``lmdeploy.tokenizer.Tokenizer`` this process builds from now on, as a list of paths."""
@@ -143,16 +179,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--mode", choices=["stock", "tokenrails"], required=True)
-    ap.add_argument("--meter", default=None, help="guided CPU report prefix (guided_meter.py)")
     ap.add_argument("--repeat", type=int, default=1, help="decode the batch this many times; time the last")
     ap.add_argument("--row-waits", action="store_true", help="then time a slow compile beside a stream")
+    ap.add_argument("--budget-tight", type=int, default=None, help="then the budget rows (budget_requests)")
     args = ap.parse_args(argv)
     if args.row_waits:
         os.environ[ENV_SLOW] = "1"  # the ranks spawned below delay SLOW's compile too
         slow_compiles()
 
-    if args.meter:
-        os.environ["TOKENRAILS_GUIDED_CPU_METER"] = args.meter
     import torch
     torch.set_num_threads(1)
     from lmdeploy import GenerationConfig, pipeline
@@ -161,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     from tokenrails.demo_model import resolve_model_dir
     if args.mode == "tokenrails":
         from tokenrails.engine_patch.lmdeploy import activate
-        activate()
+        activate(budget="close")  # this process only; the ranks read the exported default
     model_dir, _, _ = resolve_model_dir(quiet=True)
     cfg = cpu_engine_config(tp=args.tp, max_batch_size=len(REQUESTS), session_len=512)
     cfg.dtype = "float32"  # (the config's own check admits only half types; the CPU path runs fp32)
@@ -171,11 +205,20 @@ def main(argv: list[str] | None = None) -> None:
     startup = {"seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu,
                "tokenizer_loads": len(loads), "load": os.getloadavg()[0]}
     try:
-        gens = [GenerationConfig(top_k=1, max_new_tokens=n, response_format=fmt) for _, _, fmt, n in REQUESTS]
+        gens = [GenerationConfig(top_k=1, max_new_tokens=n, response_format=_opt_out(fmt, args.mode))
+                for _, _, fmt, n in REQUESTS]
         for _ in range(args.repeat):
             t0 = time.perf_counter()
             outs = pipe([p for _, p, _, _ in REQUESTS], gen_config=gens)
             seconds = time.perf_counter() - t0
+        budget = None
+        if args.budget_tight is not None:
+            reqs = budget_requests(args.budget_tight)
+            budget_outs = pipe([p for _, p, _, _ in reqs], gen_config=[
+                GenerationConfig(top_k=1, max_new_tokens=n, response_format=f) for _, _, f, n in reqs])
+            budget = {name: {"text": o.text, "finish_reason": o.finish_reason, "tokens": len(o.token_ids or []),
+                             "budget_closed": getattr(o, "budget_closed", None)}
+                      for (name, *_), o in zip(reqs, budget_outs)}
         waits = row_waits(pipe) if args.row_waits else None
     finally:
         pipe.close()
@@ -185,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     result["_startup"] = startup
     if waits is not None:
         result["_row_waits"] = waits
+    if budget is not None:
+        result["_budget"] = budget
     sys.stdout.write("TP_RESULT " + json.dumps(result) + "\n")
     sys.stdout.flush()
 
