@@ -169,6 +169,9 @@ def test_auto_ladder_spends_at_most_one_deadline():
     assert time.perf_counter() - start < limits.compile_timeout_s
 
 
+REFUSED_SPECS = 60  # tracemalloc makes each ~0.1 s; 60 x 300 KB is still 4.5 MB of slack over noise
+
+
 def test_memo_of_refused_specs_keeps_no_payload(upgraded):
     from lmdeploy.serve.core import async_engine
     from lmdeploy.serve.core.exceptions import RequestError
@@ -187,7 +190,7 @@ def test_memo_of_refused_specs_keeps_no_payload(upgraded):
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for i in range(150):
+        for i in range(REFUSED_SPECS):
             with pytest.raises(RequestError) as info:
                 ensure(refused(i))
             assert "max_enum_values" in str(info.value)
@@ -196,10 +199,11 @@ def test_memo_of_refused_specs_keeps_no_payload(upgraded):
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    # a memo that kept the payloads would hold >= 150 x its JSON text; a quarter of that leaves room
-    # for what other threads of the process allocate meanwhile (engines of earlier tests)
-    payloads = 150 * len(json.dumps(refused(0)))
-    assert grown < payloads // 4, f"{grown / 2**20:.1f} MB retained after 150 refused {payloads / 150e3:.0f} KB specs"
+    # a memo that kept the payloads would hold >= REFUSED_SPECS x its JSON text (~300 KB each); a
+    # quarter of that leaves room for what other threads of the process allocate meanwhile
+    payloads = REFUSED_SPECS * len(json.dumps(refused(0)))
+    assert grown < payloads // 4, (f"{grown / 2**20:.1f} MB retained after {REFUSED_SPECS} refused "
+                                   f"{payloads / REFUSED_SPECS / 1e3:.0f} KB specs")
 
 
 @pytest.mark.parametrize("choices", [[1, {"a": 1}, None], ["ok", 2], ["ok", None]])
