@@ -22,8 +22,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 pytestmark = pytest.mark.slow
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+from .schemas import PERSON  # noqa: E402
 CAP = 6  # the unguided row stops by length; nothing is drafted for it, so it takes CAP - 1 steps
 CUT = 5  # the second guided row stops by length inside its JSON
 

@@ -28,8 +28,7 @@ stats = pytest.importorskip("scipy.stats")
 
 pytestmark = pytest.mark.slow
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+from .schemas import PERSON  # noqa: E402
 ORDER = {"type": "object", "properties": {
     "status": {"enum": ["pending", "shipped", "delivered"]},
     "items": {"type": "array", "items": {"type": "object", "properties": {"sku": {"type": "string", "maxLength": 6},

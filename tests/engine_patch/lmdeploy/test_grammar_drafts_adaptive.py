@@ -14,8 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("lmdeploy")
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+from .schemas import PERSON  # noqa: E402
 
 
 # ---- helpers against oracles -------------------------------------------------------------------

@@ -26,8 +26,7 @@ EVENT = {"type": "object", "properties": {
     "registration_deadline_passed": {"type": "boolean"}},
     "required": ["event_identifier_code", "organizing_committee_contact", "registration_deadline_passed"],
     "additionalProperties": False}
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+from .schemas import PERSON  # noqa: E402
 
 
 def _fmt(schema):

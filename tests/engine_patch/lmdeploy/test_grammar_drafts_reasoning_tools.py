@@ -28,8 +28,7 @@ from . import tool_markers as tm  # noqa: E402
 pytestmark = pytest.mark.slow
 
 K = 3
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+from .schemas import PERSON  # noqa: E402
 THINK = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON},
          "tokenrails_reasoning": "<think>,</think>,max=8"}
 PROMPTS = ["Think briefly, then give a person as JSON.", "What is the weather in Paris for 3 days?",

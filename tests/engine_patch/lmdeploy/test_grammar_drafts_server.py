@@ -21,8 +21,7 @@ from .test_real_server import _stop, start_ready  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+from .schemas import PERSON  # noqa: E402
 PROMPTS = ["Give me a person as JSON.", "Invent a character as JSON."]
 
 

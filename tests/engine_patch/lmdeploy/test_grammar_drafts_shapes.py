@@ -16,8 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("lmdeploy")
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+from .schemas import PERSON  # noqa: E402
 ENV_SHAPE = "TOKENRAILS_GRAMMAR_DRAFTS_FIXED"
 TOOL = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
                                          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},

@@ -18,8 +18,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 pytestmark = pytest.mark.slow
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+from .schemas import PERSON  # noqa: E402
 ORDER = {"type": "object", "properties": {
     "status": {"enum": ["pending", "shipped", "delivered"]},
     "express": {"type": "boolean"}}, "required": ["status", "express"], "additionalProperties": False}

@@ -20,8 +20,7 @@ from ..budget_cases import PROMPT, SCHEMA  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+from .schemas import PERSON  # noqa: E402
 PERSON_PROMPT = "Give me a person as JSON."
 
 
