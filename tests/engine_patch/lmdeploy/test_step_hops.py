@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 import torch
 
-from . import harness
+from . import harness, tp_child
 
 EOS = 2  # SmolLM2 <|im_end|>
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string", "maxLength": 4}},
@@ -119,10 +119,12 @@ def test_a_row_still_compiling_keeps_the_hop(upgraded, cpu_lmdeploy, smollm2_tok
     mgr = harness.make_manager(smollm2_tokenizer, vocab.vocab_size)
     mgr.core()
     hops = _count_hops(monkeypatch)
-    seq = harness.FakeSeq(700, harness.gen_config({"type": "regex_schema", "regex_schema": "q[0-9]{5}z"}))
+    compiled = tp_child.slow_compiles(0.5, monkeypatch.setattr)  # still compiling at the first step, surely
+    seq = harness.FakeSeq(700, harness.gen_config({"type": "regex_schema", "regex_schema": tp_child.SLOW}))
     _decode(mgr, [seq], _logits(smollm2_tokenizer, vocab), steps=1)
-    assert hops[0] >= 1  # the first fill may wait for the compile: off the event loop
-    assert smollm2_tokenizer.decode(seq.generated).startswith("q")
+    assert compiled.is_set()  # the step waited for the compile...
+    assert hops[0] >= 1  # ...off the event loop
+    assert re.match(r"[a-c]", smollm2_tokenizer.decode(seq.generated))
 
 
 def test_a_cpu_agent_overlaps_only_from_cpu_min_rows(upgraded, monkeypatch):
