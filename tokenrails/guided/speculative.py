@@ -111,13 +111,7 @@ def _fill_block(ctx: RowContext, st: SequenceState, drafts: list[int], bitmask: 
                 eos_only_row(bitmask[base + j], eos)
                 continue
             walk.fill(bitmask, base + j)
-            if st.error is None and not bool(bitmask[base + j].any()):
-                # nothing allowed: an all -inf verification row would fail the engine's sampler
-                # for the whole batch. EOS only; at the real position (j == 0) the row ends.
-                eos_only_row(bitmask[base + j], eos)
-                if j == 0:
-                    st.error = InvalidGuideError(
-                        "the constraint allows no token here, not even EOS (its language is empty at this point)")
+            if st.error is None and _refused_empty(st, bitmask, base, j, eos):
                 dead = True
                 continue
             if j == len(drafts) or st.error is not None:
@@ -132,6 +126,19 @@ def _fill_block(ctx: RowContext, st: SequenceState, drafts: list[int], bitmask: 
                 continue
             valid += 1
     return valid
+
+
+def _refused_empty(st: SequenceState, bitmask: torch.Tensor, base: int, j: int, eos: Sequence[int]) -> bool:
+    """Whether the filled row ``base + j`` allows nothing. Such a row becomes EOS only (an all -inf
+    verification row would fail the engine's sampler for the whole batch); at the real position
+    (``j == 0``) the row ends with an error."""
+    if bool(bitmask[base + j].any()):
+        return False
+    eos_only_row(bitmask[base + j], eos)
+    if j == 0 and st.error is None:
+        st.error = InvalidGuideError(
+            "the constraint allows no token here, not even EOS (its language is empty at this point)")
+    return True
 
 
 def _fill_proposed(ctx: RowContext, st: SequenceState, drafts: list[int], seen: list[SeenMask],
@@ -158,12 +165,7 @@ def _fill_proposed(ctx: RowContext, st: SequenceState, drafts: list[int], seen: 
                     eos_only_row(bitmask[base + i], eos)
                 return walk.advanced
             walk.fill(bitmask, base + j)
-            empty = not host[base + j].any()
-            if empty:
-                eos_only_row(bitmask[base + j], eos)
-                if j == 0 and st.error is None:
-                    st.error = InvalidGuideError(
-                        "the constraint allows no token here, not even EOS (its language is empty at this point)")
+            empty = _refused_empty(st, bitmask, base, j, eos)
             if empty or st.error is not None:
                 for i in range(j + 1, run + 1):
                     eos_only_row(bitmask[base + i], eos)

@@ -19,6 +19,7 @@ request's counters depend on whether that late step ended before its usage was r
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
@@ -27,7 +28,11 @@ from typing import Any, Callable, Hashable, Sequence
 import torch
 
 from ..step.rank_manager import METRICS_SOURCES
+from ..step.stopped_rows import ended_flags
 from .adaptive_drafts import row_lengths
+
+logger = logging.getLogger(__name__)
+COUNTERS_FAILED = "tokenrails: draft counters failed (the step is unaffected)"
 
 MAX_TRACKED_REQUESTS = 4096
 
@@ -205,13 +210,11 @@ def patched_stopping_step(original: Callable) -> Callable:
         commits = inputs.__dict__.pop(_PENDING, None) if inputs is not None else None
         if commits:
             try:
-                stopped = (self.num_appendable_ids <= 0).reshape(-1).tolist()
+                stopped = ended_flags(self)
                 for commit in commits:
                     commit(stopped)
             except Exception:  # counters must never fail a step
-                import logging
-
-                logging.getLogger(__name__).exception("tokenrails: draft counters failed (the step is unaffected)")
+                logger.exception(COUNTERS_FAILED)
         return original(self, next_token_ids, stop_words, inputs=inputs, extra_inputs=extra_inputs)
 
     return step
@@ -231,9 +234,7 @@ def patched_rejection_sampling(original: Callable) -> Callable:
                 stops = stop_ids(self)
                 defer(model_inputs, lambda stopped: record_verification(keys, drafted, ids, stops, stopped))
         except Exception:  # counters must never fail a step
-            import logging
-
-            logging.getLogger(__name__).exception("tokenrails: draft counters failed (the step is unaffected)")
+            logger.exception(COUNTERS_FAILED)
         return out
 
     return _rejection_sampling

@@ -29,11 +29,12 @@ from ....guided.bitmask import MaskBuffer
 from ....guided.errors import GuideError
 from ....guided.sequence import GuidedRow
 from ..step.lmdeploy_step import report, rows_of_ctx
+from ..step import lmdeploy_step
 from ..step.stopped_rows import stopped
 
 # guided rows up to which a spec step runs its guided work inline (the plain step's limit): below
 # it a hop to a worker thread and back costs more than the work it carries
-INLINE_MAX_ROWS = 8
+INLINE_MAX_ROWS = lmdeploy_step.INLINE_MAX_ROWS
 
 
 class RowHandle:

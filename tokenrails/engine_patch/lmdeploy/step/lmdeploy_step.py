@@ -97,8 +97,7 @@ class LMDeployStep:
         view = owner.view
         if view.failed:
             self._refail(view.failed)
-        self.guided = sum(isinstance(r, GuidedRow) for r in self.rows)
-        self.budget = any(isinstance(r, GuidedRow) and r.max_tokens is not None for r in self.rows)
+        self._count_rows()
         self.skip_guided = skip_guided  # non-last prefill chunk: sample nothing into matchers
         self.errors: dict[int, GuideError] = {}  # logits row -> error (finish its sequence)
         self.prefill: tuple[tuple, Any] | None = None  # (row keys, future of FilledMask): overlap.py
@@ -131,6 +130,10 @@ class LMDeployStep:
         with self._lock:
             self.rows = [None if i in ended else r for i, r in enumerate(self.rows)]
             self._prepared = None
+        self._count_rows()
+
+    def _count_rows(self) -> None:
+        """``guided`` (how many rows carry a grammar) and ``budget`` (any with a token budget), from ``rows``."""
         self.guided = sum(isinstance(r, GuidedRow) for r in self.rows)
         self.budget = any(isinstance(r, GuidedRow) and r.max_tokens is not None for r in self.rows)
 

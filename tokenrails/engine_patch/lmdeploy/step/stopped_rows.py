@@ -12,19 +12,24 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
-
 NONE: tuple[Any, frozenset[int]] = (None, frozenset())
+
+
+def ended_flags(stopping_criteria: Any) -> list[bool]:
+    """Per sequence, whether its stopping criteria say it ended before this step (no token left
+    to append); empty when the criteria keep no such count."""
+    left = getattr(stopping_criteria, "num_appendable_ids", None)
+    return [] if left is None else (left.reshape(-1) <= 0).tolist()
 
 
 def ended_rows(stopping_criteria: Any, session_ctx: Any) -> frozenset[int]:
     """The logits rows whose stopping criteria say they ended before this step. None when the
     logits rows are not the sequences (a dLLM block has one row per position): a row must never
     lose its constraint or its error by a wrong index."""
-    left = getattr(stopping_criteria, "num_appendable_ids", None)
-    if left is None or session_ctx is None or left.numel() != len(session_ctx):
+    flags = ended_flags(stopping_criteria)
+    if session_ctx is None or not flags or len(flags) != len(session_ctx):
         return frozenset()
-    return frozenset(torch.nonzero(left.reshape(-1) <= 0).reshape(-1).tolist())
+    return frozenset(i for i, ended in enumerate(flags) if ended)
 
 
 def stopped(owner: Any, session_ctx: Any) -> frozenset[int]:
