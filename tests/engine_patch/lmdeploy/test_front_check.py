@@ -423,3 +423,55 @@ def test_requests_waiting_on_one_new_format_resume_together(upgraded):
         asyncio.run(main())
         spreads.append(len(set(resumed)))
     assert spreads == [1] * 20, spreads
+
+
+def test_requests_arriving_after_the_build_stored_its_manager_still_resume_together(upgraded, monkeypatch):
+    """The probe manager's build thread stores the manager a turn or more before the loop hears the
+    build finished. A request arriving in that gap used to find the manager, check its (fast)
+    format and resume before the requests still waiting on the build: CI saw one trial in 20 of the
+    test above resume over two turns. Here the gap is held open on purpose: half the requests
+    arrive only after the manager is stored, and all 16 + 16 must resume in one turn."""
+    import threading
+
+    from tokenrails.engine_patch.lmdeploy.server import front_check
+    from tokenrails.engine_patch.lmdeploy.server import request_parsing as req
+
+    _fresh_memo()
+    stored = threading.Event()
+    real = req.probe_manager
+
+    def slow_to_report(*args, **kwargs):
+        mgr = real(*args, **kwargs)  # stored in the memo here
+        stored.set()
+        time.sleep(0.3)  # the loop hears of the build this much later
+        return mgr
+
+    monkeypatch.setattr(req, "probe_manager", slow_to_report)
+    checker = front_check.FrontCheck()
+    spec = GuideSpec.regex("[0-9]{3}-stored-early")
+    turns = [0]
+    resumed: list[int] = []
+
+    async def main():
+        done = asyncio.Event()
+
+        async def neighbour():
+            while not done.is_set():
+                turns[0] += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(neighbour())
+
+        async def request(late: bool):
+            while late and not stored.is_set():
+                await asyncio.sleep(0.001)
+            assert await checker.verdict(spec, GuideLimits()) is None
+            resumed.append(turns[0])
+
+        await asyncio.gather(*(request(i >= 16) for i in range(32)))
+        done.set()
+        await task
+
+    asyncio.run(main())
+    assert len(resumed) == 32
+    assert len(set(resumed)) == 1, sorted(resumed)

@@ -114,7 +114,7 @@ class FrontCheck:
     async def compiled(self, spec: Any, limits: GuideLimits, tokenizer: Any = None) -> Any:
         """``spec`` compiled by the front's manager (the probe vocabulary, or ``tokenizer``'s), or
         its typed error (detached); never blocks the loop."""
-        mgr = req.built_probe_manager(limits, tokenizer=tokenizer) or await self._build(limits, tokenizer)
+        mgr = await self._manager(limits, tokenizer)
         view_key = (spec.key, id(mgr))
         pending = self._pending_view(view_key)  # wake with the requests already waiting on it
         if pending is not None:
@@ -135,9 +135,11 @@ class FrontCheck:
             pass
         return _outcome(future)
 
-    async def _build(self, limits: GuideLimits, tokenizer: Any = None) -> Any:
-        """The first check under these settings builds the probe manager off the loop; requests
-        arriving meanwhile await the same build, so they resume together."""
+    async def _manager(self, limits: GuideLimits, tokenizer: Any = None) -> Any:
+        """The probe manager for these settings. The first check builds it off the loop; requests
+        arriving meanwhile await that same build even when its thread has already stored the
+        manager (the loop hears of it a turn later), so every request of the build resumes in one
+        turn instead of the late ones overtaking the early ones."""
         from ..boot.settings import backend
 
         loop = asyncio.get_running_loop()
@@ -145,6 +147,9 @@ class FrontCheck:
         with self._lock:
             build = self._builds.get(slot)
             if build is None or build.get_loop() is not loop:
+                mgr = req.built_probe_manager(limits, tokenizer=tokenizer)
+                if mgr is not None:
+                    return mgr
                 build = self._builds[slot] = loop.run_in_executor(
                     None, functools.partial(req.probe_manager, limits, tokenizer=tokenizer))
                 build.add_done_callback(lambda done: self._builds.pop(slot, None))
