@@ -24,7 +24,7 @@ def test_attached_tokenizer_encodes_exactly_like_the_model(fresh_vocab, smollm2_
                                              fresh_vocab.special_ids, fresh_vocab.vocab_size))
     attach_tokenizer(fresh_vocab, smollm2_tokenizer)
     _, enc = build_lltokenizer(fresh_vocab)
-    assert greedy.source == "greedy" and enc.source == "llguidance.hf"
+    assert greedy.source == "greedy" and enc.source == "tokenizers"
     differs = 0
     for text in TEXTS:
         want = smollm2_tokenizer.encode(text, add_special_tokens=False)
@@ -37,7 +37,7 @@ def test_attached_tokenizer_encodes_exactly_like_the_model(fresh_vocab, smollm2_
 
 
 def test_python_tokenizer_fallback_and_special_text(fresh_vocab, smollm2_tokenizer):
-    class Slow:  # not a fast tokenizer: llguidance.hf refuses it, its own encode is used
+    class Slow:  # not a fast tokenizer (no Rust backend to copy): its own encode is used
         def encode(self, text, add_special_tokens=True):
             return smollm2_tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
@@ -78,3 +78,17 @@ def test_forced_text_masks_follow_the_canonical_tokenization(smollm2_tokenizer):
     attach_tokenizer(v, smollm2_tokenizer)
     assert forced_path(v) == canonical
     assert forced_path(Vocabulary.from_huggingface(smollm2_tokenizer)) == canonical  # attached by default
+
+
+def test_the_encoder_ignores_the_callers_padding_and_later_changes(fresh_vocab, smollm2_tokenizer):
+    """The encoder works on its own copy of the Rust tokenizer: padding or truncation the caller
+    turned on (transformers leaves them set after a padded call) never pads or cuts forced text."""
+    import copy
+
+    theirs = copy.deepcopy(smollm2_tokenizer)
+    theirs.backend_tokenizer.enable_padding(length=64, pad_id=0)
+    _, enc = build_lltokenizer(fresh_vocab)
+    enc.set_tokenizer(theirs)
+    theirs.backend_tokenizer.enable_truncation(max_length=1)
+    for text in TEXTS:
+        assert enc(text) == smollm2_tokenizer.encode(text, add_special_tokens=False), text

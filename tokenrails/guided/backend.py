@@ -122,6 +122,10 @@ class GuideBackend(ABC):
                 backend=self.name,
             )
 
+    def warm(self) -> None:
+        """Per-vocabulary set-up the first compile would otherwise do inside its request's
+        deadline (most backends do theirs when constructed: nothing left)."""
+
     @abstractmethod
     def compile(self, spec: GuideSpec) -> CompiledGuide:
         """Compile; raise a ``GuideError`` subclass for anything it cannot enforce exactly."""

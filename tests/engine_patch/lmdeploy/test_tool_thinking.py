@@ -340,6 +340,40 @@ def test_the_first_tool_call_compile_builds_no_tokenizer_info(cpu_lmdeploy, upgr
     assert matcher.is_accepting()
 
 
+def test_the_first_schema_routed_to_llguidance_builds_no_tokenizer(cpu_lmdeploy, upgraded, monkeypatch):
+    """llguidance's per-vocabulary tables (its tokenizer and the canonical encoder for forced text:
+    about 1.3 s of CPU on a 128k vocabulary, seconds of wall under load) are built on the
+    manager's warm thread too: ``auto`` sends a schema it has not seen to llguidance, and that
+    first request's compile deadline must not pay for them."""
+    from tokenrails import GuideSpec
+    from tokenrails.guided.backends import llguidance_backend
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
+
+    monkeypatch.setenv("TOKENRAILS_REASONING", "off")
+    tok, vocab, _ = _tokenizer("qwen3")
+    fresh = vocab.reread(vocab.token_bytes, special_ids=vocab.special_ids)  # no tables built by other tests
+    fresh.backend_cache["hf_tokenizer"] = tok
+    mgr = LMDeployGuidedManager(tok, vocab.vocab_size, vocab=fresh, limits=harness.unhurried_limits())
+    warming = getattr(mgr, "warming", None)
+    if warming is not None:
+        warming.join()
+    built, build = [], llguidance_backend.build_lltokenizer
+
+    def counted(*args, **kwargs):
+        built.append(1)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(llguidance_backend, "build_lltokenizer", counted)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    guide = mgr.core().get_compiled(GuideSpec.json_schema(schema))
+    assert guide.backend == "llguidance"
+    assert not built, "the first compile routed to llguidance built its tokenizer"
+    assert fresh.backend_cache["llguidance:tables"][2].source == "tokenizers"  # canonical forced text
+    matcher = guide.matcher()
+    assert all(matcher.accept_token(t) for t in tok.encode('{"city": "Paris"}', add_special_tokens=False))
+    assert matcher.is_accepting()
+
+
 def test_resolving_the_markers_is_cheap_on_a_large_vocabulary(cpu_lmdeploy, upgraded, monkeypatch):
     """The markers' token index (built once per vocabulary, on the first request's path when no
     manager built it ahead) costs little CPU on qwen3's 151k tokens: at most 0.3 s of

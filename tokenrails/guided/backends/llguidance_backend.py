@@ -77,9 +77,9 @@ class CanonicalEncoder:
     the model tokenizer's own (canonical) encoding, not a greedy longest match: with greedy,
     ``{"name"`` may be forced as tokens the model never produces for that text. Sources, first
     that applies: ``vocab.encode`` (a callable), the transformers tokenizer attached with
-    ``attach_tokenizer`` / ``vocab.backend_cache["hf_tokenizer"]`` (through
-    ``llguidance.hf.from_tokenizer``: the Rust tokenizer, no Python per call; else its
-    ``encode(text, add_special_tokens=False)``), greedy longest match as the fallback. Results
+    ``attach_tokenizer`` / ``vocab.backend_cache["hf_tokenizer"]`` (a copy of its Rust
+    ``tokenizers.Tokenizer``; a slow tokenizer's ``encode(text, add_special_tokens=False)``),
+    greedy longest match as the fallback. Results
     holding a special or out-of-range id (text such as ``<|im_end|>``) fall back to greedy.
     """
 
@@ -96,15 +96,22 @@ class CanonicalEncoder:
             self.set_tokenizer(vocab.backend_cache[HF_TOKENIZER_KEY])
 
     def set_tokenizer(self, tokenizer: Any) -> None:
-        """Use ``tokenizer``'s canonical encoding from now on. Built here, at compile time in the
-        manager's pool (~1 s once per 152k vocabulary), not at the first forced text, which
-        would stall a decoding step."""
+        """Use ``tokenizer``'s canonical encoding from now on. A fast tokenizer is copied (its Rust
+        ``tokenizers.Tokenizer`` re-read from its own JSON, padding and truncation off): the
+        caller's object may be re-configured by transformers calls on other threads, and a copy
+        needs neither its locks nor its settings. Built once per vocabulary, at compile time or
+        when the manager warms, never at the first forced text, which would stall a step."""
         real: Callable[[str], Sequence[int]]
         try:
-            from llguidance.hf import from_tokenizer
+            backend = tokenizer.backend_tokenizer
+            own = type(backend).from_str(backend.to_str())
+            own.no_padding()
+            own.no_truncation()
 
-            lt = from_tokenizer(tokenizer, slices=[])
-            real, source = lt.tokenize_str, "llguidance.hf"
+            def real(text: str) -> Sequence[int]:
+                return own.encode(text, add_special_tokens=False).ids
+
+            source = "tokenizers"
         except Exception:  # slow (Python) tokenizers, or no transformers: its own encode
             def real(text: str) -> Sequence[int]:
                 return tokenizer.encode(text, add_special_tokens=False)

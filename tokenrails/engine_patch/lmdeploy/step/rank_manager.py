@@ -188,20 +188,26 @@ class LMDeployGuidedManager(StockCalls):
     # ---- reasoning -------------------------------------------------------------------------
     def _warm(self) -> None:
         """Per-vocabulary tables built on a thread of their own when the manager is, as stock
-        LMDeploy builds its tokenizer info when it starts: xgrammar's (``warm``), so the first
-        compile does not wait for them, and the engine default's thinking-gate tables
-        (``ReasoningTracker.warm``), so no decoding step builds them (requests with their own
-        markers share them when their config is the same)."""
-        try:
-            self._mgr.warm()
-        except Exception as exc:  # noqa: BLE001 - best effort: the first compile builds (and reports) it
-            logger.warning("tokenrails: building xgrammar's tables ahead failed: %r", exc)
+        LMDeploy builds its tokenizer info when it starts, so no request's compile deadline and no
+        decoding step pays for them: xgrammar's first (every tool call and most formats compile
+        there), the engine default's thinking-gate tables (``ReasoningTracker.warm``; requests
+        with their own markers share them when their config is the same; a step would otherwise
+        build them), then llguidance's (``auto`` sends it a schema the first time one is seen,
+        and what xgrammar cannot serve exactly)."""
+        self._warm_backend("xgrammar")
         try:
             cfg = self.reasoning_config()
         except GuideError:
-            return  # markers this vocabulary lacks: such requests fail closed, nothing to build
+            cfg = None  # markers this vocabulary lacks: such requests fail closed, nothing to build
         if cfg is not None:
             tracker_for(self._mgr.vocab, cfg).warm()
+        self._warm_backend("llguidance")
+
+    def _warm_backend(self, name: str) -> None:
+        try:
+            self._mgr.warm(name)
+        except Exception as exc:  # noqa: BLE001 - best effort: the first compile builds (and reports) it
+            logger.warning("tokenrails: building %s's tables ahead failed: %r", name, exc)
 
     def reasoning_config(self, setting: Any = None):
         """The ``ReasoningConfig`` (or None) for a request's setting (None: the engine default)."""
