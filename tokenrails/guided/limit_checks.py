@@ -125,12 +125,10 @@ def check_refs(schema: Any, limits: GuideLimits) -> None:
         return
     # Graph over ref targets: node id -> ref targets reachable without nesting a value.
     edges: dict[str, set[str]] = {}
-    refs_seen = 0
     targets: dict[str, Any] = {"#": schema}
     for path, sub in iter_subschemas(schema):
         ref = sub.get("$ref")
         if isinstance(ref, str):
-            refs_seen += 1
             if not ref.startswith("#"):
                 raise UnsupportedGuideError(
                     f"$ref {ref[:100]!r} at {path} is not local: remote schemas are never fetched",

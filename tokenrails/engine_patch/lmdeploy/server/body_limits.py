@@ -26,8 +26,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any, Awaitable, Callable
 
-ENV_PREFIX = "TOKENRAILS_MAX_"
-# Spelled out, not built from the prefix: the settings list (tokenrails._env.SETTINGS) is checked
+# Spelled out, not built from a prefix: the settings list (tokenrails._env.SETTINGS) is checked
 # against the names the source reads.
 ENV_NAMES = {
     "body_bytes": "TOKENRAILS_MAX_BODY_BYTES",
