@@ -83,11 +83,10 @@ def _unpinned(err: GuideError) -> GuideError:
     """``err`` without its traceback and chain, so the frames that parsed the client's payload are
     freed *before* anything long-lived is allocated.
 
-    A refused 20k-value enum parses into ~20k small objects in pymalloc arenas; a cache entry
-    allocated while they lived landed in those arenas and kept each one resident after the
-    payload was freed (+0.3-0.56 MB per distinct refused spec, 773 MB after 1,550; measured with
-    pymalloc, flat with ``PYTHONMALLOC=malloc``). The waiter gets the error with no traceback
-    beyond its re-raise, which is all the engine reports anyway.
+    A refused large payload parses into many small objects in pymalloc arenas; a cache entry
+    allocated while they lived would land in those arenas and keep each one resident after the
+    payload was freed. The waiter gets the error with no traceback beyond its re-raise, which is
+    all the engine reports anyway.
     """
     err.__traceback__ = None
     err.__context__ = None
@@ -174,10 +173,8 @@ class GuidedDecodingManager:
     # ---- compilation ---------------------------------------------------------------------
     def warm(self) -> None:
         """Build xgrammar's per-vocabulary tables (its tokenizer info, the marker views') now, as
-        stock LMDeploy builds its tokenizer info when it starts, instead of in the first compile
-        that needs them, which a structured request would wait for (0.2 s of CPU on a 151k
-        vocabulary, seconds on a loaded machine). Other backends build theirs on first use
-        (llguidance's: 0.9 s of CPU and 81 MB there, only for the requests routed to it)."""
+        stock LMDeploy does when it starts, so no structured request waits for them in its
+        compile. Other backends build theirs on first use, paid only by the requests routed to them."""
         if self.backend not in ("auto", "xgrammar"):
             return
         try:
