@@ -100,8 +100,8 @@ def close_schema(schema: Any, max_visits: int | None = None) -> Any:
 class VisitBudget:
     """A count of schema nodes visited by one walk, refused past ``limit`` (``GuideLimitError``).
 
-    Depth bounds alone do not bound a walk that follows ``$ref``/``allOf``: 30 levels whose parts
-    both reference the next level are 2^30 visits in a 2 KB document."""
+    Depth bounds alone do not bound a walk that follows ``$ref``/``allOf``: n levels whose parts
+    both reference the next level are 2^n visits."""
 
     __slots__ = ("limit", "used", "what")
 

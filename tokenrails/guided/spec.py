@@ -88,10 +88,8 @@ def _simple_options(options: Any) -> bool:
 
 def _fast_choice_payload(options: list | tuple) -> str | None:
     """``_canonical_json(list(options))`` for a non-empty list of plain strings that JSON writes
-    verbatim (no quote, backslash or control character, no lone surrogate); None otherwise.
-
-    One join and one byte scan instead of per-item encoding: 200 choices in ~4 µs, not ~150 µs.
-    """
+    verbatim (no quote, backslash or control character, no lone surrogate); None otherwise: one
+    join and one byte scan instead of encoding item by item."""
     try:
         joined = '","'.join(options)  # TypeError unless every item is a str
         raw = joined.encode("utf-8")  # UnicodeEncodeError on a lone surrogate
