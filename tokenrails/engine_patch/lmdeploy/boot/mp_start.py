@@ -5,8 +5,7 @@ for the spawned engine process to publish its RPC port, and leaves ``with mp.Man
 the manager down) as soon as it reads it. The engine process publishes inside ``with condition:``;
 its ``release()`` is a call to that manager, whose reply can be lost when the manager shuts down
 first (``EOFError``, ``BrokenPipeError``). The engine process then dies before it loads the model
-and the server exits with ``RPCServerDeadError``: stock LMDeploy's failure, seen here on a loaded
-machine in 1 of ~30 server starts and 3 starts in a row once.
+and the server exits with ``RPCServerDeadError`` (stock LMDeploy's failure, on loaded machines).
 
 Once the port is published the condition has done its job: nothing waits on it, and its lock
 lived in the manager that is gone. So the engine process's condition is wrapped: a lost reply of

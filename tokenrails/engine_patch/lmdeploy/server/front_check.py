@@ -235,8 +235,8 @@ def checked_preprocess(original: Callable) -> Callable:
         pending = None  # (deadline, key) while the request's spec is not compiled yet (handle_pool.py)
         if fmt is not None and getattr(self, "backend", None) != "turbomind":
             due = start + front_limits().compile_timeout_s
-            # parsing is bounded (size limit) but a 1 MB format is ~0.1 s of json: off the loop;
-            # a small one parses here, so a batch's requests reach the engine together
+            # a large format parses off the loop; a small one here, so a batch's requests reach
+            # the engine together
             if parses_inline(fmt):
                 spec = _parse(fmt)
             else:
