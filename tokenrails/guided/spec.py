@@ -285,7 +285,7 @@ class GuideSpec:
             else:
                 value = json.loads(self.payload)
                 if type(value) is not list or not all(type(v) is str for v in value):
-                    return value  # a hand-built payload: parsed each time, as before
+                    return value  # a hand-built payload: parsed each time
                 cached = tuple(value)
             d["_choices"] = cached
         return list(cached)

@@ -1,11 +1,10 @@
 """Numeric bounds (``minimum``/``maximum``/``exclusive*``) as digit-range regexes for fsm's lowering.
 
-outlines-core's JSON lowering drops numeric bounds, so the fsm backend refused every schema with
-one, and a budget request (fsm only: its shortest completion must be exact) could not be served
-for common tool schemas (pydantic ``Field(ge=..., le=...)``). Bounds are a regular language when
-written in positional notation, so a bounded ``integer``/``number`` leaf is swapped for a
-placeholder ``const`` before outlines lowers the schema and the placeholder's regex is then
-replaced by an exact digit-range regex:
+outlines-core's JSON lowering drops numeric bounds, which would leave the fsm backend (the only
+one a budget request can use) refusing common tool schemas (pydantic ``Field(ge=..., le=...)``).
+Bounds are a regular language in positional notation, so a bounded ``integer``/``number`` leaf is
+swapped for a placeholder ``const`` before outlines lowers the schema and the placeholder's regex
+is then replaced by an exact digit-range regex:
 
 * ``integer``: every integer in the bounds (``-0`` included, it is 0), non-integral bounds rounded
   inwards; the same language as outlines' integer regex intersected with the bounds;

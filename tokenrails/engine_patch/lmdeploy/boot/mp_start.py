@@ -10,7 +10,7 @@ and the server exits with ``RPCServerDeadError`` (stock LMDeploy's failure, on l
 Once the port is published the condition has done its job: nothing waits on it, and its lock
 lived in the manager that is gone. So the engine process's condition is wrapped: a lost reply of
 the *release* is logged and ignored; everything before it (acquire, the port, ``notify``) is
-unchanged, so a failure to publish still fails as before.
+stock's, so a failure to publish still fails.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class PublishingCondition:
 
 def patched_mp_proc(original: Callable) -> Callable:
     """``ZMQMPEngine._mp_proc`` (a static method, run in the spawned engine process) with the
-    condition wrapped; same name and module, so the spawn pickles it by reference as before."""
+    condition wrapped; same name and module, so the spawn pickles it by reference."""
 
     @functools.wraps(original)
     def _mp_proc(shared_dict: Any, condition: Any, *args: Any, **kwargs: Any) -> Any:
