@@ -10,8 +10,6 @@ exactly, so the order is an optimisation: correctness never depends on it.
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 
 from .errors import GuideError, UnsupportedGuideError
 from .limits import GuideLimits
@@ -22,7 +20,6 @@ from .spec import GuideSpec
 from .vocabulary import Vocabulary
 
 _SEEN_MAX = 4096  # remembered spec keys per vocabulary (bounded: an LRU of keys only)
-_SEEN_LOCK = threading.Lock()
 
 
 def backends_for(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits, backend: str = "auto") -> list[str]:
@@ -102,15 +99,7 @@ def repeat_total(pattern: str) -> int:
 
 
 def _seen_before(spec: GuideSpec, vocab: Vocabulary) -> bool:
-    """Record ``spec.key`` for this vocabulary; True when it was already recorded."""
-    with _SEEN_LOCK:
-        seen = vocab.backend_cache.get("routing:seen")
-        if seen is None:
-            seen = vocab.backend_cache["routing:seen"] = OrderedDict()
-        if spec.key in seen:
-            seen.move_to_end(spec.key)
-            return True
-        seen[spec.key] = None
-        if len(seen) > _SEEN_MAX:
-            seen.popitem(last=False)
-        return False
+    """Record ``spec.key`` for this vocabulary (its bounded memo); True when it was already recorded."""
+    first: list[bool] = []
+    vocab.cached_lru("routing:seen", spec.key, lambda: first.append(True), _SEEN_MAX)
+    return not first
