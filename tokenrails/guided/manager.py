@@ -217,26 +217,21 @@ class GuidedDecodingManager:
             if waiter and self._overdue(spec):  # this request's time is up: nothing to wait for
                 running = entry.future if entry is not None else timed_out.future if timed_out is not None else None
                 return self._time_up(spec, running or _finished())
-            if entry is not None:
-                if waiter:
-                    entry.waiters.add(spec)
-                return entry
-            self.counters["cache_misses"] += 1
-            deadline = time.monotonic() + self.limits.compile_timeout_s
-            if timed_out is not None:
-                if not timed_out.future.done():  # still compiling on its abandoned thread: join it
+            if entry is None:
+                self.counters["cache_misses"] += 1
+                deadline = time.monotonic() + self.limits.compile_timeout_s
+                if timed_out is not None and not timed_out.future.done():
+                    # still compiling on its abandoned thread: join it
                     entry = self._inflight[spec.key] = _InFlight(timed_out.future, deadline)
-                    if waiter:
-                        entry.waiters.add(spec)
-                    return entry
-            heavy = self._procs is not None and compile_cost(spec) >= PROCESS_MIN_COST
-            try:
-                future = self._pool.submit(self._compile, spec, deadline if heavy else None, heavy=heavy)
-            except GuideError as exc:  # the pool refuses while too many compiles are abandoned
-                return _unpinned(exc)
-            except RuntimeError:  # closed: the engine is shutting down
-                return _closed_error()
-            entry = self._inflight[spec.key] = _InFlight(future, deadline, heavy=heavy)
+                else:
+                    heavy = self._procs is not None and compile_cost(spec) >= PROCESS_MIN_COST
+                    try:
+                        future = self._pool.submit(self._compile, spec, deadline if heavy else None, heavy=heavy)
+                    except GuideError as exc:  # the pool refuses while too many compiles are abandoned
+                        return _unpinned(exc)
+                    except RuntimeError:  # closed: the engine is shutting down
+                        return _closed_error()
+                    entry = self._inflight[spec.key] = _InFlight(future, deadline, heavy=heavy)
             if waiter:
                 entry.waiters.add(spec)
             return entry
