@@ -7,10 +7,10 @@ import os
 def env_lookup(name: str):
     """A function returning ``os.environ.get(name)`` for a fixed ``name``, minus its cost.
 
-    ``os.environ.get`` of an unset variable takes ~1 us (a ``KeyError`` raised and caught inside
-    ``os._Environ``), a visible share of a batch-1 apply that is called every decoding step. The
-    returned function looks the encoded key up in the dict behind ``os.environ`` (kept in sync by
-    every ``os.environ`` write, e.g. pytest's ``monkeypatch.setenv``) and decodes only when set.
+    ``os.environ.get`` of an unset variable raises and catches a ``KeyError`` inside
+    ``os._Environ``, a visible share of a batch-1 apply. The returned function looks the encoded key
+    up in the dict behind ``os.environ`` (kept in sync by every ``os.environ`` write, e.g. pytest's
+    ``monkeypatch.setenv``) and decodes only when set.
     """
     data = getattr(os.environ, "_data", None)
     encodekey = getattr(os.environ, "encodekey", None)

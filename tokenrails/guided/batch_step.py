@@ -109,8 +109,7 @@ class BatchedGuidedStep:
     def _end_empty_rows(self, states: list[SequenceState], bitmask: torch.Tensor) -> None:
         """A row that allows no token at all (an empty language, a dead end no token can leave)
         would be all -inf after the apply and make the engine's sampler fail for the whole batch.
-        Such a row ends alone instead: EOS only, with an error status. One vectorized pass over
-        the filled words (~5 us at batch 1, ~20 us at batch 32 with 150k tokens)."""
+        Such a row ends alone instead: EOS only, with an error status (one vectorized pass)."""
         for j in empty_rows(bitmask):
             st = states[j]
             if st.error is None:

@@ -1,29 +1,20 @@
 """The budget rule: structured output that completes within ``max_new_tokens``.
 
 A request that asks for it (``budget="close"``) gets, at each step, the grammar's mask
-intersected with the tokens after which the output can still be completed in the steps left.
-With ``R`` steps left (the step that emits EOS counts), token ``t`` is allowed in DFA state ``s``
-iff the grammar allows it and either ``t`` is EOS in an accepting state or ``D(s·t) <= R - 1``,
-where ``D(q)`` is the fewest tokens (the final EOS included) that complete the output from
-``q``. ``D`` is exact: a breadth-first search over the graph "some grammar token leads from
-state a to state b" (the same token set the matcher allows: specials never, EOS only when
-accepting), computed once per compiled guide (in the C walker; numpy without it) and cached with it. So:
+intersected with the tokens after which the output can still be completed in the steps left:
+with ``R`` steps left, token ``t`` is allowed in DFA state ``s`` iff the grammar allows it and
+either ``t`` is EOS in an accepting state or ``D(s·t) <= R - 1``, ``D(q)`` being the fewest tokens
+(the final EOS included) that complete the output from ``q``. ``D`` is exact: a breadth-first
+search over the token graph the matcher allows, computed once per compiled guide (in the C walker;
+numpy without it) and cached with it. When every allowed token fits, the mask is exactly the
+grammar's (greedy output is byte-identical to plain guided decoding); a sequence whose
+``D(start)`` exceeds the budget is refused up front (``GuideLimitError(limit="max_tokens")``).
 
-* when ``R - 1 >= max_t D(s·t)`` the mask is exactly the grammar's (the fast path, one table
-  lookup): greedy output is byte-identical to plain guided decoding whenever it fits;
-* otherwise only the tokens that keep a completion within reach stay; every row keeps at least
-  one token (a shortest path's next token, or EOS), so the output always completes in time;
-* when even ``D(start)`` exceeds the budget the sequence is refused up front
-  (``GuideLimitError(limit="max_tokens")``, saying how many tokens the shortest output needs).
-
-Exact only where the constraint is a DFA (the fsm backend: regex, choice, and the JSON schemas it
-lowers). A spec that asks for the rule is routed to fsm only (``budget_spec``); what fsm cannot
-compile (recursive schemas, grammars, structural tags) is refused with ``UnsupportedGuideError``
-rather than enforced by an estimate that could leave the output unfinished.
-
-Thinking (``ReasoningConfig``): the thinking tokens count against the same budget. A free
-thinking token is allowed only while the end marker (at most ``F`` forced tokens from any marker
-position) and the shortest answer still fit after it; otherwise the end marker is forced.
+Exact only where the constraint is a DFA: a spec that asks for the rule is routed to the fsm
+backend only (``budget_spec``), and what fsm cannot compile is refused (``UnsupportedGuideError``)
+rather than enforced by an estimate that could leave the output unfinished. Thinking tokens count
+against the same budget: a free thinking token is allowed only while the end marker and the
+shortest answer still fit after it. docs/semantics.md section 4b states the rule in full.
 """
 from __future__ import annotations
 

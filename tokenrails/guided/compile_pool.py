@@ -2,20 +2,18 @@
 
 A backend's compile (xgrammar's C++, llguidance's Rust) cannot be interrupted from Python. Here:
 
-* compiles queue per client (``clients.py``: API key or address); a free slot goes to the client
-  with the fewest compiles running, and no client holds more than ``per_client`` slots, so one
-  client's expensive specs queue behind its own, never in front of another client's (``LOCAL``, the
-  process's own compiles with no client named, is one caller and has no cap: its specs never wait
-  for its own slow ones);
-* a *heavy* compile (large by the caller's cost estimate) runs in a worker process that is killed
-  at its deadline (``compile_procs.py``); at most ``max_heavy`` run at once (one process each);
-* when the caller gives up on a compile (its deadline passed) the compile is *abandoned*: it stops
-  counting against ``max_running`` and its thread exits when the backend returns (a heavy one at
-  once: its process is killed). While one client has ``max_abandoned`` pending, ``submit``
-  refuses *that client* with ``GuideLimitError``: abandoned work is bounded per client, and no
-  client can close the pool to the others;
+* compiles queue per client (``clients.py``); a free slot goes to the client with the fewest
+  compiles running, and no client holds more than ``per_client`` slots, so one client's expensive
+  specs queue behind its own (``LOCAL``, the process's own compiles, is one caller without a cap);
+* a *heavy* compile runs in a worker process killed at its deadline (``compile_procs.py``); at most
+  ``max_heavy`` run at once;
+* a compile whose caller gave up (its deadline passed) is *abandoned*: it stops counting against
+  ``max_running`` and its thread exits when the backend returns (a heavy one's process is killed).
+  While one client has ``max_abandoned`` pending, ``submit`` refuses *that client* with
+  ``GuideLimitError``: abandoned work is bounded per client, and no client can close the pool to
+  the others;
 * threads are daemons started through ``native_threads``: interpreter exit waits for a running
-  compile only for a bounded time (a compile returning during finalization aborts the process).
+  compile only for a bounded time.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Compiles that can be stopped: a large spec compiles in a worker process, killed at its deadline.
 
-A backend's native compile cannot be interrupted from Python, so a thread past its deadline kept
-a core and its memory until the backend returned (minutes, +620 MB for sixteen). A worker process
-can be killed: the operating system takes back its memory at once, and a fresh worker replaces it.
+A backend's native compile cannot be interrupted from Python, so a thread past its deadline keeps
+a core and its memory until the backend returns. A worker process can be killed: the operating
+system takes back its memory at once, and a fresh worker replaces it.
 
 * Workers are separate interpreters (``python -m tokenrails.guided.compile_worker``), not forks:
   the parent may hold JAX, CUDA or engine threads that a fork would copy in a broken state. Each
@@ -17,7 +17,7 @@ can be killed: the operating system takes back its memory at once, and a fresh w
 * A worker whose RSS stays past ``worker_max_rss_mb`` after a compile (its heap grew for a large
   spec and could not shrink) is replaced, so the workers' memory returns to its idle size.
 * Only specs whose cost estimate (``compile_cost``) passes ``PROCESS_MIN_COST`` go to a worker: a
-  small spec compiles in-process in well under the round trip's cost (measured in docs/safety.md).
+  small spec compiles in-process in well under the round trip's cost (docs/safety.md).
 """
 from __future__ import annotations
 
@@ -41,20 +41,18 @@ from .spec import GuideSpec
 from .vocabulary import Vocabulary
 
 # The cost estimate, in spec payload bytes, from which a compile runs in a worker process. The round
-# trip costs ~1.7x the in-process compile at every size (bench/compile_cutover.py: llguidance's
-# parser is rebuilt here), so the bound is about risk: the compiles that ran past deadlines were
-# 36 KB (a 6,000-class grammar) and larger; a 600-property schema (17 KB) compiles in-process.
+# trip costs more than the compile at every size (bench/compile_cutover.py), so the bound is about
+# risk: only specs this large have been seen to run past a deadline.
 PROCESS_MIN_COST = 32 << 10
-WORKER_MAX_RSS_MB = 512  # an idle worker holds ~230-320 MB (interpreter, torch, the vocabulary)
+WORKER_MAX_RSS_MB = 512  # above an idle worker's size (interpreter, torch, the vocabulary)
 PORTABLE_BACKENDS = frozenset({"auto", "xgrammar", "llguidance", "fsm"})
 _HEADER = struct.Struct("!Q")
 
 
 def compile_cost(spec: GuideSpec) -> int:
     """A cheap upper-bound proxy for a compile's cost: the spec's serialized size. Every backend
-    walks its spec's text at least once, and the compiles that ran past deadlines (a 250 KB tool
-    enum, 1 MB formats, 36 KB grammars) were all large; a small spec's worst case is bounded by
-    the walk limits (``GuideLimits``)."""
+    walks its spec's text at least once; a small spec's worst case is bounded by the walk limits
+    (``GuideLimits``)."""
     return len(spec.payload)
 
 

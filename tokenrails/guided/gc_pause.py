@@ -3,10 +3,8 @@
 A large schema parses into tens of thousands of dicts and strings that live for the length of the
 compile; automaton construction allocates many short-lived lists and tuples. Surviving young
 collections, they count toward a *full* collection, which then walks every tracked object of the
-process while holding the GIL: ~100 ms per pass beside a schema of tens of thousands of properties
-(two decode ticks), milliseconds per pass in a process holding a 152k vocabulary. Those objects
-are acyclic and freed by reference counting when the compile ends, so the GC only needs to stay off
-while a compile runs.
+process while holding the GIL (decode ticks stall). Those objects are acyclic and freed by
+reference counting when the compile ends, so the GC only needs to stay off while a compile runs.
 
 One process-wide count of pauses, so pauses nest correctly however they interleave (a manager
 compile around an FSM build, compiles on several threads): the first to start turns the GC off
@@ -20,8 +18,7 @@ pause is bounded: after ``MAX_PAUSE_S`` the GC comes back on, and stays on until
 that pause has ended. One lazily started watchdog thread does that by polling (every quarter of
 ``MAX_PAUSE_S``, at most 1 s) while pauses come and go, and sleeps untimed once the process has
 been without one for two polls: entering and leaving a pause costs a lock and a counter, never a
-thread wake-up (it wraps every FSM compile, some of which take microseconds; waking the watchdog
-each time measured +20 µs per compile).
+thread wake-up (it wraps every FSM compile, some of which take microseconds).
 """
 from __future__ import annotations
 

@@ -1,41 +1,17 @@
 """Jump-forward: append the text the grammar forces without sampling it, token-safe.
 
-Which tokens the grammar forces is decided in one place, ``forced.forced_tokens`` (one-token
-masks and forced strings, repeated; the LMDeploy grammar-draft proposer uses the same rule). The
-forced string ``s`` here is the text of that run (cut before any special token, and before a
-split UTF-8 character). This module's own job is different: appending ``s`` as tokens next to
-tokens the sequence already holds needs a rule, because ``tokenize(previous text) + tokenize(s)`` is usually not how the model would have
-tokenized the joined text (``"`` + ``name`` vs ``"name``). The rule (documented in
-docs/semantics.md):
+Which tokens the grammar forces is decided in one place, ``forced.forced_tokens``. This module's
+job is appending that text as tokens next to the ones the sequence holds: ``tokenize(previous) +
+tokenize(s)`` is usually not how the model would tokenize the joined text (``"`` + ``name`` vs
+``"name``), so the last few constrained tokens are re-tokenized with ``s`` and the result is used
+only when it is unambiguous, makes progress and the grammar accepts it. The rule and its results
+(``token_ids`` None: text only; ``()``: nothing to append) are specified once, in
+docs/semantics.md section 3.
 
-1. Take the last ``r`` constrained tokens (``r`` = ``max_rollback`` or fewer, never into the
-   prompt or the thinking section, and never splitting a UTF-8 character), join their text with
-   ``s`` and tokenize the whole with the model's tokenizer (no special tokens added).
-2. The result is used only if it is unambiguous: its tokens' bytes concatenate to exactly that
-   text and none of them is a special token.
-3. Its last token is left for the model to sample (it may merge with the text that follows),
-   unless ``s`` ends the output (afterwards only EOS is allowed).
-4. Tokens shared with the existing ones are kept; ``rollback_tokens`` = tokens to drop from the
-   end of the sequence, ``token_ids`` = tokens to append after dropping them.
-5. The jump must make progress: the appended bytes are strictly more than the dropped ones
-   (so jumping can never loop or shrink the output).
-6. The grammar must accept ``token_ids`` after the rollback (checked without changing the state).
-
-Larger ``r`` is tried first (most context), down to 0. When no ``r`` is unambiguous, or the forced
-run is empty although the grammar forces text (no ``encode`` given, or the text spells a special
-token), ``token_ids`` is None and ``text`` is the matcher's forced string: the engine may only use
-the text. When some are unambiguous but none makes
-progress, ``token_ids`` is ``()``: nothing to append; the mask still forces the text.
-Engines that cannot append several tokens in one step should not call this (off by default).
-
-The transformers decode loop uses this rule with ``max_rollback=1`` (only the token it just
-sampled, which the model has not seen yet, may be re-tokenized) and applies the result with
-``SequenceState.apply_jump``, the same accept path as a sampled token, so the recorded history
-stays exact.
-
-While thinking there is nothing to jump over, except at the thinking cap: then the rest of the
-end marker is forced and returned as ``token_ids`` (``rollback_tokens`` = 0). While an optional
-thinking section is undecided (the model may still open it) nothing is forced: no jump.
+The transformers decode loop uses it with ``max_rollback=1`` (only the token it just sampled may
+be re-tokenized) and applies the result with ``SequenceState.apply_jump``, the same accept path as
+a sampled token, so the recorded history stays exact. While thinking nothing is forced except the
+rest of the end marker at the thinking cap; while optional thinking is undecided, no jump.
 """
 from __future__ import annotations
 
@@ -89,7 +65,7 @@ def compute_jump_forward(
     max_tokens: int = 256,
 ) -> JumpForward:
     """The forced continuation of ``st`` (``forced.forced_tokens``, at most ``max_tokens`` tokens)
-    retokenized with the sequence's last tokens under the rule above. A peek: the state (matcher,
+    retokenized with the sequence's last tokens (docs/semantics.md section 3). A peek: the state (matcher,
     history, thinking state) is exactly as on entry."""
     if st.error is not None:
         return NOTHING

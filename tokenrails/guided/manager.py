@@ -83,11 +83,10 @@ def _unpinned(err: GuideError) -> GuideError:
     """``err`` without its traceback and chain, so the frames that parsed the client's payload are
     freed *before* anything long-lived is allocated.
 
-    A refused 20k-value enum parses into ~20k small objects in pymalloc arenas; a cache entry
-    allocated while they lived landed in those arenas and kept each one resident after the
-    payload was freed (+0.3-0.56 MB per distinct refused spec, 773 MB after 1,550; measured with
-    pymalloc, flat with ``PYTHONMALLOC=malloc``). The waiter gets the error with no traceback
-    beyond its re-raise, which is all the engine reports anyway.
+    A refused large payload parses into many small objects in pymalloc arenas; a cache entry
+    allocated while they lived would land in those arenas and keep each one resident after the
+    payload was freed. The waiter gets the error with no traceback beyond its re-raise, which is
+    all the engine reports anyway.
     """
     err.__traceback__ = None
     err.__context__ = None
@@ -174,11 +173,8 @@ class GuidedDecodingManager:
     # ---- compilation ---------------------------------------------------------------------
     def warm(self, backend: str = "xgrammar") -> None:
         """Build ``backend``'s per-vocabulary tables now if this manager may route to it, as stock
-        LMDeploy builds its tokenizer info when it starts, instead of inside the first compile
-        that needs them, which counts them against that request's deadline. On a 128k
-        vocabulary: xgrammar's tokenizer info and marker views 0.2 s of CPU and 3 MB; llguidance's
-        tokenizer and canonical encoder 1.3 s and about 40 MB (seconds of wall on a loaded
-        machine)."""
+        LMDeploy builds its tokenizer info when it starts, so no request's compile deadline pays
+        for them (their costs: docs/safety.md, "Wall clocks on the request path")."""
         if self.backend not in ("auto", backend):
             return
         try:
@@ -221,26 +217,21 @@ class GuidedDecodingManager:
             if waiter and self._overdue(spec):  # this request's time is up: nothing to wait for
                 running = entry.future if entry is not None else timed_out.future if timed_out is not None else None
                 return self._time_up(spec, running or _finished())
-            if entry is not None:
-                if waiter:
-                    entry.waiters.add(spec)
-                return entry
-            self.counters["cache_misses"] += 1
-            deadline = time.monotonic() + self.limits.compile_timeout_s
-            if timed_out is not None:
-                if not timed_out.future.done():  # still compiling on its abandoned thread: join it
+            if entry is None:
+                self.counters["cache_misses"] += 1
+                deadline = time.monotonic() + self.limits.compile_timeout_s
+                if timed_out is not None and not timed_out.future.done():
+                    # still compiling on its abandoned thread: join it
                     entry = self._inflight[spec.key] = _InFlight(timed_out.future, deadline)
-                    if waiter:
-                        entry.waiters.add(spec)
-                    return entry
-            heavy = self._procs is not None and compile_cost(spec) >= PROCESS_MIN_COST
-            try:
-                future = self._pool.submit(self._compile, spec, deadline if heavy else None, heavy=heavy)
-            except GuideError as exc:  # the pool refuses while too many compiles are abandoned
-                return _unpinned(exc)
-            except RuntimeError:  # closed: the engine is shutting down
-                return _closed_error()
-            entry = self._inflight[spec.key] = _InFlight(future, deadline, heavy=heavy)
+                else:
+                    heavy = self._procs is not None and compile_cost(spec) >= PROCESS_MIN_COST
+                    try:
+                        future = self._pool.submit(self._compile, spec, deadline if heavy else None, heavy=heavy)
+                    except GuideError as exc:  # the pool refuses while too many compiles are abandoned
+                        return _unpinned(exc)
+                    except RuntimeError:  # closed: the engine is shutting down
+                        return _closed_error()
+                    entry = self._inflight[spec.key] = _InFlight(future, deadline, heavy=heavy)
             if waiter:
                 entry.waiters.add(spec)
             return entry

@@ -9,8 +9,8 @@ that make such calls are started here and interpreter exit waits for them, for a
 
 * ``atexit`` runs before finalization starts, so a thread that ends during the wait ends cleanly;
 * the wait is bounded by ``TOKENRAILS_EXIT_WAIT_S`` (default 10 s) for all threads together: a
-  compile stuck longer than that is left to end with the process, as before (most such compiles
-  outlive finalization; the bound only trades a slower exit for the rare abort);
+  compile stuck longer than that is left to end with the process (most such compiles outlive
+  finalization; the bound only trades a slower exit for the rare abort);
 * threads are still daemons, so nothing else in exit (``threading._shutdown``) waits for them.
 """
 from __future__ import annotations

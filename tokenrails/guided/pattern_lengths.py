@@ -1,7 +1,7 @@
 """A string's ``pattern`` and ``minLength``/``maxLength`` folded into one pattern xgrammar enforces.
 
 xgrammar drops the length bound of a string that also has a ``pattern``, and structural tags (tool
-calls) compile on xgrammar only, so such a tool schema was refused. For the shapes pydantic writes
+calls) compile on xgrammar only, so such a tool schema would be refused. For the shapes pydantic writes
 (``Field(max_length=64, pattern=r"^[^@\\s]+@[^@\\s]+\\.[a-z]{2,}$")``: an anchored chain of fixed
 pieces and repeated single characters) the bound goes into the pattern's own repeats: each
 repeat gets a share of the room ``maxLength`` leaves, and the first ones grow to reach

@@ -1,33 +1,18 @@
 """Reasoning ("thinking") sections: leave the row free until the end marker, then constrain.
 
-A request may let the model think first (``<think> … </think>``). While thinking the matcher is
-not advanced and the row is free, with three exceptions that keep the guarantee "the structured
-part is always produced and always valid":
+While thinking the matcher is not advanced and the row is free, with the exceptions that keep
+"the structured part is always produced and always valid": no EOS while thinking; in
+``match="text"`` mode no token that completes the end marker *and continues past it* (beyond
+whitespace the gap allows); the end marker forced at ``max_thinking_tokens``; after a generated
+end marker only the grammar's tokens or a bounded run of whitespace (``whitespace_after_end``).
+With ``optional=True`` the model decides at its first position: the start marker opens a thinking
+section, anything else is the answer, constrained from its first token (``open_step``). The exact
+rules are in docs/semantics.md section 1.
 
-* EOS is not allowed while thinking (otherwise the answer could silently be missing);
-* in ``match="text"`` mode, tokens whose bytes complete the end marker *and continue past it*
-  are not allowed (those trailing bytes would bypass the grammar), unless the trailing bytes are
-  whitespace that fits the gap below;
-* at ``max_thinking_tokens`` the end marker is forced, one token per step.
-
-Right after a generated end marker, before the grammar's first token, a bounded run of
-whitespace-only tokens may be allowed (``whitespace_after_end`` bytes: Qwen3-style models write
-``</think>\n\n`` before the answer; the engine-wide gate, engine_patch/reasoning_settings.py, allows 2 by
-default; a ``ReasoningConfig`` made directly hands over exactly, 0). The grammar wins a token it accepts (that ends the
-gap); any other token there must be whitespace within the budget, so nothing else bypasses the
-grammar. Nothing is forced during the gap (the model may still write whitespace).
-
-``optional=True`` (hybrid models, templates that do not pre-fill the start marker): the *model*
-decides. At its first generated position the row allows the grammar's first tokens *and* the
-tokens that begin the start marker; output whose bytes (ids) begin with the start marker is a
-thinking section, anything else is the answer, constrained from its first token. While a
-partial start marker is being emitted the grammar is advanced alongside it as long as it accepts
-those tokens (both readings stay open); see ``open_step`` and docs/semantics.md section 1.
-
-The per-sequence state (``ThinkState``) is a tiny immutable value so speculative decoding can
-look ahead through drafts without copying anything heavy. ``ReasoningTracker`` holds the
-per-(vocabulary, config) tables and the transition function; ``ReasoningPhase`` is one sequence's
-phase (thinking, the gap, answering), owned by its ``SequenceState``, never by a backend.
+``ThinkState`` is a tiny immutable value so speculative decoding can look ahead through drafts
+without copying anything heavy; ``ReasoningTracker`` holds the per-(vocabulary, config) tables and
+the transition function; ``ReasoningPhase`` is one sequence's phase (thinking, the gap,
+answering), owned by its ``SequenceState``, never by a backend.
 """
 from __future__ import annotations
 

@@ -10,8 +10,6 @@ exactly, so the order is an optimisation: correctness never depends on it.
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 
 from .errors import GuideError, UnsupportedGuideError
 from .limits import GuideLimits
@@ -22,7 +20,6 @@ from .spec import GuideSpec
 from .vocabulary import Vocabulary
 
 _SEEN_MAX = 4096  # remembered spec keys per vocabulary (bounded: an LRU of keys only)
-_SEEN_LOCK = threading.Lock()
 
 
 def backends_for(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits, backend: str = "auto") -> list[str]:
@@ -85,8 +82,7 @@ def route(spec: GuideSpec, vocab: Vocabulary, limits: GuideLimits) -> tuple[list
 
 
 # Bounded repeats a pattern may spell out (the sum of their upper bounds) before the eager DFA
-# is not tried first: 300 x ``[\u0000-\uffff]{0,9}`` (2,700) took fsm's native compile ~10 s before
-# its deadline check (30 s at the default deadline), llguidance's lazy DFA 0.04 s.
+# is not tried first: fsm builds every spelled-out state, llguidance's lazy DFA does not.
 FSM_REPEAT_TOTAL = 1024
 _BOUND = re.compile(r"\{\s*(\d{1,9})\s*(?:,\s*(\d{0,9})\s*)?\}")
 
@@ -103,15 +99,7 @@ def repeat_total(pattern: str) -> int:
 
 
 def _seen_before(spec: GuideSpec, vocab: Vocabulary) -> bool:
-    """Record ``spec.key`` for this vocabulary; True when it was already recorded."""
-    with _SEEN_LOCK:
-        seen = vocab.backend_cache.get("routing:seen")
-        if seen is None:
-            seen = vocab.backend_cache["routing:seen"] = OrderedDict()
-        if spec.key in seen:
-            seen.move_to_end(spec.key)
-            return True
-        seen[spec.key] = None
-        if len(seen) > _SEEN_MAX:
-            seen.popitem(last=False)
-        return False
+    """Record ``spec.key`` for this vocabulary (its bounded memo); True when it was already recorded."""
+    first: list[bool] = []
+    vocab.cached_lru("routing:seen", spec.key, lambda: first.append(True), _SEEN_MAX)
+    return not first

@@ -2,37 +2,22 @@
 says otherwise (xgrammar's ``strict_mode``, OpenAI strict mode, outlines, vLLM's
 ``disable-additional-properties`` for guidance).
 
-xgrammar compiles schemas with ``strict_mode=True``; llguidance follows plain JSON Schema (extra
-properties allowed when ``additionalProperties`` is absent). ``backend="auto"`` may send a schema
-to either, so the llguidance backend compiles ``close_schema(schema)`` instead, which makes the
-implicit strictness explicit:
-
-* an object schema that declares members (has ``properties`` or ``patternProperties``) and has no
-  ``additionalProperties``/``unevaluatedProperties`` admits only those members;
-  ``{"type": "object"}`` alone stays open (as in xgrammar and vLLM);
-* an array schema with ``prefixItems`` and no ``items`` (nor ``additionalItems``/
-  ``unevaluatedItems``) admits no further items.
-
-Closing is done where the instance is evaluated as a whole (a *closure point*: the root, every
-``properties``/``items``/``$defs``/... value), never separately in parts that are intersected with
-it: ``allOf`` parts, a ``$ref`` with sibling keywords, and ``anyOf``/``oneOf`` branches next to
-declared members. Closing each ``allOf`` part separately would make ``allOf [{properties a},
-{properties b}]`` unsatisfiable. Instead the names every part declares (``properties`` keys,
-``required`` names, ``patternProperties`` patterns) are hoisted to the closure point, which gets
-``additionalProperties: false`` — the meaning of ``unevaluatedProperties: false`` there. A single
-``anyOf``/``oneOf`` list next to declared members is closed per branch (the branch's names plus the
-enclosing ones), which keeps discriminated unions exact; with several such lists the union of all
-their names is used. ``$ref`` targets that are intersected with something are inlined (open),
-because ``$defs`` entries are closed in place.
-
-Not touched: ``not``, ``if``/``then``/``else``, ``propertyNames``, ``const``/``enum``/``default``
-values, and anything under an explicit ``additionalProperties``/``unevaluatedProperties``
-decision (only the nested value schemas are closed).
+llguidance follows plain JSON Schema (extra properties allowed when ``additionalProperties`` is
+absent) and ``backend="auto"`` may send a schema to it or to xgrammar, so the llguidance backend
+compiles ``close_schema(schema)``, which makes the implicit strictness explicit. Closing happens
+only where the instance is evaluated as a whole (the root, every ``properties``/``items``/
+``$defs``/... value), never in parts intersected with it: closing each ``allOf`` part separately
+would make ``allOf [{properties a}, {properties b}]`` unsatisfiable, so the names every part
+declares are hoisted to the closure point, which gets ``additionalProperties: false``. A single
+``anyOf``/``oneOf`` next to declared members is closed per branch (discriminated unions stay
+exact); ``$ref`` targets intersected with something are inlined open, because ``$defs`` entries
+are closed in place. ``not``, ``if``/``then``/``else``, ``propertyNames``, values and anything under
+an explicit ``additionalProperties``/``unevaluatedProperties`` decision are not touched.
 
 Two more parts of the one policy, applied for every backend through ``policy_schema(spec)``:
-``infer_types`` (type-specific keywords at a node without ``type`` mean that type, as xgrammar,
-outlines and OpenAI read them; llguidance alone followed JSON Schema) and ``is_strict(spec)``
-(``GuideSpec.json_schema(..., strict=False)``: no closing, JSON Schema's open objects).
+``infer_types`` (type-specific keywords at a node without ``type`` mean that type) and
+``is_strict(spec)`` (``GuideSpec.json_schema(..., strict=False)``: no closing). The rules and
+their measured effect per backend: docs/semantics.md section 5.
 """
 from __future__ import annotations
 
@@ -100,8 +85,8 @@ def close_schema(schema: Any, max_visits: int | None = None) -> Any:
 class VisitBudget:
     """A count of schema nodes visited by one walk, refused past ``limit`` (``GuideLimitError``).
 
-    Depth bounds alone do not bound a walk that follows ``$ref``/``allOf``: 30 levels whose parts
-    both reference the next level are 2^30 visits in a 2 KB document."""
+    Depth bounds alone do not bound a walk that follows ``$ref``/``allOf``: n levels whose parts
+    both reference the next level are 2^n visits."""
 
     __slots__ = ("limit", "used", "what")
 

@@ -88,10 +88,8 @@ def _simple_options(options: Any) -> bool:
 
 def _fast_choice_payload(options: list | tuple) -> str | None:
     """``_canonical_json(list(options))`` for a non-empty list of plain strings that JSON writes
-    verbatim (no quote, backslash or control character, no lone surrogate); None otherwise.
-
-    One join and one byte scan instead of per-item encoding: 200 choices in ~4 µs, not ~150 µs.
-    """
+    verbatim (no quote, backslash or control character, no lone surrogate); None otherwise: one
+    join and one byte scan instead of encoding item by item."""
     try:
         joined = '","'.join(options)  # TypeError unless every item is a str
         raw = joined.encode("utf-8")  # UnicodeEncodeError on a lone surrogate
@@ -287,7 +285,7 @@ class GuideSpec:
             else:
                 value = json.loads(self.payload)
                 if type(value) is not list or not all(type(v) is str for v in value):
-                    return value  # a hand-built payload: parsed each time, as before
+                    return value  # a hand-built payload: parsed each time
                 cached = tuple(value)
             d["_choices"] = cached
         return list(cached)

@@ -1,25 +1,18 @@
 """CPU apply: the C kernel ``tokenrails._apply_native`` when built, else numpy integer ops.
 
 :func:`apply_checked_cpu` hands validated arguments to the C kernel (raw data pointers, strides and
-sizes; design in ``csrc/apply_native.c`` and docs/kernels.md) unless it is not built or
-``TOKENRAILS_NATIVE=0``; then :func:`apply_checked_numpy`, described below, runs instead. Both
-are bit-exact against the reference (tests/kernels/test_native_apply.py).
+sizes; design in ``csrc/apply_native.c``) unless it is not built or ``TOKENRAILS_NATIVE=0``; then
+:func:`apply_checked_numpy` runs instead. Both are bit-exact against the reference
+(tests/kernels/test_native_apply.py).
 
-The numpy path: branch-free numpy integer ops on the logits' own memory.
-
-The logits are viewed as int32 (float32) or int16 (float16 / bfloat16); every change stores the
-dtype's -inf bit pattern (``0xFF800000``, ``0xFC00``, ``0xFF80``), so allowed logits keep their
-exact bits and disallowed ones become exactly -inf. ``masked_fill_`` / ``torch.where`` branch per
-element (~4 ns each on a random mask), so instead each masked row takes the cheapest of three
-paths, picked by a cost model over its popcount and word counts:
-
-* blend (mixed rows): ``x = ((x ^ NINF) & keep) ^ NINF`` with ``keep`` the row's unpacked bits
-  widened to 0 / -1 -- whole rows at memory speed;
-* scatter (few disallowed tokens): -inf stored at the 0 bits of the words that are not all ones;
-* fill (few allowed tokens): save the logits at the 1 bits, fill the row with -inf, restore them.
-
-Large temporaries come from per-thread scratch buffers: fresh multi-MB arrays on every call
-page-fault after glibc returns them to the OS, which costs more than the work itself.
+The numpy path views the logits as int32 (float32) or int16 (float16 / bfloat16) and stores the
+dtype's -inf bit pattern, so allowed logits keep their exact bits. ``masked_fill_`` /
+``torch.where`` branch per element, so each masked row takes the cheapest of three branch-free
+paths, picked by a cost model over its popcount and word counts: *blend* (mixed rows: ``x = ((x ^
+NINF) & keep) ^ NINF``), *scatter* (few disallowed tokens: -inf at the 0 bits), *fill* (few allowed
+tokens: save them, fill the row with -inf, restore them). Large temporaries come from per-thread
+scratch buffers: fresh multi-MB arrays page-fault once glibc returns them to the OS.
+docs/kernels.md ("CPU path") has the design and the measurements.
 """
 from __future__ import annotations
 

@@ -73,8 +73,7 @@ class NormalizedRequest:
 def normalize_request(obj: Any) -> GuideSpec | None:
     """Map a request object (dict, JSON text, pydantic model, ``GuideSpec``) to a ``GuideSpec``.
 
-    Returns ``None`` for an unconstrained request (``{"type": "text"}`` or ``None``). This is what
-    ``GuideSpec.from_request`` did before request parsing moved out of the core."""
+    Returns ``None`` for an unconstrained request (``{"type": "text"}`` or ``None``)."""
     return parse_request(obj).spec
 
 

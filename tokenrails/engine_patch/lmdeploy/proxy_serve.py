@@ -2,31 +2,19 @@
 
     python -m tokenrails.engine_patch.lmdeploy.proxy_serve [the arguments of `lmdeploy serve proxy`]
 
-LMDeploy 0.18's proxy forwards a non-streaming request to a replica, reads the body as text and
-answers ``JSONResponse(json.loads(body))``: always HTTP 200. A request the replica refused (a bad
-``response_format`` schema: 400 with the reason) reaches the client as a 200 whose body is an error
-object, and an OpenAI client then fails to parse a completion instead of raising the 400. When the
-replica cannot be reached (it died, or timed out) the proxy's own answer,
-``{"error_code": 10402, "text": ...}``, is a 200 too.
+LMDeploy 0.18's proxy answers every non-streaming request ``JSONResponse(json.loads(body))``, HTTP
+200: a replica's 400 (a bad ``response_format``) reaches an OpenAI client as a completion it
+cannot parse. Here the proxy module's ``JSONResponse`` takes its status from an error body (an
+OpenAI error object keeps its code; the proxy's "replica unreachable" answer becomes a 502).
 
-Here the proxy module's ``JSONResponse`` is a subclass that takes its status from the body when the
-body says it is an error: an OpenAI error object (``{"object": "error", "code": 4xx/5xx}``, what
-LMDeploy's api_server sends) keeps its code; the proxy's "replica unreachable" answer becomes a 502.
-Bodies are unchanged; successful responses and streaming are untouched (the streaming path already
-re-raises a replica's status). Everything else is LMDeploy's own CLI.
+A request whose connection a replica refused (``aiohttp.ClientConnectorError``: not one byte left
+the proxy) goes to another live replica of the same model and the dead one leaves the node list,
+instead of failing until the health check drops it. An error after the connection opened may have
+reached the replica: never retried, so a request is generated at most once.
 
-A dead replica (its process gone, its port closed) stays in LMDeploy's node list until the health
-check drops it (90 s by default), and every request routed to it meanwhile fails. Here a request
-whose connection to the replica was refused (``aiohttp.ClientConnectorError``: the connection was
-never opened, so not one byte of the request left the proxy) is sent to another live replica of
-the same model, streaming or not, and the dead replica is removed from the node list (what the
-health check would do; a replica that comes back registers again). An error after the connection
-opened (reset, timeout, a broken stream) may have reached the replica: never retried, so a request
-is generated at most once.
-
-The proxy also validates each request with the api_server's ``ChatCompletionRequest`` before it
-forwards it, so LMDeploy's proxy refuses the kinds only the upgrade has (``choice``, ``grammar``: 422).
-``main`` therefore calls ``activate()`` first, which widens that model in this process.
+``main`` calls ``activate()`` first, which widens the api_server's ``ChatCompletionRequest`` the
+proxy validates with, so it passes the kinds only the upgrade has (``choice``, ``grammar``).
+Everything else is LMDeploy's own CLI; docs/lmdeploy.md ("Data parallel") has the details.
 """
 from __future__ import annotations
 

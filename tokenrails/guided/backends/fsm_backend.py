@@ -14,7 +14,6 @@ from ..fsm.dfa import DFA, START
 from ..fsm.matcher import FSMMatcher, grammar_bytes
 from ..fsm.schema import schema_to_regex
 from ..fsm.token_index import TokenIndex
-from ..limits import GuideLimits
 from ..limit_checks import check_spec_limits
 from ..spec import GuideSpec
 from ..vocabulary import Vocabulary
@@ -44,13 +43,10 @@ class FSMGuide(CompiledGuide):
 
 
 class FSMBackend(GuideBackend):
+    # Per-vocabulary tables (token trie, grammar bytes) are built on first compile, not in the
+    # constructor: it runs under the vocabulary's memo lock, which is not re-entrant.
     name = "fsm"
     kinds = frozenset({"regex", "choice", "json_schema"})
-
-    def __init__(self, vocab: Vocabulary, limits: GuideLimits):
-        # Per-vocabulary tables (token trie, grammar bytes) are built on first compile: this
-        # constructor runs under the vocabulary's memo lock, which is not re-entrant.
-        super().__init__(vocab, limits)
 
     def check(self, spec: GuideSpec) -> None:
         if spec.option("budget") == "close" and spec.kind not in self.kinds:

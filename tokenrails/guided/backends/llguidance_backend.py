@@ -97,10 +97,9 @@ class CanonicalEncoder:
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         """Use ``tokenizer``'s canonical encoding from now on. A fast tokenizer is copied (its Rust
-        ``tokenizers.Tokenizer`` re-read from its own JSON, padding and truncation off): the
-        caller's object may be re-configured by transformers calls on other threads, and a copy
-        needs neither its locks nor its settings. Built once per vocabulary, at compile time or
-        when the manager warms, never at the first forced text, which would stall a step."""
+        ``tokenizers.Tokenizer`` re-read from its JSON, padding and truncation off): transformers
+        calls on other threads may re-configure the caller's object. Built once per vocabulary,
+        never at the first forced text, which would stall a decoding step."""
         real: Callable[[str], Sequence[int]]
         try:
             backend = tokenizer.backend_tokenizer
@@ -399,9 +398,8 @@ class LLGuidanceBackend(GuideBackend):
         self.tokenizer, self.special, self.encoder = tables
         self.parser_limits = llg.LLParserLimits(
             # llguidance's Earley rows grow ~4 items per optional property of an object; at its
-            # default (2,000) a schema of > 500 optional properties compiled, gave a first mask,
-            # then refused "{" mid-generation ("max is 2000"): HTTP 500 after acceptance. The row
-            # bound follows the properties GuideLimits admits (2,000 optional: 45 ms masks, 49k vocab)
+            # default a schema it compiled could refuse a token mid-generation. The row bound
+            # follows the properties GuideLimits admits.
             max_items_in_row=max(2_000, ITEMS_PER_PROPERTY * limits.max_object_properties),
             max_lexer_states=min(250_000, max(1_000, limits.max_dfa_states)),
             max_grammar_size=min(2_000_000, max(10_000, 2 * limits.max_grammar_bytes)),

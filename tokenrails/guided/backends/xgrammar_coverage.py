@@ -324,13 +324,12 @@ def _overlapping_member_schemas(sub: dict) -> bool:
     return any(_pattern_may_find(pattern, name) for name in names)
 
 
-# A client's pattern never runs on a backtracking engine here (``^(a+)+$`` against "aaa…a!" held
-# the GIL for 0.85 s at 24 characters, doubling per character): it is decided on our own DFA,
-# built under small bounds. Anything the bounds or the parser refuse counts as "may find".
-# The time bound is the analysis' own CPU time: the DFA build's deadline is a wall clock, so a
-# build it stopped after less than half that much CPU (its thread was mostly waiting for the
-# machine) is tried again, a few times at most, instead of letting the load decide. A pattern
-# that is expensive itself is undecided after one try on a quiet machine (~50 ms).
+# A client's pattern never runs on a backtracking engine here (``^(a+)+$`` doubles its time per
+# character, holding the GIL): it is decided on our own DFA, built under small bounds. Anything the
+# bounds or the parser refuse counts as "may find". The time bound is the analysis' own CPU time:
+# the DFA build's deadline is a wall clock, so a build it stopped after less than half that much
+# CPU (its thread was mostly waiting for the machine) is tried again, a few times at most, instead
+# of letting the load decide.
 _ANALYSIS_LIMITS = GuideLimits(max_dfa_states=2_000, max_repeat=200, max_regex_length=1_000,
                                compile_timeout_s=0.05)
 _ANALYSIS_CPU_S = 0.05

@@ -1,28 +1,24 @@
 """Marker tokens on xgrammar: an added token is allowed exactly where the grammar spells its text.
 
-Every added/special token is blanked in guided rows (vocabulary.py), so no free text — a JSON
-string, ``any_text``, a regex class — can ever emit ``<tool_call>`` or ``<|im_start|>``. But tool-call
-formats *require* those markers: LMDeploy's ``tool_choice="required"`` tag for Qwen starts with the
-literal ``<tool_call>``, Kimi's with ``<|tool_calls_section_begin|>``, and the model emits them as
-single tokens. Blanking them there forces the model to spell its own marker out of plain tokens,
-something stock xgrammar (which treats the marker as ordinary text) never asks.
+Every added/special token is blanked in guided rows (vocabulary.py), so no free text can emit
+``<tool_call>`` or ``<|im_start|>``. But tool-call formats *require* those markers (LMDeploy's
+``tool_choice="required"`` tag for Qwen starts with the literal ``<tool_call>``), and the model
+emits them as single tokens: blanking them there would force it to spell its marker out of plain
+tokens, which stock xgrammar never asks. So, without changing the language of any free text:
 
-How it is done, without changing the language of any free text:
+* the compile sees a *marker view* of the vocabulary where every added token decodes to a
+  sentinel ``\x1f\x1e<id>\x1f``: JSON strings refuse control characters, every ``TagDispatch``
+  gets ``"\x1f\x1e"`` added to its excludes, and a grammar with any other character class that
+  would accept them keeps the blanked view;
+* the grammar is xgrammar's own, printed as EBNF; each structural literal holding a marker's text
+  (a tag's ``begin``/``end``/``const_string``/trigger, placeholders put there before printing so a
+  JSON enum value equal to ``<tool_call>`` is never one; an EBNF grammar's literal equal to a
+  marker) becomes ``("<text>" | Token(id))``;
+* a marker that starts or continues a dispatch trigger (``<tool_call>\n<function=``; ``｜DSML｜``
+  after ``<``) is allowed in that free text and fed to the matcher as its *text*, so the
+  dispatcher constrains what follows exactly as if it had been spelled out.
 
-* The compile sees a second *marker view* of the vocabulary where every added token decodes to a
-  sentinel ``\x1f\x1e<id>\x1f``. Control characters: JSON strings refuse them, every
-  ``TagDispatch`` (triggered tags, ``any_text``, XML argument values) gets ``"\x1f\x1e"`` added to
-  its excludes, and a grammar holding any other character class that would accept them is not
-  compiled this way at all (it keeps the blanked view). So free text still refuses every marker.
-* The grammar is xgrammar's own (``Grammar.from_structural_tag`` / ``from_ebnf``), printed as EBNF;
-  each structural literal holding a marker's text becomes ``("<text>" | Token(id))``: the plain
-  spelling stays allowed, and the marker token is allowed at that very position. Structural
-  literals are a tag's ``begin``/``end``/``const_string``/trigger strings (placeholders put there
-  before printing, so a JSON enum value equal to ``<tool_call>`` is never one) and, for EBNF
-  grammars, string literals equal to a marker's text.
-* A dispatch trigger is text the dispatcher scans for (``<tool_call>\n<function=``); a marker
-  that starts one (or continues it: ``｜DSML｜`` after ``<``) is allowed in that free text and
-  fed to the matcher as its *text*, so the dispatcher sees the trigger and constrains what follows exactly as if it had been spelled out.
+docs/lmdeploy.md ("Marker tokens") has the measured comparison with stock.
 """
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
 """outlines-core's JSON-Schema lowering, kept from killing the process.
 
 ``build_regex_from_schema`` writes every optional property's regex once per combination and every
-array's item regex twice, so the regex grows geometrically with nesting: arrays nested 31 deep (a
-1 KB schema) made it ask for 6.5 GB and Rust aborted the whole process (SIGABRT); 16 optional
-properties nested 3 deep already give a 110 MB regex. A Python ``try`` cannot catch an abort.
+array's item regex twice, so the regex grows geometrically with nesting, and a small schema can
+make Rust's allocator abort the whole process (SIGABRT), which a Python ``try`` cannot catch.
 
 So a schema whose lowered size cannot be shown small is lowered in a separate worker process
 under an address-space limit and a deadline: an abort, an out-of-memory or a timeout there costs
 the request (``GuideLimitError``), never the engine. Small schemas (the estimate below, an upper
-bound by construction) are lowered in-process as before: the worker is off the common path.
+bound by construction) are lowered in-process: the worker is off the common path.
 """
 from __future__ import annotations
 

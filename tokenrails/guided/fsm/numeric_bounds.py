@@ -1,22 +1,15 @@
 """Numeric bounds (``minimum``/``maximum``/``exclusive*``) as digit-range regexes for fsm's lowering.
 
-outlines-core's JSON lowering drops numeric bounds, so the fsm backend refused every schema with
-one, and a budget request (fsm only: its shortest completion must be exact) could not be served
-for common tool schemas (pydantic ``Field(ge=..., le=...)``). Bounds are a regular language when
-written in positional notation, so a bounded ``integer``/``number`` leaf is swapped for a
-placeholder ``const`` before outlines lowers the schema and the placeholder's regex is then
-replaced by an exact digit-range regex:
-
-* ``integer``: every integer in the bounds (``-0`` included, it is 0), non-integral bounds rounded
-  inwards; the same language as outlines' integer regex intersected with the bounds;
-* ``number`` with integral bounds: ``-?I(.F)?`` in the bounds (the bound itself only with an
-  all-zero fraction when inclusive, never when exclusive). Exponent spellings (``1e2``) are not
-  generated: a subset of the valid numbers, never an invalid one.
-
-What cannot be written exactly is left alone (outlines' ``minimum is not enforced`` refusal stays
-with its reason): a number bound with a fraction, a bound beyond ``MAX_DIGITS`` digits, a leaf
-whose other keywords (``enum``, ``multipleOf``, a type list...) the placeholder would drop, and an
-empty range.
+outlines-core's JSON lowering drops numeric bounds, which would leave the fsm backend (the only
+one a budget request can use) refusing common tool schemas (pydantic ``Field(ge=..., le=...)``).
+Bounds are a regular language in positional notation, so a bounded ``integer``/``number`` leaf is
+swapped for a placeholder ``const`` before outlines lowers the schema and the placeholder's regex
+is then replaced by an exact digit-range regex: every integer in the bounds, or for a ``number``
+with integral bounds ``-?I(.F)?`` in the bounds (no exponent spellings: a subset of the valid
+numbers, never an invalid one). What cannot be written exactly (a fractional number bound, a bound
+beyond ``MAX_DIGITS`` digits, a leaf whose other keywords the placeholder would drop, an empty
+range) keeps outlines' refusal. docs/fsm.md ("Numeric bounds written as digit ranges") has the rule
+in full.
 """
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ _HEX = "0123456789abcdefABCDEF"
 _OCT = "01234567"
 _DIGITS = "0123456789"
 _SIMPLE_ESCAPES = {"a": 7, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
+_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}  # escape letter -> its hex digits
 _FLAG_LETTERS = "aiLmsux"
 MAX_NESTING = 200  # group nesting depth; deeper patterns raise GuideLimitError (no recursion blow-up)
 _UNSUPPORTED_FLAGS = {"i": "case-insensitive flag (?i)", "x": "verbose flag (?x)", "L": "locale flag (?L)"}
@@ -464,15 +465,9 @@ class _Parser:
             self.i += 1
             ranges, negated = class_ranges(c, self.ascii)
             return negate(ranges) if negated else ranges
-        if c == "x":
+        if c in _HEX_ESCAPES:
             self.i += 1
-            return self._hex(start, 2, "x")
-        if c == "u":
-            self.i += 1
-            return self._hex(start, 4, "u")
-        if c == "U":
-            self.i += 1
-            return self._hex(start, 8, "U")
+            return self._hex(start, _HEX_ESCAPES[c], c)
         if c == "N":
             self.i += 1
             return self._named_char(start)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 

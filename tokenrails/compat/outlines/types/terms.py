@@ -128,8 +128,6 @@ class String(Term):
     def __repr__(self) -> str:
         return f"String(value='{self.value}')"
 
-    __str__ = Term.__str__
-
 
 @dataclass
 class Regex(Term):
@@ -143,8 +141,6 @@ class Regex(Term):
     def __repr__(self) -> str:
         return f"Regex(pattern='{self.pattern}')"
 
-    __str__ = Term.__str__
-
 
 @dataclass
 class CFG(Term):
@@ -157,8 +153,6 @@ class CFG(Term):
 
     def __repr__(self) -> str:
         return f"CFG(definition='{self.definition}')"
-
-    __str__ = Term.__str__
 
     @classmethod
     def from_file(cls, path: str) -> "CFG":
@@ -174,8 +168,6 @@ class Choice(Term):
 
     def _display_node(self) -> str:
         return f"Choice({self.items!r})"
-
-    __str__ = Term.__str__
 
 
 class JsonSchema(Term):
@@ -272,8 +264,6 @@ class Sequence(Term):
     def _children(self) -> list[Term]:
         return list(self.terms)
 
-    __str__ = Term.__str__
-
 
 @dataclass
 class Alternatives(Term):
@@ -284,8 +274,6 @@ class Alternatives(Term):
 
     def _children(self) -> list[Term]:
         return list(self.terms)
-
-    __str__ = Term.__str__
 
 
 @dataclass
@@ -301,23 +289,17 @@ class Optional(_Unary):
     def _display_node(self) -> str:
         return "Optional(?)"
 
-    __str__ = Term.__str__
-
 
 @dataclass
 class KleeneStar(_Unary):
     def _display_node(self) -> str:
         return "KleeneStar(*)"
 
-    __str__ = Term.__str__
-
 
 @dataclass
 class KleenePlus(_Unary):
     def _display_node(self) -> str:
         return "KleenePlus(+)"
-
-    __str__ = Term.__str__
 
 
 @dataclass
@@ -330,8 +312,6 @@ class QuantifyExact(_Unary):
     def _display_node(self) -> str:
         return f"Quantify({{{self.count}}})"
 
-    __str__ = Term.__str__
-
 
 @dataclass
 class QuantifyMinimum(_Unary):
@@ -343,8 +323,6 @@ class QuantifyMinimum(_Unary):
     def _display_node(self) -> str:
         return f"Quantify({{{self.min_count},}})"
 
-    __str__ = Term.__str__
-
 
 @dataclass
 class QuantifyMaximum(_Unary):
@@ -355,8 +333,6 @@ class QuantifyMaximum(_Unary):
 
     def _display_node(self) -> str:
         return f"Quantify({{,{self.max_count}}})"
-
-    __str__ = Term.__str__
 
 
 @dataclass
@@ -372,8 +348,6 @@ class QuantifyBetween(_Unary):
 
     def _display_node(self) -> str:
         return f"Quantify({{{self.min_count},{self.max_count}}})"
-
-    __str__ = Term.__str__
 
 
 def _str_term(value: Any) -> Any:

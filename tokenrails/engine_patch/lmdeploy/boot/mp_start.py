@@ -5,13 +5,12 @@ for the spawned engine process to publish its RPC port, and leaves ``with mp.Man
 the manager down) as soon as it reads it. The engine process publishes inside ``with condition:``;
 its ``release()`` is a call to that manager, whose reply can be lost when the manager shuts down
 first (``EOFError``, ``BrokenPipeError``). The engine process then dies before it loads the model
-and the server exits with ``RPCServerDeadError``: stock LMDeploy's failure, seen here on a loaded
-machine in 1 of ~30 server starts and 3 starts in a row once.
+and the server exits with ``RPCServerDeadError`` (stock LMDeploy's failure, on loaded machines).
 
 Once the port is published the condition has done its job: nothing waits on it, and its lock
 lived in the manager that is gone. So the engine process's condition is wrapped: a lost reply of
 the *release* is logged and ignored; everything before it (acquire, the port, ``notify``) is
-unchanged, so a failure to publish still fails as before.
+stock's, so a failure to publish still fails.
 """
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ class PublishingCondition:
 
 def patched_mp_proc(original: Callable) -> Callable:
     """``ZMQMPEngine._mp_proc`` (a static method, run in the spawned engine process) with the
-    condition wrapped; same name and module, so the spawn pickles it by reference as before."""
+    condition wrapped; same name and module, so the spawn pickles it by reference."""
 
     @functools.wraps(original)
     def _mp_proc(shared_dict: Any, condition: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,25 +1,16 @@
 """TP > 1 on the CPU path: keep every rank's asyncio loop free of waits that a collective can starve.
 
 LMDeploy 0.18's multiprocess executor drives each TP rank through a shared-memory ring
-(``mp_executor.Notifier`` + ``SharedBuffer``): every ``NUM_SHARED_BLOCK`` (32) messages, the sender and
-all ranks meet at a ``multiprocessing.Barrier``, and a rank's ``Notifier.wait_async`` waits for that
-barrier *synchronously on its event-loop thread*. The same loop runs the model forward, whose collectives
-(``all_reduce`` in the row-parallel linears, ``broadcast_next_token``'s ``handle.wait()``) are issued on
-that thread too. With NCCL a collective only enqueues work on a CUDA stream and returns, so the loop always
-reaches the barrier. With gloo a collective blocks the host until every rank has joined it, and the cycle
-closes (stacks taken on the real engine, TP = 3):
-
-- rank 2: ``Notifier.wait_async`` -> ``Barrier.wait`` (it read message 32 before its forward task ran);
-- ranks 0 and 1: ``all_reduce`` in ``LlamaAttention.forward`` (waiting for rank 2's forward);
-- engine process: ``Notifier.set`` -> ``Barrier.wait`` (waiting for ranks 0 and 1 to read message 32).
-
-(Another interleaving of the same cycle: followers in ``broadcast_next_token``'s ``handle.wait()``, rank 0
-in the barrier.) The equivalent of NCCL's "the host does not wait" here is on the other side of the cycle:
-on the CPU path, a rank waits for the ring's barrier (and for continuation blocks of a long message) in a
-thread, so its loop goes on running the forward task. Then the only waits left on a rank's loop thread are
-collectives, which every rank issues in the same order (same command stream) and each rank's loop reaches
-- so they complete. The GPU paths keep LMDeploy's ``Notifier``: the executor builds a :class:`CpuNotifier`
-only when ``device_type == 'cpu'`` (the instance travels to the ranks by pickle, with its class).
+(``mp_executor.Notifier`` + ``SharedBuffer``): every ``NUM_SHARED_BLOCK`` (32) messages the sender
+and all ranks meet at a ``multiprocessing.Barrier``, which a rank waits for *synchronously on its
+event-loop thread*, the thread that also issues the forward's collectives. With NCCL a collective
+only enqueues work and returns; with gloo it blocks until every rank has joined, so a rank waiting
+at the barrier and ranks waiting in its ``all_reduce`` (or ``broadcast_next_token``) deadlock.
+On the CPU path a rank waits for the ring's barrier (and for continuation blocks of a long
+message) in a thread instead, so its loop goes on running the forward; the only waits left on a
+loop thread are collectives, which every rank issues in the same order, so they complete. The GPU
+paths keep LMDeploy's ``Notifier``: the executor builds a :class:`CpuNotifier` only when
+``device_type == 'cpu'``. docs/lmdeploy.md ("Tensor parallel") has the stacks of the deadlock.
 """
 from __future__ import annotations
 

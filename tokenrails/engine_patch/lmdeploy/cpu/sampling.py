@@ -2,10 +2,9 @@
 
 LMDeploy's ``default`` backend samples with ``torch.multinomial(scores)`` on whatever dtype the
 model runs in. ``dtype='auto'`` means float16 on CPU, and CPU float16 ``torch.multinomial`` returns
-indices whose probability is exactly 0 in about 0.1% of draws (a one-hot row of 49,152 entries picks
-another index ~8 times in 6,400 draws; float32: never). A zero-probability index is a token the
-grammar's mask (or top-k/top-p) removed. It also ignores the per-row ``seeds``/``offsets`` the engine
-passes, so ``random_seed`` did nothing on this path.
+indices whose probability is exactly 0 in about 0.1% of draws (float32: never): tokens the grammar's
+mask (or top-k/top-p) removed. It also ignores the per-row ``seeds``/``offsets`` the engine passes,
+so ``random_seed`` would do nothing on this path.
 
 This op does what the CUDA kernel does, exactly: one uniform number per row from ``(seed, offset)``
 (offset = the sequence's token count, so a seeded request is reproducible step by step), and the

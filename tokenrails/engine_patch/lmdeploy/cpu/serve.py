@@ -3,20 +3,14 @@
     python -m tokenrails.engine_patch.lmdeploy.cpu.serve MODEL [the arguments of `lmdeploy serve api_server`]
         [--host H] [--port P] [--num-blocks N] [--stock] [--grammar-drafts K] [--budget close|off]
 
-The arguments are LMDeploy's own (``lmdeploy serve api_server``'s parser, built by LMDeploy's
-``SubCliServe.add_parser_api_server``: ``--model-name``, ``--session-len``, ``--tp``, ``--dtype``,
-``--reasoning-parser``, ``--tool-call-parser``, ``--chat-template``, ``--api-keys``...), and so is
-what runs them (``SubCliServe.api_server``), with the engine config built as the CPU path's config
-class (``device_type='cpu'``, whose pickle enables the CPU path in the spawned engine process). The
-CLI's ``--device`` only offers GPU types, hence this entry point.
-
-Defaults that differ from LMDeploy's, for a CPU box: ``--device cpu``, ``--backend pytorch``,
-``--eager-mode`` on, metrics off, ``--max-batch-size 4``. ``--session-len`` stays LMDeploy's
-default (the model's context length: 8,192 for SmolLM2), and the KV cache is sized for it: unless
-``--num-gpu-blocks`` is given, two full-length sessions' worth of blocks (one request can always
-use the whole context; at least 64), or, with an explicit ``--cache-max-entry-count``, that fraction of the
-memory available now (LMDeploy's meaning, with host memory for device memory). ``--host``/``--port``
-are accepted for ``--server-name``/``--server-port``, ``--num-blocks`` for ``--num-gpu-blocks``.
+The arguments, and what runs them, are LMDeploy's own (``SubCliServe``); only the engine config's
+class differs (``device_type='cpu'``, whose pickle enables the CPU path in the spawned engine
+process): the stock CLI's ``--device`` offers GPU types only. Defaults for a CPU box: ``--device
+cpu``, ``--backend pytorch``, eager mode, metrics off, ``--max-batch-size 4``, and a KV cache
+sized for the default session (the model's context) unless ``--num-gpu-blocks`` or
+``--cache-max-entry-count`` is given. ``--host``/``--port``/``--num-blocks`` are aliases of
+``--server-name``/``--server-port``/``--num-gpu-blocks``. docs/lmdeploy.md ("The api_server on CPU") has
+the details.
 """
 from __future__ import annotations
 

@@ -1,17 +1,16 @@
 """Bounded request bodies for LMDeploy's api_server, checked before anything parses them.
 
 LMDeploy validates a request with pydantic, renders its chat template and tokenizes every stop
-word on the event loop, with no size limit: 100,000 stop words or an 8 MB message stall every
-other client (pings) for seconds. :class:`BodyLimitMiddleware` is a pure ASGI middleware that
-reads the body chunk by chunk, answers 413 as soon as it passes ``body_bytes`` (buffering no
-more), then walks the JSON's watched lists element by element and answers 400 at the first
-element past a count or size limit (so the walk costs what the limit allows, never what the body
-holds), yielding to the event loop as it goes. Defaults never refuse what a normal
-client sends (docs/safety.md gives each one's reason); ``0`` turns a limit off.
+word on the event loop, with no size limit: one huge body stalls every other client.
+:class:`BodyLimitMiddleware` is a pure ASGI middleware that reads the body chunk by chunk,
+answers 413 as soon as it passes ``body_bytes`` (buffering no more), then walks the JSON's watched
+lists element by element and answers 400 at the first element past a count or size limit (the
+walk costs what the limit allows, never what the body holds), yielding to the event loop as it
+goes. Defaults never refuse what a normal client sends (docs/safety.md gives each one's reason);
+``0`` turns a limit off.
 
-Also here: LMDeploy's tokenizer logs a warning for every stop word it cannot use as one token
-(26 MB of log lines for 100,000 words); :func:`patched_convert_stop_words` collapses those to
-one line per request.
+Also here: LMDeploy's tokenizer logs a warning for every stop word it cannot use as one token;
+:func:`patched_convert_stop_words` collapses those to one line per request.
 """
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any, Awaitable, Callable
 
-ENV_PREFIX = "TOKENRAILS_MAX_"
-# Spelled out, not built from the prefix: the settings list (tokenrails._env.SETTINGS) is checked
+# Spelled out, not built from a prefix: the settings list (tokenrails._env.SETTINGS) is checked
 # against the names the source reads.
 ENV_NAMES = {
     "body_bytes": "TOKENRAILS_MAX_BODY_BYTES",

@@ -1,20 +1,13 @@
 """Whether the budget rule closed a request's output, carried from the model agent to the response.
 
-The rule (guided/budget.py) runs where the logits are masked: in the model agent, which may be
-another process than the engine loop (TP workers) and is always another process than the
-api_server. So, like a row's typed error (agent.py, error_relay.py):
-
-* agent side, after each step: every budget row's flag (``Budget.closed``: the rule removed a
-  token the grammar allowed) is put on the step's ``BatchedOutputs`` (``ATTR``; the converters
-  keep it across executors);
-* engine loop: ``_make_infer_outputs`` notes it per session (``note``; a bounded record);
-* ``EngineInstance.async_stream_infer`` puts it on every ``EngineOutput`` of the request (a plain
-  attribute: it survives the pickle to the api_server process), and the server side notes it in
-  a context variable of the task iterating the stream (draft_usage.py carries both);
-* the api_server's ``usage`` gets ``budget_closed`` (non-stream and the final usage chunk), and the
-  pipeline's ``Response`` an attribute ``budget_closed``.
-
-Absent (None) for a request that did not ask for the budget rule.
+The rule (guided/budget.py) runs in the model agent, another process than the api_server (and, with
+TP, than the engine loop). So, like a row's typed error (agent.py, error_relay.py): each step's
+budget rows' flags (``Budget.closed``: the rule removed a token the grammar allowed) ride on the
+step's ``BatchedOutputs`` (``ATTR``); the engine loop notes them per session (``note``, a bounded
+record); ``EngineInstance.async_stream_infer`` puts the flag on every ``EngineOutput`` of the
+request and the server side notes it for the task iterating the stream (draft_usage.py carries
+both); the api_server's ``usage`` and the pipeline's ``Response`` get ``budget_closed``. Absent
+(None) for a request that did not ask for the budget rule.
 """
 from __future__ import annotations
 

@@ -2,21 +2,17 @@
 
 The upgrade enforces its wider set of constraints (``choice``, ``grammar``, structural tags in every
 shape, ``tokenrails_reasoning``) only in LMDeploy's PyTorch engine. TurboMind compiles
-``response_format`` itself and, for anything its compiler does not take, logs a warning and runs the
-request **unconstrained**; the gpt-oss (harmony) parser clears what it cannot wrap in its final
-channel. So:
+``response_format`` itself and runs what its compiler does not take **unconstrained** (a log
+line); the gpt-oss (harmony) parser clears what it cannot wrap in its final channel. So:
 
-* a request for a TurboMind engine gets exactly stock LMDeploy's check (stock's kinds pass,
-  everything else is refused with HTTP 400 and the reason), found from the engine running
-  ``AsyncEngine.preprocess`` (a context variable set around it);
-* a chat request for TurboMind skips the upgrade's request-level refusals (front_check.py) and its
-  tool-call formats (tool_calls.py): stock's request path, unchanged;
-* harmony (PyTorch engine): ``choice`` and ``grammar`` are wrapped in the final channel like stock
-  wraps JSON and regexes; any other non-text format it cannot wrap is refused, never cleared. With
-  tools, stock replaces the client's ``response_format`` by the tool grammar (only a log line): the
-  upgrade puts the format in that grammar's final-channel answer (``auto``: a call, or an answer in
-  the format) and refuses with the reason what has no place for it (a named or required call). Harmony on TurboMind: stock's wrapper, and
-  the kinds stock's request model refuses are refused.
+* a request for TurboMind (the engine running ``AsyncEngine.preprocess``, a context variable)
+  gets exactly stock's check and stock's chat request path: no request-level refusals
+  (front_check.py), no tool-call formats (tool_calls.py); stock's kinds pass, others are a 400;
+* harmony on the PyTorch engine: ``choice`` and ``grammar`` are wrapped in the final channel as
+  stock wraps JSON and regexes; a non-text format it cannot wrap is refused, never cleared. With
+  tools, where stock replaces the client's ``response_format`` by the tool grammar, the format
+  goes in that grammar's final-channel answer (``auto``) or is refused with the reason (a named or
+  required call). Harmony on TurboMind: stock's wrapper, and stock's refusals.
 """
 from __future__ import annotations
 

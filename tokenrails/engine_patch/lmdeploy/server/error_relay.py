@@ -1,20 +1,16 @@
 """A guided row's typed error, carried from the engine to the HTTP response.
 
 The engine ends a row whose constraint failed with ``Response.err_msg = "GuideLimitError: ..."``
-(agent.py), but LMDeploy drops the message on the way out: ``EngineInstance.async_stream_infer``
-yields ``EngineOutput(status, [])`` and ``AsyncEngine`` turns the status alone into a generic
-``RequestError`` ("The requested feature is not supported." / "An internal server error
-occurred."). Here, per request (a context variable of the task iterating the stream, so
-concurrent requests never see each other's message):
+(agent.py), but LMDeploy drops the message on the way out and turns the status alone into a
+generic ``RequestError``. Here, per request (a context variable of the task iterating the stream,
+so concurrent requests never see each other's message):
 
-* engine side: the engine loop's ``response_reqs`` keeps the message (it reset it to '');
-  ``RequestSender.async_recv`` notes the response's ``err_msg``;
-  ``EngineInstance.async_stream_infer`` puts it on the failed ``EngineOutput`` as ``err_msg``
-  (a plain attribute: it survives the pickle to the api_server process);
-* server side: the stream of outputs (``MPEngineInstance`` or the in-process ``EngineInstance``)
-  notes it, and ``AsyncEngine._request_error_from_status`` builds its ``RequestError`` with that
-  message and the status' code (``NOT_SUPPORTED`` → 400, internal → 500): streaming and
-  non-streaming responses both render ``RequestError`` with its message.
+* engine side: the engine loop's ``response_reqs`` keeps the message, ``RequestSender.async_recv``
+  notes it, and ``EngineInstance.async_stream_infer`` puts it on the failed ``EngineOutput`` as
+  ``err_msg`` (a plain attribute: it survives the pickle to the api_server process);
+* server side: the stream of outputs notes it, and ``AsyncEngine._request_error_from_status``
+  builds its ``RequestError`` with that message and the status' code (``NOT_SUPPORTED`` → 400,
+  internal → 500), for streaming and non-streaming responses alike.
 """
 from __future__ import annotations
 

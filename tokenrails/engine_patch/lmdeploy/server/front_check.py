@@ -1,42 +1,27 @@
 """The api_server's early check of a ``response_format``, kept off the server's event loop.
 
 LMDeploy calls ``ensure_response_format_compilable`` synchronously inside the coroutine
-``AsyncEngine.preprocess``, i.e. on the event loop every client shares. Whatever that check does
-stalls every request and every ``/v1/models`` ping for as long as it runs (a 2 KB ``allOf``/
-``$ref`` chain stopped the server indefinitely; a 240 KB grammar of long literals, 11-48 s).
-So the work is split:
+``AsyncEngine.preprocess``, on the event loop every client shares: whatever it does stalls every
+request. So the work is split (docs/safety.md, "The api_server's front end"):
 
-* on the loop, only cheap bounded work: a memo lookup, and parsing a small format into a
-  ``GuideSpec`` (``INLINE_PARSE_NODES``: 10-900 µs for the MaskBench/BFCL schemas). A larger one
-  (0.1 s for a 1 MB format) parses on the loop's default executor. Small formats must not hop: every
-  ``await`` that really yields lets the engine loop start a prefill with the requests that arrived
-  so far, and LMDeploy's scheduler then decodes that partial batch to the end before it admits the
-  rest (a batch of 32 ran as 17 then 15 rows: half the occupancy);
+* on the loop, only cheap bounded work: a memo lookup, and parsing a small format
+  (``INLINE_PARSE_NODES``); a larger one parses on the loop's default executor. Small formats
+  must not hop: an ``await`` that yields lets the engine start a prefill with a partial batch;
 * everything that can take time (schema walks, the probe compile, its first mask) runs in the
-  core manager of ``requests.probe_manager``: the engine's backend setting and ``GuideLimits``,
-  the probe vocabulary, one compile cache. Its pool is shared fairly between clients (API key or
-  address, ``client_identity.py``), and a large spec compiles in a worker process that is killed
-  at the deadline (guided/compile_procs.py). The coroutine awaits the compile's future with that
-  deadline; concurrent requests for one spec share one compile (the manager's in-flight table);
-  verdicts are the manager's cache entries (a compiled probe guide or the typed error).
-* a budget request (``tokenrails_budget``) whose shortest output cannot fit its ``max_tokens`` is
-  refused here too (budget_front.py: counted on the model's own vocabulary);
-* the request's compile deadline starts at its arrival (``client_identity.ARRIVED``, else here):
-  the engine's managers get what is left of it (``tokenrails_deadline``, request_parsing.py), so
-  the front check's wait and the engine's compile wait together never pass one
-  ``compile_timeout_s``;
-* the verdict is handed to LMDeploy's own synchronous call through a context variable of the
-  request's task (``requests.FRONT_VERDICT``), so the stock ``preprocess`` raises it with its own
-  clean-up (session removed, metrics counted) and never compiles on the loop.
+  core manager of ``request_parsing.probe_manager`` (the engine's backend setting and limits, the
+  probe vocabulary, one compile cache, a pool shared fairly between clients); concurrent requests
+  for one spec share one compile, and verdicts are that manager's cache entries;
+* a budget request whose shortest output cannot fit its ``max_tokens`` is refused here too
+  (budget_front.py);
+* the request's compile deadline starts at its arrival (``client_identity.ARRIVED``): the
+  engine's managers get what is left of it, so the front check and the engine together never
+  wait past one ``compile_timeout_s``;
+* the verdict reaches LMDeploy's own synchronous call through a context variable
+  (``request_parsing.FRONT_VERDICT``), so the stock ``preprocess`` raises it with its own clean-up.
 
-The engine runs in another process (``ZMQMPEngine``): a refused spec never reaches it; an
-accepted one is compiled there once against the real vocabulary (the front end compiled it
-against a 257-token probe vocabulary, a small fraction of that cost).
-
-``checked_prepare`` adds the request-level checks of the chat endpoint: a ``tool_choice`` naming a
-function not in ``tools``, ``tool_choice="required"`` with a ``response_format`` (LMDeploy would
-silently replace the format) and too many tools are refused with HTTP 400 and the reason, for the
-PyTorch engine only: a TurboMind engine gets stock's request path unchanged (engines.py).
+``checked_prepare`` adds the chat endpoint's request-level checks (a ``tool_choice`` naming a
+missing function, ``tool_choice="required"`` with a ``response_format``, too many tools: HTTP 400),
+for the PyTorch engine only: a TurboMind engine gets stock's request path (engines.py).
 """
 from __future__ import annotations
 
@@ -250,8 +235,8 @@ def checked_preprocess(original: Callable) -> Callable:
         pending = None  # (deadline, key) while the request's spec is not compiled yet (handle_pool.py)
         if fmt is not None and getattr(self, "backend", None) != "turbomind":
             due = start + front_limits().compile_timeout_s
-            # parsing is bounded (size limit) but a 1 MB format is ~0.1 s of json: off the loop;
-            # a small one parses here, so a batch's requests reach the engine together
+            # a large format parses off the loop; a small one here, so a batch's requests reach
+            # the engine together
             if parses_inline(fmt):
                 spec = _parse(fmt)
             else:

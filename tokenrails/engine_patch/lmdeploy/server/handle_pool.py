@@ -1,22 +1,18 @@
 """LMDeploy's request handles, shared fairly between the api_server's clients.
 
 The api_server's ``AsyncEngine`` lets at most ``max_batch_size`` requests into the engine at once:
-``generate`` takes a handle from a pool (an ``asyncio.Queue``, first come first served) and holds it
-until the answer ends - also while the engine keeps the row out of its batch for its grammar to
-compile. One client sending many fresh, slow specs took every handle, and every other client's
-request queued behind all of them. Here:
+``generate`` holds a handle from a first-come-first-served pool until the answer ends, also while
+the engine keeps the row out of its batch for its grammar to compile, so one client sending many
+fresh, slow specs could take every handle. Here:
 
 * requests waiting for a handle queue per client (``guided.clients``: API key digest or address),
-  and a freed handle goes to the clients in turn, so one client's queue never stands before another
-  client's request;
-* a client's requests whose constraint is not compiled yet hold handles for at most
-  ``per_client`` distinct specs at once (``TOKENRAILS_HANDLES_PER_CLIENT``): its requests for
-  further new specs wait in its own queue (its other requests pass them), where they fail at their
-  compile deadline as a compile would. "Not compiled yet" is what the front check saw (its compile
-  cache had no verdict: a new spec, which the engine compiles too); such a request stops counting
-  at its first output (its row joined the batch) or its end. Requests for known specs, a batch of
-  one new spec, and a pipeline's requests (``LOCAL``, one caller) are never held back, so a batch
-  still enters the engine together.
+  and a freed handle goes to the clients in turn;
+* a client's requests whose constraint the front check had not seen compiled hold handles for at
+  most ``per_client`` distinct specs at once (``TOKENRAILS_HANDLES_PER_CLIENT``) until their first
+  output or their end; its requests for further new specs wait in its own queue (its other
+  requests pass them) and fail at their compile deadline there. Requests for known specs, a batch
+  of one new spec, and a pipeline's requests (``LOCAL``) are never held back, so a batch still
+  enters the engine together.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """vLLM / outlines request fields (``guided_json``, ``structured_outputs``...) read over HTTP.
 
 LMDeploy's pydantic request models drop every field they do not declare, so a client moving from
-vLLM (``extra_body={"guided_json": ...}``) got 200 and unconstrained text. The upgrade declares
+vLLM (``extra_body={"guided_json": ...}``) would get 200 and unconstrained text. The upgrade declares
 these fields on the chat and completion request models (and ``response_format`` on completions),
 then folds what the client sent into the request's ``response_format`` as one packed object,
 ``{"type": "request_fields", "request_fields": {...}}``, holding the fields verbatim next to the

@@ -1,21 +1,14 @@
 """LMDeploy request parsing routed through ``tokenrails.requests.spec_from_request``.
 
-* ``spec_of(response_format)``: the engine-side conversion (memoized per format object).
-* ``parse_format``: the spec plus the request's reasoning setting, the extra key
-  ``response_format["tokenrails_reasoning"]`` (see tokenrails/engine_patch/reasoning_settings.py); the key
-  is removed before the format reaches ``spec_from_request``. ``response_format["tokenrails_budget"]
-  = "close"`` makes the spec a budget spec (tokenrails/guided/budget.py: closed within the
-  request's ``max_new_tokens``; DFA constraints only, else ``UnsupportedGuideError``); without the
-  key the engine default applies (``activate(budget=...)``, ``--budget``), ``"off"`` opts out.
-* ``validate_spec``: the verdict of compiling a spec against a probe vocabulary with the engine's
-  backend and limits (``probe_manager``: the core manager, its compile cache); LMDeploy's early
-  check (front_check.ensure_response_format_compilable) raises it as HTTP 400.
-* ``WideResponseFormat``: the server's ``response_format`` model widened to every kind.
-* ``client_of`` / ``with_client``: the requesting client's identity, carried from the api_server
-  to the engine in ``response_format["tokenrails_client"]`` (removed before parsing).
-* ``with_request_deadline``: the request's compile deadline, carried the same way in
-  ``response_format["tokenrails_deadline"]``; parsing puts it on the request's spec object
-  (``guided.compile_timeouts.with_deadline``), never in the spec.
+A ``response_format`` may carry the upgrade's own keys, each removed before the format is parsed:
+``tokenrails_reasoning`` (the request's reasoning setting, engine_patch/reasoning_settings.py),
+``tokenrails_budget`` (``"close"``: a budget spec closed within ``max_new_tokens``, DFA
+constraints only, guided/budget.py; ``"off"`` opts out of the engine default), and, set by the
+api_server, ``tokenrails_client`` (whose compile it is) and ``tokenrails_deadline`` (the
+request's compile deadline, put on the request's spec object, never in the spec).
+``validate_spec`` is the verdict of compiling a spec in the ``probe_manager`` (the engine's
+backend and limits); LMDeploy's early check (front_check.py) raises it as HTTP 400.
+``WideResponseFormat`` is the server's ``response_format`` model widened to every kind.
 """
 from __future__ import annotations
 

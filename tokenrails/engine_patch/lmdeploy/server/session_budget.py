@@ -1,14 +1,11 @@
 """The api_server says when it served fewer tokens than ``max_tokens`` asked for.
 
 When the prompt plus ``max_tokens`` exceeds the session length, LMDeploy's engine lowers
-``max_new_tokens`` to what is left of the session and logs a warning in the engine process; the
-client only sees ``finish_reason: "length"`` earlier than it asked for, indistinguishable from a
-generation that ran to ``max_tokens``. Stock serves such requests and so does the upgrade, but the
-answer says so: a non-streaming response carries the header ``x-tokenrails-max-tokens`` and the
-body field ``max_tokens_cut`` (``{"requested", "served", "session_len"}``); a streamed one carries
-the field on the chunk with the ``finish_reason``. A prompt that alone does not fit is LMDeploy's
-typed 400 (``context_length_exceeded``), unchanged. Requests without ``max_tokens`` (LMDeploy then
-grants the rest of the session) are never marked.
+``max_new_tokens`` to what is left and logs a warning in the engine process: the client sees only
+an early ``finish_reason: "length"``. Stock serves such requests and so does the upgrade, but the
+answer says so: the header ``x-tokenrails-max-tokens`` and the body field ``max_tokens_cut``
+(``{"requested", "served", "session_len"}``; a stream: on the chunk with the ``finish_reason``).
+Requests without ``max_tokens`` are never marked (docs/lmdeploy.md, "max_tokens beyond the session").
 
 ``preprocess`` (where the prompt's length is first known) records the cut into a per-request
 holder that an ASGI middleware opened (``MaxTokensNotice``, added where LMDeploy mounts its metrics

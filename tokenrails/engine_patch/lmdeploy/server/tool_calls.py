@@ -1,36 +1,23 @@
 """Valid arguments whenever the model calls a tool, not only for ``tool_choice="required"``.
 
-Stock LMDeploy constrains a chat request only when ``tool_choice="required"`` (its parser builds
-xgrammar's structural tag for the model's call syntax). With ``tool_choice="auto"`` (the OpenAI
-default) or a named function, the model's arguments are free text: a call with a missing key or a
-wrong type reaches the client. The upgrade gives those requests the same kind of tag:
+Stock LMDeploy constrains a chat request only for ``tool_choice="required"``; with ``"auto"`` (the
+OpenAI default) or a named function a call with a wrong argument reaches the client. The upgrade
+gives those requests the same kind of format, built where LMDeploy builds its own
+(``ResponseParser.__init__``), so streaming deltas and parsed calls are LMDeploy's own:
 
-* ``auto``: free text (or thinking) until the model opens a call — the parser's trigger, as a
-  marker token or spelled out — then that tool's schema, then free again; parallel calls where the
-  format has them (``parallel_tool_calls=false`` allows one);
-* a named function: exactly one call of that function (xgrammar's forced tool choice; a parser
-  without an xgrammar model: its own required format over that tool (InternLM), or the JSON
-  envelope it parses (llama3: ``<|python_tag|>{"name": ..., "parameters": ...}``); no format at
-  all: served as stock serves it, never refused);
-* ``required`` with a reasoning parser: at least one call, the first one right away (after any
-  thinking), never prose first — stock's calls without its thinking part (rebuilt whatever the
-  switch below; without a reasoning parser stock's format already starts with the call).
+* ``auto``: free text until the model opens a call (the parser's trigger), then that tool's
+  schema, then free again; parallel calls where the format has them;
+* a named function: exactly one call of it (xgrammar's forced tool choice, else the parser's own
+  required format or JSON envelope; no format at all: served as stock, never refused);
+* ``required`` with a reasoning parser: at least one call, the first right away after thinking.
 
-Thinking: with a reasoning parser the formats are built *without* a thinking part, and the
-request's thinking section goes to the reasoning gate with the parser's markers, optional
-(``thinking_setting``): the prompt decides when the template opened or closed the section,
-otherwise the model does — it may open ``<think>`` itself (Qwen3-hybrid templates) or answer
-directly. xgrammar's ``reasoning=True`` tags (what stock builds for ``required``) assume the
-prompt opened the thinking: they refuse a model's own ``<think>`` and make a model that does not
-think write its answer as thinking before the call.
-TurboMind requests get exactly what stock sends (its own compiler, no reasoning gate).
-
-It runs where LMDeploy builds its own required format (``ResponseParser.__init__``), so streaming
-tool-call deltas and the parser's output are LMDeploy's own. Not applied when the client sent a
-``response_format`` of its own (``{"type": "text"}`` is the per-request opt-out; ``required``
-replaces it, as stock does), when the parser has no structural-tag model for ``auto`` (InternLM's
-parser), or, for ``auto``/named, when the engine switch is off (``activate(tool_calls=False)`` /
-``TOKENRAILS_TOOL_CALLS=0``).
+With a reasoning parser the formats are built *without* a thinking part and the thinking section
+goes to the reasoning gate, optional (``thinking_setting``): xgrammar's ``reasoning=True`` tags
+assume the prompt opened the section and refuse a model's own ``<think>``. TurboMind requests get
+exactly what stock sends. Not applied when the client sent its own ``response_format``
+(``{"type": "text"}`` opts out), when the parser has no ``auto`` model (InternLM), or, for
+``auto``/named, when the switch is off (``activate(tool_calls=False)`` / ``TOKENRAILS_TOOL_CALLS=0``).
+docs/lmdeploy.md ("Tool calls beyond tool_choice=required") has the parser families and tests.
 """
 from __future__ import annotations
 
@@ -85,13 +72,8 @@ def tool_call_format(parser: Any, request: Any, client_request: Any = None) -> d
     model = _structural_model(cls, parser)
     tool_list = _tool_dicts(tools)
     if model is None:
-        if name is None:
-            return None
-        return _named_call_without_model(cls, tools, name)
-    if name is not None:
-        tool_choice: Any = {"type": "function", "function": {"name": name}}
-    else:
-        tool_choice = "auto"
+        return None if name is None else _named_call_without_model(cls, tools, name)
+    tool_choice = "auto" if name is None else {"type": "function", "function": {"name": name}}
     return _model_tag(model, tool_list, tool_choice, request)
 
 

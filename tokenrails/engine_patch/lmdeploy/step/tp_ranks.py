@@ -33,7 +33,6 @@ class FollowerGuidedManager:
     """
 
     is_tokenrails = False
-    is_follower = True
 
     def __init__(self, *_: Any, **__: Any) -> None:
         pass
