@@ -51,6 +51,14 @@ class Matcher(ABC):
     def find_jump_forward_string(self) -> str:
         """The text every valid continuation starts with ('' when there is a choice)."""
 
+    def jump_forward_probe(self) -> str | None:
+        """``find_jump_forward_string`` for a caller that skips the mask fill where nothing is
+        forced: '' only when no byte is forced next (two or more next bytes, or the end), None when
+        it cannot tell: bytes are forced that are no whole character yet (a character begun by the
+        last token, two characters sharing a lead byte), the grammar names token ids itself, or the
+        backend does not say (this default)."""
+        return self.find_jump_forward_string() or None
+
     def is_accepting(self) -> bool:
         """Whether the output so far is a complete match (EOS would be accepted now)."""
         eos = self.vocab.eos_ids[0]

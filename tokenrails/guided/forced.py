@@ -9,6 +9,13 @@ A grammar forces the next token in two ways:
   taken in its canonical tokenization (``encode``, the model's tokenizer) and kept only as far as
   the grammar accepts it token by token.
 
+Where nothing is forced (most positions) the rule learns it from the forced-string query alone,
+without filling a mask: when the backend says no byte is forced next (``jump_forward_probe``
+returns ''), the grammar allows two or more next bytes, and in a vocabulary holding a one-byte
+token for each of them that is two or more tokens: no one-token mask. Bytes a vocabulary may lack
+(``_OPTIONAL_BYTES``) could leave one token allowed there; the rule then misses that token (a
+shorter run, never a wrong one). A vocabulary lacking any other byte fills every position.
+
 The rule repeats from the state it reaches until ``max_tokens`` tokens, a choice, a stop token
 or the end of the grammar. The matcher is advanced tentatively and rolled back by exactly what
 was accepted, so it ends where it started. This is the one place that decides the forced
@@ -30,6 +37,7 @@ from .backend import Matcher
 
 if TYPE_CHECKING:
     from .reasoning import ReasoningPhase
+    from .vocabulary import Vocabulary
 
 __all__ = ["ForcedRun", "forced_tokens", "single_allowed_token"]
 
@@ -48,8 +56,9 @@ class ForcedRun:
     ``masks[j]``: the mask at position ``j`` (after ``tokens[:j]``, ``j <= len(tokens)``) as the
     rule filled it, so a verifier of these tokens need not fill it again: the token id where it
     allowed that one token, a copy of the row where it allowed several (where a forced string
-    starts, where the run ends), None where it did not fill (inside a forced string; past the
-    last entry when the run stopped at ``max_tokens`` or the grammar's end)."""
+    starts, where a run ends at a filled choice), None where it did not fill (inside a forced
+    string; where nothing was forced and no mask was needed to know it; past the last entry when
+    the run stopped at ``max_tokens`` or the grammar's end)."""
 
     tokens: tuple[int, ...] = ()
     single: int = 0
@@ -61,11 +70,26 @@ class ForcedRun:
 
 NOTHING = ForcedRun()
 
+# Bytes whose one-byte token a vocabulary may lack (SmolLM2's does): ASCII controls other than tab,
+# newline and carriage return, bytes UTF-8 never uses, lead bytes of the unassigned planes 4-11.
+_OPTIONAL_BYTES = frozenset([*range(0x20), 0x7F, 0xC0, 0xC1, 0xF1, 0xF2, *range(0xF5, 0x100)]) - {9, 10, 13}
+
+
+def _every_byte_a_token(vocab: "Vocabulary") -> bool:
+    """Whether every byte outside ``_OPTIONAL_BYTES`` is a (non-special) token of its own."""
+
+    def build() -> bool:
+        special = vocab.special_ids
+        singles = {b[0] for i, b in enumerate(vocab.token_bytes) if len(b) == 1 and i not in special}
+        return all(b in singles for b in range(256) if b not in _OPTIONAL_BYTES)
+
+    return vocab.cached("forced:every_byte_a_token", build)
+
 
 def single_allowed_token(row: torch.Tensor | np.ndarray, vocab_size: int) -> int | None:
     """The one token id whose bit is set in the int32 bitmask ``row`` (None: zero or several).
     A CPU row is read through numpy, whose word count is far cheaper than ``torch.nonzero``:
-    the proposer asks this about every guided row each step."""
+    the proposer asks this wherever it filled a mask."""
     words = (vocab_size + 31) // 32
     if isinstance(row, torch.Tensor):
         if not row.is_cpu:
@@ -102,12 +126,17 @@ def forced_tokens(
     if bitmask is None or bitmask.dim() != 2 or bitmask.shape[1] < words:
         bitmask = torch.empty((1, words), dtype=torch.int32)
     stops = set(int(t) for t in stop_ids) | set(matcher.vocab.eos_ids)
+    probe = _every_byte_a_token(matcher.vocab)  # else every position is filled
     row = bitmask[0, :words].numpy() if bitmask.is_cpu else bitmask[0]  # one view for every read below
     out: list[int] = []
     masks: list[SeenMask] = []
     single = 0
     try:
         while len(out) < max_tokens and not matcher.is_terminated():
+            text = matcher.jump_forward_probe() if probe else None
+            if text == "":  # two or more next bytes, each a token: nothing forced, no fill
+                masks.append(None)
+                break
             tok = None
             constrained = matcher.fill_next_token_bitmask(bitmask, 0)
             if constrained:
@@ -126,7 +155,8 @@ def forced_tokens(
             masks.append(row.copy() if constrained and bitmask.is_cpu and row.any() else None)
             if encode is None:
                 break
-            text = matcher.find_jump_forward_string()
+            if text is None:
+                text = matcher.find_jump_forward_string()
             if not text:
                 break
             taken = 0

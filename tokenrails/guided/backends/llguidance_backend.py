@@ -338,6 +338,13 @@ class LLGuidanceMatcher(Matcher):
             return ""
         return whole_utf8_prefix(self._m.compute_ff_bytes())  # only whole UTF-8 characters
 
+    def jump_forward_probe(self) -> str | None:
+        if self._terminated or self._m.is_error():
+            return None  # the fill decides (EOS only)
+        forced = self._m.compute_ff_bytes()  # special ids are never allowed here: bytes tell all
+        text = whole_utf8_prefix(forced)
+        return text if text or not forced else None
+
     def is_accepting(self) -> bool:
         return self._terminated or (not self._m.is_error() and bool(self._m.is_accepting()))
 
