@@ -135,14 +135,17 @@ def test_forced_bytes_that_are_no_whole_character(vocab, smollm2_tokenizer, back
     """Two characters sharing a lead byte, and a character begun by a byte token: the forced bytes
     are no text, yet one byte token may be the only one allowed; the run is the filling rule's."""
     encode = lambda text: smollm2_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    forced_somewhere = False
     for pattern, prefix in [("(é|è)x", b""), ("日本!", b"\xe6"), ("€x", b"\xe2"), ("[āă]x", b"")]:
         guide = _guide(GuideSpec.regex(pattern), vocab, backend)
         m = guide.matcher()
         for b in prefix:
             assert m.accept_token(vocab.token_bytes.index(bytes([b])))
-        assert m.jump_forward_probe() in (None, "")  # no whole character forced: no text, no error
         run = forced.forced_tokens(m, 4, encode=encode)
+        assert m.find_jump_forward_string() == ""  # no whole character is forced: no text (no error)
         assert (run.tokens, run.single) == _fill_first(m, vocab, 4, encode), pattern
+        forced_somewhere |= bool(run.single)
+    assert forced_somewhere  # a character begun by a byte token: its next byte's token is the one allowed
 
 
 def test_a_grammar_naming_a_token_id_keeps_its_one_token_masks(vocab, smollm2_tokenizer):
