@@ -341,9 +341,9 @@ class LLGuidanceMatcher(Matcher):
     def jump_forward_probe(self) -> str | None:
         if self._terminated or self._m.is_error():
             return None  # the fill decides (EOS only)
-        forced = self._m.compute_ff_bytes()  # special ids are never allowed here: bytes tell all
-        text = whole_utf8_prefix(forced)
-        return text if text or not forced else None
+        # no forced byte: '' (special ids are never allowed here). Forced bytes: llguidance's mask
+        # allows only its own tokenization of them, so the fill tells whether one token is forced.
+        return None if self._m.compute_ff_bytes() else ""
 
     def is_accepting(self) -> bool:
         return self._terminated or (not self._m.is_error() and bool(self._m.is_accepting()))
