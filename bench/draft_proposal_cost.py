@@ -8,7 +8,9 @@ matcher walked a few steps along forced runs and allowed tokens, then per row:
 * ``forced run``: the whole ``forced_tokens`` call (k = 4), with the forced-string tokenizations
   memoised as the proposer does, and without the memo (a tokenizer call per forced string);
 * its parts, each timed alone at the same states, with how often one run calls it: the mask fill,
-  the one-token check on the filled mask, the forced-string query, the tokenizer, accept + rollback.
+  the one-token check on the filled mask, the forced-string query (``jump_forward_probe`` or
+  ``find_jump_forward_string``), the tokenizer, accept + rollback;
+* the whole run under the rule of ``--base`` (see below), for comparison.
 
 Per step the proposer pays ``rows x forced run`` plus a fixed part (row handles, the thread hop), which
 ``bench/grammar_drafts.py`` prints as the proposer's time on the step's path.
@@ -102,6 +104,7 @@ def main() -> None:
     for m in states:
         cls = type(m)
         fill, jump, acc = cls.fill_next_token_bitmask, cls.find_jump_forward_string, cls.accept_token
+        probe = cls.jump_forward_probe
 
         def cfill(self, *a, _f=fill):
             counts["fill"] += 1
@@ -115,11 +118,17 @@ def main() -> None:
             counts["accept"] += 1
             return _f(self, t)
 
+        def cprobe(self, _f=probe):
+            counts["jump"] += 1
+            return _f(self)
+
         cls.fill_next_token_bitmask, cls.find_jump_forward_string, cls.accept_token = cfill, cjump, cacc
+        cls.jump_forward_probe = cprobe
         try:
             runs.append(len(forced.forced_tokens(m, k, encode=lambda s: (counts.__setitem__("encode", counts["encode"] + 1), memo(s))[1], bitmask=bm)))
         finally:
             cls.fill_next_token_bitmask, cls.find_jump_forward_string, cls.accept_token = fill, jump, acc
+            cls.jump_forward_probe = probe
     n = len(states)
 
     allowed: dict[int, int | None] = {}
@@ -143,7 +152,7 @@ def main() -> None:
     fill_us = per_row(lambda m: m.fill_next_token_bitmask(bm, 0))
     check_us = per_row(lambda m: forced.single_allowed_token(row, vocab.vocab_size),
                        prep=lambda m: m.fill_next_token_bitmask(bm, 0))
-    jump_us = per_row(lambda m: m.find_jump_forward_string())
+    jump_us = per_row(lambda m: m.jump_forward_probe())
     enc_us = per_row(lambda m: plain(texts[next(it) % n]))
     acc_us = per_row(accept_rollback, prep=first_allowed)
     print(f"# {n} states over {len(guides)} grammars ({sorted({type(g).__name__ for g in guides})}), k={k}, "
@@ -156,7 +165,7 @@ def main() -> None:
             ["  mask fill", f"{fill_us:.1f}", f"{counts['fill'] / n:.2f}", f"{fill_us * counts['fill'] / n:.0f}"],
             ["  one-token check on the mask", f"{check_us:.1f}", f"{counts['fill'] / n:.2f}",
              f"{check_us * counts['fill'] / n:.0f}"],
-            ["  forced-string query", f"{jump_us:.1f}", f"{counts['jump'] / n:.2f}", f"{jump_us * counts['jump'] / n:.0f}"],
+            ["  forced-string query (the probe)", f"{jump_us:.1f}", f"{counts['jump'] / n:.2f}", f"{jump_us * counts['jump'] / n:.0f}"],
             ["  tokenizer call (without the memo)", f"{enc_us:.1f}", f"{counts['encode'] / n:.2f}",
              f"{enc_us * counts['encode'] / n:.0f}"],
             ["  accept + rollback of one token", f"{acc_us:.1f}", f"{counts['accept'] / n:.2f}",

@@ -158,7 +158,8 @@ def forced_tokens(
         while len(out) < max_tokens and not matcher.is_terminated():
             if out:  # the first position's answer is above
                 text = matcher.jump_forward_probe() if probe else None
-                if text == "":  # two or more next bytes, each a token: nothing forced, no fill
+                if text == "":  # two or more next bytes, each a token: nothing forced, no fill (the
+                    # verifier's own walk filling it measured no dearer than a fill here)
                     masks.append(None)
                     break
             toks = encode(text) if text and encode is not None else None
