@@ -8,19 +8,22 @@ matcher walked a few steps along forced runs and allowed tokens, then per row:
 * ``forced run``: the whole ``forced_tokens`` call (k = 4), with the forced-string tokenizations
   memoised as the proposer does, and without the memo (a tokenizer call per forced string);
 * its parts, each timed alone at the same states, with how often one run calls it: the mask fill,
-  the one-token check on the filled mask, the forced-string query, the tokenizer, accept + rollback.
+  the one-token check on the filled mask, the forced-string query (``jump_forward_probe`` or
+  ``find_jump_forward_string``), the tokenizer, accept + rollback;
+* the whole run under the rule of ``--base`` (see below), for comparison.
 
 Per step the proposer pays ``rows x forced run`` plus a fixed part (row handles, the thread hop), which
 ``bench/grammar_drafts.py`` prints as the proposer's time on the step's path.
 
 Then the grammar's whole host work of a drafts step at ``--batches`` rows (rows walked like the states
-above, through a ``GuidedDecodingManager``): the proposal of every row, then the verification's masks as
-the engine asks for them (``fill_and_apply_spec`` on a ``[batch x (K + 1), V]`` bfloat16 block, a row's
-positions past its run carrying its last token as filler), with the verification filling every mask
-itself ("fresh") or reusing what the proposal saw (``forced_tokens(propose=True)``: one-hot rows where one
-token was forced, the copied row at the run's end). The two arms alternate ABBA, CPU time per step.
+above, through a ``GuidedDecodingManager``): the proposal of every row (``forced_tokens(propose=True)``),
+then the verification's masks as the engine asks for them (``fill_and_apply_spec`` on a
+``[batch x (K + 1), V]`` bfloat16 block, a row's positions past its run carrying its last token as
+filler, reusing what the proposal saw). Two arms alternate ABBA, CPU time per step: this checkout's
+rule, and the rule of ``--base`` (``guided/forced.py`` as that git revision has it, loaded beside this
+one; the rest of the code is this checkout's).
 
-    python bench/draft_proposal_cost.py [--states 64] [--repeat 5] [--batches 1,8,32] [--steps 40]
+    python bench/draft_proposal_cost.py [--states 64] [--repeat 5] [--batches 1,8,32] [--steps 40] [--base REV]
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ def main() -> None:
     ap.add_argument("--drafts", type=int, default=4)
     ap.add_argument("--batches", default="1,8,32", help="rows per step for the step table ('' to skip it)")
     ap.add_argument("--steps", type=int, default=40, help="steps per arm and batch for the step table")
+    ap.add_argument("--base", default="4497acc", help="git revision whose forced.py is the other arm ('' for none)")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -100,6 +104,7 @@ def main() -> None:
     for m in states:
         cls = type(m)
         fill, jump, acc = cls.fill_next_token_bitmask, cls.find_jump_forward_string, cls.accept_token
+        probe = cls.jump_forward_probe
 
         def cfill(self, *a, _f=fill):
             counts["fill"] += 1
@@ -113,11 +118,17 @@ def main() -> None:
             counts["accept"] += 1
             return _f(self, t)
 
+        def cprobe(self, _f=probe):
+            counts["jump"] += 1
+            return _f(self)
+
         cls.fill_next_token_bitmask, cls.find_jump_forward_string, cls.accept_token = cfill, cjump, cacc
+        cls.jump_forward_probe = cprobe
         try:
             runs.append(len(forced.forced_tokens(m, k, encode=lambda s: (counts.__setitem__("encode", counts["encode"] + 1), memo(s))[1], bitmask=bm)))
         finally:
             cls.fill_next_token_bitmask, cls.find_jump_forward_string, cls.accept_token = fill, jump, acc
+            cls.jump_forward_probe = probe
     n = len(states)
 
     allowed: dict[int, int | None] = {}
@@ -134,12 +145,14 @@ def main() -> None:
 
     texts = [m.find_jump_forward_string() or "}" for m in states]
     it = iter(range(10 ** 9))
+    base = base_rule(args.base)
     whole_memo = per_row(lambda m: forced.forced_tokens(m, k, encode=memo, bitmask=bm))
+    whole_base = per_row(lambda m: base.forced_tokens(m, k, encode=memo, bitmask=bm)) if base else None
     whole_plain = per_row(lambda m: forced.forced_tokens(m, k, encode=plain, bitmask=bm))
     fill_us = per_row(lambda m: m.fill_next_token_bitmask(bm, 0))
     check_us = per_row(lambda m: forced.single_allowed_token(row, vocab.vocab_size),
                        prep=lambda m: m.fill_next_token_bitmask(bm, 0))
-    jump_us = per_row(lambda m: m.find_jump_forward_string())
+    jump_us = per_row(lambda m: m.jump_forward_probe())
     enc_us = per_row(lambda m: plain(texts[next(it) % n]))
     acc_us = per_row(accept_rollback, prep=first_allowed)
     print(f"# {n} states over {len(guides)} grammars ({sorted({type(g).__name__ for g in guides})}), k={k}, "
@@ -147,23 +160,53 @@ def main() -> None:
           f"load average {load_average():.1f}; CPU time, one thread\n")
     rows = [["forced run, tokenizations memoised (the proposer)", f"{whole_memo:.0f}", "1", f"{whole_memo:.0f}"],
             ["forced run, a tokenizer call per forced string", f"{whole_plain:.0f}", "1", f"{whole_plain:.0f}"],
+            *([[f"forced run, {args.base}'s rule, memoised", f"{whole_base:.0f}", "1", f"{whole_base:.0f}"]]
+              if base else []),
             ["  mask fill", f"{fill_us:.1f}", f"{counts['fill'] / n:.2f}", f"{fill_us * counts['fill'] / n:.0f}"],
             ["  one-token check on the mask", f"{check_us:.1f}", f"{counts['fill'] / n:.2f}",
              f"{check_us * counts['fill'] / n:.0f}"],
-            ["  forced-string query", f"{jump_us:.1f}", f"{counts['jump'] / n:.2f}", f"{jump_us * counts['jump'] / n:.0f}"],
+            ["  forced-string query (the probe)", f"{jump_us:.1f}", f"{counts['jump'] / n:.2f}", f"{jump_us * counts['jump'] / n:.0f}"],
             ["  tokenizer call (without the memo)", f"{enc_us:.1f}", f"{counts['encode'] / n:.2f}",
              f"{enc_us * counts['encode'] / n:.0f}"],
             ["  accept + rollback of one token", f"{acc_us:.1f}", f"{counts['accept'] / n:.2f}",
              f"{acc_us * counts['accept'] / n:.0f}"]]
     print_table(["part", "us per call", "calls per row", "us per row"], rows)
     if args.batches:
-        step_table(args, vocab, specs, memo, rnd)
+        step_table(args, vocab, specs, memo, rnd, base)
 
 
-def step_table(args, vocab, specs, memo, rnd) -> None:
-    """Proposal + verification masks per step, fresh fills vs the proposal's masks reused (ABBA)."""
+def base_rule(rev: str):
+    """``tokenrails/guided/forced.py`` at git revision ``rev``, loaded as a module beside this one
+    (None when ``rev`` is '' or git cannot show it)."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    import tokenrails.guided  # noqa: F401  (the package its relative imports resolve in)
+
+    if not rev:
+        return None
+    root = Path(__file__).resolve().parent.parent
+    try:
+        source = subprocess.run(["git", "-C", str(root), "show", f"{rev}:tokenrails/guided/forced.py"],
+                                check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"# no base arm: git cannot show {rev}'s forced.py ({exc})")
+        return None
+    path = Path(tempfile.mkdtemp()) / "forced_base.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("tokenrails.guided._forced_base", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def step_table(args, vocab, specs, memo, rnd, base) -> None:
+    """Proposal + verification masks per step (masks reused), this rule vs ``base``'s (ABBA)."""
     import torch
 
+    from tokenrails.guided import manager as manager_mod
     from tokenrails.guided.manager import GuidedDecodingManager, GuidedRow
 
     k = args.drafts
@@ -188,12 +231,18 @@ def step_table(args, vocab, specs, memo, rnd) -> None:
         st = mgr.sequence(row.session_id, 0)
         if st is not None and st.error is None and not st.resolve().is_terminated() and st.history:
             rows.append(row)
+    arms = {"this": manager_mod.forced_tokens}
+    if base is not None:
+        arms[args.base] = base.forced_tokens
+    names = list(arms)
     print(f"\n# a drafts step's grammar work: {len(rows)} rows walked, k={k}, bfloat16 logits; CPU time per step, "
-          f"median of {args.steps} steps per arm (fresh / reused alternate ABBA); load average {load_average():.1f}\n")
+          f"median of {args.steps} steps per arm (arms {' / '.join(names)} alternate ABBA); "
+          f"load average {load_average():.1f}\n")
 
-    def step(batch_rows: list, reuse: bool) -> tuple[float, float]:
+    def step(batch_rows: list, arm: str) -> tuple[float, float]:
+        manager_mod.forced_tokens = arms[arm]  # the manager's proposal calls this name
         t0 = time.process_time()
-        runs = [mgr.forced_tokens(r, k, encode=memo, bitmask=bm, propose=reuse) for r in batch_rows]
+        runs = [mgr.forced_tokens(r, k, encode=memo, bitmask=bm, propose=True) for r in batch_rows]
         propose = time.process_time() - t0
         width = max(len(r.tokens) for r in runs)
         drafts = []
@@ -206,23 +255,27 @@ def step_table(args, vocab, specs, memo, rnd) -> None:
         return propose, time.process_time() - t1
 
     table = []
-    for b in batches:
-        spent: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
-        load = load_average()
-        for n in range(args.steps):
-            batch_rows = [rows[(n + i) % len(rows)] for i in range(b)]
-            for reuse in ((False, True) if n % 2 == 0 else (True, False)):
-                spent[reuse].append(step(batch_rows, reuse))
+    try:
+        for b in batches:
+            spent: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+            load = load_average()
+            for n in range(args.steps):
+                batch_rows = [rows[(n + i) % len(rows)] for i in range(b)]
+                for arm in (names if n % 2 == 0 else names[::-1]):
+                    spent[arm].append(step(batch_rows, arm))
 
-        def ms(reuse: bool, part: int | None) -> float:
-            vals = sorted((p[0] + p[1]) if part is None else p[part] for p in spent[reuse])
-            return 1e3 * vals[len(vals) // 2]
+            def ms(arm: str, part: int | None) -> float:
+                vals = sorted((p[0] + p[1]) if part is None else p[part] for p in spent[arm])
+                return 1e3 * vals[len(vals) // 2]
 
-        table.append([b, f"{ms(False, 0):.3f}", f"{ms(False, 1):.3f}", f"{ms(False, None):.3f}",
-                      f"{ms(True, 0):.3f}", f"{ms(True, 1):.3f}", f"{ms(True, None):.3f}",
-                      f"{ms(False, None) / max(ms(True, None), 1e-9):.2f}x", f"{load:.1f}"])
-    print_table(["batch", "fresh: propose ms", "verify masks ms", "total ms", "reused: propose ms",
-                 "verify masks ms", "total ms", "fresh / reused", "load"], table)
+            cells = [f"{ms(arm, part):.3f}" for arm in names for part in (0, 1, None)]
+            ratio = [f"{ms(names[1], None) / max(ms(names[0], None), 1e-9):.2f}x"] if len(names) > 1 else []
+            table.append([b, *cells, *ratio, f"{load:.1f} / {load_average():.1f}"])
+    finally:
+        manager_mod.forced_tokens = arms["this"]
+    heads = [f"{arm}: {part}" for arm in names for part in ("propose ms", "verify masks ms", "total ms")]
+    print_table(["batch", *heads, *([f"{names[1]} / this (total)"] if len(names) > 1 else []), "load before / after"],
+                table)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,17 @@ class Matcher(ABC):
     def find_jump_forward_string(self) -> str:
         """The text every valid continuation starts with ('' when there is a choice)."""
 
+    def jump_forward_probe(self) -> str | None:
+        """What a caller needs to skip mask fills (``forced.forced_tokens``), or None: fill and see.
+
+        '' only when no byte is forced next (two or more next bytes, or the end). A non-empty
+        text only when it is the forced string and the mask there allows every token its bytes
+        admit (so not where a backend narrows forced text to its own tokenization). None also
+        where bytes are forced that are no whole character yet (a character begun by the last
+        token, two characters sharing a lead byte) or the grammar names token ids itself. This
+        default always says None."""
+        return None
+
     def is_accepting(self) -> bool:
         """Whether the output so far is a complete match (EOS would be accepted now)."""
         eos = self.vocab.eos_ids[0]

@@ -9,6 +9,16 @@ A grammar forces the next token in two ways:
   taken in its canonical tokenization (``encode``, the model's tokenizer) and kept only as far as
   the grammar accepts it token by token.
 
+A mask fill costs far more than the forced-string query, so the rule asks the backend first
+(``jump_forward_probe``) and fills only where the answer needs the mask. No byte forced next
+(most positions): the grammar allows two or more next bytes, and in a vocabulary holding a
+one-byte token for each of them that is two or more tokens, no one-token mask. A forced string
+whose tokenization starts with a token longer than a byte, over a backend whose mask allows every
+token the string's bytes admit: that token and the string's first byte are both allowed, so the
+string is taken without a fill. Bytes a vocabulary may lack (``_OPTIONAL_BYTES``) could leave one
+token allowed where the grammar offers two bytes; the rule then misses that token (a shorter run,
+never a wrong one). A vocabulary lacking any other byte fills every position.
+
 The rule repeats from the state it reaches until ``max_tokens`` tokens, a choice, a stop token
 or the end of the grammar. The matcher is advanced tentatively and rolled back by exactly what
 was accepted, so it ends where it started. This is the one place that decides the forced
@@ -30,6 +40,7 @@ from .backend import Matcher
 
 if TYPE_CHECKING:
     from .reasoning import ReasoningPhase
+    from .vocabulary import Vocabulary
 
 __all__ = ["ForcedRun", "forced_tokens", "single_allowed_token"]
 
@@ -48,8 +59,9 @@ class ForcedRun:
     ``masks[j]``: the mask at position ``j`` (after ``tokens[:j]``, ``j <= len(tokens)``) as the
     rule filled it, so a verifier of these tokens need not fill it again: the token id where it
     allowed that one token, a copy of the row where it allowed several (where a forced string
-    starts, where the run ends), None where it did not fill (inside a forced string; past the
-    last entry when the run stopped at ``max_tokens`` or the grammar's end)."""
+    starts, where a run ends at a filled choice), None where it did not fill (inside a forced
+    string; where nothing was forced and no mask was needed to know it; past the last entry when
+    the run stopped at ``max_tokens`` or the grammar's end)."""
 
     tokens: tuple[int, ...] = ()
     single: int = 0
@@ -61,11 +73,41 @@ class ForcedRun:
 
 NOTHING = ForcedRun()
 
+# Bytes whose one-byte token a vocabulary may lack (SmolLM2's does): ASCII controls other than tab,
+# newline and carriage return, bytes UTF-8 never uses, lead bytes of the unassigned planes 4-11.
+_OPTIONAL_BYTES = frozenset([*range(0x20), 0x7F, 0xC0, 0xC1, 0xF1, 0xF2, *range(0xF5, 0x100)]) - {9, 10, 13}
+_BYTE_TOKENS = "forced:byte_tokens"  # the vocabulary's memo key
+
+
+def _byte_tokens(vocab: "Vocabulary") -> tuple[frozenset[int], bool]:
+    """The bytes that are a (non-special) token of their own, and whether every byte outside
+    ``_OPTIONAL_BYTES`` is one."""
+
+    def build() -> tuple[frozenset[int], bool]:
+        special = vocab.special_ids
+        singles = frozenset(b[0] for i, b in enumerate(vocab.token_bytes) if len(b) == 1 and i not in special)
+        return singles, all(b in singles for b in range(256) if b not in _OPTIONAL_BYTES)
+
+    known = vocab.backend_cache.get(_BYTE_TOKENS)  # read without the memo's lock: asked per row and step
+    return known if known is not None else vocab.cached(_BYTE_TOKENS, build)
+
+
+def _two_allowed(vocab: "Vocabulary", byte_tokens: frozenset[int], text: str, toks: Sequence[int]) -> bool:
+    """Whether the mask before forced ``text`` certainly allows two tokens: the first token of its
+    tokenization, when longer than one byte and a prefix of the text, and its first byte's token."""
+    if not toks:
+        return False
+    first = int(toks[0])
+    if first in vocab.special_ids or not 0 <= first < vocab.num_tokens:
+        return False
+    data = vocab.token_bytes[first]
+    return len(data) > 1 and text.encode().startswith(data) and data[0] in byte_tokens
+
 
 def single_allowed_token(row: torch.Tensor | np.ndarray, vocab_size: int) -> int | None:
     """The one token id whose bit is set in the int32 bitmask ``row`` (None: zero or several).
     A CPU row is read through numpy, whose word count is far cheaper than ``torch.nonzero``:
-    the proposer asks this about every guided row each step."""
+    the proposer asks this wherever it filled a mask."""
     words = (vocab_size + 31) // 32
     if isinstance(row, torch.Tensor):
         if not row.is_cpu:
@@ -97,40 +139,57 @@ def forced_tokens(
     """
     if max_tokens <= 0 or matcher.is_terminated():
         return NOTHING
+    vocab = matcher.vocab
+    byte_tokens, probe = _byte_tokens(vocab)  # without every byte a token: fill everywhere
+    text = matcher.jump_forward_probe() if probe else None
+    if text == "":  # the common case, before any set-up: two or more next bytes, no fill
+        return NOTHING
     vocab_size = matcher.vocab.vocab_size
     words = (vocab_size + 31) // 32
     if bitmask is None or bitmask.dim() != 2 or bitmask.shape[1] < words:
         bitmask = torch.empty((1, words), dtype=torch.int32)
-    stops = set(int(t) for t in stop_ids) | set(matcher.vocab.eos_ids)
-    row = bitmask[0, :words].numpy() if bitmask.is_cpu else bitmask[0]  # one view for every read below
+    on_host = bitmask.is_cpu
+    stops = set(matcher.vocab.eos_ids).union(int(t) for t in stop_ids)
+    row = bitmask[0, :words].numpy() if on_host else bitmask[0]  # one view for every read below
     out: list[int] = []
     masks: list[SeenMask] = []
     single = 0
     try:
         while len(out) < max_tokens and not matcher.is_terminated():
-            tok = None
-            constrained = matcher.fill_next_token_bitmask(bitmask, 0)
-            if constrained:
-                tok = single_allowed_token(row, vocab_size)
-            if tok is not None:
-                if tok in stops:
+            if out:  # the first position's answer is above
+                text = matcher.jump_forward_probe() if probe else None
+                if text == "":  # two or more next bytes, each a token: nothing forced, no fill (the
+                    # verifier's own walk filling it measured no dearer than a fill here)
+                    masks.append(None)
+                    break
+            toks = encode(text) if text and encode is not None else None
+            if toks is not None and _two_allowed(vocab, byte_tokens, text, toks):
+                masks.append(None)  # no one-token mask here: the string is taken without a fill
+            else:
+                constrained = matcher.fill_next_token_bitmask(bitmask, 0)
+                tok = single_allowed_token(row, vocab_size) if constrained else None
+                if tok is not None:
+                    if tok in stops:
+                        masks.append(tok)
+                        break
+                    if not matcher.accept_token(tok):
+                        break
+                    out.append(tok)
                     masks.append(tok)
+                    single += 1
+                    continue
+                # several tokens allowed: kept for a verifier (not an empty row, which it must refuse itself)
+                masks.append(row.copy() if constrained and on_host and row.any() else None)
+                if encode is None:
                     break
-                if not matcher.accept_token(tok):
+                if text is None:
+                    text = matcher.find_jump_forward_string()
+                if not text:
                     break
-                out.append(tok)
-                masks.append(tok)
-                single += 1
-                continue
-            # several tokens allowed: kept for a verifier (not an empty row, which it must refuse itself)
-            masks.append(row.copy() if constrained and bitmask.is_cpu and row.any() else None)
-            if encode is None:
-                break
-            text = matcher.find_jump_forward_string()
-            if not text:
-                break
+                if toks is None:
+                    toks = encode(text)
             taken = 0
-            for t in encode(text):
+            for t in toks:
                 t = int(t)
                 if len(out) >= max_tokens or t in stops or not matcher.accept_token(t):
                     break

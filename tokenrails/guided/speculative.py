@@ -132,7 +132,8 @@ def _refused_empty(st: SequenceState, bitmask: torch.Tensor, base: int, j: int, 
     """Whether the filled row ``base + j`` allows nothing. Such a row becomes EOS only (an all -inf
     verification row would fail the engine's sampler for the whole batch); at the real position
     (``j == 0``) the row ends with an error."""
-    if bool(bitmask[base + j].any()):
+    row = bitmask[base + j]
+    if bool(row.numpy().any() if row.is_cpu else row.any()):  # numpy: far cheaper on a host row
         return False
     eos_only_row(bitmask[base + j], eos)
     if j == 0 and st.error is None:

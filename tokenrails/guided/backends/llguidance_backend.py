@@ -344,6 +344,13 @@ class LLGuidanceMatcher(Matcher):
             return ""
         return whole_utf8_prefix(self._m.compute_ff_bytes())  # only whole UTF-8 characters
 
+    def jump_forward_probe(self) -> str | None:
+        if self._terminated or self._m.is_error():
+            return None  # the fill decides (EOS only)
+        # no forced byte: '' (special ids are never allowed here). Forced bytes: llguidance's mask
+        # allows only its own tokenization of them, so the fill tells whether one token is forced.
+        return None if self._m.compute_ff_bytes() else ""
+
     def is_accepting(self) -> bool:
         return self._terminated or (not self._m.is_error() and bool(self._m.is_accepting()))
 

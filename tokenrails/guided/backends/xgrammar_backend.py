@@ -16,7 +16,7 @@ from ..limit_checks import check_spec_limits, check_structural_tag
 from ..regex_hazards import refuse_regex_hazards
 from ..schema_semantics import is_strict, policy_payload, policy_schema
 from ..spec import GuideSpec
-from ..vocabulary import Vocabulary
+from ..vocabulary import Vocabulary, whole_utf8_prefix
 from . import xgrammar_markers as markers_mod
 from ..pattern_lengths import fold_tag_lengths
 from .xgrammar_coverage import XGRAMMAR_REGEX_KIND_HAZARDS, refuse_unenforced_tag_schema, xgrammar_unenforced
@@ -33,11 +33,12 @@ def choice_ebnf(options: list[str]) -> str:
 
 
 class XGrammarMatcher(Matcher):
-    __slots__ = ("_m", "vocab", "_eos_words")
+    __slots__ = ("_m", "vocab", "_eos_words", "_names_tokens")
 
-    def __init__(self, compiled: xgr.CompiledGrammar, vocab: Vocabulary):
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab: Vocabulary, names_tokens: bool = True):
         self.vocab = vocab
         self._m = xgr.GrammarMatcher(compiled, override_stop_tokens=list(vocab.eos_ids))
+        self._names_tokens = names_tokens  # token-level elements: one token may be forced with no text
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> bool:
         if self._m.is_terminated():
@@ -80,9 +81,22 @@ class XGrammarMatcher(Matcher):
         self._m.reset()
 
     def find_jump_forward_string(self) -> str:
+        return self._jump_forward()[0]
+
+    def jump_forward_probe(self) -> str | None:
+        text, forced = self._jump_forward()
+        return text if text or not (forced or self._names_tokens) else None
+
+    def _jump_forward(self) -> tuple[str, bool]:
+        """(the forced whole characters, whether any byte is forced). xgrammar hands its forced
+        bytes over as text and raises when they end, or start, inside a character."""
         if self._m.is_terminated():
-            return ""
-        return self._m.find_jump_forward_string()
+            return "", False
+        try:
+            text = self._m.find_jump_forward_string()
+        except UnicodeDecodeError as exc:
+            return whole_utf8_prefix(exc.object), True
+        return text, bool(text)
 
     def is_accepting(self) -> bool:
         return self._m.is_terminated() or bool(self._m.is_completed())
@@ -96,7 +110,8 @@ class MarkerXGrammarMatcher(XGrammarMatcher):
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab: Vocabulary,
                  markers: markers_mod.MarkerSet, triggers: dict[int, list[str]]):
-        super().__init__(compiled, vocab)
+        # its Token(id) elements always stand beside their text: never the one choice
+        super().__init__(compiled, vocab, names_tokens=False)
         self._markers = markers
         self._triggers = triggers
 
@@ -140,11 +155,14 @@ class XGrammarGuide(CompiledGuide):
         self.grammar = grammar
         self.markers = markers  # set when the grammar admits marker tokens (marker view)
         self.triggers = triggers or {}
+        self._names_tokens: bool | None = None
 
     def matcher(self) -> XGrammarMatcher:
         if self.markers is not None:
             return MarkerXGrammarMatcher(self.grammar, self.vocab, self.markers, self.triggers)
-        return XGrammarMatcher(self.grammar, self.vocab)
+        if self._names_tokens is None:  # printed once per guide: token-level formats name ids
+            self._names_tokens = markers_mod.names_token_ids(markers_mod.scan_ebnf(str(self.grammar.grammar)))
+        return XGrammarMatcher(self.grammar, self.vocab, self._names_tokens)
 
     @property
     def memory_bytes(self) -> int:

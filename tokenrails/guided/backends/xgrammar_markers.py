@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 import xgrammar as xgr
@@ -325,6 +325,11 @@ def _split_markers(text: str, ph: Placeholders) -> list[str | int]:
 _TOKEN_SYNTAX = re.compile(r"\b(?:Token|ExcludeToken|TokenTagDispatch|AnyTokens)\s*\(")
 
 
+def names_token_ids(pieces: Iterable[tuple[str, str, bool]]) -> bool:
+    """Whether a printed grammar (``scan_ebnf`` pieces) names token ids outside its string literals."""
+    return any(kind == "other" and _TOKEN_SYNTAX.search(text) for kind, text, _ in pieces)
+
+
 def ebnf_grammar(ebnf: str, markers: MarkerSet) -> tuple[str, dict[int, list[str]]] | None:
     """A client EBNF grammar whose string literals equal to a marker's text also admit the token;
     None when no literal is a marker."""
@@ -332,7 +337,7 @@ def ebnf_grammar(ebnf: str, markers: MarkerSet) -> tuple[str, dict[int, list[str
         return None
     printed = str(xgr.Grammar.from_ebnf(ebnf))
     pieces = list(scan_ebnf(printed))
-    if any(kind == "other" and _TOKEN_SYNTAX.search(text) for kind, text, _ in pieces):
+    if names_token_ids(pieces):
         return None  # the client names tokens itself: only the blanked view may compile that
     if has_dispatch(pieces) and not classes_refuse_sentinels(pieces):
         return None

@@ -185,6 +185,12 @@ class FSMMatcher(Matcher):
         """Current DFA state (for tests and diagnostics)."""
         return self._state
 
+    def jump_forward_probe(self) -> str | None:
+        text = self.find_jump_forward_string()
+        if text or self._terminated or self._dfa.forced[self._state] < 0:
+            return text
+        return None  # a forced byte that starts no whole character
+
     def find_jump_forward_string(self) -> str:
         """Bytes forced while the DFA has exactly one live byte and is not accepting, as text.
 
