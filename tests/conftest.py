@@ -82,7 +82,7 @@ XDIST_GROUPS = {
 # alone while the other idled. Units not listed weigh 0 and keep xdist's order after these.
 UNIT_SECONDS = {
     "lmdeploy-multi-process": 405,
-    _LMDEPLOY + "test_grammar_drafts.py": 200,
+    _LMDEPLOY + "test_grammar_drafts.py": 105,
     _LMDEPLOY + "test_real_engine_kinds.py": 200,
     "lmdeploy-shared-engine": 170,
     "tests/compat/test_outlines_0x_class_token_sets.py": 145,
