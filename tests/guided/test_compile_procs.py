@@ -180,9 +180,9 @@ def test_workers_run_below_the_engine_and_one_grown_past_its_bound_is_replaced(b
 
 
 def test_a_manager_dropped_without_close_stops_its_workers(byte_vocab, every_spec_in_a_worker):
-    """An engine's manager is dropped with its engine (nothing calls ``close``): its idle workers
-    end with it. They waited on their stdin for the rest of the process (subprocess keeps a
-    running child's Popen, pipe included), two interpreters per engine built and closed."""
+    """A manager dropped without ``close`` (LMDeploy's rank manager has none; the step-level tests
+    drop hundreds) ends its idle workers with it. They waited on their stdin for the rest of the
+    process (subprocess keeps a running child's Popen, pipe included)."""
     import gc
 
     mgr = GuidedDecodingManager(byte_vocab, backend="fsm", compile_processes=1)

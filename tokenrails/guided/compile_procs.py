@@ -139,7 +139,7 @@ class ProcessCompiler:
             pickle.dump((parts, backend, limits), f, protocol=pickle.HIGHEST_PROTOCOL)
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
-        # Dropped without close() (an engine's manager has no close call), the idle workers would
+        # Dropped without close() (LMDeploy's rank manager has no close call), the idle workers would
         # wait on their stdin for the rest of this process: subprocess keeps a Popen whose child
         # still runs alive, pipe included, so no EOF ever reaches them (two interpreters per
         # manager, ~300 MB each). They end with their compiler instead.
