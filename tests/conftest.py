@@ -34,8 +34,8 @@ def _compile_workers_on_demand():
     """An engine's guided manager boots its compile worker interpreters as it is built, so a real
     engine's first large spec finds one ready; each boot costs ~1.5 s of CPU. The tests build
     hundreds of such managers in their own process and none sends a spec large enough for a
-    worker: there the workers start on demand (as after a kill). The api_servers and TP ranks they
-    start (other processes) keep the warm start."""
+    worker: there the workers start on demand (as after a kill). The api_servers' engines they start
+    (other processes) keep the warm start."""
     from tokenrails.guided.compile_procs import ProcessCompiler
 
     with pytest.MonkeyPatch.context() as mp:
@@ -82,7 +82,7 @@ XDIST_GROUPS = {
 # alone while the other idled. Units not listed weigh 0 and keep xdist's order after these.
 UNIT_SECONDS = {
     "lmdeploy-multi-process": 405,
-    _LMDEPLOY + "test_grammar_drafts.py": 200,
+    _LMDEPLOY + "test_grammar_drafts.py": 105,
     _LMDEPLOY + "test_real_engine_kinds.py": 200,
     "lmdeploy-shared-engine": 170,
     "tests/compat/test_outlines_0x_class_token_sets.py": 145,

@@ -177,3 +177,22 @@ def test_workers_run_below_the_engine_and_one_grown_past_its_bound_is_replaced(b
         assert _nice(worker.proc.pid) >= _nice(os.getpid()) + 10  # compiles below the engine's priority
     finally:
         mgr.close()
+
+
+def test_a_manager_dropped_without_close_stops_its_workers(byte_vocab, every_spec_in_a_worker):
+    """A manager dropped without ``close`` (LMDeploy's rank manager has none; the step-level tests
+    drop hundreds) ends its idle workers with it. They waited on their stdin for the rest of the
+    process (subprocess keeps a running child's Popen, pipe included)."""
+    import gc
+
+    mgr = GuidedDecodingManager(byte_vocab, backend="fsm", compile_processes=1)
+    guide = mgr.get_compiled(tr.GuideSpec.regex("[ab]{2}"))
+    assert _accepts(guide, "ab") and mgr._procs.counters["compiles"] == 1
+    (worker,) = mgr._procs._idle
+    pid = worker.proc.pid
+    del mgr, worker, guide
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "the dropped manager's compile worker still runs"

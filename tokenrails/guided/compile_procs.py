@@ -135,9 +135,13 @@ class ProcessCompiler:
         fd, self._setup_path = tempfile.mkstemp(prefix="tokenrails-compile-", suffix=".pickle")
         with os.fdopen(fd, "wb") as f:
             pickle.dump((parts, backend, limits), f, protocol=pickle.HIGHEST_PROTOCOL)
-        self._finalizer = weakref.finalize(self, _remove, self._setup_path)
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
+        # Dropped without close() (LMDeploy's rank manager has no close call), the idle workers would
+        # wait on their stdin for the rest of this process: subprocess keeps a Popen whose child
+        # still runs alive, pipe included, so no EOF ever reaches them (two interpreters per
+        # manager, ~300 MB each). They end with their compiler instead.
+        self._finalizer = weakref.finalize(self, _release, self._setup_path, self._idle, self._lock)
         self._closed = False
         self.counters = {"started": 0, "killed": 0, "compiles": 0, "recycled": 0}
 
@@ -182,9 +186,6 @@ class ProcessCompiler:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            idle, self._idle = self._idle, []
-        for worker in idle:
-            worker.kill()
         self._finalizer()
 
     @property
@@ -242,7 +243,13 @@ def lower_priority() -> None:
             pass
 
 
-def _remove(path: str) -> None:
+def _release(path: str, idle: list[_Worker], lock: threading.Lock) -> None:
+    """Stop the idle workers and remove the setup file (``close``, or the compiler collected)."""
+    with lock:
+        workers = list(idle)
+        idle.clear()
+    for worker in workers:
+        worker.kill()
     try:
         os.unlink(path)
     except OSError:

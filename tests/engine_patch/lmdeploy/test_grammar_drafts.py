@@ -7,7 +7,7 @@ outputs (temperature 1) over a string with several tokenizations distributed lik
 decoding by a chi-square test that does reject a deliberately biased verifier (one that accepts
 every grammar draft, i.e. jump-forward in the canonical tokenization).
 
-Cost: two engines for the whole module (plain guided, then grammar drafts; the biased verifier is
+Cost: two float32 engines for the whole module (plain guided, then grammar drafts; the biased verifier is
 patched into the second for its own run), ``BATCH`` sampled requests in flight at once and a short
 raw prompt, so the 2 x 160 sampled requests take a fraction of the forwards and prefill tokens
 they took with one engine per run, a batch of 8 and the chat template's system prompt. The biased
@@ -64,6 +64,9 @@ N_SAMPLED = 160  # sampled requests per arm (plain, drafted; biased at most): th
 P_CAUGHT = 1e-6  # the biased verifier is caught when the test's p-value is below this
 BATCH = 32  # requests in flight at once; one 64-token KV block each (prompt + WORD + drafts)
 # raw (no chat template, whose system prompt is 34 tokens): prefill dominated the sampled runs
+# FLOAT32: both engines run float32, not ``dtype='auto'`` (float16 for this float32 checkpoint, whose
+# CPU matmuls have no fast kernel): the module compares drafts with plain decoding at one dtype,
+# and a float32 forward costs a fraction of a float16 one here (docs/lmdeploy.md, dtype)
 WORD_PROMPT = "<|im_start|>user\nSay one word.<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -74,7 +77,9 @@ def _pipe(model_dir, drafts: int):
     from tokenrails.engine_patch.lmdeploy.cpu import cpu_engine_config
     torch.set_num_threads(1)
     activate(grammar_drafts=drafts)
-    return pipeline(model_dir, backend_config=cpu_engine_config(max_batch_size=BATCH, session_len=512))
+    cfg = cpu_engine_config(max_batch_size=BATCH, session_len=512)
+    cfg.dtype = "float32"  # (the config's own check admits only half types; see FLOAT32)
+    return pipeline(model_dir, backend_config=cfg)
 
 
 def _generate(pipe, prompts, gens, **kw):

@@ -54,6 +54,32 @@ def test_speculative_decoding_keeps_a_manager_per_rank():
     assert type(_build(factory, 1, spec=object())) is _Manager
 
 
+def test_a_worker_processs_rank_boots_its_compile_workers_on_demand(vocab, monkeypatch):
+    """A rank built by the worker's factory decodes with the grammars the engine process compiled
+    (engine_grammars.py): its manager boots no compile worker with the engine; a manager built in
+    the engine's own process (an in-process agent) still does."""
+    import threading
+    import time
+
+    from tokenrails.engine_patch.lmdeploy.step.rank_manager import LMDeployGuidedManager
+    from tokenrails.guided.compile_procs import ProcessCompiler
+
+    warmed, in_process_warmed = [], threading.Event()
+    monkeypatch.setattr(ProcessCompiler, "warm", lambda self: (warmed.append(self), in_process_warmed.set()))
+    agent_module, factory = _factory()
+    agent_module.GuidedDecodingManager = lambda tok, size: LMDeployGuidedManager(tok, size, vocab=vocab)
+    rank = _build(factory, 0)
+    in_process = LMDeployGuidedManager(None, vocab.vocab_size, vocab=vocab)
+    try:
+        assert in_process_warmed.wait(30)
+        time.sleep(0.5)  # (the rank's manager was built first: a warm-up of its own would be in by now)
+        assert rank.core()._procs is not None  # it can still start workers, on demand
+        assert warmed == [in_process.core()._procs], warmed
+    finally:
+        rank.core().close()
+        in_process.core().close()
+
+
 def test_follower_manager_does_nothing_and_refuses_guided_calls():
     follower = tp_ranks.FollowerGuidedManager("tok", 10)
     follower.clear()

@@ -17,6 +17,7 @@ round (``_begun``): later steps reuse it without a call.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import weakref
@@ -43,6 +44,11 @@ _LIVE: "weakref.WeakSet[LMDeployGuidedManager]" = weakref.WeakSet()  # this proc
 METRICS_SOURCES: list[Callable[[Hashable], dict]] = []
 
 MAX_FAILED = 4096  # failed rounds remembered (their sessions' ends drop them sooner)
+#: set while a TP / Ray worker builds its model agent (tp_ranks.py): that rank decodes with the guides
+#: the engine process compiled (engine_grammars.py), so its compile workers boot only if a compile
+#: does land here, instead of two interpreters booted and left idle with every engine
+GUIDES_FROM_ENGINE: contextvars.ContextVar[bool] = contextvars.ContextVar("tokenrails_guides_from_engine",
+                                                                         default=False)
 
 
 class RankView(NamedTuple):
@@ -89,6 +95,7 @@ class LMDeployGuidedManager(StockCalls):
         self.step: LMDeployStep | None = None  # the engine step running now (lmdeploy_step.py)
         self.stopped: tuple[Any, frozenset[int]] = (None, frozenset())  # (session_ctx, rows): stopped_rows.py
         self.warming: threading.Thread | None = None  # building per-vocabulary tables (_warm)
+        self._warm_workers = not GUIDES_FROM_ENGINE.get()
         _LIVE.add(self)
         if vocab is not None:
             self._build(vocab)
@@ -102,7 +109,7 @@ class LMDeployGuidedManager(StockCalls):
             vocab = vocab if vocab is not None else build_vocabulary(self._tokenizer, self._vocab_size)
             kwargs: dict[str, Any] = {"backend": self._backend, "limits": self._limits,
                                       "compile_processes": settings.compile_processes(),
-                                      "cache_dir": settings.compile_cache_dir(), "warm_workers": True,
+                                      "cache_dir": settings.compile_cache_dir(), "warm_workers": self._warm_workers,
                                       "per_client": settings.compile_per_client()}
             fill_threads = settings.manager_fill_threads()
             if fill_threads:

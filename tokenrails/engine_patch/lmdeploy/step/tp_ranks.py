@@ -10,7 +10,9 @@ eight compiles and eight fills per guided step on the host's shared cores.
 
 Here the TP worker's agent factory gives a follower rank a :class:`FollowerGuidedManager` instead: it is
 not a tokenrails manager (``is_tokenrails`` is False), so the step wrappers skip it, and it builds
-nothing. Speculative decoding keeps one manager per rank (its draft side may consult it on every
+nothing. The ranks that keep a manager take their grammars compiled from the engine process
+(engine_grammars.py), so it starts its compile workers on demand, not with the engine.
+Speculative decoding keeps one manager per rank (its draft side may consult it on every
 rank; see docs/lmdeploy.md "Scaling out").
 """
 from __future__ import annotations
@@ -69,7 +71,13 @@ def patched_build_model_agent(original: Callable, agent_module: Any) -> Callable
         bound = sig.bind_partial(*args, **kwargs).arguments
         guided_meter.set_rank(getattr(bound.get("dist_ctx"), "rank", None))
         if samples(bound.get("dist_ctx")) or bound.get("specdecode_config") is not None:
-            return original(*args, **kwargs)
+            from .rank_manager import GUIDES_FROM_ENGINE
+
+            token = GUIDES_FROM_ENGINE.set(True)  # its grammars compile in the engine process
+            try:
+                return original(*args, **kwargs)
+            finally:
+                GUIDES_FROM_ENGINE.reset(token)
         with _SWAP_LOCK:  # the agent's constructor builds its manager from this module global
             saved = agent_module.GuidedDecodingManager
             agent_module.GuidedDecodingManager = FollowerGuidedManager
