@@ -374,6 +374,18 @@ class StepTimer:
                 gcs += a[7]
         return secs, toks, n, fwd, lg, cpu, rows, gcs
 
+    def decode_cpu(self) -> tuple[int, float, int]:
+        """(tokens, process CPU s, row-steps) of every decoding step that emitted tokens, each step
+        charged up to the next step's start, whatever that step is: a stream refills rows, and
+        ``decode_steps`` leaves out the decoding step before each prefill."""
+        toks, cpu, rows = 0, 0.0, 0
+        for a, b in zip(self.starts, self.starts[1:]):
+            if a[1] and a[2]:
+                toks += a[2]
+                cpu += b[5] - a[5]
+                rows += a[6]
+        return toks, cpu, rows
+
     def _wrap_async(self, owner: Any, name: str, slot: int) -> None:
         original = getattr(owner, name)
 
@@ -647,7 +659,7 @@ def stream_section(engines: dict[str, list[Any]], rows: list[Row], batches: list
                     timer.reset()
                     outs, wall, cpu = stream_requests(pipe, [r.prompt for r in chosen], gens, limit=batch,
                                                       rate=args.rate, seed=rnd)
-                    _, dec_toks, _, _, _, dec_cpu, dec_rows, _ = timer.decode_steps()
+                    dec_toks, dec_cpu, dec_rows = timer.decode_cpu()
                     if name != "stock":
                         settle(timer)
                 finally:
