@@ -679,7 +679,8 @@ def stream_section(engines: dict[str, list[Any]], rows: list[Row], batches: list
                                   "finished": finished, "invalid": tally.invalid[:3],
                                   # the decode steps alone (consecutive decoding steps) and what is left:
                                   # prefill, front end, steps a prefill interrupts (per request)
-                                  "dec_tok_cpu_s": dec_toks / max(dec_cpu, 1e-9), "fwd_tok": dec_rows / max(dec_toks, 1),
+                                  "dec_tok_cpu_s": dec_toks / max(dec_cpu, 1e-9),
+                                  "fwd_tok": dec_rows / max(dec_toks, 1),
                                   "rest_cpu_req": (cpu - dec_cpu) / n, "tok_req": ntok / n})
                 r = res[name][-1]
                 print(f"  stream batch {batch} round {rnd} (load {load:.1f}): {name} {r['tok_s']:.1f} tok/s, "
@@ -725,8 +726,8 @@ def stream_section(engines: dict[str, list[Any]], rows: list[Row], batches: list
     print()
     print_table(headers, table)
     print("(ratios: medians of per-round ratios; CPU = process CPU time, all threads; req/cpu-s charges each "
-          "engine for the whole request, prefill included; decode tok/cpu-s: the decode steps alone, without the prefill "
-          "and front end each request pays once; first round validated: jsonschema on finished JSON, "
+          "engine for the whole request, prefill included; decode tok/cpu-s: the decode steps alone, without the "
+          "prefill and front end each request pays once; first round validated: jsonschema on finished JSON, "
           "the prefix oracle on capped JSON, re.fullmatch on regexes)\n", flush=True)
 
 
