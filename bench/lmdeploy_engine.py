@@ -374,6 +374,18 @@ class StepTimer:
                 gcs += a[7]
         return secs, toks, n, fwd, lg, cpu, rows, gcs
 
+    def decode_cpu(self) -> tuple[int, float, int]:
+        """(tokens, process CPU s, row-steps) of every decoding step that emitted tokens, each step
+        charged up to the next step's start, whatever that step is: a stream refills rows, and
+        ``decode_steps`` leaves out the decoding step before each prefill."""
+        toks, cpu, rows = 0, 0.0, 0
+        for a, b in zip(self.starts, self.starts[1:]):
+            if a[1] and a[2]:
+                toks += a[2]
+                cpu += b[5] - a[5]
+                rows += a[6]
+        return toks, cpu, rows
+
     def _wrap_async(self, owner: Any, name: str, slot: int) -> None:
         original = getattr(owner, name)
 
@@ -598,8 +610,19 @@ def build_engines(batches: list[int], args: Any, patch: Any) -> dict[str, list[A
     return engines
 
 
+def forced_bound(rows: list[Row], outputs: list[list[int]], vocab: Any, encode: Any) -> float:
+    """Forward passes per output token grammar drafts need at best on these outputs: 1 - the share of
+    tokens the forced rule drafts (``bench/grammar_drafts.ceiling``: one-token masks and forced strings
+    in canonical tokenization, replayed through fresh matchers). Every verified draft accepted, any k."""
+    from bench.grammar_drafts import ceiling
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import spec_of
+
+    _, rule, _ = ceiling(outputs, [spec_of(r.response_format) for r in rows], vocab, encode)
+    return 1.0 - rule
+
+
 def stream_section(engines: dict[str, list[Any]], rows: list[Row], batches: list[int], args: Any,
-                   validator: Validator, timer: StepTimer, patch: Any) -> None:
+                   validator: Validator, timer: StepTimer, patch: Any, vocab: Any = None, encode: Any = None) -> None:
     """Every public row as a continuous stream: requests arrive (``--rate``, Poisson, or all at once),
     at most ``batch`` run, a finished row is refilled from the queue at once. Stock, upgraded and
     upgraded+drafts in ABBA order across rounds on ABBA-built instances; headline: requests and
@@ -618,6 +641,7 @@ def stream_section(engines: dict[str, list[Any]], rows: list[Row], batches: list
                 for r in chosen]
         res: dict[str, list[dict]] = {k: [] for k in names}
         loads = []
+        upgraded_ids: list[list[int]] = []
         for rnd in range(args.rounds):
             load = load_average()
             loads.append(load)
@@ -632,8 +656,10 @@ def stream_section(engines: dict[str, list[Any]], rows: list[Row], batches: list
                         stream_requests(pipe, [r.prompt for r in rows], [
                             GenerationConfig(top_k=1, max_new_tokens=2, response_format=r.response_format)
                             for r in rows], limit=batch)
+                    timer.reset()
                     outs, wall, cpu = stream_requests(pipe, [r.prompt for r in chosen], gens, limit=batch,
                                                       rate=args.rate, seed=rnd)
+                    dec_toks, dec_cpu, dec_rows = timer.decode_cpu()
                     if name != "stock":
                         settle(timer)
                 finally:
@@ -643,39 +669,65 @@ def stream_section(engines: dict[str, list[Any]], rows: list[Row], batches: list
                 for r, o in zip(chosen, outs):
                     tally.outputs += 1
                     tally.add(r, validator.check(r, o))
+                if name == "upgraded" and not upgraded_ids:
+                    upgraded_ids = [list(o.token_ids) for o in outs]
                 ntok = sum(o.generate_token_len for o in outs)
                 finished = sum(o.finish_reason == "stop" for o in outs)
                 res[name].append({"tok_s": ntok / wall, "cpu_tok_s": ntok / max(cpu, 1e-9),
                                   "req_cpu_s": n / max(cpu, 1e-9), "req_s": n / wall, "wall": wall,
                                   "valid": tally.outputs - len(tally.invalid) - len(tally.undecided),
-                                  "finished": finished, "invalid": tally.invalid[:3]})
+                                  "finished": finished, "invalid": tally.invalid[:3],
+                                  # the decode steps alone (consecutive decoding steps) and what is left:
+                                  # prefill, front end, steps a prefill interrupts (per request)
+                                  "dec_tok_cpu_s": dec_toks / max(dec_cpu, 1e-9),
+                                  "fwd_tok": dec_rows / max(dec_toks, 1),
+                                  "rest_cpu_req": (cpu - dec_cpu) / n, "tok_req": ntok / n})
                 r = res[name][-1]
                 print(f"  stream batch {batch} round {rnd} (load {load:.1f}): {name} {r['tok_s']:.1f} tok/s, "
                       f"{r['cpu_tok_s']:.1f} tok/cpu-s, {r['req_cpu_s']:.3f} req/cpu-s, {r['wall']:.1f} s, "
-                      f"{r['valid']}/{n} valid, {finished} finished", flush=True)
+                      f"{r['valid']}/{n} valid, {finished} finished; decode steps {r['dec_tok_cpu_s']:.1f} tok/cpu-s, "
+                      f"{r['fwd_tok']:.2f} fwd/tok; {r['tok_req']:.1f} tok/request; rest {r['rest_cpu_req']*1e3:.0f} "
+                      f"cpu-ms/request", flush=True)
                 for why in r["invalid"]:
                     print(f"    invalid: {why}", flush=True)
 
         def paired(a: str, key: str) -> float:
             return median([x[key] / y[key] for x, y in zip(res[a], res["stock"])])
 
+        if args.drafts and vocab is not None and upgraded_ids:
+            # what the workload lets drafts win: with per-row-step cost unchanged and the rest
+            # (prefill, front end) per request unchanged, tokens per CPU-second over plain guided is
+            # at most 1 / (rest share + decode share x forwards per token)
+            bound = forced_bound(chosen, upgraded_ids, vocab, encode)
+            up = res["upgraded"]
+            rest = median([u["rest_cpu_req"] / (u["rest_cpu_req"] + u["tok_req"] / u["dec_tok_cpu_s"]) for u in up])
+            over_plain = 1.0 / (rest + (1.0 - rest) * bound)
+            print(f"  workload bound at batch {batch}: the forced rule drafts {1 - bound:.1%} of the upgraded outputs' "
+                  f"tokens (>= {bound:.3f} forwards per token); the rest (prefill, front end) is {rest:.1%} of the "
+                  f"upgraded engine's CPU, so drafts / upgraded <= {over_plain:.2f}x tok/cpu-s and drafts / stock <= "
+                  f"{over_plain * paired('upgraded', 'cpu_tok_s'):.2f}x at zero drafts overhead", flush=True)
+
         row = [batch, n, median([r["tok_s"] for r in res["stock"]]), median([r["tok_s"] for r in res["upgraded"]])]
         row += [paired("upgraded", "req_cpu_s"), paired("upgraded", "cpu_tok_s"), paired("upgraded", "tok_s")]
+        row += [paired("upgraded", "dec_tok_cpu_s")]
         if args.drafts:
             row += [median([r["tok_s"] for r in res["drafts"]]), paired("drafts", "req_cpu_s"),
-                    paired("drafts", "cpu_tok_s"), paired("drafts", "tok_s")]
+                    paired("drafts", "cpu_tok_s"), paired("drafts", "tok_s"), paired("drafts", "dec_tok_cpu_s"),
+                    median([r["fwd_tok"] for r in res["drafts"]])]
         row += [" ".join(f"{res[k][0]['valid']}/{n}" for k in names),
                 " ".join(f"{res[k][0]['finished']}" for k in names), f"{min(loads):.1f}-{max(loads):.1f}"]
         table.append(row)
     headers = ["batch", "requests", "stock tok/s", "upgraded tok/s", "upgraded/stock req/cpu-s",
-               "upgraded/stock tok/cpu-s", "upgraded/stock wall tok/s"]
+               "upgraded/stock tok/cpu-s", "upgraded/stock wall tok/s", "upgraded/stock decode tok/cpu-s"]
     if args.drafts:
-        headers += ["drafts tok/s", "drafts/stock req/cpu-s", "drafts/stock tok/cpu-s", "drafts/stock wall tok/s"]
+        headers += ["drafts tok/s", "drafts/stock req/cpu-s", "drafts/stock tok/cpu-s", "drafts/stock wall tok/s",
+                    "drafts/stock decode tok/cpu-s", "drafts fwd/tok"]
     headers += [f"valid ({' '.join(names)})", "finished", "load"]
     print()
     print_table(headers, table)
     print("(ratios: medians of per-round ratios; CPU = process CPU time, all threads; req/cpu-s charges each "
-          "engine for the whole request, prefill included; first round validated: jsonschema on finished JSON, "
+          "engine for the whole request, prefill included; decode tok/cpu-s: the decode steps alone, without the "
+          "prefill and front end each request pays once; first round validated: jsonschema on finished JSON, "
           "the prefix oracle on capped JSON, re.fullmatch on regexes)\n", flush=True)
 
 
@@ -727,7 +779,8 @@ def main() -> None:
     timer = StepTimer(frozenset(vocab.eos_ids))
     if args.stream or args.stream_only:
         try:
-            stream_section(engines, public, batches, args, validator, timer, patch)
+            stream_section(engines, public, batches, args, validator, timer, patch, vocab,
+                           lambda text: tuple(tok.encode(text, add_special_tokens=False)))
         finally:
             if args.stream_only:
                 for instances in engines.values():

@@ -103,3 +103,23 @@ def test_engine_checker_rejects_nonpositive_batch_on_cpu(model_dir):
 
 def test_engine_checker_accepts_a_valid_cpu_config(model_dir):
     _check(model_dir, num_gpu_blocks=16)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_greedy_sampling_on_cpu_picks_argmax_ids(dtype):
+    """The CPU path's greedy branch (``max`` instead of CPU half ``argmax``, which has no fast
+    kernel) returns ``argmax``'s ids: rows full of ties, a NaN row, an all ``-inf`` row."""
+    from types import SimpleNamespace
+
+    from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
+
+    from tokenrails.engine_patch.lmdeploy.cpu import enable
+    enable()
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 3, (16, 49152), generator=gen).to(getattr(torch, dtype))  # many ties per row
+    logits[3, 100] = float("nan")
+    logits[5] = float("-inf")
+    proc = FusedLogitsProcessor.__new__(FusedLogitsProcessor)
+    proc.sampling_inputs = SimpleNamespace(max_top_k=1)
+    assert torch.equal(proc.sampling(logits), logits.argmax(-1))
+    assert torch.equal(proc.sampling(logits.float()), logits.float().argmax(-1))  # float32: LMDeploy's own

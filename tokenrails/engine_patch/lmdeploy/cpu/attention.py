@@ -57,15 +57,18 @@ class CpuPagedAttentionImpl(AttentionImpl[AttentionMetadata]):
             scores = torch.matmul(q, k.transpose(1, 2)) * self.scale
             if self.logit_softcapping:
                 scores = torch.tanh(scores / self.logit_softcapping) * self.logit_softcapping
-            qpos = torch.arange(kvlen - qlen, kvlen).unsqueeze(1)
-            kpos = torch.arange(kvlen).unsqueeze(0)
-            mask = kpos > qpos if self.causal else torch.zeros_like(kpos > qpos)
             window = self.sliding_window
             if isinstance(window, (tuple, list)):
                 window = window[0]
-            if window is not None and window > 0:
-                mask = mask | (kpos < qpos - window + 1)
-            scores = scores.masked_fill(mask, float('-inf'))
+            windowed = window is not None and window > 0
+            # a one-token query is the last position: the causal mask hides nothing, so it is not built
+            if windowed or (self.causal and qlen > 1):
+                qpos = torch.arange(kvlen - qlen, kvlen).unsqueeze(1)
+                kpos = torch.arange(kvlen).unsqueeze(0)
+                mask = kpos > qpos if self.causal else torch.zeros_like(kpos > qpos)
+                if windowed:
+                    mask = mask | (kpos < qpos - window + 1)
+                scores = scores.masked_fill(mask, float('-inf'))
             probs = torch.softmax(scores, dim=-1)
             out[start:start + qlen] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
         return out

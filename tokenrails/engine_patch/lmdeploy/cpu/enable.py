@@ -61,6 +61,9 @@ def _enable() -> None:
     for module in (agent, cache_engine, cache_layout, logits_process, spec_agent, proposer_base, mp_executor):
         shim.rebind(module)
     _patch_agent_device(agent.BaseModelAgent)
+    from .sampling import patched_sampling
+    flp = logits_process.FusedLogitsProcessor
+    flp.sampling = patched_sampling(flp.sampling)  # greedy rows on CPU: a fast kernel, the same ids
     from ..boot.inherit import export_cpu
     export_cpu()  # TP workers and the api_server's engine process register the device too
     original_to_cuda = agent._try_to_cuda

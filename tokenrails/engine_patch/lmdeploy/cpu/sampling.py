@@ -13,6 +13,8 @@ sum, so it can never be the first to exceed anything: masked tokens are unreacha
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from lmdeploy.pytorch.backends.multinomial_sampling import MultinomialSamplingImpl
 
@@ -66,3 +68,26 @@ class CpuMultinomialSamplingImpl(MultinomialSamplingImpl):
             indices = torch.arange(width, device=scores.device).expand(rows, width)
         pos = exact_multinomial(scores, row_uniforms(seeds, offsets, rows))
         return indices.gather(1, pos.unsqueeze(-1)).view(-1)
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)`` on the CPU: the same index (the first maximal one, NaN counting as the
+    maximum), but CPU ``argmax`` has no vectorised bfloat16/float16 kernel and ``max`` has."""
+    return logits.max(-1).indices
+
+
+def patched_sampling(original: Any) -> Any:
+    """``FusedLogitsProcessor.sampling`` whose greedy branch (every row ``top_k == 1``) reduces
+    half-precision CPU logits with ``greedy_ids``; everything else is LMDeploy's own."""
+
+    def sampling(self: Any, logits: torch.Tensor) -> torch.Tensor:
+        if (self.sampling_inputs.max_top_k == 1 and logits.device.type == 'cpu' and logits.dtype in _HALF):
+            with torch.inference_mode():
+                return greedy_ids(logits)
+        return original(self, logits)
+
+    sampling.__wrapped__ = original  # type: ignore[attr-defined]
+    return sampling
