@@ -8,7 +8,7 @@ thread, with the matcher walked tentatively and rolled back under the manager's 
 acceptance the proposer takes the guesses (``take``) and uses a row's guess only when the row
 accepted exactly the drafts and that bonus since the guess (``GuidedDecodingManager.guessed_run``);
 any other row (a draft rejected, another bonus, a run shorter than ``k``: the bonus was the model's
-choice) is proposed inline as before. The guess is the very run ``forced_tokens`` gives from that
+choice) is proposed inline. The guess is the very run ``forced_tokens`` gives from that
 state, so outputs do not change. ``TOKENRAILS_DRAFTS_AHEAD=0`` proposes inline only.
 
 ``STATS`` keeps the proposer's own time per step, split into what the step waits for (the inline

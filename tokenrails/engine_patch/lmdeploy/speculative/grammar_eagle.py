@@ -10,7 +10,7 @@ cursor stands (``DraftCursor.forced``, peek only: ``guided/forced.py``'s one rul
 draft model's token: one-token masks and forced strings in their canonical tokenization, the
 whole run queued so that a string's tokens are drafted as one tokenization. The draft model then
 continues from the forced tokens (they are its next inputs), and its later guesses are masked at
-the cursor's new state as before.
+the cursor's new state.
 
 Exactness: only the draft changes. The target's verification (masks on every position, LMDeploy's
 rejection sampler) is untouched, so greedy output equals plain guided decoding token for token

@@ -6,7 +6,7 @@ different cores. The step (lmdeploy_step.py) starts the fill of its guided rows 
 opens, before the forward; the logits processor then joins it and applies the
 mask (one kernel call) instead of filling. Fail-closed rules are the fill's own (errors, empty
 rows → EOS-only); when the rows the processor sees differ from the ones filled (they should not),
-the prefilled mask is dropped and the step fills as before.
+the prefilled mask is dropped and the processor fills them itself.
 
 Not used for non-last prefill chunks (their token is discarded), dummy inputs, speculative
 decoding (its verification masks are built per draft), or a CPU agent's steps with fewer than
@@ -45,10 +45,10 @@ class OverlapStats:
 
 
 # A forward on the CPU holds the core and hands the GIL back and forth between torch ops: a fill
-# thread started beside it competes for both, and for a few rows (~0.1-1 ms of fill) that costs
-# the forward more than the fill it hides (batch 1, SmolLM2 on CPU: forward wall +4-6 ms per step
-# at the same process CPU time). Below this many guided rows a CPU agent does not overlap; the
-# logits processor fills them inline when their constraints are compiled.
+# thread started beside it competes for both, and for a few rows that costs the forward more than
+# the fill it hides (measured in docs/lmdeploy.md, "The overlapped fill slowed the CPU forward"). Below this many
+# guided rows a CPU agent does not overlap; the logits processor fills them inline when their
+# constraints are compiled.
 CPU_MIN_ROWS = 9
 
 STATS = OverlapStats()
