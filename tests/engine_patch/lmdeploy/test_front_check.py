@@ -386,6 +386,37 @@ def test_a_large_format_is_still_parsed_off_the_loop(upgraded):
     assert _loop_turns_during_preprocess(fmt) > 0
 
 
+def _resume_turns(checker, spec, arrive=None) -> list[int]:
+    """The loop turn (counted by a neighbour task) at which each of 32 requests checking ``spec``
+    resumed; ``arrive(i)``, if given, is awaited by request ``i`` before it sends its check."""
+    turns = [0]
+    resumed: list[int] = []
+
+    async def main():
+        done = asyncio.Event()
+
+        async def neighbour():
+            while not done.is_set():
+                turns[0] += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(neighbour())
+
+        async def request(i: int):
+            if arrive is not None:
+                await arrive(i)
+            assert await checker.verdict(spec, GuideLimits()) is None
+            resumed.append(turns[0])
+
+        await asyncio.gather(*(request(i) for i in range(32)))
+        done.set()
+        await task
+
+    asyncio.run(main())
+    assert len(resumed) == 32
+    return resumed
+
+
 def test_requests_waiting_on_one_new_format_resume_together(upgraded):
     """Issue 25 point 4, the first call with a new format: 32 requests waiting on its check must
     resume in the same turn of the loop, else the first few reach the engine alone, it prefills
@@ -397,30 +428,7 @@ def test_requests_waiting_on_one_new_format_resume_together(upgraded):
     spreads = []
     for trial in range(20):
         _fresh_memo()
-        checker = front_check.FrontCheck()
-        spec = GuideSpec.regex(f"[0-9]{{3}}-together-{trial}")
-        turns = [0]
-        resumed: list[int] = []
-
-        async def main():
-            done = asyncio.Event()
-
-            async def neighbour():
-                while not done.is_set():
-                    turns[0] += 1
-                    await asyncio.sleep(0)
-
-            task = asyncio.create_task(neighbour())
-
-            async def request():
-                assert await checker.verdict(spec, GuideLimits()) is None
-                resumed.append(turns[0])
-
-            await asyncio.gather(*(request() for _ in range(32)))
-            done.set()
-            await task
-
-        asyncio.run(main())
+        resumed = _resume_turns(front_check.FrontCheck(), GuideSpec.regex(f"[0-9]{{3}}-together-{trial}"))
         spreads.append(len(set(resumed)))
     assert spreads == [1] * 20, spreads
 
@@ -446,32 +454,10 @@ def test_requests_arriving_after_the_build_stored_its_manager_still_resume_toget
         time.sleep(0.3)  # the loop hears of the build this much later
         return mgr
 
+    async def half_late(i: int) -> None:
+        while i >= 16 and not stored.is_set():
+            await asyncio.sleep(0.001)
+
     monkeypatch.setattr(req, "probe_manager", slow_to_report)
-    checker = front_check.FrontCheck()
-    spec = GuideSpec.regex("[0-9]{3}-stored-early")
-    turns = [0]
-    resumed: list[int] = []
-
-    async def main():
-        done = asyncio.Event()
-
-        async def neighbour():
-            while not done.is_set():
-                turns[0] += 1
-                await asyncio.sleep(0)
-
-        task = asyncio.create_task(neighbour())
-
-        async def request(late: bool):
-            while late and not stored.is_set():
-                await asyncio.sleep(0.001)
-            assert await checker.verdict(spec, GuideLimits()) is None
-            resumed.append(turns[0])
-
-        await asyncio.gather(*(request(i >= 16) for i in range(32)))
-        done.set()
-        await task
-
-    asyncio.run(main())
-    assert len(resumed) == 32
+    resumed = _resume_turns(front_check.FrontCheck(), GuideSpec.regex("[0-9]{3}-stored-early"), half_late)
     assert len(set(resumed)) == 1, sorted(resumed)
