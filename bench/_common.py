@@ -137,3 +137,24 @@ def stream_requests(pipe, prompts: list, gens: list, limit: int, rate: float = 0
     wall, cpu = time.perf_counter(), cpu_seconds()
     outs = pipe._run(coro=run_all()).result()
     return list(outs), time.perf_counter() - wall, cpu_seconds() - cpu
+
+
+def ceiling(outputs: list[list[int]], specs, vocab, encode) -> tuple[float, float, int]:
+    """Fractions of emitted tokens that are one-token masks / the forced rule's draft there."""
+    from tokenrails import compile_guide
+    from tokenrails.guided.forced import forced_tokens
+
+    single = rule = total = 0
+    for ids, spec in zip(outputs, specs):
+        m = compile_guide(spec, vocab).matcher()
+        for t in ids:
+            if t in vocab.eos_ids:
+                break
+            run = forced_tokens(m, 1, encode=encode)
+            if run.tokens == (t,):
+                rule += 1
+                single += run.single
+            total += 1
+            if not m.accept_token(t):
+                break
+    return single / max(total, 1), rule / max(total, 1), total

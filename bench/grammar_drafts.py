@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._common import median, print_table  # noqa: E402  (also sets one torch thread)
+from bench._common import ceiling, median, print_table  # noqa: E402  (also sets one torch thread)
 
 DATA = Path("/work/shared/data/jsonschemabench/maskbench_Glaiveai2K.json")
 
@@ -92,27 +92,6 @@ def load_schemas(path: Path, n: int, vocab, any_whitespace: bool, skip_arrays: b
 def prompt_for(name: str, schema: dict) -> str:
     return (f"Fill in realistic values for the function call `{name.rsplit('_', 1)[0]}` and answer with the JSON "
             f"arguments only. Schema: {json.dumps(schema)}")
-
-
-def ceiling(outputs: list[list[int]], specs, vocab, encode) -> tuple[float, float, int]:
-    """Fractions of emitted tokens that are one-token masks / the forced rule's draft there."""
-    from tokenrails import compile_guide
-    from tokenrails.guided.forced import forced_tokens
-
-    single = rule = total = 0
-    for ids, spec in zip(outputs, specs):
-        m = compile_guide(spec, vocab).matcher()
-        for t in ids:
-            if t in vocab.eos_ids:
-                break
-            run = forced_tokens(m, 1, encode=encode)
-            if run.tokens == (t,):
-                rule += 1
-                single += run.single
-            total += 1
-            if not m.accept_token(t):
-                break
-    return single / max(total, 1), rule / max(total, 1), total
 
 
 def tool_calls(any_whitespace: bool) -> tuple[list[str], list, list[dict]]:

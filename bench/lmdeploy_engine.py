@@ -612,9 +612,9 @@ def build_engines(batches: list[int], args: Any, patch: Any) -> dict[str, list[A
 
 def forced_bound(rows: list[Row], outputs: list[list[int]], vocab: Any, encode: Any) -> float:
     """Forward passes per output token grammar drafts need at best on these outputs: 1 - the share of
-    tokens the forced rule drafts (``bench/grammar_drafts.ceiling``: one-token masks and forced strings
+    tokens the forced rule drafts (``bench/_common.ceiling``: one-token masks and forced strings
     in canonical tokenization, replayed through fresh matchers). Every verified draft accepted, any k."""
-    from bench.grammar_drafts import ceiling
+    from bench._common import ceiling
     from tokenrails.engine_patch.lmdeploy.server.request_parsing import spec_of
 
     _, rule, _ = ceiling(outputs, [spec_of(r.response_format) for r in rows], vocab, encode)
