@@ -451,7 +451,7 @@ def test_requests_arriving_after_the_build_stored_its_manager_still_resume_toget
     def slow_to_report(*args, **kwargs):
         mgr = real(*args, **kwargs)  # stored in the memo here
         stored.set()
-        time.sleep(0.3)  # the loop hears of the build this much later
+        time.sleep(1.0)  # the loop hears of the build this much later (wide: CI machines are loaded)
         return mgr
 
     async def half_late(i: int) -> None:
