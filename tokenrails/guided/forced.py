@@ -144,12 +144,12 @@ def forced_tokens(
     text = matcher.jump_forward_probe() if probe else None
     if text == "":  # the common case, before any set-up: two or more next bytes, no fill
         return NOTHING
-    vocab_size = matcher.vocab.vocab_size
+    vocab_size = vocab.vocab_size
     words = (vocab_size + 31) // 32
     if bitmask is None or bitmask.dim() != 2 or bitmask.shape[1] < words:
         bitmask = torch.empty((1, words), dtype=torch.int32)
     on_host = bitmask.is_cpu
-    stops = set(matcher.vocab.eos_ids).union(int(t) for t in stop_ids)
+    stops = set(vocab.eos_ids).union(int(t) for t in stop_ids)
     row = bitmask[0, :words].numpy() if on_host else bitmask[0]  # one view for every read below
     out: list[int] = []
     masks: list[SeenMask] = []

@@ -146,6 +146,9 @@ class MarkerXGrammarMatcher(XGrammarMatcher):
 _BATCH = NativePools(lambda threads: xgr.BatchGrammarMatcher(max_threads=threads))
 
 
+_TOKEN_NAMING_KINDS = frozenset({"grammar", "structural_tag"})
+
+
 class XGrammarGuide(CompiledGuide):
     backend = "xgrammar"
 
@@ -160,8 +163,11 @@ class XGrammarGuide(CompiledGuide):
     def matcher(self) -> XGrammarMatcher:
         if self.markers is not None:
             return MarkerXGrammarMatcher(self.grammar, self.vocab, self.markers, self.triggers)
-        if self._names_tokens is None:  # printed once per guide: token-level formats name ids
-            self._names_tokens = markers_mod.names_token_ids(markers_mod.scan_ebnf(str(self.grammar.grammar)))
+        if self._names_tokens is None:  # printed once per guide (ms for a large one): only a client's
+            # grammar or a structural tag can name token ids; xgrammar writes schemas, regexes and
+            # choices as text alone
+            self._names_tokens = self.spec.kind in _TOKEN_NAMING_KINDS and markers_mod.names_token_ids(
+                markers_mod.scan_ebnf(str(self.grammar.grammar)))
         return XGrammarMatcher(self.grammar, self.vocab, self._names_tokens)
 
     @property
