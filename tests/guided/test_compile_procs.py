@@ -196,3 +196,61 @@ def test_a_manager_dropped_without_close_stops_its_workers(byte_vocab, every_spe
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid), "the dropped manager's compile worker still runs"
+
+
+# ---- nothing left behind: the setup has no name, a forked child releases nothing --------------
+_KILLED_PARENT = r"""
+import os, signal, sys, time
+from tokenrails.guided import compile_procs
+from tokenrails.guided.limits import GuideLimits
+from tokenrails.guided.vocabulary import Vocabulary
+vocab = Vocabulary([bytes([b]) for b in range(256)] + [b"</s>"], eos_ids=(256,), name="bytes")
+procs = compile_procs.ProcessCompiler(vocab, "fsm", GuideLimits(), workers=1)
+procs.compile(__import__("tokenrails").GuideSpec.regex("[ab]{2}"), time.monotonic() + 120)
+print(procs._idle[0].proc.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # as a stopped server's group: no close, no atexit
+"""
+
+
+def test_a_killed_process_leaves_no_setup_file(tmp_path):
+    """The vocabulary the workers read at boot was a named file in the temporary directory,
+    removed only by ``close`` or at a clean exit: every server stopped by a signal left one."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
+        [str(__import__("pathlib").Path(tr.__file__).parents[1])] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    run = subprocess.run([sys.executable, "-c", _KILLED_PARENT], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == -9, run.stderr
+    worker_pid = int(run.stdout.split()[0])
+    deadline = time.monotonic() + 10  # the orphaned worker reads EOF on its stdin and ends
+    while _alive(worker_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker_pid)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_forked_child_leaves_its_parents_workers_alone(byte_vocab, every_spec_in_a_worker):
+    """A child forked from a process with a compile manager exits normally (its interpreter runs
+    the manager's exit release): the parent's workers and setup stay, and the next compile works."""
+    mgr = GuidedDecodingManager(byte_vocab, backend="fsm", compile_processes=1)
+    try:
+        mgr.get_compiled(tr.GuideSpec.regex("[ab]{2}"))
+        (worker,) = mgr._procs._idle
+        pid = os.fork()
+        if pid == 0:  # the child: run the exit-time release as a normal interpreter exit would
+            try:
+                import atexit
+
+                atexit._run_exitfuncs()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert worker.proc.poll() is None, "the child's exit killed the parent's compile worker"
+        mgr._procs._idle.remove(worker)
+        worker.kill()  # the next compile boots a fresh worker from the same setup
+        guide = mgr.get_compiled(tr.GuideSpec.regex("[cd]{2}"))
+        assert _accepts(guide, "cd") and not _accepts(guide, "ab")
+        assert mgr._procs.counters["started"] == 2 and mgr._procs.counters["compiles"] == 2
+    finally:
+        mgr.close()

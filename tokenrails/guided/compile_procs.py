@@ -84,12 +84,57 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
     return b"".join(chunks)
 
 
+class _Setup:
+    """The workers' setup (vocabulary, backend, limits) in an anonymous file, written at the first
+    worker's start: each worker inherits its descriptor and reads it at boot (a pipe would block
+    the parent until the child has booted). The file has no name, so nothing is left behind when
+    the process is killed or never closes its compiler."""
+
+    def __init__(self, payload: Any):
+        self._payload: Any = payload
+        self._file: Any = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def spawn(self) -> "_Worker":
+        """A worker started with the setup's descriptor (under the lock: ``close`` cannot release
+        the descriptor, or its number be reused, while a worker inherits it)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the compile workers are closed")
+            if self._file is None:
+                self._file = tempfile.TemporaryFile(prefix="tokenrails-compile-")
+                pickle.dump(self._payload(), self._file, protocol=pickle.HIGHEST_PROTOCOL)
+                self._file.flush()
+                self._payload = None
+            return _Worker(self._file.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._file is not None:
+                self._file.close()
+
+
+def read_setup(fd: int) -> Any:
+    """The setup ``_Setup`` wrote, read by position: workers share the descriptor's offset."""
+    size = os.fstat(fd).st_size
+    chunks, at = [], 0
+    while at < size:
+        chunk = os.pread(fd, min(size - at, 1 << 20), at)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        at += len(chunk)
+    return pickle.loads(b"".join(chunks))
+
+
 class _Worker:
-    def __init__(self, setup_path: str):
+    def __init__(self, setup_fd: int):
         env = dict(os.environ, OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tokenrails.guided.compile_worker", setup_path],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+            [sys.executable, "-m", "tokenrails.guided.compile_worker", str(setup_fd)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True, pass_fds=(setup_fd,),
         )  # same process group: whoever stops the server's group stops its workers too
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.out = self.proc.stdin.fileno()
@@ -128,20 +173,16 @@ class ProcessCompiler:
         self.backend = backend
         self.limits = limits
         self.workers = max(1, workers)
-        parts = (tuple(vocab.token_bytes), tuple(vocab.eos_ids), tuple(sorted(vocab.special_ids)),
-                 vocab.vocab_size, vocab.name)
-        # the vocabulary goes to each worker through a file it reads at start (a pipe would block
-        # the parent until the child has booted); removed with this compiler
-        fd, self._setup_path = tempfile.mkstemp(prefix="tokenrails-compile-", suffix=".pickle")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump((parts, backend, limits), f, protocol=pickle.HIGHEST_PROTOCOL)
+        self._setup = _Setup(lambda: ((tuple(vocab.token_bytes), tuple(vocab.eos_ids),
+                                       tuple(sorted(vocab.special_ids)), vocab.vocab_size, vocab.name),
+                                      backend, limits))
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
         # Dropped without close() (LMDeploy's rank manager has no close call), the idle workers would
         # wait on their stdin for the rest of this process: subprocess keeps a Popen whose child
         # still runs alive, pipe included, so no EOF ever reaches them (two interpreters per
         # manager, ~300 MB each). They end with their compiler instead.
-        self._finalizer = weakref.finalize(self, _release, self._setup_path, self._idle, self._lock)
+        self._finalizer = weakref.finalize(self, _release, os.getpid(), self._setup, self._idle, self._lock)
         self._closed = False
         self.counters = {"started": 0, "killed": 0, "compiles": 0, "recycled": 0}
 
@@ -196,7 +237,7 @@ class ProcessCompiler:
     def _start(self) -> _Worker:
         with self._lock:
             self.counters["started"] += 1
-        return _Worker(self._setup_path)
+        return self._setup.spawn()
 
     def _take(self) -> _Worker:
         with self._lock:
@@ -221,8 +262,14 @@ class ProcessCompiler:
             self.counters["killed"] += count
             closed = self._closed
         if not closed:  # the replacement boots while nobody waits for it
-            threading.Thread(target=lambda: self._give_back(self._start()), daemon=True,
-                             name="tokenrails-compile-worker-start").start()
+            threading.Thread(target=self._replace, daemon=True, name="tokenrails-compile-worker-start").start()
+
+    def _replace(self) -> None:
+        try:
+            worker = self._start()
+        except RuntimeError:  # closed meanwhile
+            return
+        self._give_back(worker)
 
 
 DEFAULT_NICE = 10
@@ -243,17 +290,17 @@ def lower_priority() -> None:
             pass
 
 
-def _release(path: str, idle: list[_Worker], lock: threading.Lock) -> None:
-    """Stop the idle workers and remove the setup file (``close``, or the compiler collected)."""
+def _release(owner_pid: int, setup: _Setup, idle: list[_Worker], lock: threading.Lock) -> None:
+    """Stop the idle workers and drop the setup (``close``, the compiler collected, or exit). A
+    forked child's copy of the compiler releases nothing: the workers are its parent's."""
+    if os.getpid() != owner_pid:
+        return
     with lock:
         workers = list(idle)
         idle.clear()
+    setup.close()
     for worker in workers:
         worker.kill()
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def export_guide(guide: CompiledGuide) -> tuple[str, Any, float]:

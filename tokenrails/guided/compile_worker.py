@@ -1,6 +1,6 @@
 """The compile worker process (``python -m tokenrails.guided.compile_worker``; see compile_procs.py).
 
-Reads its setup (vocabulary, backend, limits) from the file named by its argument, then one spec
+Reads its setup (vocabulary, backend, limits) from the inherited descriptor its argument names, then one spec
 per frame from stdin, and answers each
 with ``("ok", (backend, portable state, seconds))`` or ``("error", GuideError)`` on stdout. The
 protocol owns the real stdout: anything a library prints goes to stderr.
@@ -22,20 +22,15 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from .compile_procs import export_guide, lower_priority, read_frame, write_frame
+    from .compile_procs import export_guide, lower_priority, read_frame, read_setup, write_frame
     from .errors import GuideError, InvalidGuideError, detached_copy
     from .gc_pause import gc_paused
     from .memory_return import trim
     from .registry import compile_guide
     from .vocabulary import Vocabulary
 
-    import pickle
-
-    try:
-        with open(sys.argv[1], "rb") as f:
-            (tokens, eos, special, size, name), backend, limits = pickle.load(f)
-    except FileNotFoundError:
-        return  # the pool that started this worker closed before it booted: nothing to serve
+    (tokens, eos, special, size, name), backend, limits = read_setup(int(sys.argv[1]))
+    os.close(int(sys.argv[1]))
 
     vocab = Vocabulary(tokens, tuple(eos), frozenset(special), size, name)
     lower_priority()
