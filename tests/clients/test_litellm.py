@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-litellm = pytest.importorskip("litellm")
 jsonschema = pytest.importorskip("jsonschema")
 
 from .conftest import side_by_side  # noqa: E402
@@ -18,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_completion_with_response_format(servers, monkeypatch):
+    litellm = pytest.importorskip("litellm")  # imported where the test runs: seconds of imports at collection otherwise
     monkeypatch.setattr(litellm, "enable_json_schema_validation", True)
     monkeypatch.setattr(litellm, "telemetry", False, raising=False)
 
