@@ -183,7 +183,7 @@ def wait_ready(proc: subprocess.Popen, base: str, timeout: float) -> str | None:
         try:
             return httpx.get(f"{base}/v1/models", timeout=2).json()["data"][0]["id"]
         except (httpx.HTTPError, KeyError, IndexError, ValueError):
-            time.sleep(1)
+            time.sleep(0.25)  # a refused connect is cheap; each start waited half a period on average
     return None
 
 

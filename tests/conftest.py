@@ -165,10 +165,14 @@ def pytest_sessionfinish(session, exitstatus):
     the product's exit bound, so none returns while the interpreter finalizes (which aborts it)."""
     from tokenrails.guided.native_threads import running, wait_for_native_threads
 
+    import time
+
     pending = running()
     if pending:
+        started = time.monotonic()
         left = wait_for_native_threads(300.0)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(f"tokenrails: waited for {len(pending)} native thread(s) at session end "
-                                f"({', '.join(sorted({t.name for t in pending}))}); {len(left)} still running")
+            reporter.write_line(f"tokenrails: waited {time.monotonic() - started:.1f} s for {len(pending)} native "
+                                f"thread(s) at session end ({', '.join(sorted({t.name for t in pending}))}); "
+                                f"{len(left)} still running")
