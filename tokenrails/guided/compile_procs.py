@@ -117,16 +117,9 @@ class _Setup:
 
 
 def read_setup(fd: int) -> Any:
-    """The setup ``_Setup`` wrote, read by position: workers share the descriptor's offset."""
-    size = os.fstat(fd).st_size
-    chunks, at = [], 0
-    while at < size:
-        chunk = os.pread(fd, min(size - at, 1 << 20), at)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        at += len(chunk)
-    return pickle.loads(b"".join(chunks))
+    """The setup ``_Setup`` wrote, read by position (workers share the descriptor's offset; a
+    regular file's ``pread`` returns it whole)."""
+    return pickle.loads(os.pread(fd, os.fstat(fd).st_size, 0))
 
 
 class _Worker:

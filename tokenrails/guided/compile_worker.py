@@ -1,9 +1,9 @@
 """The compile worker process (``python -m tokenrails.guided.compile_worker``; see compile_procs.py).
 
-Reads its setup (vocabulary, backend, limits) from the inherited descriptor its argument names, then one spec
-per frame from stdin, and answers each
-with ``("ok", (backend, portable state, seconds))`` or ``("error", GuideError)`` on stdout. The
-protocol owns the real stdout: anything a library prints goes to stderr.
+Reads its setup (vocabulary, backend, limits) from the inherited descriptor its argument names,
+then one spec per frame from stdin, and answers each with ``("ok", (backend, portable state,
+seconds))`` or ``("error", GuideError)`` on stdout. The protocol owns the real stdout: anything a
+library prints goes to stderr.
 
 After each compile the heap's free pages go back to the OS (``memory_return.trim``), so an idle
 worker is small again. Once booted it lowers its CPU priority (see compile_procs.py).
