@@ -20,9 +20,12 @@ def slow_compile_server(model_dir: str, log: Path, env: dict[str, str], *args: s
     """(base URL, model id) of a server started with ``env`` (``TOKENRAILS_TEST_SLOW_*``: which
     patterns sleep, for how long) and LMDeploy's ``args``; stopped on exit."""
     path = [str(SITE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    # every spec these tests send is a few bytes (compiled in-process, slowed by the site hook): the
-    # engine's compile worker processes, booted with it, would only take CPU from the server's start
-    env = {"PYTHONPATH": os.pathsep.join(path), "TOKENRAILS_COMPILE_PROCESSES": "0", **env}
+    # Every spec these tests send is a few bytes (compiled in-process, slowed by the site hook): the
+    # engine's compile worker processes, booted with it, would only take CPU from the server's start.
+    # The compiles still running at exit are the hook's sleeps (abandoned past their deadline), not
+    # native calls, which the exit's wait is for (native_threads.py): it held each stop 10-30 s.
+    env = {"PYTHONPATH": os.pathsep.join(path), "TOKENRAILS_COMPILE_PROCESSES": "0", "TOKENRAILS_EXIT_WAIT_S": "0",
+           **env}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the server's processes inherit them (start_server copies os.environ)
     try:
