@@ -90,7 +90,7 @@ UNIT_SECONDS = {
     "tests/compat/test_outlines_class_token_sets.py": 125,
     "lmdeploy-shared-api-server": 135,
     _LMDEPLOY + "test_defects.py": 20,
-    _LMDEPLOY + "test_request_deadlines_server.py": 80,
+    _LMDEPLOY + "test_request_deadlines_server.py": 70,
     "tests/compat/test_outlines_fsm_regex.py": 80,
     _LMDEPLOY + "test_tool_thinking.py": 15,
     "tests/compat/test_outlines_stand_in_pickling.py": 65,
