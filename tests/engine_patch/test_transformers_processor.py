@@ -241,3 +241,28 @@ def test_validate_output_never_backtracks_on_a_client_pattern():
     assert not worker.is_alive(), "validation backtracked"
     assert result["v"].method == "fsm DFA" and not result["v"].valid
     assert time.monotonic() - t0 < 30
+
+
+def test_a_large_spec_past_its_deadline_stops_compiling(vocab):
+    """transformers' manager: a 36 KB grammar (6,000 ``[^\\n]`` classes, seconds to minutes of
+    xgrammar) past its deadline fails the call and nothing keeps compiling it. In-process the
+    compile cannot be stopped: it ran on for minutes after ``generate`` had failed it."""
+    import time
+
+    from tokenrails.engine_patch.hf import vocab as hf_vocab
+    from tokenrails.guided.errors import GuideTimeoutError
+    from tokenrails.guided.limits import GuideLimits
+
+    limits = GuideLimits(compile_timeout_s=4.0, max_abandoned_compiles=7)  # (a key of its own)
+    mgr = hf_vocab.manager_for(vocab, "xgrammar", limits)
+    try:
+        with pytest.raises(GuideTimeoutError):
+            mgr.get_compiled(GuideSpec.grammar("root ::= " + " ".join(["[^\\n]"] * 6000)))
+        deadline = time.monotonic() + 5.0
+        while (mgr._pool.running or mgr._pool.abandoned) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mgr._pool.running == 0 and mgr._pool.abandoned == 0, "the compile past its deadline still runs"
+    finally:
+        mgr.close()
+        with hf_vocab._lock:
+            hf_vocab._MANAGERS.pop((vocab.fingerprint, "xgrammar", hash(limits)), None)

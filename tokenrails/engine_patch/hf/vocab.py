@@ -3,6 +3,9 @@
 
 A manager owns the compile cache, so repeated ``generate`` calls hit the compiled-guide cache.
 The manager memo is a small LRU: a process that varies the limits per call keeps the last few.
+Large specs compile in worker processes started on demand (``compile_procs.py``): a native compile
+cannot be stopped, and in-process one past its deadline kept a core busy for minutes after
+``generate`` had failed it.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from ...guided.limits import GuideLimits
 from ...guided.vocabulary import Vocabulary, shared_vocabulary
 
 MAX_MEMOIZED = 8  # managers kept for reuse (least recently used dropped)
+COMPILE_PROCESSES = 2  # worker processes per manager for large compiles, started at the first one
 
 _lock = threading.Lock()
 _MANAGERS: "OrderedDict[tuple[str, str, int], Any]" = OrderedDict()
@@ -47,7 +51,8 @@ def manager_for(vocab: Vocabulary, backend: str = "auto", limits: GuideLimits | 
     with _lock:
         mgr = _MANAGERS.get(key)
         if mgr is None or mgr.vocab is not vocab:  # a dropped manager is not closed: a processor may use it
-            mgr = _MANAGERS[key] = GuidedDecodingManager(vocab, backend=backend, limits=limits, fill_threads=1)
+            mgr = _MANAGERS[key] = GuidedDecodingManager(vocab, backend=backend, limits=limits, fill_threads=1,
+                                                                compile_processes=COMPILE_PROCESSES)
         _MANAGERS.move_to_end(key)
         while len(_MANAGERS) > MAX_MEMOIZED:
             _MANAGERS.popitem(last=False)
