@@ -56,6 +56,7 @@ def _enable() -> None:
 
     _patch_engine_checker()
     _patch_bf16_support()
+    _patch_rotary_eager()
     # the modules calling torch.cuda unconditionally (speculative decoding's draft model: spec_agent,
     # proposer_base; TP > 1 workers: mp_executor)
     for module in (agent, cache_engine, cache_layout, logits_process, spec_agent, proposer_base, mp_executor):
@@ -105,6 +106,27 @@ def _patch_engine_checker() -> None:
 
     handle.__wrapped__ = original_handle  # type: ignore[attr-defined]
     EngineChecker.handle = handle
+
+
+def _patch_rotary_eager() -> None:
+    """LMDeploy's default rotary embedding is ``torch.compile``d on its first call: on CPU that is a
+    dynamo trace and an inductor C++ build (or cache load) in every engine process and TP rank, a
+    few CPU seconds each before the first token, for an op that runs as fast eagerly. CPU tensors
+    take the eager function; any other device keeps the compiled one."""
+    from lmdeploy.pytorch.backends.default import rotary_embedding as rotary
+
+    compiled = rotary._rotary_embedding_fwd
+    if getattr(compiled, CPU_MARK, False):
+        return
+    eager = compiled.__wrapped__
+
+    def _rotary_embedding_fwd(position_ids, *args: Any, **kwargs: Any):
+        fwd = eager if position_ids.device.type == 'cpu' else compiled
+        return fwd(position_ids, *args, **kwargs)
+
+    setattr(_rotary_embedding_fwd, CPU_MARK, True)
+    _rotary_embedding_fwd.__wrapped__ = compiled  # type: ignore[attr-defined]
+    rotary._rotary_embedding_fwd = _rotary_embedding_fwd
 
 
 def cpu_supports_bf16() -> bool:
