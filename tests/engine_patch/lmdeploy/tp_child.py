@@ -37,7 +37,7 @@ GRAMMAR = 'root ::= num " " op " " num\nop ::= "+" | "-" | "*"\nnum ::= [1-9] [0
 REGEX = r"[0-9]{3}-[a-z]{2}"
 CHOICES = ["red", "green", "blue"]
 
-FAST = r"[0-9]{64}"           # the request that must keep decoding, still streaming when SLOW joins
+FAST = r"[0-9]{80}"           # the request that must keep decoding, still streaming when SLOW joins
 SLOW = r"[a-c]{3}-[0-9]{2}"   # the request whose compile is slow
 DELAY = 5.0
 ENV_SLOW = "TP_CHILD_SLOW_COMPILE"
@@ -94,7 +94,7 @@ def _stream(pipe, prompt: str, fmt: dict, max_new_tokens: int, stamps: list, out
     out[key] = (text, finish)
 
 
-def row_waits(pipe, fast_pattern: str = FAST, fast_tokens: int = 72, delay: float = DELAY) -> dict:
+def row_waits(pipe, fast_pattern: str = FAST, fast_tokens: int = 88, delay: float = DELAY) -> dict:
     """A slow compile (``slow_compiles``, ``delay`` s) starts while ``fast_pattern`` streams:
     the timings of both (see the module doc). test_row_waits.py runs it on one engine."""
     from lmdeploy import GenerationConfig

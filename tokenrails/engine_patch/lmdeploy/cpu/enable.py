@@ -187,7 +187,8 @@ def _cpu_only_checkers(checker: Any, torch_checker_cls: type) -> None:
 def _patch_worker_process_group() -> None:
     """TP > 1: ``WorkerWrapperBase.init_process_group`` asks ``get_backend()`` for the collective
     backend outside any device context, which means CUDA's (nccl); on a CPU worker ask inside the
-    worker's own device context, so the process group is gloo."""
+    worker's own device context, so the process group is gloo, and route the forward's
+    all_reduces through shared memory (collectives.py)."""
     from lmdeploy.pytorch.devices import DeviceContext, get_device_manager
     from lmdeploy.pytorch.engine.executor.base_worker import WorkerWrapperBase
 
@@ -196,6 +197,8 @@ def _patch_worker_process_group() -> None:
     def init_process_group(self, rank: int, master_addr: str | None = None, master_port: str | None = None):
         if self.device_type != 'cpu':
             return original(self, rank, master_addr, master_port)
+        from .collectives import install
+        install()  # the forward's all_reduces through shared memory (collectives.py)
         with get_device_manager().context(DeviceContext('cpu')):
             return original(self, rank, master_addr, master_port)
 
