@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-SLOT_BYTES = 4 << 20  # per rank and buffer; a larger tensor (a long prefill's) goes through gloo
+SLOT_BYTES = 1 << 20  # per rank and buffer; a larger tensor (a long prefill's) goes through gloo
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _LOCK = threading.Lock()
 _BY_GROUP: dict[int, tuple[Any, "ShmAllReduce | None"]] = {}  # id(group) -> (group, communicator)
@@ -69,7 +69,12 @@ class ShmAllReduce:
         if self.rank == 0:
             fd = os.open(self._base, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                os.ftruncate(fd, 2 * self.world * SLOT_BYTES)
+                # the pages reserved now: a full /dev/shm (a container's is often 64 MB) fails the
+                # set-up here, and the group keeps gloo, instead of a SIGBUS at a later write
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(fd, 0, 2 * self.world * SLOT_BYTES)
+                else:
+                    os.ftruncate(fd, 2 * self.world * SLOT_BYTES)
             finally:
                 os.close(fd)
 
@@ -88,8 +93,9 @@ class ShmAllReduce:
 
     def unlink(self) -> None:
         """Last step, once every rank has attached: the names go, the open files stay."""
-        for src in self._inbox:
-            _remove(self._pipe(src, self.rank))
+        for src in range(self.world):
+            if src != self.rank:
+                _remove(self._pipe(src, self.rank))
         if self.rank == 0:
             _remove(self._base)
 
