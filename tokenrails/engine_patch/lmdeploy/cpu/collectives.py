@@ -18,8 +18,8 @@ only on what an all_reduce's ranks share (shape, dtype, op). A group whose ranks
 the buffer (another host) keeps gloo for good, agreed at set-up. Names are unlinked once every
 rank has opened them, so nothing is left behind in ``/dev/shm`` or the temp directory.
 
-Like gloo's, a wait has no deadline of its own: a rank whose peer died waits until it is
-stopped, as LMDeploy's executor does with every rank when one fails.
+A wait has no deadline of its own: a rank whose peer died mid-call waits until it is stopped
+(gloo's wait would end at its process group's timeout, 30 minutes by default, and fail the rank).
 """
 from __future__ import annotations
 
