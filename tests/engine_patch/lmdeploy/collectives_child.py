@@ -5,6 +5,17 @@ import time
 
 
 def rank_main(rank: int, world: int, port: int, out) -> None:
+    """Put this rank's report on ``out``; a rank that fails reports its traceback (never a silent exit)."""
+    try:
+        _checks(rank, world, port, out)
+    except BaseException:
+        import traceback
+
+        out.put({"rank": rank, "errors": [("failed", traceback.format_exc())]})
+        raise
+
+
+def _checks(rank: int, world: int, port: int, out) -> None:
     import torch
     import torch.distributed as dist
 
