@@ -82,10 +82,14 @@ def cluster(tmp_path_factory):
     started: list[subprocess.Popen] = []
     try:
         replicas = []
-        for i in range(2):
-            proc, base, model_id = start_ready(model, tmp / f"replica{i}.log")
-            started.append(proc)
-            replicas.append((proc, base))
+        with pytest.MonkeyPatch.context() as mp:
+            # no spec here is large enough for a compile worker process (compile_procs.PROCESS_MIN_COST):
+            # the two each engine would boot at start only cost their interpreters' start-up
+            mp.setenv("TOKENRAILS_COMPILE_PROCESSES", "0")
+            for i in range(2):
+                proc, base, model_id = start_ready(model, tmp / f"replica{i}.log")
+                started.append(proc)
+                replicas.append((proc, base))
         ours, ours_base = _spawn_proxy([sys.executable, "-m", "tokenrails.engine_patch.lmdeploy.proxy_serve"],
                                        tmp / "proxy.log")
         started.append(ours)

@@ -49,6 +49,9 @@ def _run(tp: int, mode: str, *extra: str, env_extra: dict | None = None) -> dict
         env.pop(name, None)  # stock means stock; the upgraded runs set their own (a fresh user shell)
     if mode == "tokenrails":
         env[tp_child.ENV_ACTIVATE] = "1"
+        # no spec here is large enough for a compile worker process (compile_procs.PROCESS_MIN_COST):
+        # the two the engine would boot at start only cost their interpreters' start-up
+        env["TOKENRAILS_COMPILE_PROCESSES"] = "0"
     env.update(env_extra or {})
     cmd = [sys.executable, "-m", "tests.engine_patch.lmdeploy.tp_child", "--tp", str(tp), "--mode", mode, *extra]
     for attempt in (1, 2):

@@ -13,9 +13,9 @@ re-import this module, so they run it too; ``$PATCH_REPORT``: patch_layers.repor
 then ``budget_requests(N)`` as ``_budget``.
 
 ``--row-waits``: then, on the same engine, a request whose grammar compiles slowly (``SLOW``, its
-compile delayed ``DELAY`` s in every process of the run: the TP ranks re-import this module as
-their main module, so the delay reaches them too) starts while another guided request streams;
-``_row_waits`` says how the other request's tokens kept coming meanwhile."""
+compile for the model's vocabulary delayed ``DELAY`` s in every process of the run: the TP ranks
+re-import this module as their main module, so the delay reaches them too) starts while another
+guided request streams; ``_row_waits`` says how the other request's tokens kept coming meanwhile."""
 from __future__ import annotations
 
 import argparse
@@ -37,27 +37,30 @@ GRAMMAR = 'root ::= num " " op " " num\nop ::= "+" | "-" | "*"\nnum ::= [1-9] [0
 REGEX = r"[0-9]{3}-[a-z]{2}"
 CHOICES = ["red", "green", "blue"]
 
-FAST = r"[0-9]{96}"           # the request that must keep decoding, still streaming when SLOW joins
+FAST = r"[0-9]{80}"           # the request that must keep decoding, still streaming when SLOW joins
 SLOW = r"[a-c]{3}-[0-9]{2}"   # the request whose compile is slow
 DELAY = 5.0
 ENV_SLOW = "TP_CHILD_SLOW_COMPILE"
 
 
 def slow_compiles(delay: float = DELAY, set_attr=setattr) -> threading.Event:
-    """``SLOW``'s compile takes ``delay`` s longer, wherever it runs (engine process or rank);
-    ``set_attr``: how to patch (a test passes ``monkeypatch.setattr``, undone after it). The
-    event is set once a delayed compile has returned."""
+    """``SLOW``'s compile for the model's vocabulary takes ``delay`` s longer, wherever it runs
+    (engine process or rank); the front check's compile against its probe vocabulary is not
+    delayed: it runs before the request reaches the engine, so delaying it only made the other
+    request stream ``delay`` s longer. ``set_attr``: how to patch (a test passes
+    ``monkeypatch.setattr``, undone after it). The event is set once a delayed compile has returned."""
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import _probe_vocab
     from tokenrails.guided import manager as core
 
     real = core.compile_guide
     done = threading.Event()
 
-    def compile_guide(spec, *args, **kwargs):
-        if spec.payload != SLOW:
-            return real(spec, *args, **kwargs)
+    def compile_guide(spec, vocab, *args, **kwargs):
+        if spec.payload != SLOW or vocab is _probe_vocab():
+            return real(spec, vocab, *args, **kwargs)
         time.sleep(delay)
         try:
-            return real(spec, *args, **kwargs)
+            return real(spec, vocab, *args, **kwargs)
         finally:
             done.set()
 
@@ -91,7 +94,7 @@ def _stream(pipe, prompt: str, fmt: dict, max_new_tokens: int, stamps: list, out
     out[key] = (text, finish)
 
 
-def row_waits(pipe, fast_pattern: str = FAST, fast_tokens: int = 104, delay: float = DELAY) -> dict:
+def row_waits(pipe, fast_pattern: str = FAST, fast_tokens: int = 88, delay: float = DELAY) -> dict:
     """A slow compile (``slow_compiles``, ``delay`` s) starts while ``fast_pattern`` streams:
     the timings of both (see the module doc). test_row_waits.py runs it on one engine."""
     from lmdeploy import GenerationConfig

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 
 
-def rank_main(rank: int, world: int, port: int, notifier, buf_name: str, late_rank: int, out) -> None:
+def rank_main(rank: int, world: int, port: int, rings: list, late_rank: int, out) -> None:
+    """``rings``: (notifier, buffer name) pairs, driven one after another (a ring that deadlocks
+    is the last this rank runs)."""
     import torch
     import torch.distributed as dist
     from lmdeploy.pytorch.engine.executor.mp_executor import SharedBuffer
@@ -16,8 +18,17 @@ def rank_main(rank: int, world: int, port: int, notifier, buf_name: str, late_ra
     distributed.install()  # what cpu.enable() does in every rank (multi-block reads off the loop)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    buf = SharedBuffer(rank, notifier=notifier, name=buf_name)
+    bufs = [SharedBuffer(rank, notifier=notifier, name=name) for notifier, name in rings]
     out.put(("ready", rank))
+    for buf in bufs:
+        _ring(rank, buf, late_rank, out)
+    dist.destroy_process_group()
+
+
+def _ring(rank: int, buf, late_rank: int, out) -> None:
+    import torch
+    import torch.distributed as dist
+
     sums: list[int] = []
     blobs: list[int] = []
 
@@ -42,4 +53,3 @@ def rank_main(rank: int, world: int, port: int, notifier, buf_name: str, late_ra
 
     asyncio.run(main())
     out.put((rank, sums, blobs))
-    dist.destroy_process_group()

@@ -56,6 +56,7 @@ def _enable() -> None:
 
     _patch_engine_checker()
     _patch_bf16_support()
+    _patch_rotary_eager()
     # the modules calling torch.cuda unconditionally (speculative decoding's draft model: spec_agent,
     # proposer_base; TP > 1 workers: mp_executor)
     for module in (agent, cache_engine, cache_layout, logits_process, spec_agent, proposer_base, mp_executor):
@@ -105,6 +106,27 @@ def _patch_engine_checker() -> None:
 
     handle.__wrapped__ = original_handle  # type: ignore[attr-defined]
     EngineChecker.handle = handle
+
+
+def _patch_rotary_eager() -> None:
+    """LMDeploy's default rotary embedding is ``torch.compile``d on its first call: on CPU that is a
+    dynamo trace and an inductor C++ build (or cache load) in every engine process and TP rank, a
+    few CPU seconds each before the first token, for an op that runs as fast eagerly. CPU tensors
+    take the eager function; any other device keeps the compiled one."""
+    from lmdeploy.pytorch.backends.default import rotary_embedding as rotary
+
+    compiled = rotary._rotary_embedding_fwd
+    if getattr(compiled, CPU_MARK, False):
+        return
+    eager = compiled.__wrapped__
+
+    def _rotary_embedding_fwd(position_ids, *args: Any, **kwargs: Any):
+        fwd = eager if position_ids.device.type == 'cpu' else compiled
+        return fwd(position_ids, *args, **kwargs)
+
+    setattr(_rotary_embedding_fwd, CPU_MARK, True)
+    _rotary_embedding_fwd.__wrapped__ = compiled  # type: ignore[attr-defined]
+    rotary._rotary_embedding_fwd = _rotary_embedding_fwd
 
 
 def cpu_supports_bf16() -> bool:
@@ -165,7 +187,8 @@ def _cpu_only_checkers(checker: Any, torch_checker_cls: type) -> None:
 def _patch_worker_process_group() -> None:
     """TP > 1: ``WorkerWrapperBase.init_process_group`` asks ``get_backend()`` for the collective
     backend outside any device context, which means CUDA's (nccl); on a CPU worker ask inside the
-    worker's own device context, so the process group is gloo."""
+    worker's own device context, so the process group is gloo, and route the forward's
+    all_reduces through shared memory (collectives.py)."""
     from lmdeploy.pytorch.devices import DeviceContext, get_device_manager
     from lmdeploy.pytorch.engine.executor.base_worker import WorkerWrapperBase
 
@@ -174,6 +197,8 @@ def _patch_worker_process_group() -> None:
     def init_process_group(self, rank: int, master_addr: str | None = None, master_port: str | None = None):
         if self.device_type != 'cpu':
             return original(self, rank, master_addr, master_port)
+        from .collectives import install
+        install()  # the forward's all_reduces through shared memory (collectives.py)
         with get_device_manager().context(DeviceContext('cpu')):
             return original(self, rank, master_addr, master_port)
 
