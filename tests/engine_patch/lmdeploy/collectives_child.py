@@ -1,6 +1,7 @@
 """One rank of test_cpu_collectives.py (spawned): the shared-memory all_reduce against exact oracles."""
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -61,5 +62,17 @@ def _checks(rank: int, world: int, port: int, out) -> None:
     collectives.all_reduce(m, op=dist.ReduceOp.MAX)  # another op: gloo's
     check("max", m, torch.full((4,), float(world + 1)))
     report["shared"] = sorted(comm is not None for _, comm in collectives._BY_GROUP.values())
+    dist.barrier()
+    if rank == world - 1:  # this rank dies (as a killed one would: no clean-up) while its peers wait for it
+        out.put(report)
+        out.close()
+        out.join_thread()
+        time.sleep(1.0)  # the peers have signalled their call and wait for this rank's
+        os._exit(0)
+    started = time.monotonic()
+    try:
+        collectives.all_reduce(torch.ones(4))
+        report["peer_ended"] = None
+    except collectives.PeerEnded as exc:
+        report["peer_ended"] = (str(exc), time.monotonic() - started)
     out.put(report)
-    dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """The CPU TP ranks' all_reduce through shared memory (cpu/collectives.py): three gloo ranks
 (spawned, torch only) sum through it and get exactly the oracle's result on every call, in
 rank order on every rank, with a late rank, in every float dtype, for a non-contiguous tensor
-and a subgroup; what it does not take (past a slot, another op) still sums through gloo. Nothing
+and a subgroup; a rank whose peer died fails its next call at once; what it does not take (past a slot, another op) still sums through gloo. Nothing
 is left behind in the shared-memory directory. The real engine at TP = 3 runs on it:
 test_real_engine_tp.py (TP = 3 equals TP = 1 token for token)."""
 from __future__ import annotations
@@ -46,5 +46,9 @@ def test_shared_memory_all_reduce_sums_exactly_on_every_rank():
         assert all(report["same_on_every_rank"]), report
     # the world's communicator on every rank, the subgroup's on its two members
     assert [r["shared"] for r in reports] == [[True, True], [True], [True, True]], reports
+    # the last rank then died: its peers' next all_reduce failed at once instead of waiting for it
+    for report in reports[:-1]:
+        message, seconds = report["peer_ended"]
+        assert f"TP rank {WORLD - 1} ended" in message and seconds < 30, report
     assert set(glob.glob(f"{_shm_dir()}/tokenrails-allreduce-*")) <= before
     assert collectives.SLOT_BYTES >= 1 << 20

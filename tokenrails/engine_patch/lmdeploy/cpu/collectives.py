@@ -18,13 +18,16 @@ only on what an all_reduce's ranks share (shape, dtype, op). A group whose ranks
 the buffer (another host) keeps gloo for good, agreed at set-up. Names are unlinked once every
 rank has opened them, so nothing is left behind in ``/dev/shm`` or the temp directory.
 
-A wait has no deadline of its own: a rank whose peer died mid-call waits until it is stopped
-(gloo's wait would end at its process group's timeout, 30 minutes by default, and fail the rank).
+A rank whose peer died fails its call at once (``PeerEnded``) instead of waiting: each rank reads
+its inbound pipes without holding a write end itself, so a dead peer's pipe reads as ended (the
+kernel closes a process's files at its death, kill -9 included), and a write to a dead peer's
+pipe fails. gloo would only fail the rank at its process group's timeout (30 minutes by default).
 """
 from __future__ import annotations
 
 import mmap
 import os
+import select
 import tempfile
 import threading
 import time
@@ -60,12 +63,13 @@ class ShmAllReduce:
         return f"{self._base}-{src}-{dst}"
 
     def create(self) -> None:
-        """First step: this rank's inbound pipes (open read-write, so a peer's open never blocks);
-        rank 0 creates the buffer."""
+        """First step: this rank's inbound pipes (read end only, non-blocking: a peer's later open
+        for writing never blocks, and the pipe reads as ended once that peer is gone); rank 0
+        creates the buffer."""
         for src in range(self.world):
             if src != self.rank:
                 os.mkfifo(self._pipe(src, self.rank), 0o600)
-                self._inbox[src] = os.open(self._pipe(src, self.rank), os.O_RDWR)
+                self._inbox[src] = os.open(self._pipe(src, self.rank), os.O_RDONLY | os.O_NONBLOCK)
         if self.rank == 0:
             fd = os.open(self._base, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -117,15 +121,36 @@ class ShmAllReduce:
         slots = self._views[tensor.dtype][self._parity][:, :n]
         self._parity ^= 1
         slots[self.rank].copy_(tensor.reshape(-1))
-        for fd in self._outbox.values():
-            os.write(fd, b"\0")
-        for fd in self._inbox.values():
-            while not os.read(fd, 1):
-                pass
+        for peer, fd in self._outbox.items():
+            try:
+                os.write(fd, b"\0")
+            except BrokenPipeError:
+                raise PeerEnded(f"TP rank {peer} ended: this rank's all_reduce cannot complete") from None
+        for peer, fd in self._inbox.items():
+            _wait_signal(peer, fd)
         if tensor.is_contiguous():
             torch.sum(slots, 0, out=tensor.view(-1))
         else:
             tensor.copy_(slots.sum(0).view(tensor.shape))
+
+
+class PeerEnded(RuntimeError):
+    """A peer rank of a shared-memory all_reduce ended mid-run (its process died)."""
+
+
+def _wait_signal(peer: int, fd: int) -> None:
+    """One byte from ``peer``'s pipe: read at once when it is there, else wait for data or for the
+    pipe's end (every writer gone: the peer died)."""
+    while True:
+        try:
+            if os.read(fd, 1):
+                return
+        except BlockingIOError:
+            waiter = select.poll()  # not select(): a busy process's descriptors pass 1024
+            waiter.register(fd, select.POLLIN)
+            waiter.poll()
+            continue
+        raise PeerEnded(f"TP rank {peer} ended: this rank's all_reduce cannot complete")
 
 
 def _remove(path: str) -> None:
