@@ -70,7 +70,7 @@ XDIST_GROUPS = {
         "test_body_limits_server.py", "test_real_server.py", "test_request_fields_server.py")),
     "lmdeploy-multi-process": tuple(_LMDEPLOY + name for name in (
         "test_real_engine_tp.py", "test_cpu_tp_ring.py", "test_activate_once_real.py",
-        "test_proxy_dp.py", "test_inherit.py")),
+        "test_proxy_dp.py", "test_inherit.py", "test_cpu_collectives.py")),
 }
 
 
@@ -81,7 +81,7 @@ XDIST_GROUPS = {
 # few-test units that start engines and child processes for the end, where one worker ran them
 # alone while the other idled. Units not listed weigh 0 and keep xdist's order after these.
 UNIT_SECONDS = {
-    "lmdeploy-multi-process": 405,
+    "lmdeploy-multi-process": 310,
     _LMDEPLOY + "test_grammar_drafts.py": 105,
     _LMDEPLOY + "test_real_engine_kinds.py": 200,
     "lmdeploy-shared-engine": 170,
