@@ -36,6 +36,7 @@ from .compile_procs import PORTABLE_BACKENDS, PROCESS_MIN_COST, ProcessCompiler,
 from .compile_timeouts import TimeoutBook, Waiters, deadline_of, overdue_error
 from .errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .forced import NOTHING, ForcedRun, forced_tokens
+from .lookup import LookupIndex, extend_run
 from .gc_pause import gc_paused
 from .jump_forward import JumpForward, compute_jump_forward, text_encoder
 from .limits import DEFAULT_LIMITS, GuideLimits
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 
+_LOOKUP = "lookup"  # SequenceState.extra: the row's LookupIndex (prompt + output), made at its first lookup
 STORE_MIN_SECONDS = 0.05  # compiles cheaper than a disk read and restore are not kept on disk
 
 
@@ -619,6 +621,32 @@ class GuidedDecodingManager:
         if propose:
             note_proposal(st, run)
         return run
+
+    @_serialized
+    def lookup_after(
+        self, row: GuidedRow, run: ForcedRun, max_tokens: int, *,
+        encode: Callable[[str], Sequence[int]] | None = None, bitmask: torch.Tensor | None = None,
+        prompt: Callable[[], Sequence[int] | None] | None = None,
+    ) -> ForcedRun:
+        """``run`` (the row's forced run from where it stands, just proposed) continued with
+        prompt-lookup tokens the grammar allows (``lookup.extend_run``), proposed in its place
+        (``note_proposal``). ``prompt``: gives the round's prompt ids (or None), asked once, when
+        the row's lookup index is made (its first lookup). State unchanged."""
+        st = self._existing(row)
+        if st is None or st.error is not None or not st.answering:
+            return run
+        index = st.extra.get(_LOOKUP)
+        if index is None:
+            ids = prompt() if prompt is not None else None
+            index = st.extra[_LOOKUP] = LookupIndex(ids if ids is not None else (), self.vocab.token_bytes)
+        index.sync(st.history)
+        matcher = st.resolve()
+        if matcher is None or len(run) >= max_tokens:
+            return run
+        longer = extend_run(matcher, run, index, max_tokens, encode=encode, bitmask=bitmask)
+        if longer is not run:
+            note_proposal(st, longer)
+        return longer
 
     def _existing(self, row: GuidedRow) -> SequenceState | None:
         """The row's state if it exists for the row's spec (never begins one)."""

@@ -136,6 +136,8 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
     words = (core.vocab.vocab_size + 31) // 32
     buf = _mask_buffer(words)
     guesses = guesses or {}
+    lookup = settings.lookup_drafts()
+    take_prompt = getattr(owner, "take_prompt", None)
     for idx, h in handles.items():
         if idx >= batch or h.error is not None:
             continue
@@ -155,6 +157,9 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
                 if report is not None:
                     report.inline += 1
                     report.missed += guess is not None
+            if lookup and len(run) < num_drafts:
+                prompt = None if take_prompt is None else functools.partial(take_prompt, key)
+                run = core.lookup_after(row, run, num_drafts, encode=encode, bitmask=buf, prompt=prompt)
         except Exception as exc:  # noqa: BLE001 - one row's failure must not end the others
             err = exc if isinstance(exc, GuideError) else GuideError(
                 f"grammar drafts: the proposal failed for this row: {type(exc).__name__}: {exc}")
