@@ -7,16 +7,17 @@ recent occurrence of each n-gram that has a follower, so a lookup is a dict read
 the index grows by a few dict writes per accepted token and is rebuilt from the newer half when
 it passes ``MAX_TOKENS`` (bounded memory; it lives and dies with the sequence's state).
 
-``extend_run`` puts lookup tokens after a forced run: the matcher walks the run, then each
-looked-up token while the grammar accepts it (the first refused one ends the draft), a forced
-stretch met on the way is taken by the forced rule, and the matcher is rolled back by exactly
-what it walked. Lookup tokens are only guesses: the verifier fills and applies the grammar's mask
+``continue_run`` puts lookup tokens after a forced run (``forced_tokens(then=...)``, where the
+matcher already stands at the run's end): each looked-up token while the grammar accepts it (the
+first refused one ends the draft), a forced stretch met on the way taken by the forced rule, and
+the matcher rolled back by exactly what was walked. Lookup tokens are only guesses: the verifier fills and applies the grammar's mask
 at their positions and LMDeploy's rejection sampler decides, so outputs do not change.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Collection, Sequence
 
+import numpy as np
 import torch
 
 from .forced import ForcedRun, SeenMask, forced_tokens
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .backend import Matcher
     from .reasoning import ReasoningPhase
 
-__all__ = ["LookupIndex", "MAX_TOKENS", "ORDERS", "extend_run"]
+__all__ = ["LookupIndex", "MAX_TOKENS", "ORDERS", "continue_run", "extend_run"]
 
 ORDERS = (3, 2, 1)  # n-gram lengths tried, longest first (a longer match predicts better)
 MAX_TOKENS = 8192  # tokens an index keeps at most (prompt tail + output)
@@ -131,6 +132,53 @@ class LookupIndex:
         return []
 
 
+def continue_run(matcher: "Matcher | ReasoningPhase", out: list[int], masks: list[SeenMask], *, index: LookupIndex,
+                 max_tokens: int, encode: Callable[[str], Sequence[int]] | None = None,
+                 stop_ids: Collection[int] = (), bitmask: torch.Tensor | None = None) -> None:
+    """Continue the drafted run ``out`` (walked on ``matcher``; ``masks``: one entry per position up
+    to its end) with lookup tokens, up to ``max_tokens`` in all: appended to ``out`` (walked too, the
+    caller rolls everything back) with None in ``masks`` (the verifier fills those positions).
+
+    A run ending in a forced string's last token that a longer allowed token extends (a key's
+    closing ``"``, which the model writes as ``":``) takes the lookup's token there instead when
+    the lookup names such a token. A forced stretch after looked-up tokens is taken by the forced
+    rule, with the masks it saw. No matcher work at all when the lookup names nothing."""
+    n = len(out)
+    if n >= max_tokens or matcher.is_terminated():
+        return
+    tail = index.tokens[-(max(ORDERS) - 1):]
+    vocab = matcher.vocab
+    eos = vocab.eos_ids
+    if n and not isinstance(masks[n - 1], int) and _extend_last(matcher, index, tail, out, masks, eos, stop_ids,
+                                                                vocab.token_bytes):
+        if len(out) >= max_tokens or matcher.is_terminated():
+            return
+    guess = index.follow(tail + out if out else tail, max_tokens - len(out))
+    seen = masks[len(out)] if guess else None
+    if isinstance(seen, np.ndarray) and not _allowed(seen, guess[0]):
+        return  # the mask the forced rule filled here refuses it: no matcher call
+    while guess:
+        took = 0
+        for tok in guess:
+            if tok in eos or tok in stop_ids or not matcher.accept_token(tok):
+                break
+            out.append(tok)
+            masks.append(None)
+            took += 1
+        if took < len(guess) or len(out) >= max_tokens or matcher.is_terminated():
+            return  # refused: the draft ends here
+        more = forced_tokens(matcher, max_tokens - len(out), encode=encode, stop_ids=stop_ids, bitmask=bitmask)
+        if more.tokens:
+            masks[-1] = more.masks[0] if more.masks else None
+            for j, tok in enumerate(more.tokens):
+                if not matcher.accept_token(tok):
+                    return
+                out.append(tok)
+                masks.append(more.masks[j + 1] if j + 1 < len(more.masks) else None)
+        # else: the looked-up stretch ended at the history's end: look up again from here
+        guess = index.follow(tail + out, max_tokens - len(out))
+
+
 def extend_run(
     matcher: "Matcher | ReasoningPhase",
     run: ForcedRun,
@@ -141,78 +189,60 @@ def extend_run(
     stop_ids: Collection[int] = (),
     bitmask: torch.Tensor | None = None,
 ) -> ForcedRun:
-    """``run`` (the forced run from ``matcher``'s state, whose sequence ``index`` holds up to here)
-    continued with lookup tokens, at most ``max_tokens`` in all; state unchanged.
-
-    A run ending in a forced string's last token that a longer allowed token extends (a key's
-    closing ``"``, which the model writes as ``":``) takes the lookup's token there instead when
-    the lookup names such a token. The result's ``masks`` keep what ``run`` saw at its positions
-    and hold None where lookup tokens lead (the verifier fills those); ``single`` counts the
-    one-token masks among the drafted positions."""
+    """``run`` (the forced run from ``matcher``'s state, made earlier) continued by ``continue_run``;
+    state unchanged. The proposer continues a run as ``forced_tokens(then=...)`` makes it, without
+    this second walk; this is for a run it did not make now (one guessed beside the forward)."""
     if len(run) >= max_tokens or matcher.is_terminated():
         return run
-    vocab = matcher.vocab
-    stops = set(vocab.eos_ids).union(int(t) for t in stop_ids)
     out = list(run.tokens)
     n = len(out)
     masks: list[SeenMask] = list(run.masks[:n + 1]) + [None] * (n + 1 - len(run.masks[:n + 1]))
-    tail = index.tokens[-(max(ORDERS) - 1):]
     walked = 0
     try:
-        for tok in out:  # the run is the grammar's own from this state
+        for tok in out:
             if not matcher.accept_token(tok):
                 return run
             walked += 1
-        if out and not isinstance(masks[n - 1], int):  # the run ends inside a forced string
-            _extend_last(matcher, index, tail, out, masks, stops, vocab.token_bytes)
-        while len(out) < max_tokens:
-            guess = index.follow(tail + out, max_tokens - len(out))
-            took = 0
-            for tok in guess:
-                if tok in stops or not matcher.accept_token(tok):
-                    break
-                walked += 1
-                out.append(tok)
-                masks.append(None)
-                took += 1
-            if took < len(guess) or took == 0 or len(out) >= max_tokens or matcher.is_terminated():
-                break  # refused (or nothing looked up): the draft ends here
-            more = forced_tokens(matcher, max_tokens - len(out), encode=encode, stop_ids=stop_ids, bitmask=bitmask)
-            if not more.tokens:
-                continue  # the looked-up stretch ended at the history's end: look up again from here
-            masks[-1] = more.masks[0] if more.masks else None
-            for j, tok in enumerate(more.tokens):
-                if not matcher.accept_token(tok):
-                    break
-                walked += 1
-                out.append(tok)
-                masks.append(more.masks[j + 1] if j + 1 < len(more.masks) else None)
+        continue_run(matcher, out, masks, index=index, max_tokens=max_tokens, encode=encode, stop_ids=stop_ids,
+                     bitmask=bitmask)
     finally:
+        walked = len(out) if walked == n else walked  # continue_run walks exactly what it appends
         if walked:
             matcher.rollback(walked)
+    if len(out) == n and out == list(run.tokens):
+        return run
     single = sum(isinstance(masks[j], int) for j in range(len(out)))
     return ForcedRun(tuple(out), single, tuple(masks[:len(out) + 1]))
 
 
+def _allowed(row: np.ndarray, tok: int) -> bool:
+    word = tok >> 5
+    return 0 <= word < row.shape[0] and bool((int(row[word]) >> (tok & 31)) & 1)
+
+
 def _extend_last(matcher: "Matcher | ReasoningPhase", index: LookupIndex, tail: list[int], out: list[int],
-                 masks: list[SeenMask], stops: Collection[int], token_bytes: Sequence[bytes]) -> None:
+                 masks: list[SeenMask], eos: Collection[int], stop_ids: Collection[int],
+                 token_bytes: Sequence[bytes]) -> bool:
     """Swap the run's last token (the matcher stands after it) for the lookup's token at that
-    position when that token is longer, starts with the same bytes and the grammar accepts it;
-    the matcher stands after whichever token ends ``out``."""
+    position when that token is longer, starts with the same bytes and the grammar accepts it
+    (True: swapped); the matcher stands after whichever token ends ``out``."""
     last = out[-1]
     lead = token_bytes[last]
+    if len(lead) != 1:  # forced strings end at one-byte tokens where the model writes a longer one
+        return False
     guess = index.follow(tail + out[:-1], 1)
-    picks = [t for t in guess if 0 <= t < len(token_bytes) and len(token_bytes[t]) > len(lead)
+    picks = [t for t in guess if 0 <= t < len(token_bytes) and len(token_bytes[t]) > 1
              and token_bytes[t].startswith(lead)]
     picks += [t for t in index.longer(last) if t not in picks]
-    picks = [t for t in picks if t != last and t not in stops]
+    picks = [t for t in picks if t != last and t not in eos and t not in stop_ids]
     if not picks:
-        return
+        return False
     matcher.rollback(1)
     for tok in picks:
         if matcher.accept_token(tok):
             out[-1] = tok
             masks[len(out)] = None  # the mask after the new token is not the one the run saw
-            return
+            return True
     if not matcher.accept_token(last):  # back where the run ended (always accepted again)
         raise RuntimeError("the matcher refused a forced token it had just accepted")
+    return False

@@ -149,17 +149,17 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
             key = (row.session_id, row.seq_id)
             guess = guesses.get(key)
             run = core.guessed_run(row, guess) if guess is not None else None
+            prompt: Any = lookup and (True if take_prompt is None else functools.partial(take_prompt, key))
             if run is not None:
                 if report is not None:
                     report.guessed += 1
+                if prompt and len(run) < num_drafts:
+                    run = core.lookup_after(row, run, num_drafts, encode=encode, bitmask=buf, prompt=prompt)
             else:  # under the step lock; the verification reuses the masks the run saw
-                run = core.forced_tokens(row, num_drafts, encode=encode, bitmask=buf, propose=True)
+                run = core.forced_tokens(row, num_drafts, encode=encode, bitmask=buf, propose=True, lookup=prompt)
                 if report is not None:
                     report.inline += 1
                     report.missed += guess is not None
-            if lookup and len(run) < num_drafts:
-                prompt = None if take_prompt is None else functools.partial(take_prompt, key)
-                run = core.lookup_after(row, run, num_drafts, encode=encode, bitmask=buf, prompt=prompt)
         except Exception as exc:  # noqa: BLE001 - one row's failure must not end the others
             err = exc if isinstance(exc, GuideError) else GuideError(
                 f"grammar drafts: the proposal failed for this row: {type(exc).__name__}: {exc}")
