@@ -146,7 +146,7 @@ def continue_run(matcher: "Matcher | ReasoningPhase", out: list[int], masks: lis
     n = len(out)
     if n >= max_tokens or matcher.is_terminated():
         return
-    tail = index.tokens[-(max(ORDERS) - 1):]
+    tail = index.tokens[-max(ORDERS):]
     vocab = matcher.vocab
     eos = vocab.eos_ids
     if n and not isinstance(masks[n - 1], int) and _extend_last(matcher, index, tail, out, masks, eos, stop_ids,
