@@ -195,8 +195,10 @@ def test_lookup_drafts_keep_greedy_outputs_and_take_fewer_steps(runs):
     for a, b, c in zip(plain, looked, forced):
         assert list(a.token_ids) == list(b.token_ids) == list(c.token_ids), (a, b, c)
     assert with_lookup["grammar_draft_emitted"] == forced_only["grammar_draft_emitted"], (with_lookup, forced_only)
-    assert with_lookup["grammar_drafted"] > forced_only["grammar_drafted"], (with_lookup, forced_only)
-    assert with_lookup["grammar_draft_steps"] < forced_only["grammar_draft_steps"], (with_lookup, forced_only)
+    # measured 61 vs 46 drafts accepted and 25 vs 37 steps; two runs of forced drafts alone differ by a
+    # step or a draft (what is guessed beside the forward), so the margins are wide
+    assert with_lookup["grammar_draft_accepted"] >= forced_only["grammar_draft_accepted"] + 8, (with_lookup, forced_only)
+    assert with_lookup["grammar_draft_steps"] <= 0.85 * forced_only["grammar_draft_steps"], (with_lookup, forced_only)
 
 
 def _lengths(outs) -> collections.Counter:
