@@ -120,15 +120,15 @@ class LookupIndex:
     def follow(self, tail: Sequence[int], max_tokens: int) -> list[int]:
         """Up to ``max_tokens`` tokens that followed the most recent occurrence of ``tail``'s last
         n tokens (n from ``ORDERS``, longest first); empty when none occurred."""
-        if max_tokens <= 0:
+        if max_tokens <= 0 or not tail:
             return []
-        t = self.tokens
+        key = tuple(tail[-ORDERS[0]:])
+        maps = self._maps
         for n in ORDERS:
-            if len(tail) < n:
-                continue
-            at = self._maps[n].get(tail[-1] if n == 1 else tuple(tail[-n:]))
-            if at is not None:
-                return t[at:at + max_tokens]
+            if len(key) >= n:
+                at = maps[n].get(key[-1] if n == 1 else key[-n:] if n < len(key) else key)
+                if at is not None:
+                    return self.tokens[at:at + max_tokens]
         return []
 
 
@@ -144,16 +144,20 @@ def continue_run(matcher: "Matcher | ReasoningPhase", out: list[int], masks: lis
     the lookup names such a token. A forced stretch after looked-up tokens is taken by the forced
     rule, with the masks it saw. No matcher work at all when the lookup names nothing."""
     n = len(out)
-    if n >= max_tokens or matcher.is_terminated():
+    if n >= max_tokens:
         return
-    tail = index.tokens[-max(ORDERS):]
-    vocab = matcher.vocab
-    eos = vocab.eos_ids
-    if n and not isinstance(masks[n - 1], int) and _extend_last(matcher, index, tail, out, masks, eos, stop_ids,
-                                                                vocab.token_bytes):
+    tail = index.tokens[-ORDERS[0]:]
+    swap = n and not isinstance(masks[n - 1], int)  # the run ends inside a forced string
+    guess = index.follow(tail + out if out else tail, max_tokens - n)
+    if not guess and not swap:
+        return  # the lookup names nothing: no matcher call
+    if matcher.is_terminated():
+        return
+    eos = matcher.vocab.eos_ids
+    if swap and _extend_last(matcher, index, tail, out, masks, eos, stop_ids, matcher.vocab.token_bytes):
         if len(out) >= max_tokens or matcher.is_terminated():
             return
-    guess = index.follow(tail + out if out else tail, max_tokens - len(out))
+        guess = index.follow(tail + out, max_tokens - len(out))
     seen = masks[len(out)] if guess else None
     if isinstance(seen, np.ndarray) and not _allowed(seen, guess[0]):
         return  # the mask the forced rule filled here refuses it: no matcher call

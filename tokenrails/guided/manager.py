@@ -634,11 +634,12 @@ class GuidedDecodingManager:
         matcher = st.resolve()
         if matcher is None:
             return NOTHING
-        then = None
         if lookup:
             then = functools.partial(continue_run, index=_lookup_index(st, self.vocab, lookup),
                                      max_tokens=max_tokens, encode=encode, bitmask=bitmask)
-        run = forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask, then=then)
+            run = forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask, then=then)
+        else:
+            run = forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask)
         if propose:
             note_proposal(st, run)
         return run
