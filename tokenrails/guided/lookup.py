@@ -10,8 +10,9 @@ it passes ``MAX_TOKENS`` (bounded memory; it lives and dies with the sequence's 
 ``continue_run`` puts lookup tokens after a forced run (``forced_tokens(then=...)``, where the
 matcher already stands at the run's end): each looked-up token while the grammar accepts it (the
 first refused one ends the draft), a forced stretch met on the way taken by the forced rule, and
-the matcher rolled back by exactly what was walked. Lookup tokens are only guesses: the verifier fills and applies the grammar's mask
-at their positions and LMDeploy's rejection sampler decides, so outputs do not change.
+the matcher rolled back by exactly what was walked. Lookup tokens are only guesses: the verifier
+fills and applies the grammar's mask at their positions and LMDeploy's rejection sampler decides,
+so outputs do not change.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class LookupIndex:
         self._bytes = token_bytes
         self._longer: dict[int, list[int]] = {}  # first byte -> recent longer tokens starting with it
         self.synced = 0  # how many of the sequence's accepted tokens are in ``tokens``
-        self._rebuild([int(t) for t in list(prompt)[-MAX_PROMPT:]])
+        self._rebuild([int(t) for t in prompt[-MAX_PROMPT:]])
 
     def _rebuild(self, tokens: list[int]) -> None:
         """Index ``tokens`` at once: ``dict(zip(...))`` keeps the last occurrence of each key."""
