@@ -192,3 +192,23 @@ def test_drafts_are_the_grammar_s_and_the_verifier_masks_equal_a_plain_walk(voca
         if mgr.accept_tokens([pick], [row])[0].failed:
             break
     assert lookups >= 3
+
+
+def test_no_lookup_drafts_while_thinking_then_from_prompt_and_thoughts(vocab, encode, smollm2_tokenizer):
+    """A thinking section is the model's own text: nothing is drafted there, although the prompt
+    names a continuation; once the answer began, lookup drafts come from prompt and thoughts."""
+    from tokenrails.guided.reasoning import ReasoningConfig
+
+    mgr = GuidedDecodingManager(vocab)
+    spec = GuideSpec.json_schema(json.dumps(PERSON), any_whitespace=False)
+    row = GuidedRow("t", 0, spec, reasoning=ReasoningConfig.from_markers("</think>", "<think>"))
+    prompt = encode('Write {"name": "Ada Lovelace", "city": "London", "age": 36} again.')
+    thoughts = encode('Copy {"name": "Ada')
+    for tok in thoughts:  # each of these has a continuation in the prompt
+        assert mgr.forced_tokens(row, 4, encode=encode, propose=True, lookup=lambda: prompt).tokens == ()
+        assert not mgr.accept_tokens([tok], [row])[0].failed
+    for tok in encode("</think>") + encode('{"name": "'):
+        assert not mgr.accept_tokens([tok], [row])[0].failed
+    run = mgr.forced_tokens(row, 4, encode=encode, propose=True, lookup=lambda: prompt)
+    text = smollm2_tokenizer.decode(list(run.tokens))
+    assert text.startswith("Ada</think"), text  # the most recent occurrence: the thoughts' own "Ada" and what followed
