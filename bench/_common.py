@@ -139,6 +139,32 @@ def stream_requests(pipe, prompts: list, gens: list, limit: int, rate: float = 0
     return list(outs), time.perf_counter() - wall, cpu_seconds() - cpu
 
 
+def lookup_share(outputs: list[list[int]], specs, vocab, encode, prompts: list[list[int]]) -> float:
+    """Fraction of emitted tokens the proposer's first draft names from the state before them: the
+    forced rule, else the grammar-checked prompt lookup over the row's prompt and output so far
+    (``guided/lookup.py``), replayed through fresh matchers. A step drafts more than its first token,
+    from the state where it began, so this is the drafts' share a step-by-step replay sees, not a
+    strict bound."""
+    from tokenrails import compile_guide
+    from tokenrails.guided.forced import forced_tokens
+    from tokenrails.guided.lookup import LookupIndex, extend_run
+
+    hit = total = 0
+    for ids, spec, prompt in zip(outputs, specs, prompts):
+        m = compile_guide(spec, vocab).matcher()
+        index = LookupIndex(prompt, vocab.token_bytes)
+        for t in ids:
+            if t in vocab.eos_ids:
+                break
+            run = extend_run(m, forced_tokens(m, 1, encode=encode), index, 1, encode=encode)
+            hit += run.tokens[:1] == (t,)
+            total += 1
+            if not m.accept_token(t):
+                break
+            index.append(t)
+    return hit / max(total, 1)
+
+
 def ceiling(outputs: list[list[int]], specs, vocab, encode) -> tuple[float, float, int]:
     """Fractions of emitted tokens that are one-token masks / the forced rule's draft there."""
     from tokenrails import compile_guide

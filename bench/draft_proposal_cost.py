@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32", help="rows per step for the step table ('' to skip it)")
     ap.add_argument("--steps", type=int, default=40, help="steps per arm and batch for the step table")
     ap.add_argument("--base", default="4497acc", help="git revision whose forced.py is the other arm ('' for none)")
+    ap.add_argument("--no-lookup", action="store_true", help="this arm without lookup drafts (forced runs only)")
     args = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -235,14 +236,25 @@ def step_table(args, vocab, specs, memo, rnd, base) -> None:
     if base is not None:
         arms[args.base] = base.forced_tokens
     names = list(arms)
-    print(f"\n# a drafts step's grammar work: {len(rows)} rows walked, k={k}, bfloat16 logits; CPU time per step, "
+    lookup = not args.no_lookup
+    print(f"\n# a drafts step's grammar work: {len(rows)} rows walked, k={k}, bfloat16 logits, lookup drafts "
+          f"{'on (this arm)' if lookup else 'off'}; CPU time per step, "
           f"median of {args.steps} steps per arm (arms {' / '.join(names)} alternate ABBA); "
           f"load average {load_average():.1f}\n")
+
+    # each row's prompt: its grammar's source text (as an extraction prompt quoting the schema would),
+    # indexed by this checkout's lookup drafts at the row's first proposal
+    prompts = {id(row): tuple(memo(str(row.spec.payload)[:2000])) for row in rows}
+
+    def propose_row(row, arm: str):
+        if arm == "this" and lookup:  # as grammar_drafts.plan_drafts proposes
+            return mgr.forced_tokens(row, k, encode=memo, bitmask=bm, propose=True, lookup=lambda: prompts[id(row)])
+        return mgr.forced_tokens(row, k, encode=memo, bitmask=bm, propose=True)
 
     def step(batch_rows: list, arm: str) -> tuple[float, float]:
         manager_mod.forced_tokens = arms[arm]  # the manager's proposal calls this name
         t0 = time.process_time()
-        runs = [mgr.forced_tokens(r, k, encode=memo, bitmask=bm, propose=True) for r in batch_rows]
+        runs = [propose_row(r, arm) for r in batch_rows]
         propose = time.process_time() - t0
         width = max(len(r.tokens) for r in runs)
         drafts = []

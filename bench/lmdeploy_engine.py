@@ -621,6 +621,23 @@ def forced_bound(rows: list[Row], outputs: list[list[int]], vocab: Any, encode: 
     return 1.0 - rule
 
 
+def lookup_on() -> bool:
+    from tokenrails.engine_patch.lmdeploy.boot import settings
+
+    return settings.lookup_drafts()
+
+
+def lookup_bound(pipe: Any, rows: list[Row], outputs: list[list[int]], vocab: Any, encode: Any) -> float:
+    """``bench/_common.lookup_share`` on these outputs, each row's prompt as the engine saw it (chat
+    template applied, tokenized)."""
+    from bench._common import lookup_share
+    from tokenrails.engine_patch.lmdeploy.server.request_parsing import spec_of
+
+    eng = pipe.async_engine
+    prompts = [eng.tokenizer.encode(eng.chat_template.messages2prompt(r.prompt)) for r in rows]
+    return lookup_share(outputs, [spec_of(r.response_format) for r in rows], vocab, encode, prompts)
+
+
 def stream_section(engines: dict[str, list[Any]], rows: list[Row], batches: list[int], args: Any,
                    validator: Validator, timer: StepTimer, patch: Any, vocab: Any = None, encode: Any = None) -> None:
     """Every public row as a continuous stream: requests arrive (``--rate``, Poisson, or all at once),
@@ -704,8 +721,16 @@ def stream_section(engines: dict[str, list[Any]], rows: list[Row], batches: list
             over_plain = 1.0 / (rest + (1.0 - rest) * bound)
             print(f"  workload bound at batch {batch}: the forced rule drafts {1 - bound:.1%} of the upgraded outputs' "
                   f"tokens (>= {bound:.3f} forwards per token); the rest (prefill, front end) is {rest:.1%} of the "
-                  f"upgraded engine's CPU, so drafts / upgraded <= {over_plain:.2f}x tok/cpu-s and drafts / stock <= "
-                  f"{over_plain * paired('upgraded', 'cpu_tok_s'):.2f}x at zero drafts overhead", flush=True)
+                  f"upgraded engine's CPU, so forced-only drafts / upgraded <= {over_plain:.2f}x tok/cpu-s and / stock "
+                  f"<= {over_plain * paired('upgraded', 'cpu_tok_s'):.2f}x at zero drafts overhead", flush=True)
+            if lookup_on():
+                share = lookup_bound(engines["drafts"][0], chosen, upgraded_ids, vocab, encode)
+                over = 1.0 / (rest + (1.0 - rest) * (1.0 - share))
+                print(f"  with lookup drafts: the proposer's first draft names {share:.1%} of those tokens from the state "
+                      f"before each (forced rule, else the grammar-checked prompt lookup; an estimate, a step's later "
+                      f"drafts come from its first state): ~{1 - share:.3f} forwards per token, drafts / upgraded "
+                      f"~{over:.2f}x and / stock ~{over * paired('upgraded', 'cpu_tok_s'):.2f}x at zero drafts overhead; "
+                      f"rejected lookup drafts cost verified positions this does not count", flush=True)
 
         row = [batch, n, median([r["tok_s"] for r in res["stock"]]), median([r["tok_s"] for r in res["upgraded"]])]
         row += [paired("upgraded", "req_cpu_s"), paired("upgraded", "cpu_tok_s"), paired("upgraded", "tok_s")]

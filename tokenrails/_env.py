@@ -49,6 +49,7 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_LMDEPLOY_CPU",           # lmdeploy/startup: the CPU device path
     "TOKENRAILS_LMDEPLOY_FILL_THREADS",  # boot/settings: activate(fill_threads=)
     "TOKENRAILS_LMDEPLOY_LIMITS",        # boot/settings: activate(limits=)
+    "TOKENRAILS_LOOKUP_DRAFTS",          # boot/settings: activate(lookup_drafts=), prompt-lookup after forced runs
     "TOKENRAILS_MAX_BODY_BYTES",         # server/body_limits: the api_server's request bounds
     "TOKENRAILS_MAX_MESSAGES",
     "TOKENRAILS_MAX_MESSAGE_BYTES",

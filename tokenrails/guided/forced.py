@@ -131,11 +131,15 @@ def forced_tokens(
     encode: Encode | None = None,
     stop_ids: Collection[int] = (),
     bitmask: torch.Tensor | None = None,
+    then: Callable[[Matcher, list[int], list[SeenMask]], None] | None = None,
 ) -> ForcedRun:
     """The tokens the grammar forces from ``matcher``'s state, at most ``max_tokens``; state unchanged.
 
     ``encode`` (text -> token ids, no special tokens) enables forced strings; without it only
     one-token masks count. ``bitmask`` is an optional reusable ``(1, words)`` int32 buffer.
+    ``then(matcher, tokens, masks)``: continues the run where it ended (the matcher stands after it,
+    ``masks`` has one entry per position up to there); what it appends and walks is rolled back
+    with the run (``lookup.continue_run``: the lookup drafts).
     """
     if max_tokens <= 0 or matcher.is_terminated():
         return NOTHING
@@ -143,7 +147,7 @@ def forced_tokens(
     byte_tokens, probe = _byte_tokens(vocab)  # without every byte a token: fill everywhere
     text = matcher.jump_forward_probe() if probe else None
     if text == "":  # the common case, before any set-up: two or more next bytes, no fill
-        return NOTHING
+        return NOTHING if then is None else _continued(matcher, then, [], [None], 0)
     vocab_size = vocab.vocab_size
     words = (vocab_size + 31) // 32
     if bitmask is None or bitmask.dim() != 2 or bitmask.shape[1] < words:
@@ -199,7 +203,30 @@ def forced_tokens(
                 taken += 1
             if taken == 0:
                 break
+    except BaseException:
+        if out:
+            matcher.rollback(len(out))
+        raise
+    if then is not None and len(out) < max_tokens:
+        del masks[len(out) + 1:]
+        if len(masks) <= len(out):
+            masks.append(None)
+        return _continued(matcher, then, out, masks, single)
+    if out:
+        matcher.rollback(len(out))
+    return ForcedRun(tuple(out), single, tuple(masks))
+
+
+def _continued(matcher: "Matcher | ReasoningPhase", then: Callable, out: list[int], masks: list[SeenMask],
+               single: int) -> ForcedRun:
+    """The run ``out`` (walked on ``matcher``) as ``then`` continues it; the matcher rolled back."""
+    n = len(out)
+    try:
+        then(matcher, out, masks)
     finally:
         if out:
             matcher.rollback(len(out))
-    return ForcedRun(tuple(out), single, tuple(masks))
+    if not out:
+        return NOTHING
+    single += sum(isinstance(m, int) for m in masks[n:len(out)])
+    return ForcedRun(tuple(out), single, tuple(masks[:len(out) + 1]))

@@ -36,6 +36,7 @@ from .compile_procs import PORTABLE_BACKENDS, PROCESS_MIN_COST, ProcessCompiler,
 from .compile_timeouts import TimeoutBook, Waiters, deadline_of, overdue_error
 from .errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .forced import NOTHING, ForcedRun, forced_tokens
+from .lookup import LookupIndex, continue_run, extend_run
 from .gc_pause import gc_paused
 from .jump_forward import JumpForward, compute_jump_forward, text_encoder
 from .limits import DEFAULT_LIMITS, GuideLimits
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 
+_LOOKUP = "lookup"  # SequenceState.extra: the row's LookupIndex (prompt + output), made at its first lookup
 STORE_MIN_SECONDS = 0.05  # compiles cheaper than a disk read and restore are not kept on disk
 
 
@@ -64,6 +66,19 @@ class _InFlight:
     deadline: float
     waiters: Waiters = field(default_factory=Waiters)  # held rows told of a timeout (compile_timeouts.py)
     heavy: bool = False  # in a worker process, which ends with the deadline: never joined after it
+
+
+def _lookup_index(st: SequenceState, vocab: Vocabulary, prompt: Callable[[], Sequence[int] | None] | bool
+                  ) -> LookupIndex:
+    """The sequence's lookup index, made at its first lookup (from ``prompt()`` when callable),
+    caught up with the tokens it accepted since."""
+    index = st.extra.get(_LOOKUP)
+    if index is None:
+        ids = prompt() if callable(prompt) else None
+        index = st.extra[_LOOKUP] = LookupIndex(ids if ids is not None else (), vocab.token_bytes)
+    if index.synced != len(st.history):
+        index.sync(st.history)
+    return index
 
 
 def _serialized(method):
@@ -604,21 +619,51 @@ class GuidedDecodingManager:
     def forced_tokens(
         self, row: GuidedRow, max_tokens: int, *, encode: Callable[[str], Sequence[int]] | None = None,
         bitmask: torch.Tensor | None = None, propose: bool = False,
+        lookup: Callable[[], Sequence[int] | None] | bool = False,
     ) -> ForcedRun:
         """The tokens the row's grammar forces from where it stands (``forced.forced_tokens``;
         state unchanged): a speculative proposer's drafts. Nothing for a failed row, or one that
         has not begun its answer (a thinking section is the model's own text). ``propose``: these
-        are the row's drafts, verified next with only their positions kept (``note_proposal``)."""
+        are the row's drafts, verified next with only their positions kept (``note_proposal``).
+        ``lookup``: the run continues with prompt-lookup tokens the grammar allows
+        (``lookup.continue_run``); a callable gives the round's prompt ids (or None), asked once,
+        when the row's lookup index is made."""
         st = self._states([row])[0]
         if st is None or st.error is not None or not st.answering:
             return NOTHING
         matcher = st.resolve()
         if matcher is None:
             return NOTHING
-        run = forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask)
+        if lookup:
+            then = functools.partial(continue_run, index=_lookup_index(st, self.vocab, lookup),
+                                     max_tokens=max_tokens, encode=encode, bitmask=bitmask)
+            run = forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask, then=then)
+        else:
+            run = forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask)
         if propose:
             note_proposal(st, run)
         return run
+
+    @_serialized
+    def lookup_after(
+        self, row: GuidedRow, run: ForcedRun, max_tokens: int, *,
+        encode: Callable[[str], Sequence[int]] | None = None, bitmask: torch.Tensor | None = None,
+        prompt: Callable[[], Sequence[int] | None] | bool = True,
+    ) -> ForcedRun:
+        """``run`` (the row's forced run from where it stands, made earlier: a guess) continued with
+        prompt-lookup tokens the grammar allows (``lookup.extend_run``), proposed in its place
+        (``note_proposal``); ``prompt`` as ``forced_tokens``' ``lookup``. State unchanged."""
+        st = self._existing(row)
+        if st is None or st.error is not None or not st.answering or len(run) >= max_tokens:
+            return run
+        matcher = st.resolve()
+        if matcher is None:
+            return run
+        index = _lookup_index(st, self.vocab, prompt)
+        longer = extend_run(matcher, run, index, max_tokens, encode=encode, bitmask=bitmask)
+        if longer is not run:
+            note_proposal(st, longer)
+        return longer
 
     def _existing(self, row: GuidedRow) -> SequenceState | None:
         """The row's state if it exists for the row's spec (never begins one)."""

@@ -12,7 +12,8 @@ EOS-only only keeps them finite and safe.
 Drafts a proposer took from the grammar itself (``note_proposal``: the forced run, from this very
 state) are verified with what the proposer already saw: at a position where the mask allowed one
 token, that token's one-hot row; where it filled a row (the run's end, a forced string's start), a
-copy of it; the matcher is walked and filled only where neither is known. Such a verifier keeps a
+copy of it; the matcher is walked and filled only where neither is known (inside forced strings,
+and at the lookup tokens a proposer put after the run: guesses the grammar allowed, masked here). Such a verifier keeps a
 row's tokens up to its run's end only (the engine cuts the rest), so positions past the run get no
 mask at all: whatever is sampled there is dropped before anything accepts it.
 
@@ -38,8 +39,9 @@ _PROPOSAL = "proposal"  # SequenceState.extra: ((tokens, history length) when pr
 
 
 def note_proposal(st: SequenceState, run: ForcedRun) -> None:
-    """``run`` (``forced_tokens`` from ``st`` as it stands) is the row's drafts for the next
-    verification, which keeps the row's tokens up to the run's end only."""
+    """``run`` (the proposer's drafts from ``st`` as it stands: the forced run, lookup tokens after
+    it, the masks it saw, None where it filled none) is the row's drafts for the next verification,
+    which keeps the row's tokens up to the run's end only."""
     st.extra[_PROPOSAL] = ((st.tokens, len(st.history)), run)
 
 

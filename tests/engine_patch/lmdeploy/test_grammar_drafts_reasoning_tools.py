@@ -160,6 +160,11 @@ def _has_forced(text: str, piece: str, spans) -> bool:
 def test_thinking_rows_draft_nothing_until_think_ends_and_tool_calls_get_forced_drafts(
         model_dir, draft_dir, tokenizer, mode, monkeypatch):
     formats = _formats(tokenizer)
+    # forced drafts only: the recorder reads every proposal as forced, and lookup drafts (verified in
+    # longer multi-position forwards) may flip a half-precision near-tie between digits here, the
+    # greedy identity's documented bound (tests/guided/test_lookup.py: no lookup while thinking;
+    # test_grammar_drafts.py: lookup drafts token for token in float32)
+    monkeypatch.setenv("TOKENRAILS_LOOKUP_DRAFTS", "0")
     plain = _run(model_dir, formats, mode="plain")
     assert "</think>" in plain[0].text and json.loads(plain[0].text.split("</think>", 1)[1]), plain[0].text
     assert '"name": "get_weather"' in plain[1].text, plain[1].text

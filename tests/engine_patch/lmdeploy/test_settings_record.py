@@ -25,14 +25,14 @@ REPO = Path(__file__).resolve().parents[3]
 def clean_env(monkeypatch):
     for name in ("TOKENRAILS_LMDEPLOY", "TOKENRAILS_LMDEPLOY_BACKEND", "TOKENRAILS_LMDEPLOY_LIMITS",
                  "TOKENRAILS_LMDEPLOY_FILL_THREADS", "TOKENRAILS_REASONING", "TOKENRAILS_TOOL_CALLS",
-                 "TOKENRAILS_GRAMMAR_DRAFTS", "TOKENRAILS_BUDGET"):
+                 "TOKENRAILS_GRAMMAR_DRAFTS", "TOKENRAILS_BUDGET", "TOKENRAILS_LOOKUP_DRAFTS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
 
 
 def test_a_spawned_child_reads_every_setting_the_record_holds(clean_env):
     patch.activate(backend="fsm", limits=GuideLimits(max_enum_values=77), fill_threads=3, reasoning="off",
-                   tool_calls=False, grammar_drafts=2, budget="close")
+                   tool_calls=False, grammar_drafts=2, budget="close", lookup_drafts=False)
     try:
         mine = settings.current()
         with mp.get_context("spawn").Pool(1) as pool:

@@ -262,7 +262,7 @@ def _widen_server_format(p: Patcher) -> None:
 def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
              fill_threads: int | None = None, reasoning: Any = None,
              tool_calls: bool | None = None, grammar_drafts: int | None = None,
-             budget: str | None = None) -> None:
+             budget: str | None = None, lookup_drafts: bool | None = None) -> None:
     """Patch LMDeploy in this process, once. Options apply to managers built afterwards.
 
     Idempotent in every process: a second call only updates the options; a call made while the
@@ -280,6 +280,8 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
     ``budget``: "close" → every constrained request is closed within its ``max_tokens``
     (guided/budget.py) unless it sends ``response_format["tokenrails_budget"]`` itself ("off" opts
     out); "off" → only requests that ask; None → ``$TOKENRAILS_BUDGET`` → off.
+    ``lookup_drafts``: grammar drafts continue past the forced run with prompt-lookup tokens the
+    grammar allows (guided/lookup.py); None → ``$TOKENRAILS_LOOKUP_DRAFTS`` → on.
     """
     global _ACTIVE, _APPLYING
     from .boot import settings
@@ -288,7 +290,8 @@ def activate(*, backend: str | None = None, limits: GuideLimits | None = None,
         if _APPLYING:  # re-entered from the import hook while our own _apply imports LMDeploy
             return
         record = settings.configure(backend=backend, limits=limits, fill_threads=fill_threads, reasoning=reasoning,
-                                    tool_calls=tool_calls, grammar_drafts=grammar_drafts, budget=budget)
+                                    tool_calls=tool_calls, grammar_drafts=grammar_drafts, budget=budget,
+                                    lookup_drafts=lookup_drafts)
         inherit.export(record)  # every child process too
         if _ACTIVE:
             return

@@ -26,6 +26,7 @@ ENV_FILL_THREADS = "TOKENRAILS_LMDEPLOY_FILL_THREADS"
 ENV_TOOL_CALLS = "TOKENRAILS_TOOL_CALLS"
 ENV_DRAFTS = "TOKENRAILS_GRAMMAR_DRAFTS"
 ENV_BUDGET = "TOKENRAILS_BUDGET"
+ENV_LOOKUP = "TOKENRAILS_LOOKUP_DRAFTS"
 BUDGET_VALUES = ("close", "off")
 OFF_VALUES = ("0", "false", "off", "no")
 logger = logging.getLogger("tokenrails.lmdeploy")
@@ -45,6 +46,7 @@ class Settings:
     tool_calls: bool | None = None
     grammar_drafts: int | None = None
     budget: str | None = None
+    lookup_drafts: bool | None = None
 
     def over(self, base: "Settings") -> "Settings":
         """This record's values, ``base``'s where this one has none."""
@@ -58,7 +60,8 @@ class Settings:
                 ENV_FILL_THREADS: None if self.fill_threads is None else str(int(self.fill_threads)),
                 ENV_REASONING: _reasoning_text(self.reasoning),
                 ENV_TOOL_CALLS: None if self.tool_calls is None else "1" if self.tool_calls else "0",
-                ENV_DRAFTS: None if self.grammar_drafts is None else str(int(self.grammar_drafts))}
+                ENV_DRAFTS: None if self.grammar_drafts is None else str(int(self.grammar_drafts)),
+                ENV_LOOKUP: None if self.lookup_drafts is None else "1" if self.lookup_drafts else "0"}
         return {name: value for name, value in text.items() if value is not None}
 
     @classmethod
@@ -68,7 +71,8 @@ class Settings:
         return _parsed(tuple((name, env.get(name) or None) for name in ENV_NAMES))
 
 
-ENV_NAMES = (ENV_BACKEND, ENV_LIMITS, ENV_FILL_THREADS, ENV_REASONING, ENV_TOOL_CALLS, ENV_DRAFTS, ENV_BUDGET)
+ENV_NAMES = (ENV_BACKEND, ENV_LIMITS, ENV_FILL_THREADS, ENV_REASONING, ENV_TOOL_CALLS, ENV_DRAFTS, ENV_BUDGET,
+             ENV_LOOKUP)
 _ACTIVATED = Settings()  # activate()'s arguments in this process
 
 
@@ -94,10 +98,12 @@ def _parsed(raw: tuple[tuple[str, str | None], ...]) -> Settings:
     except (TypeError, ValueError) as exc:
         raise RuntimeError(f"tokenrails: {ENV_LIMITS} or {ENV_FILL_THREADS} is malformed: {exc}") from exc
     tool_calls = text[ENV_TOOL_CALLS]
+    lookup = text[ENV_LOOKUP]
     return Settings(backend=text[ENV_BACKEND], limits=limits, fill_threads=threads if threads and threads > 0 else None,
                     reasoning=text[ENV_REASONING], budget=check_budget(text[ENV_BUDGET], ENV_BUDGET),
                     tool_calls=None if tool_calls is None else tool_calls.strip().lower() not in OFF_VALUES,
-                    grammar_drafts=None if drafts is None else int(drafts))
+                    grammar_drafts=None if drafts is None else int(drafts),
+                    lookup_drafts=None if lookup is None else lookup.strip().lower() not in OFF_VALUES)
 
 
 def configure(**options: Any) -> Settings:
@@ -134,6 +140,12 @@ def check_budget(value: Any, where: str) -> str | None:
     if value is None or value in BUDGET_VALUES:
         return value
     raise ValueError(f"{where} must be \"close\" or \"off\", got {value!r}")
+
+
+def lookup_drafts() -> bool:
+    """Whether grammar drafts continue with prompt-lookup tokens (``activate(lookup_drafts=)``,
+    ``$TOKENRAILS_LOOKUP_DRAFTS``; on unless set off)."""
+    return current().lookup_drafts is not False
 
 
 def budget_default() -> str | None:

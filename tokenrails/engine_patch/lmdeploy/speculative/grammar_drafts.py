@@ -4,7 +4,9 @@ A guided row's next tokens are often fixed by its grammar (braces, quotes, key n
 ``GrammarProposer`` is registered in LMDeploy 0.18's own proposer registry (``SPEC_PROPOSERS``)
 under ``METHOD``; with ``SpeculativeConfig(method=METHOD, num_speculative_tokens=k)`` every
 step proposes, per guided row, the tokens ``guided.forced.forced_tokens`` finds from the row's
-current matcher state (peek only). LMDeploy verifies them as any draft: one target forward over
+current matcher state (peek only), continued (``settings.lookup_drafts()``, on by default) with
+prompt-lookup tokens the grammar allows (``guided.lookup``: what followed the row's last tokens in
+its prompt and output). LMDeploy verifies them as any draft: one target forward over
 the row's ``1 + k`` positions, the grammar's masks on every position (``spec_helper.py``), its own
 rejection sampler, untouched. So the output is that of plain guided decoding: greedy token for
 token, sampled in distribution (a draft is accepted with the target's probability of it, which
@@ -112,9 +114,9 @@ def _encoder(tokenizer: Any) -> Callable[[str], Sequence[int]] | None:
 def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fillers: list[int],
                 num_drafts: int, *, guesses: dict | None = None, report: "_PlanReport | None" = None,
                 handles: dict | None = None) -> tuple[list[list[int]], list[int], list[int]]:
-    """Per row: ``num_drafts`` draft ids (forced tokens, then the row's filler: ``PAD`` in the
-    engine, which verifies no position for it), and how many are grammar drafts and how many
-    come from one-token masks. Rows not guided, failed, thinking or with nothing forced get
+    """Per row: ``num_drafts`` draft ids (forced tokens, lookup tokens, then the row's filler:
+    ``PAD`` in the engine, which verifies no position for it), and how many are grammar drafts and
+    how many come from one-token masks. Rows not guided, failed, thinking or with nothing forced get
     fillers only. Every matcher is left where it was.
 
     ``guesses`` (``draft_ahead``): runs computed beside the previous forward, used for a row only
@@ -136,6 +138,8 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
     words = (core.vocab.vocab_size + 31) // 32
     buf = _mask_buffer(words)
     guesses = guesses or {}
+    lookup = settings.lookup_drafts()
+    take_prompt = getattr(owner, "take_prompt", None)
     for idx, h in handles.items():
         if idx >= batch or h.error is not None:
             continue
@@ -147,11 +151,14 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
             key = (row.session_id, row.seq_id)
             guess = guesses.get(key)
             run = core.guessed_run(row, guess) if guess is not None else None
+            prompt: Any = lookup and (True if take_prompt is None else functools.partial(take_prompt, key))
             if run is not None:
                 if report is not None:
                     report.guessed += 1
+                if prompt and len(run) < num_drafts:
+                    run = core.lookup_after(row, run, num_drafts, encode=encode, bitmask=buf, prompt=prompt)
             else:  # under the step lock; the verification reuses the masks the run saw
-                run = core.forced_tokens(row, num_drafts, encode=encode, bitmask=buf, propose=True)
+                run = core.forced_tokens(row, num_drafts, encode=encode, bitmask=buf, propose=True, lookup=prompt)
                 if report is not None:
                     report.inline += 1
                     report.missed += guess is not None
@@ -278,8 +285,8 @@ def _proposer_class():
         def __init__(self, specdecode_config: Any, device: Any = None):
             super().__init__(specdecode_config, device=device)
             self._last: dict[Hashable, tuple[int, int]] = {}  # the previous step's (drafted, forced) by row key
-            logger.warning("tokenrails: grammar drafts on: up to %d forced tokens drafted per guided row and "
-                           "step, no draft model", self.num_speculative_tokens)
+            logger.warning("tokenrails: grammar drafts on: up to %d forced (then lookup) tokens drafted per guided "
+                           "row and step, no draft model", self.num_speculative_tokens)
 
         def build_model(self, empty_init: bool, target_model: torch.nn.Module = None, build_model_ctx=None):
             self.target_model = target_model  # nothing to build

@@ -88,6 +88,9 @@ class LMDeployGuidedManager(StockCalls):
         # rounds that failed: LMDeploy stops a failed row a step late, and every filler and
         # proposer must see it failed then (lmdeploy_step.py), never fill or propose it again
         self._failed: "OrderedDict[tuple[Hashable, Hashable], GuideError]" = OrderedDict()
+        # rounds' prompt ids, seen with the round's first row, until the grammar proposer indexes
+        # them for lookup drafts (``take_prompt``) or the round ends
+        self._prompts: dict[tuple[Hashable, Hashable], Any] = {}
         self.view = RankView(MappingProxyType(self._rounds), MappingProxyType(self._begun),
                              MappingProxyType(self._failed))
         self._reasoning_default = default_setting(settings.reasoning_default())  # fixed per manager
@@ -189,6 +192,7 @@ class LMDeployGuidedManager(StockCalls):
             if prev is not None:
                 self._begun.pop((session_id, prev), None)
                 self._failed.pop((session_id, prev), None)
+                self._prompts.pop((session_id, prev), None)
         if prev is not None and self._mgr is not None:
             self._mgr.end_session_soon(session_id, prev)
 
@@ -253,9 +257,17 @@ class LMDeployGuidedManager(StockCalls):
             mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids,
                                max_tokens=row.max_tokens)
         prepared = GuidedRow(row.session_id, row.seq_id, row.spec, reasoning=cfg, max_tokens=row.max_tokens)
+        prompt = getattr(row, "prompt", None)
         with self._books:
             self._begun[key] = prepared
+            if prompt is not None and settings.lookup_drafts():
+                self._prompts[key] = prompt
         return prepared
+
+    def take_prompt(self, key: tuple[Hashable, Hashable]) -> Any:
+        """The round's prompt ids (once: the caller indexes them), None when not seen."""
+        with self._books:
+            return self._prompts.pop(key, None)
 
     def prepare_rows(self, rows: list[Any]) -> list[Any]:
         return [self.prepare_row(r) for r in rows]
@@ -271,7 +283,7 @@ class LMDeployGuidedManager(StockCalls):
     # ---- LMDeploy's clean-up calls ---------------------------------------------------------
     def end_session(self, session_id: Hashable) -> None:
         with self._books:
-            for book in (self._rounds, self._begun, self._failed):
+            for book in (self._rounds, self._begun, self._failed, self._prompts):
                 for ident in [k for k in book if k[0] == session_id]:
                     del book[ident]
         if self._mgr is not None:
@@ -291,6 +303,7 @@ class LMDeployGuidedManager(StockCalls):
             self._rounds.clear()
             self._begun.clear()
             self._failed.clear()
+            self._prompts.clear()
         if self._mgr is not None:
             for session_id in sessions:
                 self._mgr.end_session_soon(session_id)
