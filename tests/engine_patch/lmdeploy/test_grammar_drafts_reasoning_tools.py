@@ -128,8 +128,9 @@ def _run(model_dir, formats, *, mode: str, draft_dir=None):
     activate(grammar_drafts=K if mode == "grammar" else 0)
     try:
         config = SpeculativeConfig(method="eagle", model=draft_dir, num_speculative_tokens=K) if mode == "eagle" else None
-        pipe = pipeline(model_dir, backend_config=cpu_engine_config(max_batch_size=4, session_len=1024),
-                        speculative_config=config)
+        cfg = cpu_engine_config(max_batch_size=4, session_len=1024)
+        cfg.dtype = "float32"  # one dtype for every configuration, float32 (see test_grammar_drafts.FLOAT32)
+        pipe = pipeline(model_dir, backend_config=cfg, speculative_config=config)
         try:
             return pipe([[{"role": "user", "content": p}] for p in PROMPTS],
                         gen_config=[GenerationConfig(max_new_tokens=60, top_k=1, response_format=rf) for rf in formats])
@@ -160,10 +161,10 @@ def _has_forced(text: str, piece: str, spans) -> bool:
 def test_thinking_rows_draft_nothing_until_think_ends_and_tool_calls_get_forced_drafts(
         model_dir, draft_dir, tokenizer, mode, monkeypatch):
     formats = _formats(tokenizer)
-    # forced drafts only: the recorder reads every proposal as forced, and lookup drafts (verified in
-    # longer multi-position forwards) may flip a half-precision near-tie between digits here, the
-    # greedy identity's documented bound (tests/guided/test_lookup.py: no lookup while thinking;
-    # test_grammar_drafts.py: lookup drafts token for token in float32)
+    # forced drafts only: the recorder reads every proposal as forced (tests/guided/test_lookup.py:
+    # no lookup while thinking; test_grammar_drafts.py: lookup drafts token for token). Float32: in
+    # float16 a multi-position forward may flip a near-tie between digits here (the greedy
+    # identity's documented bound), as it did when the CPU rotary stopped going through torch.compile
     monkeypatch.setenv("TOKENRAILS_LOOKUP_DRAFTS", "0")
     plain = _run(model_dir, formats, mode="plain")
     assert "</think>" in plain[0].text and json.loads(plain[0].text.split("</think>", 1)[1]), plain[0].text
