@@ -86,14 +86,19 @@ def encode(smollm2_tokenizer):
     return lambda text: smollm2_tokenizer.encode(text, add_special_tokens=False)
 
 
-def test_values_are_drafted_from_the_prompt_and_the_matcher_is_left_unchanged(vocab, encode, smollm2_tokenizer):
-    guide = compile_guide(GuideSpec.json_schema(json.dumps(PERSON), any_whitespace=False), vocab)
-    prompt = encode('Extract: {"name": "Ada Lovelace", "city": "London", "age": 36}\nJSON:')
-    m = guide.matcher()
-    index = LookupIndex(prompt, vocab.token_bytes)
-    for tok in encode('{"name": "'):
+def _written(spec, vocab, encode, prompt: str, written: str):
+    """A matcher and a lookup index (over ``prompt``) that have both taken ``written``."""
+    m = compile_guide(spec, vocab).matcher()
+    index = LookupIndex(encode(prompt), vocab.token_bytes)
+    for tok in encode(written):
         assert m.accept_token(tok)
         index.append(tok)
+    return m, index
+
+
+def test_values_are_drafted_from_the_prompt_and_the_matcher_is_left_unchanged(vocab, encode, smollm2_tokenizer):
+    m, index = _written(GuideSpec.json_schema(json.dumps(PERSON), any_whitespace=False), vocab, encode,
+                        'Extract: {"name": "Ada Lovelace", "city": "London", "age": 36}\nJSON:', '{"name": "')
     before = _state(m, vocab)
     forced_only = forced_tokens(m, 8, encode=encode)
     run = _run(m, 8, index, encode)
@@ -106,13 +111,7 @@ def test_values_are_drafted_from_the_prompt_and_the_matcher_is_left_unchanged(vo
 
 
 def test_a_refused_lookup_token_ends_the_draft(vocab, encode):
-    guide = compile_guide(GuideSpec.regex(r"[a-z]+ [a-z]+"), vocab)
-    prompt = encode("hello world again hello world 42 x")
-    m = guide.matcher()
-    index = LookupIndex(prompt, vocab.token_bytes)
-    for tok in encode("hello"):
-        assert m.accept_token(tok)
-        index.append(tok)
+    m, index = _written(GuideSpec.regex(r"[a-z]+ [a-z]+"), vocab, encode, "hello world again hello world 42 x", "hello")
     run = _run(m, 6, index, encode)
     follow = index.follow(index.tokens[-2:], 6)  # what the lookup names: " world", " 42", ...
     assert len(follow) > len(run.tokens) >= 1
