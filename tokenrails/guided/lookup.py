@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Collection, Sequence
 import numpy as np
 import torch
 
+from .bitmask import allowed
 from .forced import ForcedRun, SeenMask, forced_tokens
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ def continue_run(matcher: "Matcher | ReasoningPhase", out: list[int], masks: lis
             return
         guess = index.follow(tail + out, max_tokens - len(out))
     seen = masks[len(out)] if guess else None
-    if isinstance(seen, np.ndarray) and not _allowed(seen, guess[0]):
+    if isinstance(seen, np.ndarray) and not (0 <= guess[0] < seen.shape[0] * 32 and allowed(seen, guess[0])):
         return  # the mask the forced rule filled here refuses it: no matcher call
     while guess:
         took = 0
@@ -218,11 +219,6 @@ def extend_run(
         return run
     single = sum(isinstance(masks[j], int) for j in range(len(out)))
     return ForcedRun(tuple(out), single, tuple(masks[:len(out) + 1]))
-
-
-def _allowed(row: np.ndarray, tok: int) -> bool:
-    word = tok >> 5
-    return 0 <= word < row.shape[0] and bool((int(row[word]) >> (tok & 31)) & 1)
 
 
 def _extend_last(matcher: "Matcher | ReasoningPhase", index: LookupIndex, tail: list[int], out: list[int],

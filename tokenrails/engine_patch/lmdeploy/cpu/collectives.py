@@ -48,9 +48,9 @@ def _shm_dir() -> str:
 
 
 class ShmAllReduce:
-    """One group's shared buffer and pipes; built collectively by every rank of ``group``."""
+    """One group's shared buffer and pipes; built collectively by every rank of the group (``_build``)."""
 
-    def __init__(self, group: Any, rank: int, world: int, base: str) -> None:
+    def __init__(self, rank: int, world: int, base: str) -> None:
         self.rank, self.world = rank, world
         self._base = base
         self._inbox: dict[int, int] = {}
@@ -174,7 +174,7 @@ def _build(group: Any) -> ShmAllReduce | None:
         return None
     name = [f"{_shm_dir()}/tokenrails-allreduce-{os.getpid()}-{time.monotonic_ns()}"]
     dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0), group=group)
-    comm = ShmAllReduce(group, rank, world, name[0])
+    comm = ShmAllReduce(rank, world, name[0])
     ok = True
     try:
         comm.create()

@@ -251,13 +251,12 @@ class LMDeployGuidedManager(StockCalls):
             hit = self._begun.get(key)
         if hit is not None and hit.spec.key == row.spec.key:
             return hit
+        prompt = getattr(row, "prompt", None)
         if cfg is not None:
-            prompt = getattr(row, "prompt", None)
             ids = prompt_for_reading(prompt, cfg) if prompt is not None else None
             mgr.begin_sequence(row.session_id, row.seq_id, row.spec, reasoning=cfg, prompt_token_ids=ids,
                                max_tokens=row.max_tokens)
         prepared = GuidedRow(row.session_id, row.seq_id, row.spec, reasoning=cfg, max_tokens=row.max_tokens)
-        prompt = getattr(row, "prompt", None)
         with self._books:
             self._begun[key] = prepared
             if prompt is not None and settings.lookup_drafts():
