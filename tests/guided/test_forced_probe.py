@@ -159,3 +159,60 @@ def test_a_grammar_naming_a_token_id_keeps_its_one_token_masks(vocab, smollm2_to
     run = forced.forced_tokens(m, 4, encode=encode)
     assert run.tokens[:1] == (hello,) and run.single >= 1
     assert smollm2_tokenizer.decode(list(run.tokens)) == "hello world"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["tool json", "json", "tool tag", "regex"])
+def test_every_mask_a_run_reports_is_the_mask_there(vocab, smollm2_tokenizer, backend, name):
+    """A verifier uses the masks a run reports instead of filling them (a token id: that token
+    alone is allowed; a row: exactly those bits). Each equals the mask a fill gives at that
+    position, wherever the run learned it (a fill, or llguidance's forced tokens, which fill none)."""
+    guide = _guide(SPECS[name], vocab, backend)
+    encode = lambda text: smollm2_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    bm = allocate_token_bitmask(1, vocab.vocab_size)
+    rnd = random.Random(name + backend)
+    reported = 0
+    for seed in range(4):
+        m = guide.matcher()
+        for _ in range(40):
+            run = forced.forced_tokens(m, 6, encode=encode, bitmask=allocate_token_bitmask(1, vocab.vocab_size))
+            walked = 0
+            for j, seen in enumerate(run.masks):
+                if seen is not None:
+                    m.fill_next_token_bitmask(bm, 0)
+                    ids = allowed_ids(bm[0], vocab.vocab_size).tolist()
+                    if isinstance(seen, int):
+                        assert ids == [seen], (name, backend, j)
+                    else:
+                        assert (seen == bm[0].numpy()).all(), (name, backend, j)
+                    reported += 1
+                if j < len(run.tokens):
+                    assert m.accept_token(run.tokens[j])
+                    walked += 1
+            if walked:
+                m.rollback(walked)
+            if m.is_terminated() or not m.fill_next_token_bitmask(bm, 0):
+                break
+            ids = [t for t in allowed_ids(bm[0], vocab.vocab_size).tolist() if t not in vocab.eos_ids]
+            if not ids:
+                break
+            assert m.accept_token(rnd.choice(ids))
+    assert reported >= 5
+
+
+def test_llguidance_forced_tokens_need_no_fill(vocab, smollm2_tokenizer, monkeypatch):
+    """llguidance forces a forced text as its canonical tokens, and names them in one call: a run
+    through them fills no mask, where asking position by position filled one per token."""
+    guide = _guide(SPECS["tool json"], vocab, "llguidance")
+    encode = lambda text: smollm2_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    m = guide.matcher()
+    want = _fill_first(m, vocab, 6, encode)
+    counter = _CountFills(m, monkeypatch)
+    run = forced.forced_tokens(m, 6, encode=encode)
+    assert (run.tokens, run.single) == want and len(run.tokens) == 6
+    assert counter.n == 0
+    assert smollm2_tokenizer.decode(list(run.tokens)).startswith('{"name": "get')
+    monkeypatch.setattr(type(m), "forced_token_ids", lambda self, n: None)  # the backend cannot say
+    counter.n = 0
+    assert forced.forced_tokens(m, 6, encode=encode).tokens == run.tokens
+    assert counter.n == 6

@@ -51,6 +51,13 @@ class Matcher(ABC):
     def find_jump_forward_string(self) -> str:
         """The text every valid continuation starts with ('' when there is a choice)."""
 
+    def forced_token_ids(self, max_tokens: int) -> Sequence[int] | None:
+        """The tokens forced one by one from here, each the only token its position's mask allows,
+        at most ``max_tokens``, when the backend knows them without filling masks (llguidance
+        forces a forced text's canonical tokenization); [] when the next position forces no one
+        token. None: this backend cannot say, the caller fills and sees. This default says None."""
+        return None
+
     def jump_forward_probe(self) -> str | None:
         """What a caller needs to skip mask fills (``forced.forced_tokens``), or None: fill and see.
 

@@ -718,6 +718,10 @@ class ReasoningPhase:
         grammar = self.handed_over()  # nothing is forced in the gap: the model may write whitespace
         return grammar.find_jump_forward_string() if grammar is not None else ""
 
+    def forced_token_ids(self, max_tokens: int) -> Sequence[int] | None:
+        grammar = self.handed_over()
+        return grammar.forced_token_ids(max_tokens) if grammar is not None else None
+
     def jump_forward_probe(self) -> str | None:
         grammar = self.handed_over()
         return grammar.jump_forward_probe() if grammar is not None else None

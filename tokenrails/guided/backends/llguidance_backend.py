@@ -344,6 +344,12 @@ class LLGuidanceMatcher(Matcher):
             return ""
         return whole_utf8_prefix(self._m.compute_ff_bytes())  # only whole UTF-8 characters
 
+    def forced_token_ids(self, max_tokens: int) -> Sequence[int] | None:
+        if self._terminated or self._m.is_error():
+            return None  # the fill decides (EOS only)
+        # llguidance forces forced bytes as their canonical tokens: its mask allows each alone
+        return self._m.compute_ff_tokens()[:max(max_tokens, 0)]
+
     def jump_forward_probe(self) -> str | None:
         if self._terminated or self._m.is_error():
             return None  # the fill decides (EOS only)
