@@ -81,7 +81,8 @@ NOTHING = ForcedRun()
 # Bytes whose one-byte token a vocabulary may lack (SmolLM2's does): ASCII controls other than tab,
 # newline and carriage return, bytes UTF-8 never uses, lead bytes of the unassigned planes 4-11.
 _OPTIONAL_BYTES = frozenset([*range(0x20), 0x7F, 0xC0, 0xC1, 0xF1, 0xF2, *range(0xF5, 0x100)]) - {9, 10, 13}
-_BYTE_TOKENS = "forced:byte_tokens"  # the vocabulary's memo key
+_BYTE_TOKENS = "forced:byte_tokens"  # the vocabulary's memo keys
+_STOPS = "forced:stops"
 
 
 def _byte_tokens(vocab: "Vocabulary") -> tuple[frozenset[int], bool]:
@@ -107,6 +108,14 @@ def _two_allowed(vocab: "Vocabulary", byte_tokens: frozenset[int], text: str, to
         return False
     data = vocab.token_bytes[first]
     return len(data) > 1 and text.encode().startswith(data) and data[0] in byte_tokens
+
+
+def _stop_set(vocab: "Vocabulary", stop_ids: Collection[int]) -> frozenset[int]:
+    """EOS and ``stop_ids``; the vocabulary's own set when there are no others (asked per row and step)."""
+    eos = vocab.backend_cache.get(_STOPS)
+    if eos is None:
+        eos = vocab.cached(_STOPS, lambda: frozenset(int(t) for t in vocab.eos_ids))
+    return eos.union(int(t) for t in stop_ids) if stop_ids else eos
 
 
 def single_allowed_token(row: torch.Tensor | np.ndarray, vocab_size: int) -> int | None:
@@ -158,8 +167,8 @@ def forced_tokens(
     if bitmask is None or bitmask.dim() != 2 or bitmask.shape[1] < words:
         bitmask = torch.empty((1, words), dtype=torch.int32)
     on_host = bitmask.is_cpu
-    stops = set(vocab.eos_ids).union(int(t) for t in stop_ids)
-    row = bitmask[0, :words].numpy() if on_host else bitmask[0]  # one view for every read below
+    stops = _stop_set(vocab, stop_ids)
+    row: np.ndarray | torch.Tensor | None = None  # the buffer's view, made at the first fill (most runs fill none)
     out: list[int] = []
     masks: list[SeenMask] = []
     single = 0
@@ -193,6 +202,8 @@ def forced_tokens(
                 masks.append(None)  # no one-token mask here: the string is taken without a fill
             else:
                 constrained = matcher.fill_next_token_bitmask(bitmask, 0)
+                if row is None:
+                    row = bitmask[0, :words].numpy() if on_host else bitmask[0]
                 tok = single_allowed_token(row, vocab_size) if constrained else None
                 if tok is not None:
                     if tok in stops:
