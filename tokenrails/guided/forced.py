@@ -35,6 +35,7 @@ Stop tokens (EOS) are never returned: ending a request is left to a real decodin
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Collection, Sequence, Union
 
@@ -108,6 +109,22 @@ def _two_allowed(vocab: "Vocabulary", byte_tokens: frozenset[int], text: str, to
         return False
     data = vocab.token_bytes[first]
     return len(data) > 1 and text.encode().startswith(data) and data[0] in byte_tokens
+
+
+_VIEWS: dict[int, tuple["weakref.ref[torch.Tensor]", np.ndarray]] = {}
+
+
+def _host_row(bitmask: torch.Tensor, words: int) -> np.ndarray:
+    """Row 0 of a host buffer as numpy, memoised per buffer (callers pass the same buffer every
+    step, and slicing a tensor costs more than the fill it serves); a few buffers at most."""
+    known = _VIEWS.get(id(bitmask))
+    if known is not None and known[0]() is bitmask and known[1].shape[0] == words:
+        return known[1]
+    view = bitmask[0, :words].numpy()
+    if len(_VIEWS) >= 64:
+        _VIEWS.clear()
+    _VIEWS[id(bitmask)] = (weakref.ref(bitmask), view)
+    return view
 
 
 def _stop_set(vocab: "Vocabulary", stop_ids: Collection[int]) -> frozenset[int]:
@@ -203,7 +220,7 @@ def forced_tokens(
             else:
                 constrained = matcher.fill_next_token_bitmask(bitmask, 0)
                 if row is None:
-                    row = bitmask[0, :words].numpy() if on_host else bitmask[0]
+                    row = _host_row(bitmask, words) if on_host else bitmask[0]
                 tok = single_allowed_token(row, vocab_size) if constrained else None
                 if tok is not None:
                     if tok in stops:

@@ -124,8 +124,10 @@ class LookupIndex:
         n tokens (n from ``ORDERS``, longest first); empty when none occurred."""
         if max_tokens <= 0 or not tail:
             return []
-        key = tuple(tail[-ORDERS[0]:])
         maps = self._maps
+        if tail[-1] not in maps[1]:
+            return []  # the last token never had a follower: no longer n-gram ending in it did either
+        key = tuple(tail[-ORDERS[0]:])
         for n in ORDERS:
             if len(key) >= n:
                 at = maps[n].get(key[-1] if n == 1 else key[-n:] if n < len(key) else key)
