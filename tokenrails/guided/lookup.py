@@ -22,13 +22,13 @@ import numpy as np
 import torch
 
 from .bitmask import allowed
-from .forced import ForcedRun, SeenMask, forced_tokens
+from .forced import SeenMask, forced_tokens
 
 if TYPE_CHECKING:
     from .backend import Matcher
     from .reasoning import ReasoningPhase
 
-__all__ = ["LookupIndex", "MAX_TOKENS", "ORDERS", "continue_run", "extend_run"]
+__all__ = ["LookupIndex", "MAX_TOKENS", "ORDERS", "continue_run"]
 
 ORDERS = (3, 2, 1)  # n-gram lengths tried, longest first (a longer match predicts better)
 MAX_TOKENS = 8192  # tokens an index keeps at most (prompt tail + output)
@@ -138,7 +138,8 @@ class LookupIndex:
 
 def continue_run(matcher: "Matcher | ReasoningPhase", out: list[int], masks: list[SeenMask], *, index: LookupIndex,
                  max_tokens: int, encode: Callable[[str], Sequence[int]] | None = None,
-                 stop_ids: Collection[int] = (), bitmask: torch.Tensor | None = None) -> None:
+                 stop_ids: Collection[int] = (), bitmask: torch.Tensor | None = None,
+                 lead: Sequence[int] = ()) -> None:
     """Continue the drafted run ``out`` (walked on ``matcher``; ``masks``: one entry per position up
     to its end) with lookup tokens, up to ``max_tokens`` in all: appended to ``out`` (walked too, the
     caller rolls everything back) with None in ``masks`` (the verifier fills those positions).
@@ -146,11 +147,14 @@ def continue_run(matcher: "Matcher | ReasoningPhase", out: list[int], masks: lis
     A run ending in a forced string's last token that a longer allowed token extends (a key's
     closing ``"``, which the model writes as ``":``) takes the lookup's token there instead when
     the lookup names such a token. A forced stretch after looked-up tokens is taken by the forced
-    rule, with the masks it saw. No matcher work at all when the lookup names nothing."""
+    rule, with the masks it saw. No matcher work at all when the lookup names nothing.
+
+    ``lead``: tokens the matcher stands after that the index has not seen yet (a guess made ahead
+    assumes the drafts being verified and a bonus); the lookup reads them as the sequence's end."""
     n = len(out)
     if n >= max_tokens:
         return
-    tail = index.tokens[-ORDERS[0]:]
+    tail = index.tokens[-ORDERS[0]:] + list(lead[-ORDERS[0]:]) if lead else index.tokens[-ORDERS[0]:]
     swap = n and not isinstance(masks[n - 1], int)  # the run ends inside a forced string
     guess = index.follow(tail + out if out else tail, max_tokens - n)
     if not guess and not swap:
@@ -185,42 +189,6 @@ def continue_run(matcher: "Matcher | ReasoningPhase", out: list[int], masks: lis
                 masks.append(more.masks[j + 1] if j + 1 < len(more.masks) else None)
         # else: the looked-up stretch ended at the history's end: look up again from here
         guess = index.follow(tail + out, max_tokens - len(out))
-
-
-def extend_run(
-    matcher: "Matcher | ReasoningPhase",
-    run: ForcedRun,
-    index: LookupIndex,
-    max_tokens: int,
-    *,
-    encode: Callable[[str], Sequence[int]] | None = None,
-    stop_ids: Collection[int] = (),
-    bitmask: torch.Tensor | None = None,
-) -> ForcedRun:
-    """``run`` (the forced run from ``matcher``'s state, made earlier) continued by ``continue_run``;
-    state unchanged. The proposer continues a run as ``forced_tokens(then=...)`` makes it, without
-    this second walk; this is for a run it did not make now (one guessed beside the forward)."""
-    if len(run) >= max_tokens or matcher.is_terminated():
-        return run
-    out = list(run.tokens)
-    n = len(out)
-    masks: list[SeenMask] = list(run.masks[:n + 1]) + [None] * (n + 1 - len(run.masks[:n + 1]))
-    walked = 0
-    try:
-        for tok in out:
-            if not matcher.accept_token(tok):
-                return run
-            walked += 1
-        continue_run(matcher, out, masks, index=index, max_tokens=max_tokens, encode=encode, stop_ids=stop_ids,
-                     bitmask=bitmask)
-    finally:
-        walked = len(out) if walked == n else walked  # continue_run walks exactly what it appends
-        if walked:
-            matcher.rollback(walked)
-    if len(out) == n and out == list(run.tokens):
-        return run
-    single = sum(isinstance(masks[j], int) for j in range(len(out)))
-    return ForcedRun(tuple(out), single, tuple(masks[:len(out) + 1]))
 
 
 def _extend_last(matcher: "Matcher | ReasoningPhase", index: LookupIndex, tail: list[int], out: list[int],

@@ -24,11 +24,12 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
+import numpy as np
 import torch
 
 from .backend import CompiledGuide, Matcher
 from .batch_step import BatchedGuidedStep, FilledMask
-from .bitmask import MaskBuffer
+from .bitmask import MaskBuffer, allowed
 from .compile_cache import CompileCache
 from .compile_pool import CompilePool
 from .compile_store import CompileStore
@@ -36,7 +37,7 @@ from .compile_procs import PORTABLE_BACKENDS, PROCESS_MIN_COST, ProcessCompiler,
 from .compile_timeouts import TimeoutBook, Waiters, deadline_of, overdue_error
 from .errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuideError, detached_copy
 from .forced import NOTHING, ForcedRun, forced_tokens
-from .lookup import LookupIndex, continue_run, extend_run
+from .lookup import LookupIndex, continue_run
 from .gc_pause import gc_paused
 from .jump_forward import JumpForward, compute_jump_forward, text_encoder
 from .limits import DEFAULT_LIMITS, GuideLimits
@@ -56,6 +57,9 @@ __all__ = [
 ]
 
 
+BONUS_CANDIDATES = 4  # ``forced_after``: a bonus position allowing at most this many tokens is guessed for each
+# a guess made ahead: (the state's (tokens, len(history)) once ``expected`` is accepted, expected, the run from there)
+Guess = tuple[tuple[int, int], tuple[int, ...], ForcedRun]
 _LOOKUP = "lookup"  # SequenceState.extra: the row's LookupIndex (prompt + output), made at its first lookup
 STORE_MIN_SECONDS = 0.05  # compiles cheaper than a disk read and restore are not kept on disk
 
@@ -181,6 +185,7 @@ class GuidedDecodingManager:
         self.counters["rejections"] = 0
         self._row_ctx = RowContext(vocab.eos_ids, self.limits.max_fill_seconds, self.counters)
         self._buffer = MaskBuffer(vocab.vocab_size, device)
+        self._guess_buf: torch.Tensor | None = None  # forced_after's own mask row
         self.step = BatchedGuidedStep(
             self._row_ctx, self._buffer, fill_threads=fill_threads, parallel_fill_threshold=parallel_fill_threshold,
         )
@@ -644,27 +649,6 @@ class GuidedDecodingManager:
             note_proposal(st, run)
         return run
 
-    @_serialized
-    def lookup_after(
-        self, row: GuidedRow, run: ForcedRun, max_tokens: int, *,
-        encode: Callable[[str], Sequence[int]] | None = None, bitmask: torch.Tensor | None = None,
-        prompt: Callable[[], Sequence[int] | None] | bool = True,
-    ) -> ForcedRun:
-        """``run`` (the row's forced run from where it stands, made earlier: a guess) continued with
-        prompt-lookup tokens the grammar allows (``lookup.extend_run``), proposed in its place
-        (``note_proposal``); ``prompt`` as ``forced_tokens``' ``lookup``. State unchanged."""
-        st = self._existing(row)
-        if st is None or st.error is not None or not st.answering or len(run) >= max_tokens:
-            return run
-        matcher = st.resolve()
-        if matcher is None:
-            return run
-        index = _lookup_index(st, self.vocab, prompt)
-        longer = extend_run(matcher, run, index, max_tokens, encode=encode, bitmask=bitmask)
-        if longer is not run:
-            note_proposal(st, longer)
-        return longer
-
     def _existing(self, row: GuidedRow) -> SequenceState | None:
         """The row's state if it exists for the row's spec (never begins one)."""
         st = self._seqs.get((row.session_id, row.seq_id))
@@ -674,46 +658,97 @@ class GuidedDecodingManager:
     def forced_after(
         self, row: GuidedRow, walk: Sequence[int], max_tokens: int, *,
         encode: Callable[[str], Sequence[int]] | None = None, bitmask: torch.Tensor | None = None,
-    ) -> tuple[tuple[int, int], tuple[int, ...], ForcedRun] | None:
-        """A guess made ahead, for a proposer that runs beside the forward: as if ``walk`` (the drafts
-        being verified) and then the token the grammar forces after it (the bonus) were accepted, the
-        forced run from there (``forced_tokens``). Returns ``(version, expected, run)``: the state's
-        ``(tokens, len(history))`` once exactly ``expected`` (walk + bonus) is accepted, to check the
-        guess later (``guessed_run``). None when nothing is forced after the walk or the grammar
-        refuses it. State unchanged; a sequence that has ended (or not begun) gets None."""
+        lookup: bool = False, candidates: int = BONUS_CANDIDATES,
+    ) -> list[Guess]:
+        """Guesses made ahead, for a proposer that runs beside the forward: as if ``walk`` (the
+        drafts being verified) and then a bonus token were accepted, the run the proposer would
+        draft from there (``forced_tokens``; continued with lookup tokens when ``lookup`` and the
+        row has a lookup index). One guess per bonus candidate: the token the grammar forces
+        there; else each token the mask there allows when it allows at most ``candidates``, and
+        the token the lookup names. Each guess is ``(version, expected, run)``: the state's
+        ``(tokens, len(history))`` once exactly ``expected`` (walk + bonus) is accepted, to check it
+        later (``guessed_run``). State unchanged; a sequence that has ended (or not begun), a walk
+        the grammar refuses, or no candidate: no guesses."""
         st = self._existing(row)
         if st is None or st.error is not None or not st.answering:
-            return None
+            return []
+        index = st.extra.get(_LOOKUP) if lookup else None
+        if lookup and index is None:
+            return []  # the row's first proposal (inline) makes its index
+        if index is not None and index.synced != len(st.history):
+            index.sync(st.history)
         look = Lookahead(st)
         try:
-            if not all(look.advance(int(t)) for t in walk) or not st.answering:
-                return None
-            matcher = st.resolve()
-            if matcher is None:
-                return None
-            bonus = forced_tokens(matcher, 1, encode=encode, bitmask=bitmask)
-            if not bonus.tokens or not look.advance(bonus.tokens[0]) or not st.answering:
-                return None
-            run = forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask)
-            expected = tuple(int(t) for t in walk) + bonus.tokens[:1]
-            return (st.tokens + len(expected), len(st.history) + len(expected)), expected, run
+            if not all(look.advance(int(t)) for t in walk) or not st.answering or look.terminated():
+                return []
+            lead = [int(t) for t in walk]
+            guesses: list[Guess] = []
+            for bonus in self._bonus_candidates(st, index, lead, encode, bitmask, candidates):
+                if not look.advance(bonus):
+                    continue
+                matcher = st.resolve() if st.answering else None
+                if matcher is not None:
+                    then = None if index is None else functools.partial(
+                        continue_run, index=index, lead=lead + [bonus], max_tokens=max_tokens, encode=encode,
+                        bitmask=bitmask)
+                    run = forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask, then=then)
+                    expected = (*lead, bonus)
+                    guesses.append(((st.tokens + len(expected), len(st.history) + len(expected)), expected, run))
+                look.back()
+            return guesses
         finally:
             look.restore()
 
+    def _bonus_candidates(self, st: SequenceState, index: LookupIndex | None, lead: list[int],
+                          encode: Callable[[str], Sequence[int]] | None, bitmask: torch.Tensor | None,
+                          candidates: int) -> list[int]:
+        """The bonus tokens ``forced_after`` guesses for, where the row's matcher stands (after the
+        walk). The grammar's own mask, never the row's ``fill``: a guess must not end the row (a
+        budget counting hypothetical tokens) nor count as its work."""
+        matcher = st.resolve()
+        if matcher is None:
+            return []
+        forced = forced_tokens(matcher, 1, encode=encode, bitmask=bitmask)
+        if forced.tokens:
+            return [forced.tokens[0]]
+        words = (self.vocab.vocab_size + 31) // 32
+        buf = self._guess_row(words)
+        constrained = matcher.fill_next_token_bitmask(buf, 0)  # False: every token allowed
+        row = buf[0].numpy()
+        stops = self.vocab.eos_ids
+        picks: list[int] = []
+        if index is not None:
+            picks = [t for t in index.follow(index.tokens[-3:] + lead, 1) if t not in stops
+                     and (not constrained or (0 <= t < words * 32 and allowed(row, t)))]
+        hot = np.flatnonzero(row) if constrained else ()
+        if 0 < len(hot) <= candidates:
+            ids = [int(w) * 32 + b for w in hot for b in range(32) if (int(row[w]) >> b) & 1]
+            if len(ids) <= candidates:
+                picks += [t for t in ids if t not in stops and t not in picks]
+        return picks
+
+    def _guess_row(self, words: int) -> torch.Tensor:
+        """A one-row mask buffer for ``_bonus_candidates`` (its own: callers' buffers are theirs)."""
+        buf = self._guess_buf
+        if buf is None or buf.shape[1] != words:
+            buf = self._guess_buf = torch.empty((1, words), dtype=torch.int32)
+        return buf
+
     @_serialized
-    def guessed_run(self, row: GuidedRow, guess: tuple[tuple[int, int], Sequence[int], ForcedRun]) -> ForcedRun | None:
-        """The run ``forced_after`` guessed, when the row accepted exactly what it assumed since (so
-        it is the run ``forced_tokens`` gives now), proposed as ``forced_tokens(propose=True)``
-        would; else None."""
-        version, expected, run = guess
+    def guessed_run(self, row: GuidedRow, guesses: Sequence[Guess]) -> ForcedRun | None:
+        """The run of the guess (``forced_after``) whose assumption the row accepted exactly since
+        (so it is the run the proposer would draft now), proposed as ``forced_tokens(propose=True)``
+        would; None when the row went elsewhere."""
         st = self._existing(row)
-        if st is None or st.error is not None or (st.tokens, len(st.history)) != tuple(version):
+        if st is None or st.error is not None:
             return None
-        n = len(expected)
-        if n == 0 or list(st.history[-n:]) != list(expected):
-            return None
-        note_proposal(st, run)
-        return run
+        now = (st.tokens, len(st.history))
+        for version, expected, run in guesses:
+            n = len(expected)
+            if now == tuple(version) and n and list(st.history[-n:]) == list(expected):
+                note_proposal(st, run)
+                return run
+        return None
 
     # ---- jump-forward and termination -------------------------------------------------------
     @_serialized

@@ -461,6 +461,14 @@ class Lookahead:
         self.advanced += 1
         return True
 
+    def back(self) -> None:
+        """Undo the last ``advance``."""
+        if self.advanced:
+            matcher = self.st.phase or self.st.matcher
+            assert matcher is not None
+            matcher.rollback(1)
+            self.advanced -= 1
+
     def fill(self, bitmask: torch.Tensor, j: int) -> None:
         """Row ``j``: the sequence's mask after the drafts walked so far (a budget counts them)."""
         self.st.fill(bitmask, j, self.advanced)

@@ -1,15 +1,19 @@
-"""The grammar proposer beside the forward: next step's forced runs guessed on a worker thread.
+"""The grammar proposer beside the forward: next step's drafts guessed on a worker thread.
 
-A row whose forced run filled all ``k`` drafts stands, once they are verified, where the grammar
-still forces text: the bonus token the verification samples after them is the forced one, and the
-next run starts after it. That run depends only on tokens the grammar fixes, so it is computed
-while the forward that verifies the drafts runs (``start``, right after the proposal), on a worker
-thread, with the matcher walked tentatively and rolled back under the manager's step lock. After
-acceptance the proposer takes the guesses (``take``) and uses a row's guess only when the row
-accepted exactly the drafts and that bonus since the guess (``GuidedDecodingManager.guessed_run``);
-any other row (a draft rejected, another bonus, a run shorter than ``k``: the bonus was the model's
-choice) is proposed inline. The guess is the very run ``forced_tokens`` gives from that
-state, so outputs do not change. ``TOKENRAILS_DRAFTS_AHEAD=0`` proposes inline only.
+The proposal for step t+1 needs the tokens step t accepts: the drafts being verified and the bonus
+token the verification samples after them. Right after proposing (``start``), a worker thread
+guesses, for every proposed row, while the verifying forward runs: as if the row accepts all its
+drafts, then a bonus, the drafts the proposer would make from there (forced run, then lookup
+tokens), one guess per likely bonus: the token the grammar forces after the drafts; else each of
+the few tokens the mask there allows (a ``,`` or a ``}`` after a value) and the token the lookup
+names (``GuidedDecodingManager.forced_after``; the matcher walked tentatively and rolled back
+under the manager's step lock). After acceptance the proposer takes the guesses (``take``: the
+worker stops at the row it is on) and uses a row's guess only when the row accepted exactly the
+drafts and that bonus since (``GuidedDecodingManager.guessed_run``); any other row (a draft
+rejected, a bonus not guessed) is proposed inline. A guess's forced run is the run
+``forced_tokens`` gives from that state; its lookup tokens are looked up as the index stood before
+the drafts (drafts only: the verifier decides, so outputs do not change).
+``TOKENRAILS_DRAFTS_AHEAD=0`` proposes inline only.
 
 ``STATS`` keeps the proposer's own time per step, split into what the step waits for (the inline
 part and any wait for the worker) and what the worker did beside the forward.
@@ -32,7 +36,7 @@ ENV_AHEAD = "TOKENRAILS_DRAFTS_AHEAD"
 
 __all__ = ["ENV_AHEAD", "Ahead", "ProposerStats", "STATS", "enabled"]
 
-Guess = tuple  # (version, expected tokens, ForcedRun), from GuidedDecodingManager.forced_after
+Guess = tuple  # (version, expected tokens, ForcedRun): GuidedDecodingManager.forced_after's guesses
 
 
 def enabled() -> bool:
@@ -81,22 +85,28 @@ class Ahead:
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._future: Future | None = None
+        self._stop = threading.Event()
+        self.lookup = False  # the lookup setting the guesses in flight were made under
 
     def start(self, core: Any, rows: Sequence[tuple[Hashable, Any, Sequence[int]]], k: int,
-              encode: Callable[[str], list[int]] | None) -> None:
-        """Guess the next runs of ``rows`` ((key, row, the drafts being verified)) on the worker."""
+              encode: Callable[[str], list[int]] | None, lookup: bool = False) -> None:
+        """Guess the next drafts of ``rows`` ((key, row, the drafts being verified)) on the worker."""
         if not rows:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenrails-drafts-ahead")
-        self._future = self._pool.submit(_guess_all, core, list(rows), k, encode)
+        self._stop = threading.Event()
+        self.lookup = lookup
+        self._future = self._pool.submit(_guess_all, core, list(rows), k, encode, lookup, self._stop)
 
-    def take(self) -> tuple[dict[Hashable, Guess], float]:
-        """The guesses of the last ``start`` (joined) and how long the caller waited for them."""
+    def take(self) -> tuple[dict[Hashable, list[Guess]], float]:
+        """The guesses of the last ``start`` (the worker stops after its current row) and how long
+        the caller waited for them."""
         fut, self._future = self._future, None
         if fut is None:
             return {}, 0.0
         t0 = time.perf_counter()
+        self._stop.set()
         try:
             guesses = fut.result()
         except Exception:  # noqa: BLE001 - a failed guess only means the rows are proposed inline
@@ -105,25 +115,29 @@ class Ahead:
         return guesses, time.perf_counter() - t0
 
     def close(self) -> None:
+        self._stop.set()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
 
 def _guess_all(core: Any, rows: list[tuple[Hashable, Any, Sequence[int]]], k: int,
-               encode: Callable[[str], list[int]] | None) -> dict[Hashable, Guess]:
+               encode: Callable[[str], list[int]] | None, lookup: bool, stop: threading.Event
+               ) -> dict[Hashable, list[Guess]]:
     t0 = time.perf_counter()
     words = (core.vocab.vocab_size + 31) // 32
     buf = torch.empty((1, words), dtype=torch.int32)
-    out: dict[Hashable, Guess] = {}
+    out: dict[Hashable, list[Guess]] = {}
     for key, row, walk in rows:
+        if stop.is_set():
+            break  # the step needs its proposal now: the rest are proposed inline
         try:
-            guess = core.forced_after(row, walk, k, encode=encode, bitmask=buf)
+            guesses = core.forced_after(row, walk, k, encode=encode, bitmask=buf, lookup=lookup)
         except Exception:  # noqa: BLE001 - the row is proposed inline next step, which reports a failure
             logger.debug("tokenrails: grammar-draft guess failed for a row", exc_info=True)
             continue
-        if guess is not None:
-            out[key] = guess
+        if guesses:
+            out[key] = guesses
     with _STATS_LOCK:
         STATS.ahead_s += time.perf_counter() - t0
     return out

@@ -150,14 +150,12 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
                 continue
             key = (row.session_id, row.seq_id)
             guess = guesses.get(key)
-            run = core.guessed_run(row, guess) if guess is not None else None
-            prompt: Any = lookup and (True if take_prompt is None else functools.partial(take_prompt, key))
-            if run is not None:
+            run = core.guessed_run(row, guess) if guess else None
+            if run is not None:  # guessed with lookup tokens when lookup was on (``draft_ahead``)
                 if report is not None:
                     report.guessed += 1
-                if prompt and len(run) < num_drafts:
-                    run = core.lookup_after(row, run, num_drafts, encode=encode, bitmask=buf, prompt=prompt)
             else:  # under the step lock; the verification reuses the masks the run saw
+                prompt: Any = lookup and (True if take_prompt is None else functools.partial(take_prompt, key))
                 run = core.forced_tokens(row, num_drafts, encode=encode, bitmask=buf, propose=True, lookup=prompt)
                 if report is not None:
                     report.inline += 1
@@ -222,7 +220,10 @@ def _ahead_of(proposer: Any) -> draft_ahead.Ahead:
 def _plan(proposer: Any, ctx: Any, formats: Any, pads: list[int], k: int, handles: dict | None = None) -> _Plan:
     """The step's proposal: guesses joined, the other rows proposed on this thread."""
     t0 = time.perf_counter()
-    guesses, waited = _ahead_of(proposer).take()
+    ahead = _ahead_of(proposer)
+    guesses, waited = ahead.take()
+    if ahead.lookup != settings.lookup_drafts():
+        guesses = {}  # made under the other lookup setting
     report = _PlanReport()
     result = plan_drafts(proposer.guided_helper, ctx, formats, pads, k, guesses=guesses, report=report,
                          handles=handles)
@@ -261,8 +262,7 @@ async def _propose_rows(proposer: Any, ctx: Any, formats: Any, pads: list[int], 
     if report.errors:
         report_row_errors(getattr(helper, "_mgr", None), report.errors)
     if draft_ahead.enabled() and report.core is not None:
-        capped = [(key, row, run) for key, row, run in report.rows if len(run) == k]
-        _ahead_of(proposer).start(report.core, capped, k, report.encode)
+        _ahead_of(proposer).start(report.core, report.rows, k, report.encode, settings.lookup_drafts())
     draft_ahead.record(plan.critical, plan.waited, report.guessed, report.inline, report.missed)
     _follow_accept(proposer)
     return plan.result
