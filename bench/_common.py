@@ -1,6 +1,7 @@
 """Shared benchmark helpers: tokenizers, timing, and the ratio table every bench prints."""
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -147,7 +148,7 @@ def lookup_share(outputs: list[list[int]], specs, vocab, encode, prompts: list[l
     strict bound."""
     from tokenrails import compile_guide
     from tokenrails.guided.forced import forced_tokens
-    from tokenrails.guided.lookup import LookupIndex, extend_run
+    from tokenrails.guided.lookup import LookupIndex, continue_run
 
     hit = total = 0
     for ids, spec, prompt in zip(outputs, specs, prompts):
@@ -156,7 +157,8 @@ def lookup_share(outputs: list[list[int]], specs, vocab, encode, prompts: list[l
         for t in ids:
             if t in vocab.eos_ids:
                 break
-            run = extend_run(m, forced_tokens(m, 1, encode=encode), index, 1, encode=encode)
+            then = functools.partial(continue_run, index=index, max_tokens=1, encode=encode)
+            run = forced_tokens(m, 1, encode=encode, then=then)
             hit += run.tokens[:1] == (t,)
             total += 1
             if not m.accept_token(t):
