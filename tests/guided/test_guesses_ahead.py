@@ -17,7 +17,8 @@ import torch
 
 from tokenrails import GuideSpec, allocate_token_bitmask
 from tokenrails.guided.forced import forced_tokens
-from tokenrails.guided.manager import BONUS_CANDIDATES, GuidedDecodingManager, GuidedRow
+from tokenrails.guided.guesses import BONUS_CANDIDATES
+from tokenrails.guided.manager import GuidedDecodingManager, GuidedRow
 from tokenrails.guided.budget import budget_spec
 
 from .helpers import allowed_ids

@@ -24,12 +24,11 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
-import numpy as np
 import torch
 
 from .backend import CompiledGuide, Matcher
 from .batch_step import BatchedGuidedStep, FilledMask
-from .bitmask import MaskBuffer, allowed
+from .bitmask import MaskBuffer
 from .compile_cache import CompileCache
 from .compile_pool import CompilePool
 from .compile_store import CompileStore
@@ -39,13 +38,14 @@ from .errors import GuideError, GuideLimitError, GuideTimeoutError, InvalidGuide
 from .forced import NOTHING, ForcedRun, forced_tokens
 from .lookup import LookupIndex, continue_run
 from .gc_pause import gc_paused
+from .guesses import BONUS_CANDIDATES, Guess, guess_for, guesses_after
 from .jump_forward import JumpForward, compute_jump_forward, text_encoder
 from .limits import DEFAULT_LIMITS, GuideLimits
 from .policy import DEFAULT_POLICY, GuidePolicy, check_policy
 from .reasoning import ReasoningConfig
 from .registry import check_guide, compile_guide, get_backend
 from .sequence import (
-    Finalization, GrammarFuture, GuidedRow, Lookahead, RowContext, RowStatus, SequenceState, StepStatus, count_valid,
+    Finalization, GrammarFuture, GuidedRow, RowContext, RowStatus, SequenceState, StepStatus, count_valid,
 )
 from .speculative import DraftCursor, accept_tokens_spec, fill_and_apply_spec, note_proposal
 from .spec import GuideSpec
@@ -57,9 +57,6 @@ __all__ = [
 ]
 
 
-BONUS_CANDIDATES = 4  # ``forced_after``: a bonus position allowing at most this many tokens is guessed for each
-# a guess made ahead: (the state's (tokens, len(history)) once ``expected`` is accepted, expected, the run from there)
-Guess = tuple[tuple[int, int], tuple[int, ...], ForcedRun]
 _LOOKUP = "lookup"  # SequenceState.extra: the row's LookupIndex (prompt + output), made at its first lookup
 STORE_MIN_SECONDS = 0.05  # compiles cheaper than a disk read and restore are not kept on disk
 
@@ -185,7 +182,7 @@ class GuidedDecodingManager:
         self.counters["rejections"] = 0
         self._row_ctx = RowContext(vocab.eos_ids, self.limits.max_fill_seconds, self.counters)
         self._buffer = MaskBuffer(vocab.vocab_size, device)
-        self._guess_buf: torch.Tensor | None = None  # forced_after's own mask row
+        self._guess_buf: torch.Tensor | None = None  # forced_after's mask row
         self.step = BatchedGuidedStep(
             self._row_ctx, self._buffer, fill_threads=fill_threads, parallel_fill_threshold=parallel_fill_threshold,
         )
@@ -660,95 +657,34 @@ class GuidedDecodingManager:
         encode: Callable[[str], Sequence[int]] | None = None, bitmask: torch.Tensor | None = None,
         lookup: bool = False, candidates: int = BONUS_CANDIDATES,
     ) -> list[Guess]:
-        """Guesses made ahead, for a proposer that runs beside the forward: as if ``walk`` (the
-        drafts being verified) and then a bonus token were accepted, the run the proposer would
-        draft from there (``forced_tokens``; continued with lookup tokens when ``lookup`` and the
-        row has a lookup index). One guess per bonus candidate: the token the grammar forces
-        there; else each token the mask there allows when it allows at most ``candidates``, and
-        the token the lookup names. Each guess is ``(version, expected, run)``: the state's
-        ``(tokens, len(history))`` once exactly ``expected`` (walk + bonus) is accepted, to check it
-        later (``guessed_run``). State unchanged; a sequence that has ended (or not begun), a walk
-        the grammar refuses, or no candidate: no guesses."""
+        """Guesses made ahead, for a proposer beside the forward (``guesses.guesses_after``): as if
+        ``walk`` (the drafts being verified) and a likely bonus token were accepted, the drafts the
+        proposer would make from there, continued with lookup tokens when ``lookup`` and the row
+        has a lookup index (its first proposal, inline, makes it). State unchanged; an ended or
+        unknown sequence gets none."""
         st = self._existing(row)
         if st is None or st.error is not None or not st.answering:
             return []
         index = st.extra.get(_LOOKUP) if lookup else None
         if lookup and index is None:
-            return []  # the row's first proposal (inline) makes its index
+            return []
         if index is not None and index.synced != len(st.history):
             index.sync(st.history)
-        look = Lookahead(st)
-        try:
-            if not all(look.advance(int(t)) for t in walk) or not st.answering or look.terminated():
-                return []
-            lead = [int(t) for t in walk]
-            guesses: list[Guess] = []
-            for bonus in self._bonus_candidates(st, index, lead, encode, bitmask, candidates):
-                if not look.advance(bonus):
-                    continue
-                matcher = st.resolve() if st.answering else None
-                if matcher is not None:
-                    then = None if index is None else functools.partial(
-                        continue_run, index=index, lead=lead + [bonus], max_tokens=max_tokens, encode=encode,
-                        bitmask=bitmask)
-                    run = forced_tokens(matcher, max_tokens, encode=encode, bitmask=bitmask, then=then)
-                    expected = (*lead, bonus)
-                    guesses.append(((st.tokens + len(expected), len(st.history) + len(expected)), expected, run))
-                look.back()
-            return guesses
-        finally:
-            look.restore()
-
-    def _bonus_candidates(self, st: SequenceState, index: LookupIndex | None, lead: list[int],
-                          encode: Callable[[str], Sequence[int]] | None, bitmask: torch.Tensor | None,
-                          candidates: int) -> list[int]:
-        """The bonus tokens ``forced_after`` guesses for, where the row's matcher stands (after the
-        walk). The grammar's own mask, never the row's ``fill``: a guess must not end the row (a
-        budget counting hypothetical tokens) nor count as its work."""
-        matcher = st.resolve()
-        if matcher is None:
-            return []
-        forced = forced_tokens(matcher, 1, encode=encode, bitmask=bitmask)
-        if forced.tokens:
-            return [forced.tokens[0]]
         words = (self.vocab.vocab_size + 31) // 32
-        buf = self._guess_row(words)
-        constrained = matcher.fill_next_token_bitmask(buf, 0)  # False: every token allowed
-        row = buf[0].numpy()
-        stops = self.vocab.eos_ids
-        picks: list[int] = []
-        if index is not None:
-            picks = [t for t in index.follow(index.tokens[-3:] + lead, 1) if t not in stops
-                     and (not constrained or (0 <= t < words * 32 and allowed(row, t)))]
-        hot = np.flatnonzero(row) if constrained else ()
-        if 0 < len(hot) <= candidates:
-            ids = [int(w) * 32 + b for w in hot for b in range(32) if (int(row[w]) >> b) & 1]
-            if len(ids) <= candidates:
-                picks += [t for t in ids if t not in stops and t not in picks]
-        return picks
-
-    def _guess_row(self, words: int) -> torch.Tensor:
-        """A one-row mask buffer for ``_bonus_candidates`` (its own: callers' buffers are theirs)."""
-        buf = self._guess_buf
-        if buf is None or buf.shape[1] != words:
-            buf = self._guess_buf = torch.empty((1, words), dtype=torch.int32)
-        return buf
+        if self._guess_buf is None or self._guess_buf.shape[1] != words:
+            self._guess_buf = torch.empty((1, words), dtype=torch.int32)  # its own: callers' buffers are theirs
+        return guesses_after(st, walk, max_tokens, index=index, buf=self._guess_buf, encode=encode, bitmask=bitmask,
+                             candidates=candidates)
 
     @_serialized
     def guessed_run(self, row: GuidedRow, guesses: Sequence[Guess]) -> ForcedRun | None:
-        """The run of the guess (``forced_after``) whose assumption the row accepted exactly since
-        (so it is the run the proposer would draft now), proposed as ``forced_tokens(propose=True)``
-        would; None when the row went elsewhere."""
+        """The drafts of the guess (``forced_after``) whose assumption the row accepted exactly
+        since, proposed as ``forced_tokens(propose=True)`` would; None when the row went elsewhere."""
         st = self._existing(row)
-        if st is None or st.error is not None:
-            return None
-        now = (st.tokens, len(st.history))
-        for version, expected, run in guesses:
-            n = len(expected)
-            if now == tuple(version) and n and list(st.history[-n:]) == list(expected):
-                note_proposal(st, run)
-                return run
-        return None
+        run = guess_for(st, guesses) if st is not None and st.error is None else None
+        if run is not None:
+            note_proposal(st, run)
+        return run
 
     # ---- jump-forward and termination -------------------------------------------------------
     @_serialized
