@@ -47,7 +47,9 @@ from .registry import check_guide, compile_guide, get_backend
 from .sequence import (
     Finalization, GrammarFuture, GuidedRow, RowContext, RowStatus, SequenceState, StepStatus, count_valid,
 )
-from .speculative import DraftCursor, accept_tokens_spec, fill_and_apply_spec, note_proposal
+from .speculative import (
+    DraftCursor, FilledSpec, accept_tokens_spec, apply_filled_spec, fill_and_apply_spec, fill_spec, note_proposal,
+)
 from .spec import GuideSpec
 from .vocabulary import Vocabulary
 
@@ -592,6 +594,26 @@ class GuidedDecodingManager:
         if len(drafts) != len(rows):
             raise ValueError(f"{len(drafts)} draft lists for {len(rows)} rows")
         return fill_and_apply_spec(self._row_ctx, self._buffer, logits, self._states(rows), drafts)
+
+    @_serialized
+    def fill_spec(self, rows: Sequence[GuidedRow | None], drafts: Sequence[Sequence[int]]) -> FilledSpec:
+        """The masks ``fill_and_apply_spec`` would apply for ``drafts``, filled now, before the
+        verification's logits exist (beside the forward that computes them), into rows of their
+        own; ``apply_filled_spec`` applies them once the logits are there."""
+        words = (self.vocab.vocab_size + 31) // 32
+        own = lambda n: torch.empty((n, words), dtype=torch.int32)  # noqa: E731 - its own rows: kept until applied
+        return fill_spec(self._row_ctx, own, self._states(rows), drafts)
+
+    @_serialized
+    def apply_filled_spec(self, logits: torch.Tensor, filled: FilledSpec, rows: Sequence[GuidedRow | None],
+                          drafts: Sequence[Sequence[int]]) -> list[RowStatus | None] | None:
+        """Apply masks filled ahead (``fill_spec``) to the verification ``logits`` of ``rows`` and
+        ``drafts`` (laid out as ``fill_and_apply_spec`` takes them); None, with nothing applied,
+        when they are not the masks a fill would give now (another batch, a row advanced since,
+        other drafts): the caller fills and applies afresh."""
+        if len(drafts) != len(rows) or not filled.fits(self._states(rows), drafts):
+            return None
+        return apply_filled_spec(self._buffer, logits, filled, [len(d) for d in drafts])
 
     @_serialized
     def accept_tokens_spec(

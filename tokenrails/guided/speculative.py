@@ -24,7 +24,8 @@ manager hands in, so a cursor never races the manager's step.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 
@@ -33,7 +34,8 @@ from .errors import GuideError, InvalidGuideError
 from .forced import NOTHING, ForcedRun, SeenMask, forced_tokens
 from .sequence import Lookahead, RowContext, RowStatus, SequenceState, StepStatus
 
-__all__ = ["DraftCursor", "accept_tokens_spec", "fill_and_apply_spec", "note_proposal"]
+__all__ = ["DraftCursor", "FilledSpec", "accept_tokens_spec", "apply_filled_spec", "fill_and_apply_spec", "fill_spec",
+           "note_proposal"]
 
 _PROPOSAL = "proposal"  # SequenceState.extra: ((tokens, history length) when proposed, ForcedRun)
 
@@ -59,6 +61,88 @@ def _proposed_masks(st: SequenceState, drafts: list[int]) -> list[SeenMask] | No
     return list(run.masks[: n + 1]) + [None] * (n + 1 - len(run.masks))
 
 
+@dataclass
+class FilledSpec:
+    """Verification masks filled before the logits exist (``fill_spec``): ``blocks`` per guided row
+    ``(batch index, first mask row, mask rows, state, its (tokens, len(history)) when filled, the
+    drafts filled for, whether they were the row's proposed run)``, the masks in host rows of
+    ``bitmask``, and the rows' statuses."""
+
+    bitmask: torch.Tensor
+    blocks: list[tuple[int, int, int, SequenceState, tuple[int, int], tuple[int, ...], bool]]
+    statuses: list[RowStatus | None]
+
+    def fits(self, states: Sequence[SequenceState | None], drafts: Sequence[Sequence[int]]) -> bool:
+        """Whether these masks are the ones ``fill_spec`` would fill now for ``states`` and
+        ``drafts``: the same guided rows at the same indices, none advanced since, each row's
+        drafts over its masked positions the same (a proposed run's verifier masks its run only;
+        any other row every position, so its drafts must be the very same)."""
+        guided = [i for i, st in enumerate(states) if st is not None]
+        if [b[0] for b in self.blocks] != guided:
+            return False
+        for i, _, n, st, version, filled, proposed in self.blocks:
+            d = [int(t) for t in drafts[i]]
+            if states[i] is not st or (st.tokens, len(st.history)) != version:
+                return False
+            if tuple(d[: n - 1]) != filled[: n - 1] or len(d) < n - 1 or (not proposed and len(d) != n - 1):
+                return False
+        return True
+
+
+def fill_spec(ctx: RowContext, rows_of: Callable[[int], torch.Tensor], states: Sequence[SequenceState | None],
+              drafts: Sequence[Sequence[int]]) -> FilledSpec:
+    """The masks of a verification over ``drafts`` (``1 + len(drafts[i])`` rows per guided row,
+    ``1 + len(run)`` for a proposed run, ``note_proposal``), filled into ``rows_of(n)`` (n host
+    mask rows); applied later with ``apply_filled_spec``, or at once by ``fill_and_apply_spec``."""
+    if len(drafts) != len(states):
+        raise ValueError(f"{len(drafts)} draft lists for {len(states)} rows")
+    drafts = [[int(t) for t in (d.tolist() if isinstance(d, torch.Tensor) else d)] for d in drafts]
+    statuses: list[RowStatus | None] = [None] * len(states)
+    plan = []  # (row index, first mask row, mask rows, state, drafts, proposed masks)
+    mask_rows = 0
+    for i, (st, d) in enumerate(zip(states, drafts)):
+        if st is not None:
+            seen = _proposed_masks(st, d)
+            n = len(seen) if seen is not None else 1 + len(d)
+            plan.append((i, mask_rows, n, st, d, seen))
+            mask_rows += n
+    bitmask = rows_of(mask_rows)
+    blocks = []
+    # Serial on purpose: each block advances and rolls back its own matcher through the drafts,
+    # and a Python thread pool over blocks measured slower than serial (the GIL).
+    for i, base, n, st, d, seen in plan:
+        version = (st.tokens, len(st.history))
+        if seen is None:
+            valid = _fill_block(ctx, st, d, bitmask, base)
+        else:
+            valid = _fill_proposed(ctx, st, d, seen, bitmask, base)
+        state = StepStatus.ERROR if st.error is not None else StepStatus.OK
+        statuses[i] = RowStatus(state, st.error, valid_drafts=valid)
+        blocks.append((i, base, n, st, version, tuple(d), seen is not None))
+    return FilledSpec(bitmask, blocks, statuses)
+
+
+def apply_filled_spec(buffer: MaskBuffer, logits: torch.Tensor, filled: FilledSpec,
+                      widths: Sequence[int]) -> list[RowStatus | None]:
+    """Apply ``filled`` to verification ``logits`` whose row ``i`` owns ``1 + widths[i]``
+    consecutive logits rows, in one kernel call."""
+    total = sum(1 + w for w in widths)
+    if logits.dim() != 2 or logits.shape[0] != total:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match {total} verification rows")
+    if not filled.blocks:
+        return filled.statuses
+    starts = [0] * len(widths)
+    offset = 0
+    for i, w in enumerate(widths):
+        starts[i] = offset
+        offset += 1 + w
+    mask_rows = sum(b[2] for b in filled.blocks)
+    identity = mask_rows == total
+    index = None if identity else [starts[i] + j for (i, _, n, *_) in filled.blocks for j in range(n)]
+    buffer.apply(logits, filled.bitmask[:mask_rows], index)
+    return filled.statuses
+
+
 def fill_and_apply_spec(
     ctx: RowContext,
     buffer: MaskBuffer,
@@ -70,36 +154,12 @@ def fill_and_apply_spec(
     ``note_proposal``) and apply them in one kernel call."""
     if len(drafts) != len(states):
         raise ValueError(f"{len(drafts)} draft lists for {len(states)} rows")
-    drafts = [[int(t) for t in (d.tolist() if isinstance(d, torch.Tensor) else d)] for d in drafts]
-    total = sum(1 + len(d) for d in drafts)
+    widths = [len(d) for d in drafts]
+    total = sum(1 + w for w in widths)
     if logits.dim() != 2 or logits.shape[0] != total:
         raise ValueError(f"logits {tuple(logits.shape)} do not match {total} verification rows")
-    statuses: list[RowStatus | None] = [None] * len(states)
-    blocks = []  # (row index, first logits row, first mask row, mask rows, state, drafts, proposed masks)
-    offset = mask_rows = 0
-    for i, (st, d) in enumerate(zip(states, drafts)):
-        if st is not None:
-            seen = _proposed_masks(st, d)
-            n = len(seen) if seen is not None else 1 + len(d)
-            blocks.append((i, offset, mask_rows, n, st, d, seen))
-            mask_rows += n
-        offset += 1 + len(d)
-    if not blocks:
-        return statuses
-    bitmask = buffer.rows(mask_rows, logits.device)
-    # Serial on purpose: each block advances and rolls back its own matcher through the drafts,
-    # and a Python thread pool over blocks measured slower than serial (the GIL).
-    for i, _, base, _, st, d, seen in blocks:
-        if seen is None:
-            valid = _fill_block(ctx, st, d, bitmask, base)
-        else:
-            valid = _fill_proposed(ctx, st, d, seen, bitmask, base)
-        state = StepStatus.ERROR if st.error is not None else StepStatus.OK
-        statuses[i] = RowStatus(state, st.error, valid_drafts=valid)
-    identity = mask_rows == total
-    index = None if identity else [lo + j for (_, lo, _, n, *_) in blocks for j in range(n)]
-    buffer.apply(logits, bitmask, index)
-    return statuses
+    filled = fill_spec(ctx, lambda n: buffer.rows(n, logits.device), states, drafts)
+    return apply_filled_spec(buffer, logits, filled, widths)
 
 
 def _fill_block(ctx: RowContext, st: SequenceState, drafts: list[int], bitmask: torch.Tensor, base: int) -> int:

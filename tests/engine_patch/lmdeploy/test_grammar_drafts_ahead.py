@@ -95,6 +95,31 @@ def test_guessed_runs_give_the_same_greedy_outputs_and_are_used(model_dir, monke
     assert any(o.finish_reason == "stop" for o in on)
 
 
+def test_verification_masks_filled_beside_the_forward_give_the_same_greedy_outputs(model_dir, monkeypatch):
+    """``TOKENRAILS_SPEC_PREFILL=1`` (the GPU default) on the CPU engine: the next verification's
+    masks are filled on the worker right after the proposal and applied when they still fit; the
+    greedy outputs are token for token those of the masks filled at verification, and most steps
+    used the masks filled ahead."""
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_ahead
+
+    prompts = ["An event as JSON.", "Give me a person as JSON.", "Another event, JSON please."]
+    schemas = [EVENT, PERSON, EVENT]
+    formats = [_fmt(s) for s in schemas]
+    runs = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv(draft_ahead.ENV_PREFILL, mode)
+        draft_ahead.STATS.reset()
+        runs[mode] = (_generate(model_dir, prompts, formats), draft_ahead.STATS.as_dict())
+    (off, off_stats), (on, on_stats) = runs["0"], runs["1"]
+    assert off is not None and on is not None
+    assert off_stats["prefilled"] == 0 and off_stats["refilled"] == 0
+    assert on_stats["prefilled"] > 2 * on_stats["refilled"], on_stats
+    for a, b, schema in zip(off, on, schemas):
+        assert list(a.token_ids) == list(b.token_ids), (a.text, b.text)
+        if b.finish_reason == "stop":
+            assert _valid(b, schema), b.text
+
+
 def test_a_failing_proposal_fails_its_row_only(model_dir, monkeypatch):
     from tokenrails.guided.manager import GuidedDecodingManager
 

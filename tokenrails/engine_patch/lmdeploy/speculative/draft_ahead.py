@@ -33,8 +33,9 @@ from ...._env import env_switch
 logger = logging.getLogger(__name__)
 
 ENV_AHEAD = "TOKENRAILS_DRAFTS_AHEAD"
+ENV_PREFILL = "TOKENRAILS_SPEC_PREFILL"
 
-__all__ = ["ENV_AHEAD", "Ahead", "ProposerStats", "STATS", "enabled"]
+__all__ = ["ENV_AHEAD", "ENV_PREFILL", "Ahead", "ProposerStats", "STATS", "enabled", "prefill_enabled"]
 
 Guess = tuple  # (version, expected tokens, ForcedRun): GuidedDecodingManager.forced_after's guesses
 
@@ -43,11 +44,21 @@ def enabled() -> bool:
     return env_switch(ENV_AHEAD, True)
 
 
+def prefill_enabled() -> bool:
+    """Fill the next verification's masks beside the forward (``TOKENRAILS_SPEC_PREFILL``): on by
+    default where a GPU computes the forward and the host would idle; off on the CPU path, where
+    the worker competes with the forward for the cores and the GIL (the plain step's overlap
+    measured that, ``step/overlap.py``)."""
+    return env_switch(ENV_PREFILL, torch.cuda.is_available())
+
+
 @dataclass
 class ProposerStats:
     """``critical_s``: proposal time the step waited for (inline proposal + wait for the worker);
     ``ahead_s``: the worker's time beside the forward; ``guessed`` / ``inline``: rows whose drafts
-    came from a guess / were proposed inline; ``missed``: guesses not used (the row went elsewhere)."""
+    came from a guess / were proposed inline; ``missed``: guesses not used (the row went elsewhere);
+    ``prefilled`` / ``refilled``: verification steps whose masks were filled beside the forward and
+    used / found stale and filled again."""
 
     steps: int = 0
     critical_s: float = 0.0
@@ -56,10 +67,12 @@ class ProposerStats:
     guessed: int = 0
     inline: int = 0
     missed: int = 0
+    prefilled: int = 0
+    refilled: int = 0
 
     def reset(self) -> None:
         self.steps, self.critical_s, self.ahead_s, self.wait_s = 0, 0.0, 0.0, 0.0
-        self.guessed = self.inline = self.missed = 0
+        self.guessed = self.inline = self.missed = self.prefilled = self.refilled = 0
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -67,6 +80,14 @@ class ProposerStats:
 
 STATS = ProposerStats()
 _STATS_LOCK = threading.Lock()
+
+
+def record_prefill(used: bool) -> None:
+    with _STATS_LOCK:
+        if used:
+            STATS.prefilled += 1
+        else:
+            STATS.refilled += 1
 
 
 def record(critical_s: float, wait_s: float, guessed: int, inline: int, missed: int) -> None:
@@ -98,6 +119,12 @@ class Ahead:
         self._stop = threading.Event()
         self.lookup = lookup
         self._future = self._pool.submit(_guess_all, core, list(rows), k, encode, lookup, self._stop)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run ``fn`` on the worker before the next guesses (one thread: in submission order)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenrails-drafts-ahead")
+        return self._pool.submit(fn, *args)
 
     def take(self) -> tuple[dict[Hashable, list[Guess]], float]:
         """The guesses of the last ``start`` (the worker stops after its current row) and how long

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import Future
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -31,6 +33,7 @@ from ....guided.sequence import GuidedRow
 from ..step.lmdeploy_step import report, rows_of_ctx
 from ..step import lmdeploy_step
 from ..step.stopped_rows import stopped
+from . import draft_ahead
 
 # guided rows up to which a spec step runs its guided work inline (the plain step's limit): below
 # it a hop to a worker thread and back costs more than the work it carries
@@ -109,6 +112,8 @@ class SpecState:
         self.follow: Callable[[dict, int], Any] | None = None
         self.ctx: Any = None  # the session_ctx of the step the handles were made for
         self.planned: tuple[Any, Any] | None = None  # (ctx, plan) left by ``follow``
+        # the next verification's masks, filled beside its forward (``draft_ahead.prefill_enabled``)
+        self.prefill: Future | None = None
 
     def take_planned(self, ctx: Any) -> Any:
         """The proposal made after this step's accept (None when there was none for ``ctx``)."""
@@ -116,6 +121,16 @@ class SpecState:
         if planned is None or planned[0] is not ctx:
             return None
         return planned[1]
+
+    def take_prefill(self) -> Any:
+        """The masks filled ahead for this verification (joined), or None."""
+        fut, self.prefill = self.prefill, None
+        if fut is None:
+            return None
+        try:
+            return fut.result()
+        except Exception:  # noqa: BLE001 - the verification fills its masks itself, and reports a failure
+            return None
 
     def short(self, processors: dict, tensor: torch.Tensor | None = None) -> bool:
         """The step's guided work is shorter than a hop to a worker thread and back: at most
@@ -276,15 +291,17 @@ def patched_serial_bitmask(original: Callable) -> Callable:
         drafts_all = draft_token_ids[:, : num_expand - 1].tolist()
         stream = torch.cuda.current_stream() if scores_3d.is_cuda else None
 
+        ahead = st.take_prefill()
+
         def run():
             mgr = st.owner.core()
             rows = [processors[i].row if i in processors else None for i in range(batch)]
             flat = scores_3d.view(batch * num_expand, -1)
-            with torch.inference_mode():
-                if stream is not None:
-                    with torch.cuda.stream(stream):
-                        return mgr.fill_and_apply_spec(flat, rows, drafts_all)
-                return mgr.fill_and_apply_spec(flat, rows, drafts_all)
+            with torch.inference_mode(), (torch.cuda.stream(stream) if stream is not None else nullcontext()):
+                statuses = mgr.apply_filled_spec(flat, ahead, rows, drafts_all) if ahead is not None else None
+                if ahead is not None:
+                    draft_ahead.record_prefill(statuses is not None)
+                return statuses if statuses is not None else mgr.fill_and_apply_spec(flat, rows, drafts_all)
 
         statuses = run() if st.short(processors, scores_3d) else await asyncio.to_thread(run)
         _report(processors, statuses)
