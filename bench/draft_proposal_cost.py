@@ -19,7 +19,9 @@ Then the grammar's whole host work of a drafts step at ``--batches`` rows (rows 
 above, through a ``GuidedDecodingManager``): the proposal of every row (``forced_tokens(propose=True)``),
 then the verification's masks as the engine asks for them (``fill_and_apply_spec`` on a
 ``[batch x (K + 1), V]`` bfloat16 block, a row's positions past its run carrying its last token as
-filler, reusing what the proposal saw). Two arms alternate ABBA, CPU time per step: this checkout's
+filler, reusing what the proposal saw), and for this checkout the same masks filled ahead (``fill_spec``,
+as ``TOKENRAILS_SPEC_PREFILL`` does beside the forward) and then checked and applied (what stays on the
+step's path). Two arms alternate ABBA, CPU time per step: this checkout's
 rule, and the rule of ``--base`` (``guided/forced.py`` as that git revision has it, loaded beside this
 one; the rest of the code is this checkout's).
 
@@ -251,7 +253,7 @@ def step_table(args, vocab, specs, memo, rnd, base) -> None:
             return mgr.forced_tokens(row, k, encode=memo, bitmask=bm, propose=True, lookup=lambda: prompts[id(row)])
         return mgr.forced_tokens(row, k, encode=memo, bitmask=bm, propose=True)
 
-    def step(batch_rows: list, arm: str) -> tuple[float, float]:
+    def step(batch_rows: list, arm: str) -> tuple[float, float, float, float]:
         manager_mod.forced_tokens = arms[arm]  # the manager's proposal calls this name
         t0 = time.process_time()
         runs = [propose_row(r, arm) for r in batch_rows]
@@ -264,7 +266,19 @@ def step_table(args, vocab, specs, memo, rnd, base) -> None:
         logits = torch.zeros((len(batch_rows) * (width + 1), vocab.vocab_size), dtype=torch.bfloat16)
         t1 = time.process_time()
         mgr.fill_and_apply_spec(logits, batch_rows, drafts)
-        return propose, time.process_time() - t1
+        verify = time.process_time() - t1
+        if arm != "this":
+            return propose, verify, 0.0, 0.0
+        # the same masks filled beside the forward (TOKENRAILS_SPEC_PREFILL): the fill off the path,
+        # then what the verification still does on it (check that they fit, apply)
+        for r in batch_rows:
+            propose_row(r, arm)  # noted again: the verification above took the notes
+        t2 = time.process_time()
+        filled = mgr.fill_spec(batch_rows, [list(run.tokens) for run in runs])
+        t3 = time.process_time()
+        if mgr.apply_filled_spec(logits, filled, batch_rows, drafts) is None:
+            raise RuntimeError("masks filled ahead did not fit the verification they were filled for")
+        return propose, verify, t3 - t2, time.process_time() - t3
 
     table = []
     try:
@@ -281,11 +295,13 @@ def step_table(args, vocab, specs, memo, rnd, base) -> None:
                 return 1e3 * vals[len(vals) // 2]
 
             cells = [f"{ms(arm, part):.3f}" for arm in names for part in (0, 1, None)]
+            cells += [f"{ms('this', 2):.3f}", f"{ms('this', 3):.3f}"]
             ratio = [f"{ms(names[1], None) / max(ms(names[0], None), 1e-9):.2f}x"] if len(names) > 1 else []
             table.append([b, *cells, *ratio, f"{load:.1f} / {load_average():.1f}"])
     finally:
         manager_mod.forced_tokens = arms["this"]
     heads = [f"{arm}: {part}" for arm in names for part in ("propose ms", "verify masks ms", "total ms")]
+    heads += ["this: masks filled ahead ms (beside)", "this: fit check + apply ms (on path; CPU kernel)"]
     print_table(["batch", *heads, *([f"{names[1]} / this (total)"] if len(names) > 1 else []), "load before / after"],
                 table)
 

@@ -35,7 +35,7 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_COMPILE_PROCESSES",      # boot/settings: worker processes for large compiles
     "TOKENRAILS_COMPILE_NICE",           # guided/compile_procs: compile workers' CPU priority below the engine
     "TOKENRAILS_COMPILE_PER_CLIENT",     # boot/settings: compiles one named client may run at once
-    "TOKENRAILS_DRAFTS_AHEAD",           # speculative/draft_ahead: next forced runs beside the forward (0: inline)
+    "TOKENRAILS_DRAFTS_AHEAD",           # speculative/draft_ahead: next drafts guessed beside the forward (0: inline)
     "TOKENRAILS_EXIT_WAIT_S",            # guided/native_threads: exit's bound on running compiles
     "TOKENRAILS_FSM_PRECOMPUTE",         # guided/fsm/token_index: warm-up of the token index
     "TOKENRAILS_GRAMMAR_DRAFTS",         # boot/settings: activate(grammar_drafts=), k forced drafts per step
@@ -61,6 +61,7 @@ SETTINGS: tuple[str, ...] = (
     "TOKENRAILS_OUTLINES_API",           # compat/outlines: the outlines API version served
     "TOKENRAILS_OVERLAP",                # step/overlap: mask fill during the forward
     "TOKENRAILS_REASONING",              # boot/settings, reasoning_settings: activate(reasoning=)
+    "TOKENRAILS_SPEC_PREFILL",           # speculative/draft_ahead: verification masks filled beside the forward (default: CUDA)
     "TOKENRAILS_TOOL_CALLS",             # boot/settings: activate(tool_calls=), constrained tool calls
 )
 
