@@ -172,8 +172,13 @@ def test_workers_run_below_the_engine_and_one_grown_past_its_bound_is_replaced(b
         assert _accepts(guide, "ab") and not _accepts(guide, "ac")
         assert mgr._procs.counters["recycled"] == 1 and mgr._procs.counters["killed"] == 0
         mgr._procs.worker_max_rss_mb = 1e9
-        mgr._procs.compile(tr.GuideSpec.regex("x"), time.monotonic() + 120)  # its replacement, booted
+        mgr._procs.compile(tr.GuideSpec.regex("x"), time.monotonic() + 120)
+        # the idle worker: the one that compiled "x", or the recycled one's replacement, started on a
+        # thread and maybe still booting (it lowers its priority once booted, before any compile)
         (worker,) = mgr._procs._idle
+        deadline = time.monotonic() + 60
+        while _nice(worker.proc.pid) < _nice(os.getpid()) + 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert _nice(worker.proc.pid) >= _nice(os.getpid()) + 10  # compiles below the engine's priority
     finally:
         mgr.close()
