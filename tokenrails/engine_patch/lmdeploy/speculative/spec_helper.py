@@ -291,9 +291,8 @@ def patched_serial_bitmask(original: Callable) -> Callable:
         drafts_all = draft_token_ids[:, : num_expand - 1].tolist()
         stream = torch.cuda.current_stream() if scores_3d.is_cuda else None
 
-        ahead = st.take_prefill()
-
         def run():
+            ahead = st.take_prefill()  # joined here: off the event loop when the step hops
             mgr = st.owner.core()
             rows = [processors[i].row if i in processors else None for i in range(batch)]
             flat = scores_3d.view(batch * num_expand, -1)
