@@ -72,27 +72,37 @@ def _valid(out, schema) -> bool:
     return True
 
 
-def test_guessed_runs_give_the_same_greedy_outputs_and_are_used(model_dir, monkeypatch):
+SCHEMAS = [EVENT, PERSON, EVENT]
+PROMPTS = ["An event as JSON.", "Give me a person as JSON.", "Another event, JSON please."]
+
+
+def _off_and_on(model_dir, monkeypatch, env: str):
+    """Greedy outputs and the proposer's stats with the switch ``env`` off, then on; the outputs
+    equal token for token and every finished one valid."""
     from tokenrails.engine_patch.lmdeploy.speculative import draft_ahead
 
-    prompts = ["An event as JSON.", "Give me a person as JSON.", "Another event, JSON please."]
-    schemas = [EVENT, PERSON, EVENT]
-    formats = [_fmt(s) for s in schemas]
     runs = {}
     for mode in ("0", "1"):
-        monkeypatch.setenv(draft_ahead.ENV_AHEAD, mode)
+        monkeypatch.setenv(env, mode)
         draft_ahead.STATS.reset()
-        runs[mode] = (_generate(model_dir, prompts, formats), draft_ahead.STATS.as_dict())
+        runs[mode] = (_generate(model_dir, PROMPTS, [_fmt(s) for s in SCHEMAS]), draft_ahead.STATS.as_dict())
     (off, off_stats), (on, on_stats) = runs["0"], runs["1"]
     assert off is not None and on is not None
-    assert off_stats["guessed"] == 0 and off_stats["steps"] > 0
-    assert on_stats["guessed"] > 0, on_stats  # the long key names were proposed from guesses
-    assert on_stats["ahead_s"] > 0
-    for a, b, schema in zip(off, on, schemas):
+    for a, b, schema in zip(off, on, SCHEMAS):
         assert list(a.token_ids) == list(b.token_ids), (a.text, b.text)
         if b.finish_reason == "stop":
             assert _valid(b, schema), b.text
     assert any(o.finish_reason == "stop" for o in on)
+    return off_stats, on_stats
+
+
+def test_guessed_runs_give_the_same_greedy_outputs_and_are_used(model_dir, monkeypatch):
+    from tokenrails.engine_patch.lmdeploy.speculative import draft_ahead
+
+    off_stats, on_stats = _off_and_on(model_dir, monkeypatch, draft_ahead.ENV_AHEAD)
+    assert off_stats["guessed"] == 0 and off_stats["steps"] > 0
+    assert on_stats["guessed"] > 0, on_stats  # the long key names were proposed from guesses
+    assert on_stats["ahead_s"] > 0
 
 
 def test_verification_masks_filled_beside_the_forward_give_the_same_greedy_outputs(model_dir, monkeypatch):
@@ -102,22 +112,9 @@ def test_verification_masks_filled_beside_the_forward_give_the_same_greedy_outpu
     used the masks filled ahead."""
     from tokenrails.engine_patch.lmdeploy.speculative import draft_ahead
 
-    prompts = ["An event as JSON.", "Give me a person as JSON.", "Another event, JSON please."]
-    schemas = [EVENT, PERSON, EVENT]
-    formats = [_fmt(s) for s in schemas]
-    runs = {}
-    for mode in ("0", "1"):
-        monkeypatch.setenv(draft_ahead.ENV_PREFILL, mode)
-        draft_ahead.STATS.reset()
-        runs[mode] = (_generate(model_dir, prompts, formats), draft_ahead.STATS.as_dict())
-    (off, off_stats), (on, on_stats) = runs["0"], runs["1"]
-    assert off is not None and on is not None
+    off_stats, on_stats = _off_and_on(model_dir, monkeypatch, draft_ahead.ENV_PREFILL)
     assert off_stats["prefilled"] == 0 and off_stats["refilled"] == 0
     assert on_stats["prefilled"] > 2 * on_stats["refilled"], on_stats
-    for a, b, schema in zip(off, on, schemas):
-        assert list(a.token_ids) == list(b.token_ids), (a.text, b.text)
-        if b.finish_reason == "stop":
-            assert _valid(b, schema), b.text
 
 
 def test_a_failing_proposal_fails_its_row_only(model_dir, monkeypatch):
