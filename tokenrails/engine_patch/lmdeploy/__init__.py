@@ -82,6 +82,9 @@ def _apply(p: Patcher) -> None:
     from .boot import mp_start  # the engine process survives LMDeploy's start-up race (mp_start.py)
 
     mp_start.install(p)
+    from .boot import mp_stop  # a stopped api_server exits although its engine process is gone (mp_stop.py)
+
+    mp_stop.install(p)
     p.set(ae.AsyncEngine, "__init__", engines.patched_async_engine_init(ae.AsyncEngine.__init__))
     _widen_server_format(p)
     _patch_harmony(p)
