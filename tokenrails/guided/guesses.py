@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .bitmask import allowed
+from .bitmask import allowed, words_for
 from .forced import ForcedRun, forced_tokens
 from .lookup import ORDERS, LookupIndex, continue_run
 from .sequence import Lookahead, SequenceState
@@ -34,18 +34,19 @@ Guess = tuple[tuple[int, int], tuple[int, ...], ForcedRun]
 
 
 def guesses_after(st: SequenceState, walk: Sequence[int], max_tokens: int, *, index: LookupIndex | None,
-                  buf: torch.Tensor, encode: Callable[[str], Sequence[int]] | None = None,
+                  encode: Callable[[str], Sequence[int]] | None = None,
                   bitmask: torch.Tensor | None = None, candidates: int = BONUS_CANDIDATES) -> list[Guess]:
     """One guess per likely bonus after ``walk`` (see the module); ``index``: the row's lookup index
-    (synced), None for forced runs only; ``buf``: a ``(1, words)`` row for the bonus position's mask.
-    State unchanged; a walk the grammar refuses, an ended row or no candidate: no guesses."""
+    (synced), None for forced runs only; ``bitmask``: a reusable ``(1, words)`` host row, as
+    ``forced_tokens`` takes it. State unchanged; a walk the grammar refuses, an ended row or no
+    candidate: no guesses."""
     look = Lookahead(st)
     try:
         if not all(look.advance(int(t)) for t in walk) or not st.answering or look.terminated():
             return []
         lead = [int(t) for t in walk]
         guesses: list[Guess] = []
-        for bonus in _bonus_candidates(st, index, lead, buf, encode, bitmask, candidates):
+        for bonus in _bonus_candidates(st, index, lead, encode, bitmask, candidates):
             if not look.advance(bonus):
                 continue
             matcher = st.resolve() if st.answering else None
@@ -73,7 +74,7 @@ def guess_for(st: SequenceState, guesses: Sequence[Guess]) -> ForcedRun | None:
     return None
 
 
-def _bonus_candidates(st: SequenceState, index: LookupIndex | None, lead: list[int], buf: torch.Tensor,
+def _bonus_candidates(st: SequenceState, index: LookupIndex | None, lead: list[int],
                       encode: Callable[[str], Sequence[int]] | None, bitmask: torch.Tensor | None,
                       candidates: int) -> list[int]:
     """The bonus tokens guessed for, where the row's matcher stands (after the walk)."""
@@ -83,9 +84,11 @@ def _bonus_candidates(st: SequenceState, index: LookupIndex | None, lead: list[i
     forced = forced_tokens(matcher, 1, encode=encode, bitmask=bitmask)
     if forced.tokens:
         return [forced.tokens[0]]
+    words = words_for(matcher.vocab.vocab_size)
+    usable = bitmask is not None and bitmask.is_cpu and bitmask.dim() == 2 and bitmask.shape[1] == words
+    buf = bitmask if usable else torch.empty((1, words), dtype=torch.int32)  # read here, before any reuse
     constrained = matcher.fill_next_token_bitmask(buf, 0)  # False: every token allowed
     row = buf[0].numpy()
-    words = row.shape[0]
     stops = matcher.vocab.eos_ids
     picks: list[int] = []
     if index is not None:

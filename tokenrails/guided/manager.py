@@ -28,7 +28,7 @@ import torch
 
 from .backend import CompiledGuide, Matcher
 from .batch_step import BatchedGuidedStep, FilledMask
-from .bitmask import MaskBuffer
+from .bitmask import MaskBuffer, words_for
 from .compile_cache import CompileCache
 from .compile_pool import CompilePool
 from .compile_store import CompileStore
@@ -71,16 +71,17 @@ class _InFlight:
     heavy: bool = False  # in a worker process, which ends with the deadline: never joined after it
 
 
-def _lookup_index(st: SequenceState, vocab: Vocabulary, prompt: Callable[[], Sequence[int] | None] | bool
-                  ) -> LookupIndex:
-    """The sequence's lookup index, made at its first lookup (from ``prompt()`` when callable),
-    caught up with the tokens it accepted since."""
+def _lookup_index(st: SequenceState, vocab: Vocabulary,
+                  prompt: Callable[[], Sequence[int] | None] | bool = False) -> LookupIndex | None:
+    """The sequence's lookup index, caught up with the tokens it accepted since; made at its first
+    lookup when ``prompt`` asks for one (a callable gives the prompt ids), else None until then."""
     index = st.extra.get(_LOOKUP)
     if index is None:
+        if not prompt:
+            return None
         ids = prompt() if callable(prompt) else None
         index = st.extra[_LOOKUP] = LookupIndex(ids if ids is not None else (), vocab.token_bytes)
-    if index.synced != len(st.history):
-        index.sync(st.history)
+    index.sync(st.history)
     return index
 
 
@@ -184,7 +185,6 @@ class GuidedDecodingManager:
         self.counters["rejections"] = 0
         self._row_ctx = RowContext(vocab.eos_ids, self.limits.max_fill_seconds, self.counters)
         self._buffer = MaskBuffer(vocab.vocab_size, device)
-        self._guess_buf: torch.Tensor | None = None  # forced_after's mask row
         self.step = BatchedGuidedStep(
             self._row_ctx, self._buffer, fill_threads=fill_threads, parallel_fill_threshold=parallel_fill_threshold,
         )
@@ -600,7 +600,7 @@ class GuidedDecodingManager:
         """The masks ``fill_and_apply_spec`` would apply for ``drafts``, filled now, before the
         verification's logits exist (beside the forward that computes them), into rows of their
         own; ``apply_filled_spec`` applies them once the logits are there."""
-        words = (self.vocab.vocab_size + 31) // 32
+        words = words_for(self.vocab.vocab_size)
         own = lambda n: torch.empty((n, words), dtype=torch.int32)  # noqa: E731 - its own rows: kept until applied
         return fill_spec(self._row_ctx, own, self._states(rows), drafts)
 
@@ -687,16 +687,10 @@ class GuidedDecodingManager:
         st = self._existing(row)
         if st is None or st.error is not None or not st.answering:
             return []
-        index = st.extra.get(_LOOKUP) if lookup else None
+        index = _lookup_index(st, self.vocab) if lookup else None
         if lookup and index is None:
             return []
-        if index is not None and index.synced != len(st.history):
-            index.sync(st.history)
-        words = (self.vocab.vocab_size + 31) // 32
-        if self._guess_buf is None or self._guess_buf.shape[1] != words:
-            self._guess_buf = torch.empty((1, words), dtype=torch.int32)  # its own: callers' buffers are theirs
-        return guesses_after(st, walk, max_tokens, index=index, buf=self._guess_buf, encode=encode, bitmask=bitmask,
-                             candidates=candidates)
+        return guesses_after(st, walk, max_tokens, index=index, encode=encode, bitmask=bitmask, candidates=candidates)
 
     @_serialized
     def guessed_run(self, row: GuidedRow, guesses: Sequence[Guess]) -> ForcedRun | None:

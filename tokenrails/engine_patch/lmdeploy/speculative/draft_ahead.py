@@ -114,11 +114,9 @@ class Ahead:
         """Guess the next drafts of ``rows`` ((key, row, the drafts being verified)) on the worker."""
         if not rows:
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenrails-drafts-ahead")
         self._stop = threading.Event()
         self.lookup = lookup
-        self._future = self._pool.submit(_guess_all, core, list(rows), k, encode, lookup, self._stop)
+        self._future = self.submit(_guess_all, core, list(rows), k, encode, lookup, self._stop)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Run ``fn`` on the worker before the next guesses (one thread: in submission order)."""

@@ -172,8 +172,7 @@ def plan_drafts(helper: Any, session_ctx: list | None, response_formats: Any, fi
             drafts[idx][: len(run.tokens)] = list(run.tokens)
             counts[idx], singles[idx] = len(run.tokens), run.single
         if report is not None:
-            report.rows.append((key, row, tuple(run.tokens)))
-            report.by_index[idx] = (row, tuple(run.tokens))
+            report.rows[idx] = (key, row, tuple(run.tokens))
     if report is not None:
         report.core, report.encode = core, encode
     return drafts, counts, singles
@@ -196,8 +195,7 @@ class _PlanReport:
     per-row errors, and how rows were served."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[Hashable, GuidedRow, tuple[int, ...]]] = []
-        self.by_index: dict[int, tuple[GuidedRow, tuple[int, ...]]] = {}  # batch index -> (row, drafts)
+        self.rows: dict[int, tuple[Hashable, GuidedRow, tuple[int, ...]]] = {}  # batch index -> (key, row, drafts)
         self.errors: dict[int, GuideError] = {}
         self.core: Any = None
         self.encode: Any = None
@@ -263,22 +261,22 @@ async def _propose_rows(proposer: Any, ctx: Any, formats: Any, pads: list[int], 
     report = plan.report
     if report.errors:
         report_row_errors(getattr(helper, "_mgr", None), report.errors)
-    if st is not None and report.core is not None and report.by_index and draft_ahead.prefill_enabled():
-        st.prefill = _ahead_of(proposer).submit(_prefill, report.core, report.by_index, len(pads))
+    if st is not None and report.core is not None and report.rows and draft_ahead.prefill_enabled():
+        st.prefill = _ahead_of(proposer).submit(_prefill, report.core, report.rows, len(pads))
     if draft_ahead.enabled() and report.core is not None:
-        _ahead_of(proposer).start(report.core, report.rows, k, report.encode, settings.lookup_drafts())
+        _ahead_of(proposer).start(report.core, list(report.rows.values()), k, report.encode, settings.lookup_drafts())
     draft_ahead.record(plan.critical, plan.waited, report.guessed, report.inline, report.missed)
     _follow_accept(proposer)
     return plan.result
 
 
-def _prefill(core: Any, by_index: dict[int, tuple[GuidedRow, tuple[int, ...]]], batch: int) -> Any:
+def _prefill(core: Any, proposed: dict[int, tuple[Hashable, GuidedRow, tuple[int, ...]]], batch: int) -> Any:
     """The next verification's masks, filled on the worker while its forward runs (the drafts are
     known and the rows stand where the verification finds them); the verification applies them
     when they still fit (``GuidedDecodingManager.apply_filled_spec``), else fills its own."""
     rows: list[GuidedRow | None] = [None] * batch
     drafts: list[tuple[int, ...]] = [()] * batch
-    for idx, (row, run) in by_index.items():
+    for idx, (_, row, run) in proposed.items():
         if idx < batch:
             rows[idx], drafts[idx] = row, run
     return core.fill_spec(rows, drafts)
